@@ -1,0 +1,85 @@
+"""Characters <-> integer ids, with one boundary token that marks both the start and the end of an item.
+
+Id 0 is the boundary token (shown as "."), ids 1..N are the characters of the training items in
+sorted order, as in makemore: "emma" is fed to the model as [., e, m, m, a] and trained to
+predict [e, m, m, a, .].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+BOUNDARY = "."  # how the boundary token is shown; it is not a character of the vocabulary
+BOUNDARY_ID = 0
+
+
+class CharTokenizer:
+    """Maps each known character to an id in 1..len(chars); id 0 is the boundary token."""
+
+    def __init__(self, chars: Iterable[str]):
+        chars = sorted(set(chars))
+        bad = [c for c in chars if len(c) != 1]
+        if bad:
+            raise ValueError(f"CharTokenizer takes single characters, got {bad!r}")
+        self.chars: list[str] = chars
+        self.stoi: dict[str, int] = {c: i + 1 for i, c in enumerate(chars)}
+        self.itos: dict[int, str] = {i: c for c, i in self.stoi.items()}
+        self.boundary_id = BOUNDARY_ID
+
+    @classmethod
+    def from_items(cls, items: Iterable[str]) -> CharTokenizer:
+        """Build the vocabulary from every character that occurs in `items`."""
+        return cls(set().union(*map(set, items)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars) + 1  # + the boundary token
+
+    def unknown_chars(self, text: str) -> list[str]:
+        """The characters of `text` that are not in the vocabulary, in order of first appearance."""
+        return list(dict.fromkeys(c for c in text if c not in self.stoi))
+
+    def check(self, text: str, what: str = "text") -> None:
+        """Raise a ValueError naming every unknown character of `text` and the known ones."""
+        unknown = self.unknown_chars(text)
+        if unknown:
+            raise ValueError(
+                f"{what} {text!r} has characters the vocabulary does not know: "
+                f"{''.join(unknown)!r} ({', '.join(map(repr, unknown))}). "
+                f"Known characters: {''.join(self.chars)!r}"
+            )
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of the characters of `text` (no boundary tokens are added)."""
+        self.check(text)
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids: Sequence[int] | Iterable[int]) -> str:
+        """The text of `ids`, up to the first boundary token (which ends an item)."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == self.boundary_id:
+                break
+            if i not in self.itos:
+                raise ValueError(f"id {i} is outside the vocabulary (0..{self.vocab_size - 1})")
+            out.append(self.itos[i])
+        return "".join(out)
+
+    def to_dict(self) -> dict:
+        """A plain container (safe for torch.load(weights_only=True) and JSON)."""
+        return {"chars": "".join(self.chars), "boundary_id": self.boundary_id}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CharTokenizer:
+        if not isinstance(d, dict) or not isinstance(d.get("chars"), str):
+            raise ValueError("not a CharTokenizer dict: expected {'chars': str, ...}")
+        if d.get("boundary_id", BOUNDARY_ID) != BOUNDARY_ID:
+            raise ValueError(f"unsupported boundary_id {d.get('boundary_id')!r}")
+        return cls(d["chars"])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CharTokenizer) and self.chars == other.chars
+
+    def __repr__(self) -> str:
+        return f"CharTokenizer(vocab_size={self.vocab_size}, chars={''.join(self.chars)!r})"
