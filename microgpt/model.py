@@ -1,0 +1,337 @@
+"""A character-level GPT in plain PyTorch, in reading order: config, attention, MLP, block, model.
+
+Multi-head attention slices its projections per head: head h owns channels [h*hd, (h+1)*hd) of
+Q, and of K and V for its key/value group; the heads' outputs are concatenated in head order and
+mixed by the output projection W_O. Three implementations of that one function are selectable
+with `attn_impl` and proven equal in tests/test_attention.py:
+
+- "loop":    one head at a time, slicing its channels explicitly (the readable reference);
+- "batched": one reshape to (B, H, T, hd) and batched matmuls;
+- "sdpa":    torch.nn.functional.scaled_dot_product_attention (flash kernels on GPU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from microgpt.kv_cache import KVCache
+from microgpt.sampling import check_sampling_args, sample_next
+from microgpt.tokenizer import BOUNDARY_ID
+
+ATTN_IMPLS = ("loop", "batched", "sdpa")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "relu")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass
+class GPTConfig:
+    """The architecture. Validated on construction; every error names the values and the fix."""
+
+    vocab_size: int = 27
+    block_size: int = 16  # the longest sequence the model sees: longest item + 1 boundary token
+    n_layer: int = 4
+    n_embd: int = 64
+    n_head: int = 4
+    n_kv_head: int | None = None  # key/value heads (GQA); None = n_head (MHA), 1 = multi-query
+    dropout: float = 0.0
+    bias: bool = False  # biases in every Linear and LayerNorm
+    norm: str = "layernorm"  # "layernorm" (learned gain) | "rmsnorm" (no learned gain, as microgpt.py)
+    activation: str = "gelu"  # "gelu" | "relu"
+    attn_impl: str = "sdpa"  # "loop" | "batched" | "sdpa"
+    tie_weights: bool = False  # share the token embedding with the output head
+    mlp_ratio: int = 4  # the MLP's hidden width is mlp_ratio * n_embd
+
+    def __post_init__(self):
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head", "mlp_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer (1 or more)")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: each head owns "
+                f"n_embd/n_head channels. Use n_head in {_divisors(self.n_embd)} or change n_embd."
+            )
+        if self.n_head % self.n_kv_head != 0:
+            raise ValueError(
+                f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}: each key/value "
+                f"head is shared by n_head/n_kv_head query heads. Use n_kv_head in "
+                f"{_divisors(self.n_head)} (n_head = multi-head, 1 = multi-query)."
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
+        for name, choices in (("attn_impl", ATTN_IMPLS), ("norm", NORMS), ("activation", ACTIVATIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r} is unknown; choose one of {list(choices)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def causal_mask(block_size: int, device=None) -> torch.Tensor:
+    """(block_size, block_size) booleans: query i may attend to key j when j <= i."""
+    return torch.ones(block_size, block_size, dtype=torch.bool, device=device).tril()
+
+
+class MultiHeadAttention(nn.Module):
+    """Causal multi-head attention with per-head channel slices, optional GQA and a KV cache."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.group = config.n_head // config.n_kv_head  # query heads per key/value head
+        self.kv_dim = config.n_kv_head * config.head_dim
+        self.impl = config.attn_impl
+        self.dropout = config.dropout
+        # Q, K and V in one matmul: columns [0, C) are Q, then kv_dim of K, then kv_dim of V.
+        self.qkv = nn.Linear(config.n_embd, config.n_embd + 2 * self.kv_dim, bias=config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O: mixes the heads
+        self.attn_drop = nn.Dropout(config.dropout)
+        self.resid_drop = nn.Dropout(config.dropout)
+        self.register_buffer("mask", causal_mask(config.block_size), persistent=False)
+
+    def forward(self, x, kv_cache: KVCache | None = None, layer: int = 0, return_attn: bool = False):
+        """x (B, T, C) -> y (B, T, C), and the attention weights (B, H, T, Tk) if return_attn."""
+        B, T, C = x.shape
+        pos = kv_cache.pos if kv_cache is not None else 0  # absolute position of x[:, 0]
+        q, k, v = self.qkv(x).split([C, self.kv_dim, self.kv_dim], dim=2)  # (B, T, C), 2 x (B, T, kv_dim)
+        mask = self.mask[pos:pos + T, :pos + T]  # (T, Tk): the keys each query may see
+        if self.impl == "loop":
+            y, att = self._loop(q, k, v, mask, kv_cache, layer)
+        else:
+            q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, T, C) -> (B, H, T, hd)
+            k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # -> (B, Hkv, T, hd)
+            v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # -> (B, Hkv, T, hd)
+            if kv_cache is not None:
+                k, v = kv_cache.update(layer, k, v)  # (B, Hkv, Tk, hd), Tk = pos + T
+            if self.impl == "batched":
+                y, att = self._batched(q, k, v, mask)
+            else:
+                y, att = self._sdpa(q, k, v, mask, pos, return_attn)
+            y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, hd) -> (B, T, C), heads in order
+        y = self.resid_drop(self.proj(y))
+        return y, (att if return_attn else None)
+
+    def _loop(self, q, k, v, mask, kv_cache, layer):
+        """The textbook version: for each head, slice its channels and attend. q (B, T, C), k/v (B, T, kv_dim)."""
+        B, T, _ = q.shape
+        hd = self.head_dim
+        if kv_cache is not None:  # the cache holds heads: (B, Hkv, T, hd); write, then read back all positions
+            k_heads = k.view(B, T, self.n_kv_head, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+            v_heads = v.view(B, T, self.n_kv_head, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+            k_heads, v_heads = kv_cache.update(layer, k_heads, v_heads)  # (B, Hkv, Tk, hd)
+            Tk = k_heads.size(2)
+            k = k_heads.transpose(1, 2).reshape(B, Tk, self.kv_dim)  # (B, Tk, kv_dim)
+            v = v_heads.transpose(1, 2).reshape(B, Tk, self.kv_dim)  # (B, Tk, kv_dim)
+        outputs, weights = [], []
+        for h in range(self.n_head):
+            g = h // self.group  # this head's key/value group
+            q_h = q[:, :, h * hd:(h + 1) * hd]  # (B, T, hd)
+            k_h = k[:, :, g * hd:(g + 1) * hd]  # (B, Tk, hd)
+            v_h = v[:, :, g * hd:(g + 1) * hd]  # (B, Tk, hd)
+            scores = q_h @ k_h.transpose(1, 2) / math.sqrt(hd)  # (B, T, Tk)
+            att = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)  # (B, T, Tk)
+            weights.append(att)
+            outputs.append(self.attn_drop(att) @ v_h)  # (B, T, hd)
+        y = torch.cat(outputs, dim=2)  # H x (B, T, hd) -> (B, T, C), head h at channels [h*hd, (h+1)*hd)
+        return y, torch.stack(weights, dim=1)  # (B, H, T, Tk)
+
+    def _attention_weights(self, q, k, mask):
+        """softmax(q k^T / sqrt(hd)) over the keys each query may see. q (B, H, T, hd), k (B, Hkv, Tk, hd)."""
+        if self.group > 1:
+            k = k.repeat_interleave(self.group, dim=1)  # (B, Hkv, Tk, hd) -> (B, H, Tk, hd)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, Tk)
+        return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+
+    def _batched(self, q, k, v, mask):
+        att = self._attention_weights(q, k, mask)  # (B, H, T, Tk)
+        if self.group > 1:
+            v = v.repeat_interleave(self.group, dim=1)  # (B, Hkv, Tk, hd) -> (B, H, Tk, hd)
+        return self.attn_drop(att) @ v, att  # (B, H, T, hd)
+
+    def _sdpa(self, q, k, v, mask, pos, return_attn):
+        T = q.size(2)
+        if pos == 0:  # no cached prefix: plain causal attention (the flash path)
+            attn_mask, is_causal = None, T > 1
+        elif T == 1:  # one new token sees every cached key
+            attn_mask, is_causal = None, False
+        else:  # several new tokens after a cached prefix
+            attn_mask, is_causal = mask, False
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.group > 1,
+        )  # (B, H, T, hd)
+        att = None
+        if return_attn:  # sdpa returns no weights: compute them on a side path, for looking at only
+            with torch.no_grad():
+                att = self._attention_weights(q, k, mask)
+        return y, att
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x), with no learned gain (as in microgpt.py)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x):
+        return F.rms_norm(x, (self.dim,), eps=self.eps)
+
+
+def make_norm(config: GPTConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.n_embd)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        hidden = config.mlp_ratio * config.n_embd
+        self.fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.act = nn.GELU() if config.activation == "gelu" else nn.ReLU()
+        self.proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.drop(self.proj(self.act(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.norm1 = make_norm(config)
+        self.attn = MultiHeadAttention(config)
+        self.norm2 = make_norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x, kv_cache=None, layer=0, return_attn=False):
+        a, att = self.attn(self.norm1(x), kv_cache, layer, return_attn)
+        x = x + a
+        x = x + self.mlp(self.norm2(x))
+        return x, att
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position embedding
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm_f = make_norm(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.wte.weight
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # scaled init of the projections into the residual stream
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx, targets=None, kv_cache: KVCache | None = None, return_attn: bool = False):
+        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None[, attention per layer]).
+
+        loss is the mean cross-entropy over the targets that are not -1. With a kv_cache, idx holds
+        the tokens after the cache's position; the cache advances by T. With return_attn, the third
+        item is a list of each layer's attention weights, (B, H, T, Tk).
+        """
+        B, T = idx.shape
+        pos = kv_cache.pos if kv_cache is not None else 0
+        if pos + T > self.config.block_size:
+            raise ValueError(
+                f"sequence of {pos + T} tokens is longer than block_size={self.config.block_size}: "
+                f"shorten the input, or train a model with a larger model.block_size"
+            )
+        if kv_cache is not None and kv_cache.batch_size != B:
+            raise ValueError(f"KV cache holds {kv_cache.batch_size} rows but the input has {B}")
+        positions = torch.arange(pos, pos + T, device=idx.device)  # (T,)
+        x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, T, C)
+        attention = []
+        for layer, block in enumerate(self.blocks):
+            x, att = block(x, kv_cache, layer, return_attn)
+            attention.append(att)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        logits = self.lm_head(self.norm_f(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
+        return (logits, loss, attention) if return_attn else (logits, loss)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        num_samples: int = 1,
+        prefix=None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+        max_new_tokens: int | None = None,
+    ) -> torch.Tensor:
+        """Sample num_samples items at once, each starting with `prefix` (a sequence of token ids).
+
+        Returns (num_samples, n) ids: the prefix, then the sampled tokens. A row ends at its first
+        boundary token (later positions hold boundary tokens too) or when the context reaches
+        block_size. The same generator state gives the same rows with and without the cache.
+        """
+        if num_samples < 1:
+            raise ValueError(f"num_samples={num_samples} must be at least 1")
+        check_sampling_args(temperature, top_k, top_p)
+        prefix = [int(t) for t in (prefix if prefix is not None else [])]
+        if len(prefix) >= self.config.block_size:
+            raise ValueError(
+                f"prefix of {len(prefix)} characters leaves no room to sample: block_size is "
+                f"{self.config.block_size} (1 boundary token + at most {self.config.block_size - 1} characters)"
+            )
+        if any(not 0 < t < self.config.vocab_size for t in prefix):
+            raise ValueError(f"prefix ids must be characters, in 1..{self.config.vocab_size - 1}: {prefix}")
+        steps = self.config.block_size - len(prefix)
+        if max_new_tokens is not None:
+            steps = min(steps, max_new_tokens)
+        device = self.wte.weight.device
+        start = torch.tensor([BOUNDARY_ID, *prefix], device=device)
+        idx = start.repeat(num_samples, 1)  # (B, 1 + len(prefix))
+        cache = KVCache.for_model(self, num_samples) if use_cache else None
+        done = torch.zeros(num_samples, dtype=torch.bool, device=device)
+        for step in range(steps):
+            if cache is None:
+                logits, _ = self(idx)  # the whole context, every step
+            else:
+                logits, _ = self(idx if step == 0 else idx[:, -1:], kv_cache=cache)  # prefill, then 1 token
+            nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
+            nxt = nxt.masked_fill(done, BOUNDARY_ID)
+            idx = torch.cat([idx, nxt[:, None]], dim=1)  # (B, T + 1)
+            done |= nxt == BOUNDARY_ID
+            if bool(done.all()):
+                break
+        return idx[:, 1:]
