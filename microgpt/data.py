@@ -57,7 +57,8 @@ def read_items(path: str | Path) -> list[str]:
         )
     if path.is_dir():
         raise DataError(
-            f"data path {where} is a directory; set data.path=... to a text file with one item per line"
+            f"data path {where} is a directory; "
+            f"set data.path=... to a text file with one item per line"
         )
     raw = path.read_bytes()
     try:
@@ -97,7 +98,7 @@ class Split:
         return {item: name for name in SPLIT_NAMES for item in getattr(self, name)}
 
     def where(self, item: str) -> str | None:
-        """"train", "val" or "test": the split that holds `item`; None for an item in none."""
+        """ "train", "val" or "test": the split that holds `item`; None for an item in none."""
         return self._split_of.get(item)
 
     def to_dict(self) -> dict[str, list[str]]:
@@ -107,7 +108,9 @@ class Split:
     @classmethod
     def from_dict(cls, d: dict) -> Split:
         if not isinstance(d, dict) or not all(isinstance(d.get(n), list) for n in SPLIT_NAMES):
-            raise DataError("not a Split dict: expected {'train': [...], 'val': [...], 'test': [...]}")
+            raise DataError(
+                "not a Split dict: expected {'train': [...], 'val': [...], 'test': [...]}"
+            )
         return cls(*(list(d[name]) for name in SPLIT_NAMES))
 
 
@@ -183,7 +186,9 @@ class BatchSampler:
 
     def __init__(self, n: int, batch_size: int, seed: int):
         if n < 1 or batch_size < 1:
-            raise ValueError(f"BatchSampler needs n >= 1 and batch_size >= 1, got {n}, {batch_size}")
+            raise ValueError(
+                f"BatchSampler needs n >= 1 and batch_size >= 1, got {n}, {batch_size}"
+            )
         self.n = n
         self.batch_size = batch_size
         self.seed = seed
@@ -258,7 +263,9 @@ class CharDataset:
 
     def __init__(self, X: Tensor, Y: Tensor, device: str | torch.device = "cpu", trim: bool = True):
         if X.shape != Y.shape or X.dim() != 2:
-            raise ValueError(f"X and Y must both be (N, block_size), got {tuple(X.shape)}, {tuple(Y.shape)}")
+            raise ValueError(
+                f"X and Y must both be (N, block_size), got {tuple(X.shape)}, {tuple(Y.shape)}"
+            )
         self.X = X.to(device)
         self.Y = Y.to(device)
         self.trim = trim

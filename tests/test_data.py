@@ -60,9 +60,10 @@ def test_empty_file_is_refused(tmp_path, content):
 
 
 def test_not_utf8_gives_the_line_number(tmp_path):
-    path = write(tmp_path, "emma\nolivia\nzo\xc3\xab\nren\xe9e\nava\n".encode("latin-1"))
-    with pytest.raises(DataError, match=r"not UTF-8 .*line 3\b"):
-        read_items(path)
+    # line 3 is valid UTF-8 with a two-byte character; line 4 is Latin-1
+    content = "emma\nolivia\nzoë\n".encode() + "renée\nava\n".encode("latin-1")
+    with pytest.raises(DataError, match=r"not UTF-8 .*line 4\b"):
+        read_items(write(tmp_path, content))
 
 
 @pytest.mark.parametrize("content", ["emma\n", "emma\nava\nemma\n"])
