@@ -6,6 +6,8 @@ tests can check it alone.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -46,3 +48,64 @@ def sample_next(
         sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)  # the top token always stays
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
+
+
+def sample_items(
+    model,
+    tokenizer,
+    num_samples: int,
+    prefix: str = "",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    batch_size: int | None = None,
+    use_cache: bool = True,
+    max_len: int | None = None,
+) -> list[str]:
+    """Sample `num_samples` items (strings) from `model`, `batch_size` at a time, each starting with `prefix`.
+
+    The same seed gives the same items, with or without the cache. max_len caps the length of an
+    item (prefix included); by default it is what the block size allows.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples} must be at least 1")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    if max_len is not None and max_len <= len(prefix):
+        raise ValueError(f"max_len={max_len} must be longer than the prefix ({len(prefix)} characters)")
+    check_sampling_args(temperature, top_k, top_p)
+    tokenizer.check(prefix, what="prefix")
+    prefix_ids = tokenizer.encode(prefix)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(7), "little"))
+    max_new = None if max_len is None else max_len - len(prefix)
+    batch_size = batch_size or num_samples
+    was_training = model.training
+    model.eval()
+    items: list[str] = []
+    try:
+        while len(items) < num_samples:
+            n = min(batch_size, num_samples - len(items))
+            rows = model.generate(n, prefix=prefix_ids, temperature=temperature, top_k=top_k, top_p=top_p,
+                                  generator=generator, use_cache=use_cache, max_new_tokens=max_new)
+            items.extend(tokenizer.decode(row) for row in rows.tolist())
+    finally:
+        model.train(was_training)
+    return items
+
+
+def mark_items(items: list[str], split) -> list[tuple[str, str]]:
+    """Each item with where it was found: "train", "val", "test", or "new" (split: data.Split or None)."""
+    return [(item, (split.where(item) if split is not None else None) or "new") for item in items]
+
+
+def format_marked(marked: list[tuple[str, str]]) -> list[str]:
+    """Printable lines, makemore style: each item with its mark, then a summary line."""
+    width = max((len(item) for item, _ in marked), default=0)
+    lines = [f"{item:<{width}}  {'(new)' if where == 'new' else f'(in {where})'}" for item, where in marked]
+    n_new = sum(where == "new" for _, where in marked)
+    n_unique = len({item for item, _ in marked})
+    lines.append(f"{n_new} of {len(marked)} new, {n_unique} unique")
+    return lines

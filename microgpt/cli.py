@@ -1,0 +1,39 @@
+"""What train.py and sample.py share: the Hydra registrations and the one place user errors are printed."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from omegaconf import OmegaConf
+
+
+def register() -> None:
+    """The config schema and the `microgpt_run_dir` resolver, before @hydra.main composes anything."""
+    from microgpt.config import register_configs
+    from microgpt.runs import run_dir
+
+    register_configs()
+    if not OmegaConf.has_resolver("microgpt_run_dir"):
+        OmegaConf.register_new_resolver("microgpt_run_dir", run_dir)
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Bad settings, data or checkpoints end the program with a one-line message, not a traceback."""
+    from microgpt.checkpoint import CheckpointError
+    from microgpt.config import ConfigError
+    from microgpt.data import DataError
+    from microgpt.trainer import Interrupted, TrainingError
+
+    try:
+        yield
+    except Interrupted as e:
+        print(f"microgpt: {e}", file=sys.stderr)
+        sys.exit(130)
+    except (ConfigError, DataError, CheckpointError, TrainingError) as e:
+        print(f"microgpt: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("microgpt: interrupted; checkpoints already written are intact", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,55 @@
+"""Where runs live: Hydra's output folders, the latest run, and the run folder for `resume`."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
+
+
+def find_checkpoints(roots=RUN_ROOTS, name: str = "best.pt") -> list[Path]:
+    """Every checkpoints/<name> under the run roots, newest first."""
+    found = [p for root in roots if Path(root).is_dir() for p in Path(root).glob(f"**/checkpoints/{name}")]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def latest_run_dir(roots=RUN_ROOTS) -> Path | None:
+    """The folder of the most recently written checkpoints/last.pt, if any."""
+    found = find_checkpoints(roots, "last.pt")
+    return found[0].parent.parent if found else None
+
+
+def _launcher_start_time() -> float | None:
+    """When torchrun's agent (our parent process) started, so that all its ranks pick one folder."""
+    if "LOCAL_WORLD_SIZE" not in os.environ:
+        return None
+    try:
+        fields = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])  # field 22 of stat: start time in clock ticks after boot
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def run_dir(resume, default: str) -> str:
+    """hydra.run.dir: the run to continue when resuming, else `default` (outputs/<date>/<time>).
+
+    Registered as the OmegaConf resolver `microgpt_run_dir` by train.py. Under torchrun the
+    timestamp is the launcher's start time, so every rank uses the same folder.
+    """
+    if resume is True or str(resume).lower() == "true":
+        latest = latest_run_dir()
+        if latest is not None:
+            return str(latest)
+    elif resume not in (False, None) and str(resume).lower() not in ("false", "none", "null", ""):
+        ckpt = Path(str(resume)).expanduser()
+        if ckpt.parent.name == "checkpoints":
+            return str(ckpt.parent.parent)
+    start = _launcher_start_time()
+    if start is not None and default.startswith("outputs/"):
+        return time.strftime("outputs/%Y-%m-%d/%H-%M-%S", time.localtime(start))
+    return default
