@@ -1,0 +1,66 @@
+"""Shared fixtures: the real Hydra config, composed and shrunk, with outputs in tmp_path."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from microgpt.cli import register
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+
+register()
+
+
+def compose_config(overrides=(), config_name: str = "config"):
+    """Compose conf/<config_name>.yaml with overrides, as `python train.py ...` would."""
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def make_names(n: int = 300, seed: int = 0) -> list[str]:
+    """Pronounceable fake names, for data files small enough to train on in a second."""
+    rng = random.Random(seed)
+    cons, vows = "bcdfghjklmnprstvz", "aeiouy"
+    names = set()
+    while len(names) < n:
+        k = rng.randint(1, 4)
+        names.add("".join(rng.choice(cons) + rng.choice(vows) for _ in range(k))[: rng.randint(2, 8)])
+    return sorted(names)
+
+
+@pytest.fixture
+def names_file(tmp_path) -> Path:
+    path = tmp_path / "names.txt"
+    path.write_text("\n".join(make_names()) + "\n")
+    return path
+
+
+TINY = [
+    "model.n_layer=1",
+    "model.n_embd=16",
+    "heads=2",
+    "train.batch_size=16",
+    "train.max_steps=12",
+    "train.eval_every=6",
+    "train.log_every=3",
+    "train.num_samples=5",
+    "log.attn_every=6",
+    "log.entropy_items=32",
+    "optim.warmup_steps=2",
+]
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path, names_file):
+    """A config for a run of a second or two, writing into tmp_path/run."""
+
+    def make(*extra, out: Path | None = None):
+        out = out or tmp_path / "run"
+        return compose_config([*TINY, f"data.path={names_file}", f"out_dir={out}", *extra])
+
+    return make

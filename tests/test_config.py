@@ -1,0 +1,86 @@
+"""Configs compose for every preset and group; bad settings stop with a message naming them."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from microgpt.config import ConfigError, load_config
+from tests.conftest import compose_config
+
+
+@pytest.mark.parametrize("preset,layers,embd,heads", [("micro", 1, 16, 4), ("small", 4, 64, 4), ("base", 6, 384, 6)])
+def test_model_presets_compose(preset, layers, embd, heads):
+    config = load_config(compose_config([f"model={preset}", "out_dir=."]))
+    assert (config.model.n_layer, config.model.n_embd, config.model.n_head) == (layers, embd, heads)
+    assert config.model.name == preset
+
+
+def test_default_config_is_small_on_names():
+    config = load_config(compose_config(["out_dir=."]))
+    assert config.model.name == "small"
+    assert config.data.path == "data/names.txt"
+    assert config.optim.name == "adamw"
+
+
+def test_heads_sets_the_models_head_count():
+    config = load_config(compose_config(["heads=8", "out_dir=."]))
+    assert config.model.n_head == 8 and config.heads == 8
+
+
+def test_micro_preset_matches_microgpt_py():
+    m = load_config(compose_config(["model=micro", "out_dir=."])).model
+    assert (m.norm, m.activation, m.bias, m.tie_weights, m.block_size) == ("rmsnorm", "relu", False, False, 16)
+
+
+def test_experiment_microgpt_composes():
+    config = load_config(compose_config(["experiment=microgpt", "out_dir=."]))
+    assert config.model.name == "micro"
+    assert config.train.batch_size == 1 and config.train.max_steps == 1000
+    assert config.optim.lr == 0.01 and list(config.optim.betas) == [0.85, 0.99]
+    assert config.optim.decay == "linear" and config.optim.min_lr_ratio == 0.0
+
+
+def test_resolved_config_round_trips_through_yaml():
+    config = load_config(compose_config(["out_dir=/tmp/x"]))
+    again = load_config(OmegaConf.create(OmegaConf.to_yaml(OmegaConf.structured(config))))
+    assert again == config
+
+
+def test_typo_in_a_key_is_refused_by_the_schema():
+    with pytest.raises(Exception, match="modle|not in struct|Could not override"):
+        compose_config(["modle.n_head=4"])
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["heads=3"], r"n_embd=64 is not divisible by heads=3.*heads in \[1, 2, 4, 8, 16, 32, 64\]"),
+        (["model.n_head=5"], r"model.n_embd=64 is not divisible by model.n_head=5"),
+        (["model.n_kv_head=3"], r"model.n_kv_head=3.*\[1, 2, 4\]"),
+        (["model.n_layer=0"], r"model.n_layer=0 must be a positive integer"),
+        (["model.attn_impl=flash"], r"model.attn_impl='flash' is unknown.*loop.*batched.*sdpa"),
+        (["model.norm=batchnorm"], r"model.norm='batchnorm' is unknown"),
+        (["model.activation=tanh"], r"model.activation='tanh' is unknown"),
+        (["model.dropout=1.5"], r"model.dropout=1.5 must be in \[0, 1\)"),
+        (["train.max_steps=0"], r"train.max_steps=0 must be at least 1"),
+        (["train.batch_size=-1"], r"train.batch_size=-1 must be at least 1"),
+        (["optim.lr=0"], r"optim.lr=0.0 must be > 0"),
+        (["optim.decay=step"], r"optim.decay='step' is unknown"),
+        (["optim.betas=[0.9]"], r"optim.betas=\[0.9\] must be two numbers"),
+        (["device=tpu"], r"device='tpu' is unknown"),
+    ],
+)
+def test_bad_settings_stop_with_a_clear_message(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(compose_config([*overrides, "out_dir=."]))
+
+
+def test_wrong_type_is_refused_while_composing():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="train.max_steps=lots"):
+        compose_config(["train.max_steps=lots"])
+
+
+def test_wrong_type_in_a_plain_dict_names_the_setting():
+    with pytest.raises(ConfigError, match="train.max_steps"):
+        load_config({"train": {"max_steps": "lots"}})
