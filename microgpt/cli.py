@@ -11,11 +11,14 @@ from omegaconf import OmegaConf
 def register() -> None:
     """The config schema and the `microgpt_run_dir` resolver, before @hydra.main composes anything."""
     from microgpt.config import register_configs
-    from microgpt.runs import run_dir
+    from microgpt.runs import job_dir, record_swept_keys, run_dir
 
     register_configs()
+    record_swept_keys(sys.argv[1:])
     if not OmegaConf.has_resolver("microgpt_run_dir"):
         OmegaConf.register_new_resolver("microgpt_run_dir", run_dir)
+    if not OmegaConf.has_resolver("microgpt_job_dir"):
+        OmegaConf.register_new_resolver("microgpt_job_dir", job_dir)
 
 
 @contextlib.contextmanager

@@ -53,3 +53,54 @@ def run_dir(resume, default: str) -> str:
     if start is not None and default.startswith("outputs/"):
         return time.strftime("outputs/%Y-%m-%d/%H-%M-%S", time.localtime(start))
     return default
+
+
+SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"
+_SWEEP_FUNCTIONS = ("range(", "choice(", "interval(", "glob(", "shuffle(", "sort(", "tag(")
+
+
+def _has_top_level_comma(value: str) -> bool:
+    depth, quote = 0, ""
+    for ch in value:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return True
+    return False
+
+
+def swept_keys(argv: list[str]) -> list[str]:
+    """The keys a `-m` command line sweeps over: heads=1,2,4,8 or seed=range(3) -> ["heads", "seed"]."""
+    keys = []
+    for arg in argv:
+        if "=" not in arg or arg.startswith("-"):
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key.startswith("hydra.") or key.startswith("hydra/"):
+            continue
+        if _has_top_level_comma(value) or value.startswith(_SWEEP_FUNCTIONS):
+            keys.append(key)
+    return keys
+
+
+def record_swept_keys(argv: list[str]) -> None:
+    """Remember the swept keys for job_dir (in the environment, so launcher subprocesses see them too)."""
+    if "-m" in argv or "--multirun" in argv:
+        os.environ[SWEPT_KEYS_ENV] = ",".join(swept_keys(argv))
+
+
+def job_dir(task_overrides, job_num) -> str:
+    """hydra.sweep.subdir: a sweep job's folder, named by the swept settings ("heads=4"), so that
+    TensorBoard's run list reads heads=1, heads=2, ... Falls back to every override, then the job number."""
+    swept = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
+    overrides = [str(o) for o in task_overrides]
+    chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept] if swept else overrides
+    name = ",".join(chosen).replace("/", "_").replace(os.sep, "_")
+    return name[:200] if name else str(job_num)
