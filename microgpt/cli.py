@@ -19,6 +19,22 @@ def register() -> None:
         OmegaConf.register_new_resolver("microgpt_run_dir", run_dir)
     if not OmegaConf.has_resolver("microgpt_job_dir"):
         OmegaConf.register_new_resolver("microgpt_job_dir", job_dir)
+    quiet_other_ranks(sys.argv)
+
+
+# Under torchrun every rank runs @hydra.main in the one run folder. Ranks other than 0 write
+# nothing there: no .hydra/ copy of the config, no train.log (console only, warnings and errors).
+OTHER_RANK_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=stdout", "hydra.job_logging.root.level=WARNING")
+
+
+def quiet_other_ranks(argv: list[str]) -> None:
+    """Add OTHER_RANK_OVERRIDES to a torchrun worker's command line when its RANK is not 0."""
+    import os
+
+    if "LOCAL_WORLD_SIZE" not in os.environ or os.environ.get("RANK", "0") == "0":
+        return
+    taken = {a.split("=", 1)[0] for a in argv[1:]}
+    argv += [o for o in OTHER_RANK_OVERRIDES if o.split("=", 1)[0] not in taken]
 
 
 @contextlib.contextmanager

@@ -294,7 +294,9 @@ class CharDataset:
         """(x, y) for the rows `idx`, each (B, T) with T <= block_size."""
         idx = idx.cpu()
         width = int(self.lengths[idx].max()) + 1 if self.trim else self.block_size
-        rows = idx.to(self.X.device)
+        if self.X.is_cuda:  # a pinned source lets the copy run without waiting for the GPU
+            idx = idx.pin_memory()
+        rows = idx.to(self.X.device, non_blocking=True)
         return self.X[rows, :width], self.Y[rows, :width]
 
     def iter_batches(self, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:

@@ -1,7 +1,18 @@
-"""Data-parallel training under torchrun: who am I, and the one process group.
+"""Data-parallel training: who am I, and the one process group.
 
-torchrun sets RANK, WORLD_SIZE and LOCAL_RANK for each process. Without them this is a single
-process (rank 0 of 1) and nothing is initialised.
+Two launchers are understood:
+
+- torchrun (or any `env://` launcher) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+  MASTER_PORT for each process; they win whenever they are set.
+- A submitit job (`hydra/launcher=slurm`, or `submitit_local`) with several tasks runs one process
+  per task, each with SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (SUBMITIT_LOCAL_* locally) but
+  no RANK. submitit's own helper, `TorchDistributedEnvironment`, turns them into the variables
+  above: MASTER_ADDR is the job's first node (it parses SLURM_JOB_NODELIST), MASTER_PORT a port
+  drawn from the job id (or MASTER_PORT if set). We use it rather than parse SLURM's variables
+  ourselves; submitit is installed wherever that launcher is.
+
+Without either this is a single process (rank 0 of 1) and nothing is initialised. A plain
+`python train.py` in an allocation of several tasks is one process, never a hanging rank.
 """
 
 from __future__ import annotations
@@ -30,7 +41,21 @@ class DistInfo:
         return self.world_size > 1
 
 
+def _export_submitit_env() -> None:
+    """Inside a submitit job of several tasks: export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT."""
+    try:
+        from submitit.helpers import TorchDistributedEnvironment
+    except ImportError:  # the variable alone, without submitit: nothing to read it with
+        return
+    env = TorchDistributedEnvironment()
+    if env.world_size > 1:
+        # CUDA_VISIBLE_DEVICES is left as SLURM set it: cuda_index() copes with all GPUs or one
+        env.export(set_cuda_visible_devices=False, overwrite=True)
+
+
 def dist_info_from_env() -> DistInfo:
+    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ and os.environ.get("SUBMITIT_EXECUTOR"):
+        _export_submitit_env()
     return DistInfo(
         rank=int(os.environ.get("RANK", 0)),
         world_size=int(os.environ.get("WORLD_SIZE", 1)),
@@ -44,9 +69,16 @@ def setup(device_type: str) -> DistInfo:
     if info.enabled and not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
-            torch.cuda.set_device(info.local_rank)
+            torch.cuda.set_device(cuda_index(info))
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=10))
     return info
+
+
+def cuda_index(info: DistInfo) -> int:
+    """This rank's GPU: local_rank among the visible GPUs, or the only one when the launcher
+    (SLURM with --gpus-per-task, say) already shows each rank just its own."""
+    count = torch.cuda.device_count()
+    return info.local_rank % count if count else 0
 
 
 def teardown() -> None:
@@ -63,3 +95,23 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def sum_over_ranks(value: float, info: DistInfo) -> float:
+    """The sum of `value` over all ranks (every rank must call it at the same point)."""
+    if not info.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
+
+
+def broadcast_from_main(obj, info: DistInfo):
+    """Rank 0's `obj` (any picklable value) on every rank."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -221,8 +221,15 @@ class Trainer:
         self.device = pick_device(c.device)
         self.dist = distributed.setup(self.device.type)
         if self.dist.enabled and self.device.type == "cuda":
-            self.device = torch.device("cuda", self.dist.local_rank)
+            self.device = torch.device("cuda", distributed.cuda_index(self.dist))
         self.is_main = self.dist.is_main
+        if self.dist.enabled:  # rank 0's folder is the run's, even where another node's Hydra made its own
+            own, self.out_dir = self.out_dir, Path(distributed.broadcast_from_main(str(self.out_dir), self.dist))
+            if own.resolve() != self.out_dir.resolve():
+                with contextlib.suppress(OSError):
+                    own.rmdir()  # empty: non-zero ranks write nothing there (see microgpt.cli.register)
+        if self.device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
 
         # data: items -> tokenizer (all items' characters) -> split -> padded tensors on the device
         path = resolve_data_path(c.data.path)
@@ -256,13 +263,15 @@ class Trainer:
         random.seed(c.seed)
         self.model_config = c.gpt_config(self.tokenizer.vocab_size, block_size)
         self.model = GPT(self.model_config).to(self.device)
+        # DDP first, then compile: the order PyTorch documents (the compiler splits the graph at
+        # DDP's gradient buckets). Checkpoints always hold self.model, the plain GPT.
         self.train_model: nn.Module = self.model
-        if c.train.compile:
-            self.train_model = torch.compile(self.model)
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            self.train_model = DDP(self.train_model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            self.train_model = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if c.train.compile:
+            self.train_model = torch.compile(self.train_model)
         self.optimizer = make_optimizer(self.model, c, self.device)
         self.use_amp = c.train.amp and self.device.type == "cuda"
         self.global_batch = c.train.batch_size * self.dist.world_size
@@ -411,9 +420,13 @@ class Trainer:
                     # (DDP averages gradients over ranks, hence the world_size factor)
                     scaled = loss * (n_mine * self.dist.world_size / n_global)
                     scaled.backward()
+                    share = loss.detach() * (n_mine / n_global)  # summed over ranks: the global batch's loss
                     max_norm = c.optim.grad_clip if c.optim.grad_clip > 0 else math.inf
                     grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-                    if (self.step + 1) % check_every == 0 or self.dist.enabled:
+                    # off the CPU, float() waits for the GPU: only every log_every steps. grad_norm is
+                    # computed from the all-reduced gradients, so every rank decides alike (a non-finite
+                    # loss on one rank makes the gradients, and so grad_norm, non-finite on all)
+                    if (self.step + 1) % check_every == 0:
                         bad = not math.isfinite(float(grad_norm)) or (
                             not self.dist.enabled and not math.isfinite(float(loss.detach())))
                         if bad:
@@ -422,13 +435,14 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     self.step += 1
                     tokens_done += n_global
-                    window["loss"] += float(loss.detach()) if check_every == 1 else 0.0
+                    window["loss"] += float(share) if check_every == 1 else 0.0
                     window["steps"] += 1
                     window["tokens"] += n_global
                     if self.step % c.train.log_every == 0 or self.step == c.train.max_steps:
                         now = time.perf_counter()
                         if check_every != 1:
-                            window["loss"] = float(loss.detach()) * window["steps"]
+                            window["loss"] = float(share) * window["steps"]
+                        window["loss"] = distributed.sum_over_ranks(window["loss"], self.dist)
                         tps = window["tokens"] / max(now - window["time"], 1e-9)
                         train_loss = window["loss"] / window["steps"]
                         metrics.update(train_loss=train_loss, tokens_per_sec=tps)
