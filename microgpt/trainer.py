@@ -48,7 +48,11 @@ class TrainingError(RuntimeError):
 
 
 class Interrupted(TrainingError):
-    """Stopped by SIGINT/SIGTERM after writing last.pt."""
+    """Stopped by SIGINT/SIGTERM after writing last.pt (`checkpoint`), from which the run can resume."""
+
+    def __init__(self, message: str, checkpoint: Path):
+        super().__init__(message)
+        self.checkpoint = checkpoint
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -84,7 +88,8 @@ def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> to
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                             fused=device.type in ("cuda", "cpu"))  # fused: one kernel for all parameters
 
 
 def lr_at(step: int, config: Config) -> float:
@@ -206,7 +211,11 @@ def _resume_path(config: Config, out_dir: Path) -> Path | None:
     if config.resume is True or config.resume in ("true", "True"):
         path = out_dir / "checkpoints" / "last.pt"
         if not path.exists():
-            raise CheckpointError(f"resume=true but {path} does not exist; pass resume=PATH to a checkpoint")
+            raise CheckpointError(
+                f"resume=true but there is no run to resume: {path} does not exist (from the command line, "
+                f"resume=true continues the newest run under outputs/ or multirun/); pass resume=PATH to a "
+                f"checkpoint, or start a new run without resume"
+            )
         return path
     return Path(config.resume).expanduser()
 
@@ -230,6 +239,14 @@ class Trainer:
                     own.rmdir()  # empty: non-zero ranks write nothing there (see microgpt.cli.register)
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
+
+        self.resume_path = _resume_path(c, self.out_dir)  # checked before the data: a missing run fails fast
+        if self.resume_path is None and (self.out_dir / "checkpoints" / "last.pt").exists():
+            # two runs started in the same second share Hydra's folder; never overwrite another run
+            raise ConfigError(
+                f"{self.out_dir} already holds a run (checkpoints/last.pt); continue it with resume=true, "
+                f"or write the new run to another folder"
+            )
 
         # data: items -> tokenizer (all items' characters) -> split -> padded tensors on the device
         path = resolve_data_path(c.data.path)
@@ -281,7 +298,6 @@ class Trainer:
         self.history: dict[str, float] = {}
         self.resumed_from: Path | None = None
 
-        self.resume_path = _resume_path(c, self.out_dir)
         if self.resume_path is not None:
             self._load_resume(self.resume_path)
         self.writer = None
@@ -325,6 +341,9 @@ class Trainer:
         if Split.from_dict(ckpt["split"]) != self.split or CharTokenizer.from_dict(ckpt["tokenizer"]) != self.tokenizer:
             raise ConfigError(f"cannot resume from {path}: {self.data_path} no longer holds the data the run "
                               f"was trained on (different items or split); restore it or start a new run")
+        if ckpt["step"] >= self.config.train.max_steps:
+            raise ConfigError(f"nothing to resume: {path} is at step {ckpt['step']} and train.max_steps="
+                              f"{self.config.train.max_steps}; pass a larger train.max_steps to train on")
         self.model.load_state_dict(ckpt["model"])
         r = ckpt["resume"]
         self.optimizer.load_state_dict(r["optimizer"])
@@ -332,7 +351,7 @@ class Trainer:
         set_rng_state(r["rng"])
         self.best_val_loss = r["best_val_loss"]
         self.step = ckpt["step"]
-        self.history = dict(ckpt["metrics"])
+        self.history = {k: v for k, v in ckpt["metrics"].items() if k != "interrupted_at"}
         self.resumed_from = path
 
     def _save(self, name: str, metrics: dict, with_resume_state: bool) -> None:
@@ -389,7 +408,9 @@ class Trainer:
             log.info(f"run folder: {self.out_dir.resolve()}")
             if self.resumed_from is not None:
                 log.info(f"resumed from {self.resumed_from} at step {self.step}")
-            self.writer = TensorBoardLogger(self.out_dir, purge_step=self.step if self.resumed_from else None)
+            # the checkpoint holds step k's state, so points up to k stand; later ones (written after
+            # the checkpoint by a run that was killed) are dropped and written again from k + 1
+            self.writer = TensorBoardLogger(self.out_dir, purge_step=self.step + 1 if self.resumed_from else None)
             if self.step == 0:
                 self._log_attention(0)
 
@@ -430,7 +451,7 @@ class Trainer:
                         bad = not math.isfinite(float(grad_norm)) or (
                             not self.dist.enabled and not math.isfinite(float(loss.detach())))
                         if bad:
-                            self._diverged(float(loss), float(grad_norm), lr)
+                            self._diverged(float(loss.detach()), float(grad_norm), lr)
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
                     self.step += 1
@@ -459,21 +480,23 @@ class Trainer:
                         self._log_attention(self.step)
                     if distributed.any_rank(stop.requested, self.dist) and not final:
                         self._save("last.pt", {**metrics, "interrupted_at": self.step}, with_resume_state=True)
+                        last = self.out_dir / "checkpoints" / "last.pt"
                         raise Interrupted(
                             f"{stop.signal_name or 'signal'} received: stopped at step {self.step} of "
-                            f"{c.train.max_steps}; wrote {self.out_dir / 'checkpoints' / 'last.pt'}. Resume with: "
-                            f"python train.py resume={self.out_dir / 'checkpoints' / 'last.pt'} (and the same settings)"
-                        )
+                            f"{c.train.max_steps} and wrote {last}; to continue, run again with the same "
+                            f"settings and resume={last}", checkpoint=last)
         finally:
             bar.close()
         elapsed = time.perf_counter() - start
         return self._finish(metrics, elapsed, tokens_done)
 
-    def _diverged(self, loss: float, grad_norm: float, lr: float) -> None:
+    def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
         last = self.out_dir / "checkpoints" / "last.pt"
         kept = f"the last good checkpoint, {last}, is kept" if last.exists() else "no checkpoint was written yet"
+        what = what or ("loss" if not math.isfinite(loss) else "gradient")
+        step = self.step if what == "validation loss" else self.step + 1
         raise TrainingError(
-            f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'} at step {self.step + 1} "
+            f"non-finite {what} at step {step} "
             f"(loss {loss}, grad norm {grad_norm}, lr {lr:.3g}): the run diverged and was stopped; {kept}. "
             f"Try a lower optim.lr, gradient clipping (optim.grad_clip=1.0) or a longer optim.warmup_steps"
         )
@@ -483,6 +506,8 @@ class Trainer:
         if not self.is_main:
             return {}
         val_loss = evaluate(self.model, self.datasets["val"], self.config.train.eval_batch_size, self.autocast)
+        if not math.isfinite(val_loss):  # off the CPU the loss is checked every log_every steps only
+            self._diverged(val_loss, math.nan, lr_at(self.step - 1, self.config), what="validation loss")
         improved = val_loss < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, val_loss)
         out = {"val_loss": val_loss, "best_val_loss": self.best_val_loss, "step": self.step}
