@@ -48,7 +48,7 @@ def user_errors():
     try:
         yield
     except Interrupted as e:
-        print(f"microgpt: {e}", file=sys.stderr)
+        print(f"microgpt: {e}\nmicrogpt: resume with: {resume_command(e.checkpoint)}", file=sys.stderr)
         sys.exit(130)
     except (ConfigError, DataError, CheckpointError, TrainingError) as e:
         print(f"microgpt: error: {e}", file=sys.stderr)
@@ -56,3 +56,12 @@ def user_errors():
     except KeyboardInterrupt:
         print("microgpt: interrupted; checkpoints already written are intact", file=sys.stderr)
         sys.exit(130)
+
+
+def resume_command(checkpoint) -> str:
+    """This program's command line with resume=<checkpoint> in place of any resume=...: the same settings."""
+    import shlex
+    from pathlib import Path
+
+    args = [a for a in sys.argv[1:] if not a.lstrip("+~").startswith("resume=")]
+    return shlex.join(["python", Path(sys.argv[0]).name, *args, f"resume={checkpoint}"])
