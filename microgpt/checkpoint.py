@@ -34,6 +34,7 @@ from microgpt.tokenizer import CharTokenizer
 FORMAT = "microgpt-checkpoint"
 VERSION = 1
 REQUIRED_KEYS = ("model", "model_config", "tokenizer")
+ZIP_MAGIC = b"PK\x03\x04"
 
 
 class CheckpointError(ValueError):
@@ -86,6 +87,10 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
         raise CheckpointError(f"checkpoint {path} is a folder, not a file (use run=FOLDER to pick a run)")
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was never written completely")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != ZIP_MAGIC:  # torch.save writes a zip archive; anything else is not ours and is never unpickled
+        raise CheckpointError(f"{path} is not a microgpt checkpoint (not a file written by torch.save)")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -111,7 +116,7 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
+    return text[0].split(". ")[0][:200] if text else type(e).__name__  # the first sentence
 
 
 def model_from_checkpoint(ckpt: dict, device="cpu", path: str | os.PathLike = "checkpoint") -> tuple[GPT, CharTokenizer]:

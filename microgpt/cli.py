@@ -9,11 +9,13 @@ from omegaconf import OmegaConf
 
 
 def register() -> None:
-    """The config schema and the `microgpt_run_dir` resolver, before @hydra.main composes anything."""
+    """The config schemas (train, sample) and the resolvers, before @hydra.main composes anything."""
     from microgpt.config import register_configs
     from microgpt.runs import job_dir, record_swept_keys, run_dir
+    from microgpt.sampling import register_configs as register_sample_configs
 
     register_configs()
+    register_sample_configs()
     record_swept_keys(sys.argv[1:])
     if not OmegaConf.has_resolver("microgpt_run_dir"):
         OmegaConf.register_new_resolver("microgpt_run_dir", run_dir)
@@ -43,6 +45,7 @@ def user_errors():
     from microgpt.checkpoint import CheckpointError
     from microgpt.config import ConfigError
     from microgpt.data import DataError
+    from microgpt.sampling import SamplingError
     from microgpt.trainer import Interrupted, TrainingError
 
     try:
@@ -50,7 +53,7 @@ def user_errors():
     except Interrupted as e:
         print(f"microgpt: {e}\nmicrogpt: resume with: {resume_command(e.checkpoint)}", file=sys.stderr)
         sys.exit(130)
-    except (ConfigError, DataError, CheckpointError, TrainingError) as e:
+    except (ConfigError, DataError, CheckpointError, SamplingError, TrainingError) as e:
         print(f"microgpt: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

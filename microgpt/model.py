@@ -319,19 +319,25 @@ class GPT(nn.Module):
         if max_new_tokens is not None:
             steps = min(steps, max_new_tokens)
         device = self.wte.weight.device
-        start = torch.tensor([BOUNDARY_ID, *prefix], device=device)
-        idx = start.repeat(num_samples, 1)  # (B, 1 + len(prefix))
+        start = len(prefix) + 1  # the boundary token, then the prefix
+        # One preallocated buffer (B, start + steps), filled in place: no per-step torch.cat.
+        idx = torch.full((num_samples, start + steps), BOUNDARY_ID, dtype=torch.long, device=device)
+        if prefix:
+            idx[:, 1:start] = torch.tensor(prefix, dtype=torch.long, device=device)
         cache = KVCache.for_model(self, num_samples) if use_cache else None
         done = torch.zeros(num_samples, dtype=torch.bool, device=device)
+        end = start  # columns filled so far
         for step in range(steps):
             if cache is None:
-                logits, _ = self(idx)  # the whole context, every step
+                logits, _ = self(idx[:, :end])  # the whole context, every step
             else:
-                logits, _ = self(idx if step == 0 else idx[:, -1:], kv_cache=cache)  # prefill, then 1 token
+                # the prompt in one forward (prefill), then one token per step
+                logits, _ = self(idx[:, :end] if step == 0 else idx[:, end - 1:end], kv_cache=cache)
             nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
-            nxt = nxt.masked_fill(done, BOUNDARY_ID)
-            idx = torch.cat([idx, nxt[:, None]], dim=1)  # (B, T + 1)
+            nxt.masked_fill_(done, BOUNDARY_ID)
+            idx[:, end] = nxt
+            end += 1
             done |= nxt == BOUNDARY_ID
-            if bool(done.all()):
+            if bool(done.all()):  # one host sync per step: cheap next to a forward pass
                 break
-        return idx[:, 1:]
+        return idx[:, 1:end]
