@@ -103,6 +103,22 @@ def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tm
     assert [s for s, _ in scalar_steps(run, "loss/val")] == [3, 6, 8]
 
 
+def test_sigterm_finishes_the_step_and_writes_a_resumable_last_pt(tiny_cfg, tmp_path):
+    run = tmp_path / "run"
+    cfg = tiny_cfg("device=cpu", "train.max_steps=4", "train.eval_every=100", "train.num_samples=0", out=run)
+
+    def on_step(n):
+        if n == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer, losses, stopped = run_trainer(cfg, on_step=on_step)
+    assert isinstance(stopped, Interrupted) and str(stopped).startswith("SIGTERM received: stopped at step 2 of 4")
+    assert stopped.checkpoint == run / "checkpoints" / "last.pt" and len(losses) == 2
+    ckpt = load_checkpoint(stopped.checkpoint)
+    assert ckpt["step"] == 2 and "resume" in ckpt and "interrupted_at" in ckpt["metrics"]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handlers are put back
+
+
 def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(tiny_cfg, tmp_path):
     run = tmp_path / "run"
     cfg = tiny_cfg("device=cpu", "train.max_steps=10", "train.eval_every=4", "train.num_samples=0", out=run)
