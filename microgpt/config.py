@@ -64,6 +64,7 @@ class OptimConfig:
 class TrainConfig:
     max_steps: int = 5000
     batch_size: int = 32  # per process; under torchrun the global batch is batch_size * world size
+    group_by_length: int = 0  # >0: batches of similar-length items, sorted within runs of N batches (less padding)
     eval_every: int = 500
     eval_batch_size: int = 1000
     log_every: int = 10  # scalars to TensorBoard and the progress bar
@@ -111,6 +112,8 @@ class Config:
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{name}={value} must be at least 1")
+        if t.group_by_length < 0:
+            raise ConfigError(f"train.group_by_length={t.group_by_length} must be >= 0 (0 = off)")
         if t.num_samples < 0:
             raise ConfigError(f"train.num_samples={t.num_samples} must be 0 or more")
         if not o.lr > 0:

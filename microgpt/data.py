@@ -184,7 +184,14 @@ class BatchSampler:
     epoch visits every index exactly once. `state_dict`/`load_state_dict` resume the exact
     sequence."""
 
-    def __init__(self, n: int, batch_size: int, seed: int):
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        seed: int,
+        lengths: Tensor | None = None,
+        group_by_length: int = 0,
+    ):
         if n < 1 or batch_size < 1:
             raise ValueError(
                 f"BatchSampler needs n >= 1 and batch_size >= 1, got {n}, {batch_size}"
@@ -192,6 +199,10 @@ class BatchSampler:
         self.n = n
         self.batch_size = batch_size
         self.seed = seed
+        if group_by_length and (lengths is None or len(lengths) != n):
+            raise ValueError("group_by_length needs the n item lengths")
+        self.lengths = lengths
+        self.group_by_length = group_by_length
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch = 0  # permutations drawn so far; the current one is number `epoch`
         self.position = 0  # indices of the current permutation already handed out
@@ -203,9 +214,26 @@ class BatchSampler:
         """Passes over the data so far, e.g. 2.5 halfway through the third epoch."""
         return max(self.epoch - 1, 0) + self.position / self.n if self._perm is not None else 0.0
 
+    def _draw_order(self) -> Tensor:
+        """One epoch's order of the indices: a random permutation; with `group_by_length` = k, each
+        run of k * batch_size consecutive indices is sorted by length and cut into batches, and the
+        batches are shuffled, so a batch holds items of similar length (less padding to compute)
+        while what goes into each batch stays random."""
+        perm = torch.randperm(self.n, generator=self.generator)
+        if not self.group_by_length or self.n <= self.batch_size:
+            return perm
+        chunk = self.group_by_length * self.batch_size
+        pieces = []
+        for start in range(0, self.n, chunk):
+            part = perm[start : start + chunk]
+            part = part[torch.sort(self.lengths[part], stable=True).indices]  # by length, within the chunk
+            pieces.extend(part.split(self.batch_size))
+        order = torch.randperm(len(pieces), generator=self.generator)  # batches in random order
+        return torch.cat([pieces[i] for i in order.tolist()])
+
     def _next_permutation(self) -> None:
         self._state_before_perm = self.generator.get_state()
-        self._perm = torch.randperm(self.n, generator=self.generator)
+        self._perm = self._draw_order()
         self.epoch += 1
         self.position = 0
 
@@ -249,7 +277,7 @@ class BatchSampler:
         self.position = state["position"]
         if self.epoch > 0:  # redraw the current permutation from the state just before it
             self._state_before_perm = state["generator_state"].clone()
-            self._perm = torch.randperm(self.n, generator=self.generator)
+            self._perm = self._draw_order()
         else:
             self._perm = self._state_before_perm = None
 

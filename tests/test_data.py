@@ -249,3 +249,28 @@ def test_committed_names_txt_is_clean():
     assert all(re.fullmatch(r"[a-z]+", name) for name in names)
     assert names[:3] == ["emma", "liam", "olivia"]  # most common first
     assert block_size_for(names) == 16
+
+
+def test_group_by_length_keeps_epochs_complete_and_batches_of_similar_length():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 16, (1000,), generator=g)
+    grouped = BatchSampler(1000, 50, seed=3, lengths=lengths, group_by_length=5)
+    plain = BatchSampler(1000, 50, seed=3)
+    epoch = [grouped.next_batch() for _ in range(20)]  # exactly one epoch
+    assert sorted(torch.cat(epoch).tolist()) == list(range(1000))
+
+    def spread(batches):
+        return sum(int(lengths[b].max() - lengths[b].min()) for b in batches) / len(batches)
+
+    assert spread(epoch) < spread([plain.next_batch() for _ in range(20)]) / 2
+
+
+def test_group_by_length_state_round_trip_continues_identically():
+    lengths = torch.randint(1, 16, (300,), generator=torch.Generator().manual_seed(1))
+    a = BatchSampler(300, 32, seed=7, lengths=lengths, group_by_length=4)
+    for _ in range(13):
+        a.next_batch()
+    b = BatchSampler(300, 32, seed=0, lengths=lengths, group_by_length=4)
+    b.load_state_dict(a.state_dict())
+    for _ in range(25):
+        assert torch.equal(a.next_batch(), b.next_batch())
