@@ -292,7 +292,8 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, c, self.device)
         self.use_amp = c.train.amp and self.device.type == "cuda"
         self.global_batch = c.train.batch_size * self.dist.world_size
-        self.sampler = BatchSampler(len(self.datasets["train"]), self.global_batch, c.seed)
+        self.sampler = BatchSampler(len(self.datasets["train"]), self.global_batch, c.seed,
+                                    lengths=self.datasets["train"].lengths, group_by_length=c.train.group_by_length)
         self.step = 0
         self.best_val_loss = math.inf
         self.history: dict[str, float] = {}
