@@ -20,10 +20,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from microgpt.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.config import ConfigError
 from microgpt.data import DataError
-from microgpt.sampling import sample_items
+from microgpt.sampling import SamplingError, sample_from_config
 from microgpt.trainer import TrainingError, train
 from tests.conftest import REPO, TINY, compose_config, make_names
 
@@ -181,36 +181,49 @@ def test_bad_training_input(world, case):
         shutil.rmtree(world.new, ignore_errors=True)
 
 
-SAMPLING = [
-    ("prefix-outside-vocabulary", dict(prefix="Q9!"), r"prefix"),
-    ("negative-temperature", dict(temperature=-1.0), r"temperature=-1\.0 must be >= 0"),
-    ("zero-top-k", dict(top_k=0), r"top_k=0 must be an integer >= 1"),
-    ("top-p-above-one", dict(top_p=1.5), r"top_p=1\.5 must be in \(0, 1\]"),
-    ("no-samples", dict(num_samples=0), r"num_samples=0 must be at least 1"),
-    ("max-len-within-prefix", dict(prefix="ba", max_len=2), r"max_len=2 must be longer than the prefix"),
+SAMPLING = [  # sample.py's settings: (id, overrides, error, message)
+    ("prefix-outside-vocabulary", lambda w: [f"ckpt={w.best}", "prefix=QQ"], SamplingError,
+     r"prefix='QQ' has characters the model does not know: 'Q'"),
+    ("prefix-fills-the-block", lambda w: [f"ckpt={w.best}", "prefix=" + "ba" * 20], SamplingError,
+     r"has 40 characters; this model's block size is \d+"),
+    ("negative-temperature", lambda w: [f"ckpt={w.best}", "temperature=-1"], SamplingError,
+     r"temperature=-1\.0 must be >= 0"),
+    ("zero-top-k", lambda w: [f"ckpt={w.best}", "top_k=0"], SamplingError, r"top_k=0 must be an integer >= 1"),
+    ("top-p-above-one", lambda w: [f"ckpt={w.best}", "top_p=1.5"], SamplingError, r"top_p=1\.5 must be in \(0, 1\]"),
+    ("no-samples", lambda w: [f"ckpt={w.best}", "num_samples=0"], SamplingError, r"num_samples=0 must be at least 1"),
+    ("out-is-a-folder", lambda w: [f"ckpt={w.best}", f"out={w.run}"], SamplingError, r"must be a file path"),
+    ("run-folder-missing", lambda w: [f"run={w.root / 'nope'}"], SamplingError, r"run=.*nope.* does not exist"),
+    ("truncated-checkpoint", lambda w: [f"ckpt={w.truncated}"], CheckpointError, r"truncated or corrupt"),
+    ("malicious-checkpoint", lambda w: [f"ckpt={w.evil_pt}"], CheckpointError, r"refused to load .*run code"),
+    ("foreign-checkpoint", lambda w: [f"ckpt={w.foreign_pt}"], CheckpointError, r"not a microgpt checkpoint"),
 ]
 
 
-@pytest.mark.parametrize("kwargs, message", [s[1:] for s in SAMPLING], ids=[s[0] for s in SAMPLING])
-def test_bad_sampling_input(world, kwargs, message):
-    """Library level: sample.py is another agent's work in progress, not yet in git."""
+@pytest.mark.parametrize("args, error, message", [s[1:] for s in SAMPLING], ids=[s[0] for s in SAMPLING])
+def test_bad_sampling_input(world, args, error, message):
+    """sample.py's library call, with the config composed from conf/sample.yaml as sample.py does."""
     before = snapshot(world.run)
-    model, tokenizer = model_from_checkpoint(load_checkpoint(world.best))
-    kwargs = {"num_samples": 3, "seed": 0, **kwargs}
-    with pytest.raises(ValueError, match=message) as info:
-        sample_items(model, tokenizer, **kwargs)
+    cfg = compose_config(["seed=0", "device=cpu", *args(world)], config_name="sample")
+    with pytest.raises(error, match=message) as info:
+        sample_from_config(cfg)
     assert "\n" not in str(info.value)
     assert_nothing_harmed(world, before)
 
 
-@pytest.mark.parametrize("case", ["malicious-checkpoint", "not-utf8"])
-def test_bad_input_on_the_command_line_is_one_line_exit_2(world, case, tmp_path):
+@pytest.mark.parametrize("script, case", [("train.py", "malicious-checkpoint"), ("sample.py", "truncated-checkpoint"),
+                                          ("sample.py", "prefix-outside-vocabulary")])
+def test_bad_input_on_the_command_line_is_one_line_exit_2(world, script, case, tmp_path):
     before = snapshot(world.run)
-    args = next(c for c in CASES if c.id == case).args(world)
-    result = subprocess.run([sys.executable, str(REPO / "train.py"), *BASE, f"data.path={world.names}", *args],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    if script == "train.py":
+        args = [*BASE, f"data.path={world.names}", *next(c for c in CASES if c.id == case).args(world)]
+    else:
+        args = ["device=cpu", *next(s for s in SAMPLING if s[0] == case)[1](world)]
+    result = subprocess.run([sys.executable, str(REPO / script), *args], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("microgpt: error: ") and "Traceback" not in result.stderr
     assert not list(tmp_path.rglob("*.pt"))
+    if script == "sample.py":
+        assert not list(tmp_path.iterdir()), "sample.py wrote something"
     assert_nothing_harmed(world, before)
