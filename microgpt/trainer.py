@@ -347,6 +347,13 @@ class Trainer:
                               f"{self.config.train.max_steps}; pass a larger train.max_steps to train on")
         self.model.load_state_dict(ckpt["model"])
         r = ckpt["resume"]
+        if r["sampler"]["batch_size"] != self.global_batch:  # the data order is drawn per global batch
+            ranks = r.get("world_size", 1)
+            raise ConfigError(
+                f"cannot resume from {path}: it was trained with a global batch of {r['sampler']['batch_size']} "
+                f"({ranks} rank{'s' if ranks != 1 else ''}) but this run's is {self.global_batch} (train.batch_size="
+                f"{self.config.train.batch_size} x {self.dist.world_size} ranks); resume on {ranks} rank(s)"
+            )
         self.optimizer.load_state_dict(r["optimizer"])
         self.sampler.load_state_dict(r["sampler"])
         set_rng_state(r["rng"])

@@ -1,0 +1,86 @@
+"""python -m microgpt.compare: one row per run of a sweep, and the validation curves as a PNG."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from microgpt.compare import CompareError, find_runs, main, nice_ticks, read_runs
+from microgpt.trainer import train
+from tests.conftest import TINY, compose_config, make_names
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """A 2-job sweep as `train.py -m heads=1,2` lays it out: sweep/heads=1, sweep/heads=2 (built
+    once for this module; the tests only read it)."""
+    tmp = tmp_path_factory.mktemp("compare")
+    (tmp / "names.txt").write_text("\n".join(make_names()) + "\n")
+    root = tmp / "sweep"
+    metrics = {}
+    for heads in (1, 2):
+        cfg = compose_config([*TINY, f"heads={heads}", "train.num_samples=0", f"data.path={tmp / 'names.txt'}"])
+        cfg.out_dir = str(root / f"heads={heads}")  # '=' in a path cannot go through an override
+        metrics[heads] = train(cfg)
+    (root / ".submitit").mkdir()  # launcher clutter is not a run
+    return root, metrics
+
+
+def test_compare_prints_a_row_per_run_and_draws_the_curves(sweep, capsys):
+    root, metrics = sweep
+    assert main([str(root)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header[:6] == ["run", "heads", "params", "best", "val", "test"]
+    assert "entropy" in header and "tok/s" in header
+    row = {line.split()[0]: line.split() for line in lines[1:3]}
+    assert set(row) == {"heads=1", "heads=2"}
+    for heads in (1, 2):
+        cells = row[f"heads={heads}"]
+        assert cells[1] == str(heads)
+        assert cells[2] == f"{metrics[heads]['params']:,}"  # counted from the checkpoint
+        assert float(cells[3]) == pytest.approx(metrics[heads]["best_val_loss"], abs=1e-4)
+        assert float(cells[4]) == pytest.approx(metrics[heads]["test_loss"], abs=1e-4)
+        assert float(cells[6]) > 0  # layer 0's mean attention entropy
+    assert "lowest validation loss: heads=" in out
+    png = root / "val_loss.png"
+    assert f"validation loss curves: {png}" in out
+    with Image.open(png) as img:
+        assert img.format == "PNG" and img.size == (900, 540)
+        assert len(img.convert("RGB").getcolors(1 << 16)) > 10  # drawn, not blank
+
+
+def test_runs_sorted_by_heads_with_their_curves(sweep):
+    root, metrics = sweep
+    runs = read_runs(root)
+    assert [r.heads for r in runs] == [1, 2]
+    assert [s for s, _ in runs[0].val_curve] == [6, 12]  # TINY: eval_every=6, max_steps=12
+    assert runs[1].label == "2 heads" and runs[0].label == "1 head"
+    assert len(runs[0].entropy) == 1 and runs[0].tokens_per_sec > 0
+
+
+def test_plot_path_and_table_only(sweep, tmp_path, capsys):
+    root, _ = sweep
+    assert main([str(root), "--plot", str(tmp_path / "out" / "curves.png")]) == 0
+    assert (tmp_path / "out" / "curves.png").is_file()
+    assert main([str(root / "heads=2"), "--no-plot"]) == 0  # one run folder works too
+    assert not (root / "heads=2" / "val_loss.png").exists()
+    assert "heads=2" in capsys.readouterr().out
+
+
+def test_a_folder_without_runs_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CompareError, match="no runs under"):
+        find_runs(tmp_path / "empty")
+    assert main([str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("microgpt: error: no runs under") and "Traceback" not in err
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_nice_ticks():
+    assert nice_ticks(0, 100) == [0, 20, 40, 60, 80, 100]
+    assert nice_ticks(2.31, 2.52) == pytest.approx([2.35, 2.4, 2.45, 2.5])
+    assert nice_ticks(3.0, 3.0)  # a flat curve still gets ticks
