@@ -61,10 +61,15 @@ def find_runs(folder: str | Path) -> list[Path]:
     """Every run folder at or under `folder`: one with TensorBoard event files and a config.yaml."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise CompareError(f"{folder} is not a folder; pass a sweep folder (multirun/<date>/<time>) or a run folder")
-    runs = {p.parent for p in folder.rglob("events.out.tfevents.*")
-            if (p.parent / "config.yaml").is_file()
-            and not any(part.startswith(".") for part in p.parent.relative_to(folder).parts)}  # .submitit, ...
+        raise CompareError(
+            f"{folder} is not a folder; pass a sweep folder (multirun/<date>/<time>) or a run folder"
+        )
+    runs = {
+        p.parent
+        for p in folder.rglob("events.out.tfevents.*")
+        if (p.parent / "config.yaml").is_file()
+        and not any(part.startswith(".") for part in p.parent.relative_to(folder).parts)
+    }  # .submitit, ...
     if not runs:
         raise CompareError(
             f"no runs under {folder}: a run folder holds config.yaml and events.out.tfevents.* files "
@@ -76,9 +81,13 @@ def find_runs(folder: str | Path) -> list[Path]:
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1})
+    acc = EventAccumulator(
+        str(run), size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1}
+    )
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags().get("scalars", [])}
+    return {
+        tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags().get("scalars", [])
+    }
 
 
 def _params(run: Path) -> int | None:
@@ -119,7 +128,12 @@ def read_run(run: Path, root: Path) -> RunSummary:
     layers: dict[int, list[float]] = {}
     for tag, points in scalars.items():  # attention_entropy/layer{l}/head{h}
         parts = tag.split("/")
-        if len(parts) == 3 and parts[0] == "attention_entropy" and parts[1].startswith("layer") and points:
+        if (
+            len(parts) == 3
+            and parts[0] == "attention_entropy"
+            and parts[1].startswith("layer")
+            and points
+        ):
             layers.setdefault(int(parts[1][5:]), []).append(max(points)[1])  # the last step's value
     summary.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
     return summary
@@ -151,27 +165,56 @@ def format_table(runs: list[RunSummary]) -> str:
     header += [f"entropy L{i}" if i == 0 else f"L{i}" for i in range(n_layers)]
     rows = []
     for r in runs:
-        heads = "-" if r.heads is None else f"{r.heads}" + (f"/{r.kv_heads}kv" if r.kv_heads not in (None, r.heads) else "")
-        row = [r.name, heads, "-" if r.params is None else f"{r.params:,}", _num(r.best_val_loss),
-               _num(r.test_loss), _rate(r.tokens_per_sec)]
+        heads = (
+            "-"
+            if r.heads is None
+            else f"{r.heads}" + (f"/{r.kv_heads}kv" if r.kv_heads not in (None, r.heads) else "")
+        )
+        row = [
+            r.name,
+            heads,
+            "-" if r.params is None else f"{r.params:,}",
+            _num(r.best_val_loss),
+            _num(r.test_loss),
+            _rate(r.tokens_per_sec),
+        ]
         row += [_num(r.entropy[i], ".3f") if i < len(r.entropy) else "-" for i in range(n_layers)]
         rows.append(row)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = []
     for row in [header, *rows]:
-        cells = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [
+            str(c).ljust(w) if i == 0 else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths))
+        ]
         lines.append("  ".join(cells).rstrip())
-    best = min((r for r in runs if not math.isnan(r.best_val_loss)), key=lambda r: r.best_val_loss, default=None)
+    best = min(
+        (r for r in runs if not math.isnan(r.best_val_loss)),
+        key=lambda r: r.best_val_loss,
+        default=None,
+    )
     if best is not None:
-        lines.append(f"lowest validation loss: {best.name} ({best.label}, {best.best_val_loss:.4f})")
+        lines.append(
+            f"lowest validation loss: {best.name} ({best.label}, {best.best_val_loss:.4f})"
+        )
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- the plot
 
 # Tableau 10, the usual categorical palette: distinct, and readable on white.
-PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
-           (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+PALETTE = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+]
 
 
 def _font(size: int):
@@ -208,18 +251,25 @@ def _tick_label(v: float, step: float) -> str:
     return f"{v:.{decimals}f}"
 
 
-def plot_val_curves(runs: list[RunSummary], path: str | Path, width: int = 900, height: int = 540) -> Path:
+def plot_val_curves(
+    runs: list[RunSummary], path: str | Path, width: int = 900, height: int = 540
+) -> Path:
     """Validation loss against step, one coloured line per run, with axes, ticks and a legend."""
     from PIL import Image, ImageDraw
 
     curves = [r for r in runs if r.val_curve]
     if not curves:
-        raise CompareError("no run has validation losses (loss/val) to plot; did the runs reach train.eval_every?")
+        raise CompareError(
+            "no run has validation losses (loss/val) to plot; did the runs reach train.eval_every?"
+        )
     font, small = _font(14), _font(12)
     img = Image.new("RGB", (width, height), (255, 255, 255))
     d = ImageDraw.Draw(img)
 
-    labels = [r.label if sum(o.label == r.label for o in curves) == 1 else f"{r.label}: {r.name}" for r in curves]
+    labels = [
+        r.label if sum(o.label == r.label for o in curves) == 1 else f"{r.label}: {r.name}"
+        for r in curves
+    ]
     legend_w = max(d.textlength(s, font=small) for s in labels) + 48
     left, right, top, bottom = 80, width - int(legend_w) - 20, 44, height - 60
     steps = [s for r in curves for s, _ in r.val_curve]
@@ -251,9 +301,15 @@ def plot_val_curves(runs: list[RunSummary], path: str | Path, width: int = 900, 
         d.line([(x, bottom), (x, bottom + 5)], fill=ink)
         d.text((x, bottom + 8), _tick_label(v, x_step), fill=ink, font=small, anchor="ma")
     d.rectangle([left, top, right, bottom], outline=ink)
-    d.text(((left + right) / 2, 14), "validation loss by head count", fill=ink, font=font, anchor="ma")
+    d.text(
+        ((left + right) / 2, 14), "validation loss by head count", fill=ink, font=font, anchor="ma"
+    )
     d.text(((left + right) / 2, height - 22), "step", fill=ink, font=font, anchor="ma")
-    ylabel = Image.new("RGB", (int(d.textlength("validation loss (nats/char)", font=font)) + 4, 20), (255, 255, 255))
+    ylabel = Image.new(
+        "RGB",
+        (int(d.textlength("validation loss (nats/char)", font=font)) + 4, 20),
+        (255, 255, 255),
+    )
     ImageDraw.Draw(ylabel).text((2, 2), "validation loss (nats/char)", fill=ink, font=font)
     ylabel = ylabel.rotate(90, expand=True)
     img.paste(ylabel, (12, int((top + bottom) / 2 - ylabel.height / 2)))
@@ -285,9 +341,15 @@ def plot_val_curves(runs: list[RunSummary], path: str | Path, width: int = 900, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m microgpt.compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", help="a sweep folder (multirun/<date>/<time>) or any folder holding runs")
-    parser.add_argument("--plot", help="where to write the validation loss PNG (default: FOLDER/val_loss.png)")
+    parser = argparse.ArgumentParser(
+        prog="python -m microgpt.compare", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "folder", help="a sweep folder (multirun/<date>/<time>) or any folder holding runs"
+    )
+    parser.add_argument(
+        "--plot", help="where to write the validation loss PNG (default: FOLDER/val_loss.png)"
+    )
     parser.add_argument("--no-plot", action="store_true", help="print the table only")
     args = parser.parse_args(argv)
     try:

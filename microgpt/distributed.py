@@ -54,12 +54,16 @@ def _export_submitit_env() -> None:
 
 
 def dist_info_from_env() -> DistInfo:
-    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ and os.environ.get("SUBMITIT_EXECUTOR"):
+    if (
+        "RANK" not in os.environ
+        and "WORLD_SIZE" not in os.environ
+        and os.environ.get("SUBMITIT_EXECUTOR")
+    ):
         _export_submitit_env()
     return DistInfo(
-        rank=int(os.environ.get("RANK", 0)),
-        world_size=int(os.environ.get("WORLD_SIZE", 1)),
-        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        rank=int(os.environ.get("RANK", "0")),
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
     )
 
 

@@ -19,7 +19,9 @@ def sweep(tmp_path_factory):
     root = tmp / "sweep"
     metrics = {}
     for heads in (1, 2):
-        cfg = compose_config([*TINY, f"heads={heads}", "train.num_samples=0", f"data.path={tmp / 'names.txt'}"])
+        cfg = compose_config(
+            [*TINY, f"heads={heads}", "train.num_samples=0", f"data.path={tmp / 'names.txt'}"]
+        )
         cfg.out_dir = str(root / f"heads={heads}")  # '=' in a path cannot go through an override
         metrics[heads] = train(cfg)
     (root / ".submitit").mkdir()  # launcher clutter is not a run
@@ -52,7 +54,7 @@ def test_compare_prints_a_row_per_run_and_draws_the_curves(sweep, capsys):
 
 
 def test_runs_sorted_by_heads_with_their_curves(sweep):
-    root, metrics = sweep
+    root, _ = sweep
     runs = read_runs(root)
     assert [r.heads for r in runs] == [1, 2]
     assert [s for s, _ in runs[0].val_curve] == [6, 12]  # TINY: eval_every=6, max_steps=12

@@ -25,20 +25,34 @@ from tests.conftest import REPO, TINY, compose_config, make_names
 # 2 ranks x PER_RANK against 1 process x 2 * PER_RANK, dropout off, the same seed and data order
 PER_RANK = 8
 STEPS = 8
-SETTINGS = [*TINY, "model.dropout=0", f"train.max_steps={STEPS}", f"train.eval_every={STEPS}",
-            "train.num_samples=3", f"log.attn_every={STEPS}"]
+SETTINGS = [
+    *TINY,
+    "model.dropout=0",
+    f"train.max_steps={STEPS}",
+    f"train.eval_every={STEPS}",
+    "train.num_samples=3",
+    f"log.attn_every={STEPS}",
+]
 
 
 def run_bounded(cmd: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
     """subprocess.run, but a timeout kills the whole process group (torchrun and its workers)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd[:6])} ... did not finish in {timeout} s (a hung rank?)\n{err[-3000:]}")
+        pytest.fail(
+            f"{' '.join(cmd[:6])} ... did not finish in {timeout} s (a hung rank?)\n{err[-3000:]}"
+        )
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -49,8 +63,18 @@ def torchrun_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("torchrun")
     data = cwd / "names.txt"
     data.write_text("\n".join(make_names()) + "\n")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "train.py"), *SETTINGS, f"train.batch_size={PER_RANK}", f"data.path={data}", "device=cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "train.py"),
+        *SETTINGS,
+        f"train.batch_size={PER_RANK}",
+        f"data.path={data}",
+        "device=cpu",
+    ]
     result = run_bounded(cmd, cwd, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     return cwd, data, result
@@ -61,7 +85,13 @@ def test_torchrun_writes_exactly_one_run_folder(torchrun_run):
     runs = [p for p in (cwd / "outputs").glob("*/*") if p.is_dir()]
     assert len(runs) == 1, runs
     run = runs[0]
-    for name in ("config.yaml", "samples.txt", "checkpoints/best.pt", "checkpoints/last.pt", ".hydra/config.yaml"):
+    for name in (
+        "config.yaml",
+        "samples.txt",
+        "checkpoints/best.pt",
+        "checkpoints/last.pt",
+        ".hydra/config.yaml",
+    ):
         assert (run / name).is_file(), name
     assert len(list(run.glob("events.out.tfevents.*"))) == 1  # rank 0's writer only
     log = result.stdout + result.stderr
@@ -75,8 +105,17 @@ def test_torchrun_writes_exactly_one_run_folder(torchrun_run):
 def test_two_ranks_end_with_the_weights_of_one_process_with_the_whole_batch(torchrun_run, tmp_path):
     cwd, data, _ = torchrun_run
     (ddp_run,) = [p for p in (cwd / "outputs").glob("*/*") if p.is_dir()]
-    single = train(compose_config([*SETTINGS, f"train.batch_size={2 * PER_RANK}", f"data.path={data}",
-                                   "device=cpu", f"out_dir={tmp_path / 'single'}"]))
+    single = train(
+        compose_config(
+            [
+                *SETTINGS,
+                f"train.batch_size={2 * PER_RANK}",
+                f"data.path={data}",
+                "device=cpu",
+                f"out_dir={tmp_path / 'single'}",
+            ]
+        )
+    )
     a = load_checkpoint(tmp_path / "single" / "checkpoints" / "last.pt")
     b = load_checkpoint(ddp_run / "checkpoints" / "last.pt")
     assert a["step"] == b["step"] == STEPS
@@ -99,9 +138,19 @@ def test_resuming_with_another_global_batch_is_refused(torchrun_run, tmp_path):
     cwd, data, _ = torchrun_run
     (ddp_run,) = [p for p in (cwd / "outputs").glob("*/*") if p.is_dir()]
     with pytest.raises(ConfigError, match=f"global batch of {2 * PER_RANK} \\(2 ranks\\)"):
-        train(compose_config([*SETTINGS, f"train.batch_size={PER_RANK}", f"data.path={data}", "device=cpu",
-                              f"train.max_steps={STEPS + 4}", f"resume={ddp_run / 'checkpoints' / 'last.pt'}",
-                              f"out_dir={tmp_path / 'resumed'}"]))
+        train(
+            compose_config(
+                [
+                    *SETTINGS,
+                    f"train.batch_size={PER_RANK}",
+                    f"data.path={data}",
+                    "device=cpu",
+                    f"train.max_steps={STEPS + 4}",
+                    f"resume={ddp_run / 'checkpoints' / 'last.pt'}",
+                    f"out_dir={tmp_path / 'resumed'}",
+                ]
+            )
+        )
 
 
 # ----------------------------------------------------------------------------- who am I
@@ -110,9 +159,23 @@ def test_resuming_with_another_global_batch_is_refused(torchrun_run, tmp_path):
 @pytest.fixture
 def clean_env(monkeypatch):
     """No launcher variables; whatever a test (or submitit's export) sets is undone afterwards."""
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "SUBMITIT_EXECUTOR", "SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
-                 "SLURM_JOB_NUM_NODES", "SLURM_NODEID", "SLURM_JOB_NODELIST", "MASTER_PORT"):
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "SUBMITIT_EXECUTOR",
+        "SLURM_JOB_ID",
+        "SLURM_NTASKS",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_JOB_NUM_NODES",
+        "SLURM_NODEID",
+        "SLURM_JOB_NODELIST",
+        "MASTER_PORT",
+    ):
         monkeypatch.setenv(name, "x")  # recorded as unset, so undo removes what export() adds
         monkeypatch.delenv(name)
     return monkeypatch
@@ -126,16 +189,25 @@ def test_torchrun_variables(clean_env):
     clean_env.setenv("RANK", "3")
     clean_env.setenv("WORLD_SIZE", "4")
     clean_env.setenv("LOCAL_RANK", "1")
-    clean_env.setenv("SUBMITIT_EXECUTOR", "slurm")  # torchrun inside a SLURM job: torchrun's variables win
+    clean_env.setenv(
+        "SUBMITIT_EXECUTOR", "slurm"
+    )  # torchrun inside a SLURM job: torchrun's variables win
     info = distributed.dist_info_from_env()
     assert (info.rank, info.world_size, info.local_rank, info.is_main) == (3, 4, 1, False)
 
 
 def test_a_submitit_slurm_task_becomes_a_rank(clean_env):
     pytest.importorskip("submitit")
-    for k, v in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "8", "SLURM_PROCID": "5",
-                 "SLURM_LOCALID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
-                 "SLURM_JOB_NODELIST": "gpu[07-08]"}.items():
+    for k, v in {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NTASKS": "8",
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+    }.items():
         clean_env.setenv(k, v)
     info = distributed.dist_info_from_env()
     assert (info.rank, info.world_size, info.local_rank) == (5, 8, 1)
@@ -147,7 +219,12 @@ def test_a_submitit_slurm_task_becomes_a_rank(clean_env):
 
 def test_a_submitit_job_of_one_task_is_one_process(clean_env):
     pytest.importorskip("submitit")
-    for k, v in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}.items():
+    for k, v in {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "7",
+        "SLURM_NTASKS": "1",
+        "SLURM_PROCID": "0",
+    }.items():
         clean_env.setenv(k, v)
     assert not distributed.dist_info_from_env().enabled
     assert "MASTER_ADDR" not in os.environ
@@ -183,7 +260,9 @@ def test_unwrap_model_strips_torch_compile():
 @pytest.mark.slow
 def test_compiled_training_on_cpu_saves_a_plain_checkpoint(tiny_cfg, tmp_path):
     """train.compile=true end to end (needs a C++ compiler; about a minute on 2 CPU cores)."""
-    metrics = train(tiny_cfg("train.compile=true", "train.max_steps=4", "train.eval_every=4", "device=cpu"))
+    metrics = train(
+        tiny_cfg("train.compile=true", "train.max_steps=4", "train.eval_every=4", "device=cpu")
+    )
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert metrics["step"] == 4 and not any(k.startswith("_orig_mod.") for k in ckpt["model"])
     GPT(GPTConfig(**ckpt["model_config"])).load_state_dict(ckpt["model"])
@@ -203,8 +282,14 @@ def compose_with_hydra(overrides):
 
 def test_slurm_launcher_config_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    cfg = compose_with_hydra(["hydra/launcher=slurm", "hydra.launcher.partition=gpu",
-                              "hydra.launcher.gpus_per_node=4", "hydra.launcher.tasks_per_node=4"])
+    cfg = compose_with_hydra(
+        [
+            "hydra/launcher=slurm",
+            "hydra.launcher.partition=gpu",
+            "hydra.launcher.gpus_per_node=4",
+            "hydra.launcher.tasks_per_node=4",
+        ]
+    )
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert (launcher.partition, launcher.gpus_per_node, launcher.tasks_per_node) == ("gpu", 4, 4)
