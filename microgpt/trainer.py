@@ -486,7 +486,10 @@ class Trainer:
                         metrics.update(self._evaluate_and_save(metrics))
                     if self.is_main and (self.step % c.log.attn_every == 0 or final):
                         self._log_attention(self.step)
-                    if distributed.any_rank(stop.requested, self.dist) and not final:
+                    # ranks agree on stopping through an all-reduce, which on GPUs waits for the
+                    # step: there only every log_every steps (a signal stops within log_every steps)
+                    ask = not self.dist.enabled or check_every == 1 or self.step % c.train.log_every == 0
+                    if ask and distributed.any_rank(stop.requested, self.dist) and not final:
                         self._save("last.pt", {**metrics, "interrupted_at": self.step}, with_resume_state=True)
                         last = self.out_dir / "checkpoints" / "last.pt"
                         raise Interrupted(
