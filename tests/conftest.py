@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from microgpt.cli import register
@@ -14,6 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 
 register()
+# The test models are tiny: one thread is faster than two fighting over small matmuls, and it keeps
+# the suite's time steady on a busy 2-core machine.
+torch.set_num_threads(1)
 
 
 def compose_config(overrides=(), config_name: str = "config"):
