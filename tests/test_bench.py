@@ -1,0 +1,79 @@
+"""Smoke test of bench/run.py: the quick run finishes, prints one table and writes well-formed JSON.
+
+No timing is asserted: the numbers depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+SECTIONS = ["throughput", "sampling", "memory"]
+FIGURE_KEYS = {"median", "min", "max", "unit", "n"}
+
+
+def test_quick_bench_writes_json_and_prints_table(tmp_path):
+    out = tmp_path / "r.json"
+    # one thread: on a busy 2-core machine, two intra-op threads can make small steps 10-30x slower
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "run.py"),
+        "--quick",
+        "--only",
+        ",".join(SECTIONS),
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == [
+        "section",
+        "case",
+        "median",
+        "min",
+        "max",
+        "unit",
+        "target",
+        "pass/miss",
+    ]
+    assert set(lines[1]) <= {"-", " "}  # the rule under the header
+    assert any(line.startswith("throughput") for line in lines)
+
+    r = json.loads(out.read_text())
+    assert r["quick"] is True and r["threads"] == 1 and r["device"] == "cpu"
+    assert {"platform", "cpu", "cores"} <= set(r["machine"])
+    assert isinstance(r["torch"], str)
+    assert list(r["sections"]) == SECTIONS
+    for section, body in r["sections"].items():
+        assert body["figures"], section
+        for case, fig in body["figures"].items():
+            assert "error" not in fig, f"{section} / {case}: {fig.get('error')}"
+            assert FIGURE_KEYS <= set(fig), (section, case)
+            assert fig["min"] <= fig["median"] <= fig["max"], (section, case)
+            if "target" in fig:
+                assert isinstance(fig["pass"], bool)
+            assert any(case in line for line in lines), f"{case} missing from the table"
+
+    tp = r["sections"]["throughput"]["figures"]
+    for preset in ("micro", "small"):
+        for unit in ("tokens/s", "chars/s", "steps/s"):
+            assert tp[f"{preset} b32 sdpa eager {unit}"]["median"] > 0
+    sampling = r["sections"]["sampling"]
+    assert "base 32 tokens, cache speedup" in sampling["figures"]
+    assert "trained here" in sampling["info"]["model"]
+    memory = r["sections"]["memory"]["figures"]
+    mha, gqa, mqa = (
+        memory[f"base KV cache {k} b64"]["bytes"]
+        for k in ("MHA (n_kv_head=6)", "GQA (n_kv_head=2)", "MQA (n_kv_head=1)")
+    )
+    assert mha == 3 * gqa == 6 * mqa
