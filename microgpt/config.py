@@ -50,7 +50,7 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     name: str = "adamw"
-    lr: float = 1e-3
+    lr: float = 3e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     eps: float = 1e-8
     weight_decay: float = 0.1  # applied to matrices only, never to biases, norms or embeddings' rows? see trainer
@@ -62,10 +62,10 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 5000
-    batch_size: int = 32  # per process; under torchrun the global batch is batch_size * world size
+    max_steps: int = 2500
+    batch_size: int = 128  # per process; under torchrun the global batch is batch_size * world size
     group_by_length: int = 0  # >0: batches of similar-length items, sorted within runs of N batches (less padding)
-    eval_every: int = 500
+    eval_every: int = 250
     eval_batch_size: int = 1000
     log_every: int = 10  # scalars to TensorBoard and the progress bar
     num_samples: int = 20  # names printed (and written to samples.txt) at the end
