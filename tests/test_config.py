@@ -84,3 +84,18 @@ def test_wrong_type_is_refused_while_composing():
 def test_wrong_type_in_a_plain_dict_names_the_setting():
     with pytest.raises(ConfigError, match="train.max_steps"):
         load_config({"train": {"max_steps": "lots"}})
+
+
+@pytest.mark.parametrize("preset,params", [("micro", 4192), ("small", None), ("base", None)])
+def test_preset_yaml_builds_the_promised_model(preset, params):
+    from microgpt.model import GPT
+
+    config = load_config(compose_config([f"model={preset}", "out_dir=."]))
+    block = config.model.block_size or 16
+    model = GPT(config.gpt_config(vocab_size=27, block_size=block))
+    if params is not None:
+        assert model.num_params() == params
+    elif preset == "small":
+        assert 180_000 < model.num_params() < 220_000
+    else:
+        assert model.config.block_size == 256 and model.config.n_head == 6
