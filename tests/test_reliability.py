@@ -327,3 +327,21 @@ def test_resume_with_other_model_settings_names_the_differing_keys(tiny_cfg, tmp
     differing = str(info.value).split("settings differ from the checkpoint's (")[1].split(")")[0]
     assert differing.count(" in the checkpoint") == 2  # heads and model.n_head, nothing else
     assert json.dumps(str(info.value)).count("\\n") == 0  # one line
+
+
+def test_run_dir_resolver_continues_the_run_being_resumed(tmp_path, monkeypatch):
+    """hydra.run.dir under resume: the newest run's folder, the checkpoint's run folder, else a new one."""
+    from microgpt.runs import run_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert run_dir(True, "outputs/new") == "outputs/new"  # nothing to resume: train() then says so
+    for name, age in (("old", 100), ("newer", 0)):
+        last = tmp_path / "outputs" / "day" / name / "checkpoints" / "last.pt"
+        last.parent.mkdir(parents=True)
+        last.write_bytes(b"x")
+        os.utime(last, (time.time() - age, time.time() - age))
+    (tmp_path / "outputs" / "day" / "newer" / "checkpoints" / ".last.pt.x.tmp").write_bytes(b"x")
+    assert Path(run_dir(True, "outputs/new")) == Path("outputs/day/newer")
+    assert Path(run_dir("true", "outputs/new")) == Path("outputs/day/newer")
+    assert run_dir("outputs/day/old/checkpoints/last.pt", "outputs/new") == "outputs/day/old"
+    assert run_dir(False, "outputs/new") == "outputs/new"
