@@ -249,6 +249,8 @@ def test_non_zero_ranks_write_no_hydra_files(clean_env):
 # ----------------------------------------------------------------------------- checkpoints of wrapped models
 
 
+# importing torch.compile's machinery warns about torch.jit.script_method, in torch itself
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_unwrap_model_strips_torch_compile():
     model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_embd=16, n_head=2))
     compiled = torch.compile(model)  # never called: wrapping alone needs no compiler
@@ -258,6 +260,7 @@ def test_unwrap_model_strips_torch_compile():
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_training_on_cpu_saves_a_plain_checkpoint(tiny_cfg, tmp_path):
     """train.compile=true end to end (needs a C++ compiler; about a minute on 2 CPU cores)."""
     metrics = train(
