@@ -418,16 +418,23 @@ def run_throughput(args, device, tmp: Path, cases=None) -> dict:
 THRESHOLDS = ((2.10, None), (2.00, 90.0), (1.95, 600.0))
 
 
-def run_time_to_quality(args, device, tmp: Path) -> dict:
+def ttq_recipes(args) -> list[tuple[str, list[str]]]:
+    """The recipes timed: the default (python train.py) and the 10-minute one (experiment=long)."""
     overrides = list(args.ttq_override)
     if args.ttq_steps:
         overrides.append(f"train.max_steps={args.ttq_steps}")
+    if args.quick or args.ttq_override or args.ttq_steps:
+        return [("default", overrides)]
+    return [("default", overrides), ("experiment=long", ["experiment=long"])]
+
+
+def ttq_curve(overrides, args, device, tmp: Path) -> dict:
+    """Train one recipe, evaluating the test loss every ttq_eval_every steps (not timed)."""
     tr = make_trainer(overrides, args, tmp)
     c = tr.config
     test = tr.datasets["test"]
     every = args.ttq_eval_every
     train_s, eval_s, curve = 0.0, 0.0, []
-    reached: dict[float, dict] = {}
     while tr.step < c.train.max_steps and train_s < args.ttq_budget:
         sync(device)
         t0 = time.perf_counter()
@@ -443,25 +450,7 @@ def run_time_to_quality(args, device, tmp: Path) -> dict:
         curve.append(
             {"step": tr.step, "train_s": train_s, "wall_s": train_s + eval_s, "test_loss": loss}
         )
-        for th, _ in THRESHOLDS:
-            if th not in reached and loss <= th:
-                reached[th] = curve[-1]
-    figures = {}
-    for th, limit in THRESHOLDS:
-        hit = reached.get(th)
-        figures[f"time to test loss {th:.2f}"] = figure(
-            [hit["train_s"] if hit else None],
-            "s",
-            ("<=", limit) if limit and not args.quick else None,
-            step=hit["step"] if hit else None,
-            wall_s=hit["wall_s"] if hit else None,
-        )
-    best = min((p["test_loss"] for p in curve if p["train_s"] <= args.ttq_budget), default=None)
-    figures[f"best test loss in {args.ttq_budget:g} s"] = figure(
-        [best], "nats", None if args.quick else ("<=", 1.95)
-    )
-    figures["steps/s"] = figure([tr.step / train_s if train_s else None], "steps/s")
-    info = {
+    return {
         "recipe": f"conf/config.yaml ({c.model.name} preset) with overrides {overrides}",
         "max_steps": c.train.max_steps,
         "steps_run": tr.step,
@@ -470,9 +459,35 @@ def run_time_to_quality(args, device, tmp: Path) -> dict:
         "train_s": train_s,
         "eval_s": eval_s,
         "curve": curve,
-        "timing": "time = training steps only (test evaluations excluded; wall_s includes them); "
-        "a threshold's time is that of the first evaluation at or below it",
     }
+
+
+def run_time_to_quality(args, device, tmp: Path) -> dict:
+    figures, info = {}, {}
+    runs = {name: ttq_curve(overrides, args, device, tmp) for name, overrides in ttq_recipes(args)}
+    for name, run in runs.items():
+        curve = run["curve"]
+        for th, limit in THRESHOLDS:
+            hit = next((p for p in curve if p["test_loss"] <= th), None)
+            figures[f"{name}: time to test loss {th:.2f}"] = figure(
+                [hit["train_s"] if hit else None],
+                "s",
+                ("<=", limit) if limit and not args.quick else None,
+                step=hit["step"] if hit else None,
+                wall_s=hit["wall_s"] if hit else None,
+            )
+        best = min((p["test_loss"] for p in curve if p["train_s"] <= args.ttq_budget), default=None)
+        figures[f"{name}: best test loss in {args.ttq_budget:g} s"] = figure(
+            [best], "nats", None if args.quick else ("<=", 1.95)
+        )
+        figures[f"{name}: steps/s"] = figure(
+            [run["steps_run"] / run["train_s"] if run["train_s"] else None], "steps/s"
+        )
+        info[name] = run
+    info["timing"] = (
+        "time = training steps only (test evaluations excluded; wall_s includes them); "
+        "a threshold's time is that of the first evaluation at or below it"
+    )
     return {"figures": figures, "info": info}
 
 

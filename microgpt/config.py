@@ -62,7 +62,7 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 2500
+    max_steps: int = 3500
     batch_size: int = 128  # per process; under torchrun the global batch is batch_size * world size
     group_by_length: int = 0  # >0: batches of similar-length items, sorted within runs of N batches (less padding)
     eval_every: int = 250
