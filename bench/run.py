@@ -43,7 +43,8 @@ from microgpt.data import read_items
 from microgpt.kv_cache import KVCache
 from microgpt.model import GPT
 from microgpt.tokenizer import BOUNDARY_ID
-from microgpt.trainer import Trainer, TrainingError, evaluate, lr_at, pick_device, train
+from microgpt.files import pick_device
+from microgpt.trainer import Trainer, TrainingError, evaluate, lr_at, train
 
 SECTIONS = ("throughput", "time_to_quality", "sampling", "memory", "mfu", "microgpt")
 IMPLS = ("loop", "batched", "sdpa")
@@ -467,18 +468,20 @@ def run_time_to_quality(args, device, tmp: Path) -> dict:
     runs = {name: ttq_curve(overrides, args, device, tmp) for name, overrides in ttq_recipes(args)}
     for name, run in runs.items():
         curve = run["curve"]
+        # the default recipe answers the 90-second target, experiment=long the 10-minute one
+        targeted = {2.00} if name == "default" else {1.95}
         for th, limit in THRESHOLDS:
             hit = next((p for p in curve if p["test_loss"] <= th), None)
             figures[f"{name}: time to test loss {th:.2f}"] = figure(
                 [hit["train_s"] if hit else None],
                 "s",
-                ("<=", limit) if limit and not args.quick else None,
+                ("<=", limit) if limit and th in targeted and not args.quick else None,
                 step=hit["step"] if hit else None,
                 wall_s=hit["wall_s"] if hit else None,
             )
         best = min((p["test_loss"] for p in curve if p["train_s"] <= args.ttq_budget), default=None)
         figures[f"{name}: best test loss in {args.ttq_budget:g} s"] = figure(
-            [best], "nats", None if args.quick else ("<=", 1.95)
+            [best], "nats", None if args.quick or name == "default" else ("<=", 1.95)
         )
         figures[f"{name}: steps/s"] = figure(
             [run["steps_run"] / run["train_s"] if run["train_s"] else None], "steps/s"
@@ -593,13 +596,26 @@ def run_sampling(args, device, tmp: Path) -> dict:
 # ----------------------------------------------------------------------------- 4. memory
 
 
+def peak_rss_kib() -> int:
+    """This process's peak resident memory in KiB. VmHWM belongs to the process's own memory map,
+    which exec replaces; ru_maxrss would carry over the peak of the (big) benchmark process that
+    forked this one, since Linux keeps it across execve."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+
+
 def memory_child(args) -> None:
     """In a fresh process: build the small-preset Trainer, take N steps, print the peak RSS as JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         tr = make_trainer(["model=small"], args, Path(tmp))
         for _ in range(args.memory_child):
             train_step(tr)
-    out = {"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}  # KiB on Linux
+    out = {"maxrss_kib": peak_rss_kib()}
     if tr.device.type == "cuda":
         out["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
     print(json.dumps(out))

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
+from microgpt.files import atomic_write
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
 
@@ -56,25 +56,8 @@ def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
     """Write `checkpoint` to `path` atomically: temporary file, flush, fsync, rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint = {"format": FORMAT, "version": VERSION, **checkpoint}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
+    with atomic_write(path) as f:
+        torch.save({"format": FORMAT, "version": VERSION, **checkpoint}, f)
     return path
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from microgpt.files import pick_device, write_text
 
 TRAIN_COMMAND = "python train.py heads=4"
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -337,22 +338,6 @@ def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=None)
     return best if best.is_file() else latest / "last.pt"
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise SamplingError(
-            "device=cuda but no CUDA GPU is available; use device=auto or device=cpu"
-        )
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise SamplingError("device=mps but MPS is not available; use device=auto or device=cpu")
-    return torch.device(name)
-
-
 def check_prefix(prefix: str, tokenizer, block_size: int) -> None:
     """The prefix against the model: known characters, and room left to sample."""
     unknown = tokenizer.unknown_chars(prefix)
@@ -369,19 +354,8 @@ def check_prefix(prefix: str, tokenizer, block_size: int) -> None:
 
 
 def write_lines(path: str | os.PathLike, lines: list[str]) -> Path:
-    """Write lines to `path` atomically (temporary file, fsync, rename): an error leaves the old file."""
-    path = Path(path).expanduser()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write lines to `path` atomically: an error leaves the old file."""
+    return write_text(Path(path).expanduser(), "".join(line + "\n" for line in lines))
 
 
 def sample_from_config(cfg) -> SampleResult:
@@ -392,7 +366,7 @@ def sample_from_config(cfg) -> SampleResult:
     from microgpt.tokenizer import CharTokenizer
 
     c = load_sample_config(cfg)  # every setting that does not need the model, before any loading
-    device = pick_device(c.device)
+    device = pick_device(c.device, SamplingError)
     path = find_checkpoint(c.ckpt, c.run)
     ckpt = load_checkpoint(path, map_location="cpu")
     try:

@@ -30,6 +30,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from microgpt import distributed
 from microgpt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, unwrap_model
 from microgpt.config import Config, ConfigError, load_config
+from microgpt.files import pick_device, write_text
 from microgpt.data import BatchSampler, CharDataset, DataError, Split, block_size_for, read_items, split_items
 from microgpt.model import GPT
 from microgpt.sampling import format_marked, mark_items, sample_items
@@ -56,20 +57,6 @@ class Interrupted(TrainingError):
 
 
 # ----------------------------------------------------------------------------- set-up
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but no CUDA GPU is available; use device=auto or device=cpu")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device=mps but MPS is not available; use device=auto or device=cpu")
-    return torch.device(name)
 
 
 def resolve_data_path(path: str) -> Path:
@@ -227,7 +214,7 @@ class Trainer:
         self.config = config
         c = config
         self.out_dir = Path(c.out_dir).expanduser()
-        self.device = pick_device(c.device)
+        self.device = pick_device(c.device, ConfigError)
         self.dist = distributed.setup(self.device.type)
         if self.dist.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", distributed.cuda_index(self.dist))
@@ -411,7 +398,7 @@ class Trainer:
             from microgpt.tensorboard import TensorBoardLogger
 
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(c)))
+            write_text(self.out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(c)))
             log.info(self.summary())
             log.info(f"run folder: {self.out_dir.resolve()}")
             if self.resumed_from is not None:
@@ -556,7 +543,7 @@ class Trainer:
             if c.train.num_samples:
                 marked = mark_items(sample_items(model, self.tokenizer, c.train.num_samples, seed=c.seed), self.split)
                 lines = format_marked(marked)
-                (self.out_dir / "samples.txt").write_text("\n".join(lines) + "\n")
+                write_text(self.out_dir / "samples.txt", "\n".join(lines) + "\n")
                 metrics["samples"] = [name for name, _ in marked]
             m = self.model_config
             hparams = {"heads": m.n_head, "kv_heads": m.n_kv_head, "n_layer": m.n_layer, "n_embd": m.n_embd,

@@ -1,0 +1,57 @@
+"""Writing files so that a crash never leaves a half-written one: temporary file, fsync, rename."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb"):
+    """Yield a file to write; on success it replaces `path` in one step, on any error `path` is untouched.
+
+    The data go to a temporary file in the same folder, which is flushed and fsynced, then moved
+    over `path` with os.replace: a process killed at any moment leaves the old file whole.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_write(path, "w") as f:
+        f.write(text)
+    return Path(path)
+
+
+def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
+    """`auto` is cuda, then mps, then cpu; a named device that is not there raises `error`."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise error("device=cuda but no CUDA GPU is available; use device=auto or device=cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise error("device=mps but MPS is not available; use device=auto or device=cpu")
+    return torch.device(name)
