@@ -85,6 +85,12 @@ def cuda_index(info: DistInfo) -> int:
     return info.local_rank % count if count else 0
 
 
+def barrier() -> None:
+    """Wait until every rank gets here (no-op in a single process)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -566,7 +566,11 @@ def train(cfg) -> dict:
     trainer = None
     try:
         trainer = Trainer(config)
-        return trainer.run()
+        metrics = trainer.run()
+        # rank 0 still evaluates and writes after the last step: a rank that left the process group
+        # meanwhile would abort gloo ("terminate called without an active exception")
+        distributed.barrier()
+        return metrics
     finally:
         if trainer is not None and trainer.writer is not None:
             trainer.writer.close()
