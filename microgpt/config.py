@@ -53,10 +53,10 @@ class OptimConfig:
     lr: float = 3e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     eps: float = 1e-8
-    weight_decay: float = 0.1  # applied to matrices only, never to biases, norms or embeddings' rows? see trainer
+    weight_decay: float = 0.1  # on matrices (Linear weights, embeddings), never on biases or norm gains
     warmup_steps: int = 100
     decay: str = "cosine"  # cosine | linear | constant, after the warmup
-    min_lr_ratio: float = 0.1  # the learning rate at the last step, as a fraction of lr
+    min_lr_ratio: float = 0.1  # where the decay ends, at max_steps, as a fraction of lr
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
 
 
@@ -120,6 +120,10 @@ class Config:
             raise ConfigError(f"optim.lr={o.lr} must be > 0 (typical: 1e-3)")
         if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
             raise ConfigError(f"optim.betas={list(o.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]")
+        if not o.eps > 0:
+            raise ConfigError(f"optim.eps={o.eps} must be > 0 (typical: 1e-8)")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed={self.seed} must be in [0, 2**63)")
         if o.weight_decay < 0:
             raise ConfigError(f"optim.weight_decay={o.weight_decay} must be >= 0")
         if o.warmup_steps < 0:

@@ -20,6 +20,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _mode_for(path))  # mkstemp makes 0600 files; keep what a plain open() would give
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
@@ -34,6 +35,16 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _mode_for(path: Path) -> int:
+    """The existing file's permissions, or 0666 less the umask for a new file."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

@@ -283,6 +283,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
+            # (B, T, V) -> (B*T, V) and (B, T) -> (B*T,): one row per position
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
         return (logits, loss, attention) if return_attn else (logits, loss)
 
@@ -324,6 +325,16 @@ class GPT(nn.Module):
         idx = torch.full((num_samples, start + steps), BOUNDARY_ID, dtype=torch.long, device=device)
         if prefix:
             idx[:, 1:start] = torch.tensor(prefix, dtype=torch.long, device=device)
+        was_training = self.training
+        self.eval()  # no dropout while sampling: the same generator state gives the same rows
+        try:
+            return self._sample(idx, start, steps, temperature, top_k, top_p, generator, use_cache)
+        finally:
+            self.train(was_training)
+
+    def _sample(self, idx, start, steps, temperature, top_k, top_p, generator, use_cache) -> torch.Tensor:
+        """Fill idx (B, start + steps) from column `start` on; see generate."""
+        num_samples, device = idx.size(0), idx.device
         cache = KVCache.for_model(self, num_samples) if use_cache else None
         done = torch.zeros(num_samples, dtype=torch.bool, device=device)
         end = start  # columns filled so far

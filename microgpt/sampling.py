@@ -23,6 +23,7 @@ import torch
 from microgpt.files import pick_device, write_text
 
 TRAIN_COMMAND = "python train.py heads=4"
+DEFAULT_BATCH = 1024  # items sampled at once when batch_size is null: bounds the KV cache's memory
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
@@ -60,7 +61,8 @@ def sample_next(
     check_sampling_args(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    # subtracting the max first keeps a tiny temperature from overflowing to inf (and NaN after softmax)
+    logits = (logits.float() - logits.float().amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -113,7 +115,7 @@ def sample_items(
     generator = torch.Generator(device=device)
     generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(7), "little"))
     max_new = None if max_len is None else max_len - len(prefix)
-    batch_size = batch_size or num_samples
+    batch_size = batch_size or min(num_samples, DEFAULT_BATCH)
     was_training = model.training
     model.eval()
     items: list[str] = []
@@ -204,7 +206,7 @@ class SampleConfig:
         True  # the KV cache; false recomputes the whole context every step (same items)
     )
     out: str | None = None  # also write the items to this file, one per line
-    batch_size: int | None = None  # items sampled at once; null = all of them
+    batch_size: int | None = None  # items sampled at once; null = up to 1,024
     ckpt: str | None = None  # a checkpoint file
     run: str | None = None  # a run folder: its checkpoints/best.pt, else last.pt
 

@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from microgpt import distributed
-from microgpt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, unwrap_model
+from microgpt.checkpoint import (CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint,
+                                 unwrap_model)
 from microgpt.config import Config, ConfigError, load_config
 from microgpt.files import pick_device, write_text
 from microgpt.data import BatchSampler, CharDataset, DataError, Split, block_size_for, read_items, split_items
@@ -398,6 +399,14 @@ class Trainer:
             from microgpt.tensorboard import TensorBoardLogger
 
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            if self.resumed_from is None:  # claim the folder: a run started in the same second stops here
+                try:
+                    (self.out_dir / "checkpoints").mkdir()
+                except FileExistsError:
+                    raise ConfigError(
+                        f"{self.out_dir} already holds a run (a checkpoints folder); continue it with "
+                        f"resume=true, or write the new run to another folder"
+                    ) from None
             write_text(self.out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(c)))
             log.info(self.summary())
             log.info(f"run folder: {self.out_dir.resolve()}")
@@ -416,6 +425,7 @@ class Trainer:
         metrics: dict = dict(self.history)
         window = {"loss": 0.0, "steps": 0, "tokens": 0, "time": time.perf_counter()}
         check_every = 1 if self.device.type == "cpu" else c.train.log_every
+        max_norm = c.optim.grad_clip if c.optim.grad_clip > 0 else math.inf
         lengths = self.datasets["train"].lengths
         tokens_done = 0
         try:
@@ -437,7 +447,6 @@ class Trainer:
                     scaled = loss * (n_mine * self.dist.world_size / n_global)
                     scaled.backward()
                     share = loss.detach() * (n_mine / n_global)  # summed over ranks: the global batch's loss
-                    max_norm = c.optim.grad_clip if c.optim.grad_clip > 0 else math.inf
                     grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
                     # off the CPU, float() waits for the GPU: only every log_every steps. grad_norm is
                     # computed from the all-reduced gradients, so every rank decides alike (a non-finite
@@ -451,14 +460,12 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     self.step += 1
                     tokens_done += n_global
-                    window["loss"] += float(share) if check_every == 1 else 0.0
+                    window["loss"] = window["loss"] + share  # a tensor: no wait for the GPU here
                     window["steps"] += 1
                     window["tokens"] += n_global
                     if self.step % c.train.log_every == 0 or self.step == c.train.max_steps:
-                        now = time.perf_counter()
-                        if check_every != 1:
-                            window["loss"] = float(share) * window["steps"]
-                        window["loss"] = distributed.sum_over_ranks(window["loss"], self.dist)
+                        window["loss"] = distributed.sum_over_ranks(float(window["loss"]), self.dist)
+                        now = time.perf_counter()  # after float(): the GPU has caught up
                         tps = window["tokens"] / max(now - window["time"], 1e-9)
                         train_loss = window["loss"] / window["steps"]
                         metrics.update(train_loss=train_loss, tokens_per_sec=tps)
@@ -529,16 +536,15 @@ class Trainer:
         if self.is_main:
             # test loss of the best checkpoint's weights, as makemore reports it
             best_path = self.out_dir / "checkpoints" / "best.pt"
-            model = self.model
+            model, best = self.model, None
             if best_path.exists():
-                model = GPT(self.model_config).to(self.device)
-                model.load_state_dict(load_checkpoint(best_path, map_location=self.device)["model"])
+                best = load_checkpoint(best_path, map_location="cpu")
+                model, _ = model_from_checkpoint(best, device=self.device, path=best_path)
             metrics["test_loss"] = evaluate(model, self.datasets["test"], c.train.eval_batch_size, self.autocast)
             self.writer.scalars(self.step, {"loss/test": metrics["test_loss"]})
-            if best_path.exists():  # best.pt gains the test loss
-                ckpt = load_checkpoint(best_path, map_location="cpu")
-                ckpt["metrics"]["test_loss"] = metrics["test_loss"]
-                save_checkpoint(ckpt, best_path)
+            if best is not None:  # best.pt gains the test loss
+                best["metrics"]["test_loss"] = metrics["test_loss"]
+                save_checkpoint(best, best_path)
             lines = []
             if c.train.num_samples:
                 marked = mark_items(sample_items(model, self.tokenizer, c.train.num_samples, seed=c.seed), self.split)
@@ -551,7 +557,7 @@ class Trainer:
                        "batch_size": self.global_batch, "lr": c.optim.lr, "max_steps": c.train.max_steps,
                        "dropout": m.dropout, "seed": c.seed}
             final = {f"hparams/{k}": metrics[k] for k in ("best_val_loss", "val_loss", "test_loss") if k in metrics}
-            self.writer.hparams(hparams, final)
+            self.writer.hparams(hparams, final, step=self.step)
             self.writer.close()
             log.info(f"test loss {metrics['test_loss']:.4f} (best val {metrics.get('best_val_loss', math.nan):.4f}) "
                      f"after {self.step} steps in {elapsed:.1f} s")

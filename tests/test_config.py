@@ -67,6 +67,8 @@ def test_typo_in_a_key_is_refused_by_the_schema():
         (["optim.decay=step"], r"optim.decay='step' is unknown"),
         (["optim.betas=[0.9]"], r"optim.betas=\[0.9\] must be two numbers"),
         (["device=tpu"], r"device='tpu' is unknown"),
+        (["optim.eps=-1"], r"optim.eps=-1.0 must be > 0"),
+        (["seed=-5"], r"seed=-5 must be in \[0, 2\*\*63\)"),
     ],
 )
 def test_bad_settings_stop_with_a_clear_message(overrides, message):

@@ -315,3 +315,18 @@ def test_impls_sample_the_same_items(impl):
     assert torch.equal(
         gen(m, num_samples=16, temperature=0.8), gen(ref, num_samples=16, temperature=0.8)
     )
+
+
+def test_a_tiny_temperature_samples_the_argmax_instead_of_overflowing():
+    logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, -1.0, 0.25]])
+    out = sample_next(logits, temperature=1e-40, generator=torch.Generator().manual_seed(0))
+    assert out.tolist() == [1, 0]
+
+
+def test_generate_in_training_mode_is_deterministic_and_keeps_the_mode():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_embd=16, n_head=2, dropout=0.5))
+    model.train()
+    rows = [model.generate(6, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert torch.equal(rows[0], rows[1])  # dropout is off while sampling
+    assert model.training

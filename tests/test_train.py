@@ -115,3 +115,12 @@ def test_cli_bad_setting_is_one_line_without_traceback(tmp_path):
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 2
     assert "heads=3" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_second_run_into_a_claimed_folder_is_refused(tiny_cfg, tmp_path):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # another run started in the same second
+    from microgpt.config import ConfigError
+
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(tiny_cfg())
+    assert not list((tmp_path / "run").glob("events.out.tfevents.*"))
