@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 def register() -> None:
     """The config schemas (train, sample) and the resolvers, before @hydra.main composes anything."""
     from microgpt.config import register_configs
-    from microgpt.runs import job_dir, record_swept_keys, run_dir
+    from microgpt.runs import job_dir, output_subdir, record_swept_keys, run_dir
     from microgpt.sampling import register_configs as register_sample_configs
 
     register_configs()
@@ -19,6 +19,8 @@ def register() -> None:
     record_swept_keys(sys.argv[1:])
     if not OmegaConf.has_resolver("microgpt_run_dir"):
         OmegaConf.register_new_resolver("microgpt_run_dir", run_dir)
+    if not OmegaConf.has_resolver("microgpt_output_subdir"):
+        OmegaConf.register_new_resolver("microgpt_output_subdir", output_subdir)
     if not OmegaConf.has_resolver("microgpt_job_dir"):
         OmegaConf.register_new_resolver("microgpt_job_dir", job_dir)
     quiet_other_ranks(sys.argv)

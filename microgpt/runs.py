@@ -104,3 +104,11 @@ def job_dir(task_overrides, job_num) -> str:
     chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept] if swept else overrides
     name = ",".join(chosen).replace("/", "_").replace(os.sep, "_")
     return name[:200] if name else str(job_num)
+
+
+def output_subdir(resume) -> str:
+    """hydra.output_subdir: `.hydra`, or a folder of its own for each resume, so that continuing a
+    run in its folder keeps the original run's Hydra config and overrides."""
+    if resume is True or str(resume).lower() not in ("false", "none", "null", ""):
+        return time.strftime(".hydra-resume-%Y-%m-%d_%H-%M-%S")
+    return ".hydra"

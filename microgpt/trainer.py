@@ -407,7 +407,9 @@ class Trainer:
                         f"{self.out_dir} already holds a run (a checkpoints folder); continue it with "
                         f"resume=true, or write the new run to another folder"
                     ) from None
-            write_text(self.out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(c)))
+            # a resume keeps the run's config.yaml and writes its own beside it
+            name = "config.yaml" if self.resumed_from is None else f"config.resume-step{self.step}.yaml"
+            write_text(self.out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(c)))
             log.info(self.summary())
             log.info(f"run folder: {self.out_dir.resolve()}")
             if self.resumed_from is not None:
