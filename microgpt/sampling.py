@@ -116,26 +116,21 @@ def sample_items(
     generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(7), "little"))
     max_new = None if max_len is None else max_len - len(prefix)
     batch_size = batch_size or min(num_samples, DEFAULT_BATCH)
-    was_training = model.training
-    model.eval()
     items: list[str] = []
-    try:
-        with _num_threads(_sampling_threads(model, min(batch_size, num_samples), device)):
-            while len(items) < num_samples:
-                n = min(batch_size, num_samples - len(items))
-                rows = model.generate(
-                    n,
-                    prefix=prefix_ids,
-                    temperature=temperature,
-                    top_k=top_k,
-                    top_p=top_p,
-                    generator=generator,
-                    use_cache=use_cache,
-                    max_new_tokens=max_new,
-                )
-                items.extend(tokenizer.decode(row) for row in rows.tolist())
-    finally:
-        model.train(was_training)
+    with _num_threads(_sampling_threads(model, min(batch_size, num_samples), device)):
+        while len(items) < num_samples:  # generate() samples in eval mode and restores the mode
+            n = min(batch_size, num_samples - len(items))
+            rows = model.generate(
+                n,
+                prefix=prefix_ids,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                generator=generator,
+                use_cache=use_cache,
+                max_new_tokens=max_new,
+            )
+            items.extend(tokenizer.decode(row) for row in rows.tolist())
     return items
 
 
