@@ -24,6 +24,17 @@ class ConfigError(ValueError):
     """A bad setting; the message names it and what would be valid."""
 
 
+def flatten(d, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}: nested mappings as dotted keys."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 @dataclass
 class ModelConfig:
     name: str = "small"
