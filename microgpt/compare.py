@@ -14,7 +14,7 @@ and checkpoint, and prints one row per run, sorted by head count:
 - entropy: each layer's attention entropy (nats) at the last logged step, the mean over its heads
 
 It also draws the validation loss curves, one per run labelled by head count, into a PNG
-(`<folder>/val_loss.png` unless --plot says where), with Pillow.
+(`<folder>/val_loss.png` unless --plot says where), with microgpt.draw.
 """
 
 from __future__ import annotations
@@ -202,139 +202,27 @@ def format_table(runs: list[RunSummary]) -> str:
 
 # ----------------------------------------------------------------------------- the plot
 
-# Tableau 10, the usual categorical palette: distinct, and readable on white.
-PALETTE = [
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (214, 39, 40),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (127, 127, 127),
-    (188, 189, 34),
-    (23, 190, 207),
-]
 
-
-def _font(size: int):
-    from PIL import ImageFont
-
-    try:
-        return ImageFont.load_default(size=size)  # Pillow >= 10.1: scalable
-    except TypeError:
-        return ImageFont.load_default()
-
-
-def nice_ticks(lo: float, hi: float, target: int = 6) -> list[float]:
-    """Round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi]."""
-    if not hi > lo:
-        hi = lo + (abs(lo) or 1.0) * 0.1
-    raw = (hi - lo) / max(target - 1, 1)
-    power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
-    first = math.ceil(lo / step - 1e-9) * step
-    ticks = []
-    t = first
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 12))
-        t += step
-    return ticks
-
-
-def _tick_label(v: float, step: float) -> str:
-    if abs(v) >= 1000 and float(v).is_integer():
-        return f"{v:,.0f}"
-    decimals = max(0, -math.floor(math.log10(step))) if step < 1 else 0
-    if step < 1 and not math.isclose(round(step, decimals), step):
-        decimals += 1
-    return f"{v:.{decimals}f}"
-
-
-def plot_val_curves(
-    runs: list[RunSummary], path: str | Path, width: int = 900, height: int = 540
-) -> Path:
-    """Validation loss against step, one coloured line per run, with axes, ticks and a legend."""
-    from PIL import Image, ImageDraw
+def plot_val_curves(runs: list[RunSummary], path: str | Path) -> Path:
+    """Validation loss against step, one line per run labelled by head count (draw.plot_lines)."""
+    from microgpt.draw import plot_lines
 
     curves = [r for r in runs if r.val_curve]
     if not curves:
         raise CompareError(
             "no run has validation losses (loss/val) to plot; did the runs reach train.eval_every?"
         )
-    font, small = _font(14), _font(12)
-    img = Image.new("RGB", (width, height), (255, 255, 255))
-    d = ImageDraw.Draw(img)
-
-    labels = [
+    labels = [  # a label two runs share gets the run's folder name too
         r.label if sum(o.label == r.label for o in curves) == 1 else f"{r.label}: {r.name}"
         for r in curves
     ]
-    legend_w = max(d.textlength(s, font=small) for s in labels) + 48
-    left, right, top, bottom = 80, width - int(legend_w) - 20, 44, height - 60
-    steps = [s for r in curves for s, _ in r.val_curve]
-    values = [v for r in curves for _, v in r.val_curve if math.isfinite(v)]
-    x0, x1 = 0, max(steps) or 1
-    y_lo, y_hi = (min(values), max(values)) if values else (0.0, 1.0)
-    pad = (y_hi - y_lo) * 0.05 or 0.05
-    y_lo, y_hi = y_lo - pad, y_hi + pad
-    xt, yt = nice_ticks(x0, x1), nice_ticks(y_lo, y_hi)
-    y_lo, y_hi = min(y_lo, yt[0]), max(y_hi, yt[-1])
-
-    def px(step: float) -> float:
-        return left + (step - x0) / (x1 - x0) * (right - left)
-
-    def py(v: float) -> float:
-        return bottom - (v - y_lo) / (y_hi - y_lo) * (bottom - top)
-
-    grid, ink = (228, 228, 228), (40, 40, 40)
-    x_step = xt[1] - xt[0] if len(xt) > 1 else 1
-    y_step = yt[1] - yt[0] if len(yt) > 1 else 1
-    for v in yt:
-        y = py(v)
-        d.line([(left, y), (right, y)], fill=grid)
-        d.line([(left - 5, y), (left, y)], fill=ink)
-        d.text((left - 8, y), _tick_label(v, y_step), fill=ink, font=small, anchor="rm")
-    for v in xt:
-        x = px(v)
-        d.line([(x, top), (x, bottom)], fill=grid)
-        d.line([(x, bottom), (x, bottom + 5)], fill=ink)
-        d.text((x, bottom + 8), _tick_label(v, x_step), fill=ink, font=small, anchor="ma")
-    d.rectangle([left, top, right, bottom], outline=ink)
-    d.text(
-        ((left + right) / 2, 14), "validation loss by head count", fill=ink, font=font, anchor="ma"
+    return plot_lines(
+        [(label, r.val_curve) for label, r in zip(labels, curves)],
+        path,
+        title="validation loss by head count",
+        ylabel="validation loss (nats/char)",
+        legend_title="heads",
     )
-    d.text(((left + right) / 2, height - 22), "step", fill=ink, font=font, anchor="ma")
-    ylabel = Image.new(
-        "RGB",
-        (int(d.textlength("validation loss (nats/char)", font=font)) + 4, 20),
-        (255, 255, 255),
-    )
-    ImageDraw.Draw(ylabel).text((2, 2), "validation loss (nats/char)", fill=ink, font=font)
-    ylabel = ylabel.rotate(90, expand=True)
-    img.paste(ylabel, (12, int((top + bottom) / 2 - ylabel.height / 2)))
-
-    for i, r in enumerate(curves):
-        colour = PALETTE[i % len(PALETTE)]
-        pts = [(px(s), py(v)) for s, v in r.val_curve if math.isfinite(v)]
-        if len(pts) > 1:
-            d.line(pts, fill=colour, width=2, joint="curve")
-        if len(pts) <= 30:
-            for x, y in pts:
-                d.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
-
-    lx, ly = right + 16, top + 4
-    d.text((lx, ly), "heads", fill=ink, font=font)
-    for i, label in enumerate(labels):
-        y = ly + 26 + i * 20
-        colour = PALETTE[i % len(PALETTE)]
-        d.line([(lx, y + 7), (lx + 22, y + 7)], fill=colour, width=3)
-        d.text((lx + 30, y), label, fill=ink, font=small)
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
-    return path
 
 
 # ----------------------------------------------------------------------------- the command

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from microgpt.compare import CompareError, find_runs, main, nice_ticks, read_runs
+from microgpt.compare import CompareError, find_runs, main, read_runs
 from microgpt.trainer import train
 from tests.conftest import TINY, compose_config, make_names
 
@@ -80,9 +80,3 @@ def test_a_folder_without_runs_is_a_clear_error(tmp_path, capsys):
     assert err.startswith("microgpt: error: no runs under") and "Traceback" not in err
     assert main([str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
-
-
-def test_nice_ticks():
-    assert nice_ticks(0, 100) == [0, 20, 40, 60, 80, 100]
-    assert nice_ticks(2.31, 2.52) == pytest.approx([2.35, 2.4, 2.45, 2.5])
-    assert nice_ticks(3.0, 3.0)  # a flat curve still gets ticks

@@ -1,29 +1,21 @@
-import itertools
 import math
 
-import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from microgpt.draw import render_offset_profile
 from microgpt.model import GPT, GPTConfig
 from microgpt.tensorboard import (
+    BOUNDARY_LABEL,
     TensorBoardLogger,
     attention_entropy,
-    colormap,
     labels_for,
-    render_attention,
-    render_layer,
     sanitize_hparams,
 )
 from microgpt.tokenizer import CharTokenizer
 
 SIZE_GUIDANCE = {"images": 0, "scalars": 0, "tensors": 0}
-
-
-def luminance(rgb) -> float:
-    r, g, b = (float(c) for c in rgb)
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
 
 def load(path) -> EventAccumulator:
@@ -32,75 +24,15 @@ def load(path) -> EventAccumulator:
     return acc
 
 
-# ----------------------------------------------------------------------------- images
+# ----------------------------------------------------------------------------- labels
 
 
-def test_colormap_is_dark_to_bright():
-    lum = [luminance(c) for c in colormap(np.linspace(0, 1, 11))]
-    assert all(a < b for a, b in itertools.pairwise(lum))
-    assert colormap([[0.3]]).shape == (1, 1, 3) and colormap(0.3).dtype == np.uint8
-
-
-def test_render_attention_shape_dtype_and_brightness():
-    w = np.array([[0.1, 0.9], [0.5, 0.5]])
-    img = render_attention(w, [".", "a"], [".", "a"], title="head 0")
-    assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
-    assert img.shape[0] >= 2 * 18 and img.shape[1] >= 2 * 18
-
-    def where(value):  # pixel coordinates painted with the colour of `value`
-        ys, xs = np.nonzero((img == colormap(value)).all(axis=-1))
-        assert len(xs) > 100, f"no cell drawn for weight {value}"
-        return ys.mean(), xs.mean()
-
-    (y_lo, x_lo), (y_hi, x_hi), (y_mid, _) = where(0.1), where(0.9), where(0.5)
-    assert abs(y_lo - y_hi) < 1 and x_hi > x_lo  # row 0: the 0.9 cell is the right one
-    assert y_mid > y_lo  # row 1 is below row 0
-    assert luminance(colormap(0.9)) > luminance(colormap(0.1))  # the brighter cell weighs more
-
-
-def test_render_attention_accepts_a_tensor_and_draws_labels():
-    w = torch.full((3, 3), 1 / 3)
-    plain = render_attention(w, [" "] * 3, [" "] * 3)  # blank labels: the margins stay blank
-    labelled = render_attention(w, [".", "x", "y"], [".", "x", "y"])
-    assert plain.shape == labelled.shape
-    grid = (labelled == colormap(1 / 3)).all(axis=-1)
-    ys, xs = np.nonzero(grid)
-    top, left = ys.min(), xs.min()
-    left_margin = labelled[top:, :left]  # row labels
-    top_margin = labelled[:top, left:]  # column labels
-    assert len(np.unique(left_margin.reshape(-1, 3), axis=0)) > 1
-    assert len(np.unique(top_margin.reshape(-1, 3), axis=0)) > 1
-    assert len(np.unique(plain[top:, :left].reshape(-1, 3), axis=0)) == 1
-
-
-def test_render_attention_checks_labels():
-    with pytest.raises(ValueError, match="labels"):
-        render_attention(np.eye(3), ["a", "b"], ["a", "b", "c"])
-
-
-def test_render_attention_mask_greys_hidden_cells():
-    w = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]
-    img = render_attention(w, list("abc"), list("abc"), mask=np.tri(3, dtype=bool))
-    assert not (img == colormap(0.0)).all(axis=-1).any()  # the upper triangle is not "weight 0"
-
-
-def test_render_layer_width_grows_with_heads():
-    labels = list(".ab")
-    w = torch.softmax(torch.randn(4, 3, 3), dim=-1)
-    one, four = (render_layer(w[:n], labels, labels, layer=0) for n in (1, 4))
-    assert one.dtype == four.dtype == np.uint8
-    widths = [render_layer(w[:n], labels, labels, layer=0).shape[1] for n in (1, 2, 3, 4)]
-    # one head of a short item may be narrower than the heading and legend; from then on each
-    # head adds its width
-    assert widths[0] <= widths[1] < widths[2] < widths[3]
-    head = render_attention(w[0], labels, labels, "head 0")
-    assert four.shape[1] >= 4 * head.shape[1] and four.shape[0] > head.shape[0]
-    assert four.shape[0] == one.shape[0]
-
-
-def test_labels_for_shows_the_boundary_as_a_dot():
+def test_labels_for_shows_the_boundary_apart_from_a_real_dot():
     tok = CharTokenizer("aem")
-    assert labels_for([0] + tok.encode("emma"), tok) == list(".emma")
+    assert labels_for([0] + tok.encode("emma"), tok) == [BOUNDARY_LABEL, *"emma"]
+    dotted = CharTokenizer("a.b")  # "." is a character of this data
+    labels = labels_for([0, *dotted.encode("a.b")], dotted)
+    assert labels == [BOUNDARY_LABEL, "a", ".", "b"] and BOUNDARY_LABEL != "."
 
 
 # ----------------------------------------------------------------------------- entropy
@@ -207,3 +139,16 @@ def test_logger_purge_step_on_an_existing_folder(tmp_path):
             tb.scalars(step, {"loss/train": 2.0})
     points = [(e.step, e.value) for e in load(tmp_path).Scalars("loss/train")]
     assert points == [(s, 1.0) for s in range(5)] + [(s, 2.0) for s in range(5, 8)]
+
+
+def test_logger_writes_offset_profiles_per_layer(tmp_path):
+    L, H, K = 2, 3, 4
+    profiles = [torch.rand(H, K) / K for _ in range(L)]
+    starts = [torch.rand(H) for _ in range(L)]
+    with TensorBoardLogger(tmp_path) as tb:
+        tb.offset_profiles(7, profiles, starts)
+    acc = load(tmp_path)
+    assert set(acc.Tags()["images"]) == {f"heads/offsets/layer{l}" for l in range(L)}
+    event = acc.Images("heads/offsets/layer1")[0]
+    expected = render_offset_profile(profiles[1].numpy(), starts[1].numpy(), "layer 1")
+    assert event.step == 7 and (event.height, event.width) == expected.shape[:2]

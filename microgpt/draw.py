@@ -1,0 +1,397 @@
+"""All drawing, with numpy and Pillow only: every function returns a uint8 (H, W, 3) image or
+writes a PNG. Arrays may be numpy arrays, lists or CPU tensors (read with np.asarray).
+
+- `colormap`: values in [0, 1] -> a viridis-like colour (dark = 0, bright = 1).
+- `render_attention` / `render_layer`: attention weights -> labelled heatmaps, rows = queries,
+  columns = keys; a layer's heads in a grid of at most 4 per row, under a heading and a legend.
+- `render_offset_profile`: one layer's attention by relative offset, one row per head.
+- `plot_lines`: curves against step, with axes, round ticks and a legend, saved as a PNG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+# ----------------------------------------------------------------------------- colours and text
+
+# Viridis at 9 evenly spaced points (matplotlib's values, rounded); linear between them.
+_VIRIDIS = np.array(
+    [
+        [68, 1, 84],
+        [71, 45, 123],
+        [59, 82, 139],
+        [44, 114, 142],
+        [33, 145, 140],
+        [40, 174, 128],
+        [94, 201, 98],
+        [173, 220, 48],
+        [253, 231, 37],
+    ],
+    dtype=np.float64,
+)
+BACKGROUND = (255, 255, 255)
+TEXT = (20, 20, 20)
+LIGHT_TEXT = (250, 250, 250)  # values written on dark cells
+MASKED = (222, 222, 222)  # cells a query may not attend to (the causal mask)
+GRID = (228, 228, 228)
+FONT_SIZE = 12
+HEADS_PER_ROW = 4  # a layer's head maps: at most this many side by side, then a new row
+
+# Tableau 10, the usual categorical palette: distinct, and readable on white.
+PALETTE = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+]
+
+
+def colormap(values) -> np.ndarray:
+    """Values in [0, 1] (any shape, clipped) -> uint8 RGB, shape (..., 3); 0 dark, 1 bright."""
+    v = np.clip(np.nan_to_num(np.asarray(values, dtype=np.float64)), 0.0, 1.0)
+    x = v * (len(_VIRIDIS) - 1)
+    lo = np.minimum(np.floor(x).astype(int), len(_VIRIDIS) - 2)
+    frac = (x - lo)[..., None]
+    rgb = _VIRIDIS[lo] * (1 - frac) + _VIRIDIS[lo + 1] * frac
+    return np.round(rgb).astype(np.uint8)
+
+
+def font(size: int = FONT_SIZE):
+    """Pillow's default font at `size` pixels (Pillow >= 10.1); older Pillow: its fixed bitmap."""
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:
+        return ImageFont.load_default()
+
+
+_PROBE = ImageDraw.Draw(Image.new("RGB", (1, 1)))  # measures text before a canvas exists
+
+
+def text_size(text: str, fnt) -> tuple[int, int]:
+    """(width, height) of the ink of `text`."""
+    left, top, right, bottom = _PROBE.textbbox((0, 0), text, font=fnt)
+    return right - left, bottom - top
+
+
+def draw_text(draw, xy, text: str, fnt, anchor: str = "mm", fill=TEXT) -> None:
+    """Text placed by a Pillow anchor ("mm" centred, "rm" right-middle, "ma" top-centre, ...):
+    by the font's line metrics where it has them, so "p" and "h" share a baseline; else (the old
+    bitmap font) by the ink box."""
+    try:
+        draw.text(xy, text, fill=fill, font=fnt, anchor=anchor)
+        return
+    except ValueError:  # bitmap fonts take no anchor
+        pass
+    left, top, right, bottom = draw.textbbox((0, 0), text, font=fnt)
+    fx = {"l": 0.0, "m": 0.5, "r": 1.0}[anchor[0]]
+    fy = {"a": 0.0, "t": 0.0, "m": 0.5}.get(anchor[1], 1.0)
+    x = xy[0] - left - fx * (right - left)
+    y = xy[1] - top - fy * (bottom - top)
+    draw.text((round(x), round(y)), text, fill=fill, font=fnt)
+
+
+# ----------------------------------------------------------------------------- heatmaps
+
+
+def _heatmap(
+    values: np.ndarray,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    title: str | None,
+    cell_w: int,
+    cell_h: int,
+    mask=None,
+    annotate: bool = False,
+) -> np.ndarray:
+    """(R, C) values in [0, 1] -> coloured cells with row labels on the left, column labels on
+    top and an optional title; cells where `mask` is False are grey; `annotate` writes each value
+    (2 decimals) in its cell where it fits."""
+    R, C = values.shape
+    fnt = font()
+    pad = 4
+    label_h = text_size("Mgy", fnt)[1]  # the same for every label set: stable layout
+    label_w = max([text_size(s, fnt)[0] for s in row_labels] + [cell_w // 2])
+    title_w, title_h = (n + 2 * pad for n in text_size(title, fnt)) if title else (0, 0)
+    left = pad + label_w + pad  # where the grid starts
+    top = title_h + pad + label_h + pad
+    grid_w, grid_h = C * cell_w, R * cell_h
+    width = max(left + grid_w + pad, title_w)
+    height = top + grid_h + pad
+
+    canvas = np.full((height, width, 3), BACKGROUND, dtype=np.uint8)
+    colors = colormap(values)  # (R, C, 3)
+    if mask is not None:
+        colors[~np.asarray(mask, dtype=bool)] = MASKED
+    # each value fills its cell but for a 1-pixel white seam, which draws the grid
+    block = np.repeat(np.repeat(colors, cell_h, axis=0), cell_w, axis=1)  # (R*cell_h, C*cell_w, 3)
+    block[cell_h - 1 :: cell_h, :] = BACKGROUND
+    block[:, cell_w - 1 :: cell_w] = BACKGROUND
+    canvas[top : top + grid_h, left : left + grid_w] = block
+
+    img = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(img)
+    if title:  # centred over the grid, or over the image when the title is the wider
+        cx = left + grid_w / 2 if width == left + grid_w + pad else width / 2
+        draw_text(draw, (cx, title_h / 2), title, fnt)
+    col_x = [left + j * cell_w + (cell_w - 1) / 2 for j in range(C)]
+    row_y = [top + i * cell_h + (cell_h - 1) / 2 for i in range(R)]
+    for x, s in zip(col_x, col_labels):
+        draw_text(draw, (x, top - pad - label_h / 2), s, fnt)
+    for y, s in zip(row_y, row_labels):
+        draw_text(draw, (pad + label_w / 2, y), s, fnt)
+    text_w, text_h = text_size("0.00", fnt)
+    if annotate and text_w + 4 <= cell_w and text_h + 2 <= cell_h:
+        dark = colors.astype(np.float64) @ [0.2126, 0.7152, 0.0722] < 128  # (R, C)
+        for i, y in enumerate(row_y):
+            for j, x in enumerate(col_x):
+                ink = LIGHT_TEXT if dark[i, j] else TEXT
+                draw_text(draw, (x, y), f"{values[i, j]:.2f}", fnt, fill=ink)
+    return np.asarray(img)
+
+
+def render_attention(
+    weights,
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    title: str | None = None,
+    cell: int = 18,
+    mask=None,
+) -> np.ndarray:
+    """One head's attention weights (T, Tk) in [0, 1] -> an (H, W, 3) uint8 image.
+
+    Row i = query i (labelled on the left), column j = key j (labelled on top), `cell`-pixel
+    squares coloured dark (0) to bright (1). `mask` (T, Tk) bool, optional: cells where it is
+    False (keys the query may not see) are light grey.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 2:
+        raise ValueError(f"weights must be (T, Tk), got shape {w.shape}")
+    T, Tk = w.shape
+    if len(query_labels) != T or len(key_labels) != Tk:
+        raise ValueError(
+            f"weights are {T}x{Tk} but got {len(query_labels)} query and "
+            f"{len(key_labels)} key labels"
+        )
+    return _heatmap(w, query_labels, key_labels, title, cell, cell, mask)
+
+
+def render_heads(
+    weights_per_head,
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    cell: int = 18,
+    mask=None,
+) -> list[np.ndarray]:
+    """One layer's attention (H, T, Tk) -> H images, each titled "head h"."""
+    w = np.asarray(weights_per_head, dtype=np.float64)
+    if w.ndim != 3:
+        raise ValueError(f"weights_per_head must be (H, T, Tk), got shape {w.shape}")
+    return [
+        render_attention(w[h], query_labels, key_labels, f"head {h}", cell, mask)
+        for h in range(w.shape[0])
+    ]
+
+
+def tile(images: Sequence[np.ndarray], columns: int, gap: int = 16) -> np.ndarray:
+    """Images in a grid, `columns` per row, top-left aligned in equal cells, `gap` pixels apart."""
+    cell_h = max(im.shape[0] for im in images)
+    cell_w = max(im.shape[1] for im in images)
+    columns = min(columns, len(images))
+    rows = math.ceil(len(images) / columns)
+    out = np.full(
+        (rows * cell_h + gap * (rows - 1), columns * cell_w + gap * (columns - 1), 3),
+        BACKGROUND,
+        dtype=np.uint8,
+    )
+    for k, im in enumerate(images):
+        y, x = (k // columns) * (cell_h + gap), (k % columns) * (cell_w + gap)
+        out[y : y + im.shape[0], x : x + im.shape[1]] = im
+    return out
+
+
+def colorbar(length: int = 80, thickness: int = 10) -> np.ndarray:
+    """A small "0 [dark .. bright] 1" legend, (h, w, 3) uint8."""
+    fnt = font()
+    w0, _ = text_size("0", fnt)
+    w1, th = text_size("1", fnt)
+    height = max(thickness, th) + 4
+    width = w0 + 4 + length + 4 + w1 + 2
+    out = np.full((height, width, 3), BACKGROUND, np.uint8)
+    y0 = (height - thickness) // 2
+    out[y0 : y0 + thickness, w0 + 4 : w0 + 4 + length] = colormap(np.linspace(0, 1, length))[None]
+    img = Image.fromarray(out)
+    draw = ImageDraw.Draw(img)
+    draw_text(draw, (w0 / 2, height / 2), "0", fnt)
+    draw_text(draw, (w0 + 8 + length + w1 / 2, height / 2), "1", fnt)
+    return np.asarray(img)
+
+
+def compose_layer(head_images: Sequence[np.ndarray], layer: int, gap: int = 16) -> np.ndarray:
+    """Per-head images -> one image: a "layer l" heading (left) and a colour legend (right),
+    then the heads in a grid, at most HEADS_PER_ROW to a row."""
+    grid = tile(head_images, HEADS_PER_ROW, gap)
+    fnt = font(FONT_SIZE + 2)
+    heading = f"layer {layer}"
+    tw, th = text_size(heading, fnt)
+    bar = colorbar()
+    head_h = max(th, bar.shape[0]) + 8
+    width = max(grid.shape[1], 4 + tw + 16 + bar.shape[1] + 4)
+    out = np.full((head_h + grid.shape[0], width, 3), BACKGROUND, np.uint8)
+    out[head_h:, : grid.shape[1]] = grid
+    by = (head_h - bar.shape[0]) // 2
+    out[by : by + bar.shape[0], width - bar.shape[1] - 4 : width - 4] = bar
+    img = Image.fromarray(out)
+    draw_text(ImageDraw.Draw(img), (4 + tw / 2, head_h / 2), heading, fnt)
+    return np.asarray(img)
+
+
+def render_layer(
+    weights_per_head,
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    layer: int,
+    cell: int = 18,
+    mask=None,
+) -> np.ndarray:
+    """One layer's attention (H, T, Tk) -> every head's map, titled "head h", in a grid."""
+    return compose_layer(
+        render_heads(weights_per_head, query_labels, key_labels, cell, mask), layer
+    )
+
+
+def render_offset_profile(
+    profile, start, title: str = "layer 0", cell: tuple[int, int] = (36, 20)
+) -> np.ndarray:
+    """One layer's attention by relative offset -> an (H, W, 3) uint8 image.
+
+    profile: (H, K), the weight each head puts on offset 0 (itself), -1, ..., -(K-1); start: (H,),
+    its weight on the boundary token at position 0. One row per head, one column per offset and a
+    last "start" column, values in [0, 1] coloured and written in the cells (where they fit;
+    `cell` is (width, height) in pixels).
+    """
+    p = np.asarray(profile, dtype=np.float64)
+    s = np.asarray(start, dtype=np.float64)
+    if p.ndim != 2 or s.shape != (p.shape[0],):
+        raise ValueError(f"profile must be (H, K) and start (H,), got {p.shape} and {s.shape}")
+    values = np.column_stack([p, s])  # (H, K + 1)
+    heads = [f"head {h}" for h in range(p.shape[0])]
+    offsets = [str(-k) for k in range(p.shape[1])] + ["start"]
+    return _heatmap(values, heads, offsets, title, cell[0], cell[1], annotate=True)
+
+
+# ----------------------------------------------------------------------------- line plots
+
+
+def nice_ticks(lo: float, hi: float, target: int = 6) -> list[float]:
+    """Round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi]."""
+    if not hi > lo:
+        hi = lo + (abs(lo) or 1.0) * 0.1
+    raw = (hi - lo) / max(target - 1, 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    first = math.ceil(lo / step - 1e-9) * step
+    ticks = []
+    t = first
+    while t <= hi + step * 1e-9:
+        ticks.append(round(t, 12))
+        t += step
+    return ticks
+
+
+def tick_label(v: float, step: float) -> str:
+    """`v` with as many decimals as ticks `step` apart need; thousands separated."""
+    if abs(v) >= 1000 and float(v).is_integer():
+        return f"{v:,.0f}"
+    decimals = max(0, -math.floor(math.log10(step))) if step < 1 else 0
+    if step < 1 and not math.isclose(round(step, decimals), step):
+        decimals += 1
+    return f"{v:.{decimals}f}"
+
+
+def plot_lines(
+    curves: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+    path: str | Path,
+    title: str = "",
+    xlabel: str = "step",
+    ylabel: str = "",
+    legend_title: str = "",
+    width: int = 900,
+    height: int = 540,
+) -> Path:
+    """[(label, [(x, y), ...]), ...] -> one coloured line per curve, with axes, ticks and a legend,
+    saved as a PNG at `path` (folders made). Non-finite y values are left out."""
+    if not any(points for _, points in curves):
+        raise ValueError("no points to plot")
+    big, small = font(14), font(12)
+    img = Image.new("RGB", (width, height), BACKGROUND)
+    d = ImageDraw.Draw(img)
+
+    legend_w = max(d.textlength(label, font=small) for label, _ in curves) + 48
+    left, right, top, bottom = 80, width - int(legend_w) - 20, 44, height - 60
+    xs = [x for _, points in curves for x, _ in points]
+    ys = [y for _, points in curves for _, y in points if math.isfinite(y)]
+    x0, x1 = 0, max(xs) or 1
+    y_lo, y_hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
+    pad = (y_hi - y_lo) * 0.05 or 0.05
+    y_lo, y_hi = y_lo - pad, y_hi + pad
+    xt, yt = nice_ticks(x0, x1), nice_ticks(y_lo, y_hi)
+    y_lo, y_hi = min(y_lo, yt[0]), max(y_hi, yt[-1])
+
+    def px(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * (right - left)
+
+    def py(y: float) -> float:
+        return bottom - (y - y_lo) / (y_hi - y_lo) * (bottom - top)
+
+    x_step = xt[1] - xt[0] if len(xt) > 1 else 1
+    y_step = yt[1] - yt[0] if len(yt) > 1 else 1
+    for v in yt:
+        y = py(v)
+        d.line([(left, y), (right, y)], fill=GRID)
+        d.line([(left - 5, y), (left, y)], fill=TEXT)
+        draw_text(d, (left - 8, y), tick_label(v, y_step), small, anchor="rm")
+    for v in xt:
+        x = px(v)
+        d.line([(x, top), (x, bottom)], fill=GRID)
+        d.line([(x, bottom), (x, bottom + 5)], fill=TEXT)
+        draw_text(d, (x, bottom + 8), tick_label(v, x_step), small, anchor="ma")
+    d.rectangle([left, top, right, bottom], outline=TEXT)
+    draw_text(d, ((left + right) / 2, 14), title, big, anchor="ma")
+    draw_text(d, ((left + right) / 2, height - 22), xlabel, big, anchor="ma")
+    if ylabel:  # written sideways, reading upwards
+        label = Image.new("RGB", (int(d.textlength(ylabel, font=big)) + 4, 20), BACKGROUND)
+        ImageDraw.Draw(label).text((2, 2), ylabel, fill=TEXT, font=big)
+        label = label.rotate(90, expand=True)
+        img.paste(label, (12, int((top + bottom) / 2 - label.height / 2)))
+
+    for i, (_, points) in enumerate(curves):
+        colour = PALETTE[i % len(PALETTE)]
+        pts = [(px(x), py(y)) for x, y in points if math.isfinite(y)]
+        if len(pts) > 1:
+            d.line(pts, fill=colour, width=2, joint="curve")
+        if len(pts) <= 30:
+            for x, y in pts:
+                d.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
+
+    lx, ly = right + 16, top + 4
+    d.text((lx, ly), legend_title, fill=TEXT, font=big)
+    for i, (label, _) in enumerate(curves):
+        y = ly + 26 + i * 20
+        d.line([(lx, y + 7), (lx + 22, y + 7)], fill=PALETTE[i % len(PALETTE)], width=3)
+        d.text((lx + 30, y), label, fill=TEXT, font=small)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+    return path
