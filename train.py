@@ -3,10 +3,8 @@
 Hydra composes conf/config.yaml with the command line; microgpt.trainer.train does the work.
 """
 
-import sys
-
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from microgpt.cli import register, user_errors
 from microgpt.trainer import train

@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import zipfile
 from pathlib import Path
 
 import torch
-import torch.nn as nn
+from torch import nn
 
+from microgpt.config import ConfigError, flatten
 from microgpt.files import atomic_write
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
 
+RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
 FORMAT = "microgpt-checkpoint"
 VERSION = 1
 REQUIRED_KEYS = ("model", "model_config", "tokenizer")
@@ -67,13 +70,21 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if path.is_dir():
-        raise CheckpointError(f"checkpoint {path} is a folder, not a file (use run=FOLDER to pick a run)")
+        raise CheckpointError(
+            f"checkpoint {path} is a folder, not a file (use run=FOLDER to pick a run)"
+        )
     if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was never written completely")
+        raise CheckpointError(
+            f"checkpoint {path} is empty (0 bytes): it was never written completely"
+        )
     with open(path, "rb") as f:
         magic = f.read(4)
-    if magic != ZIP_MAGIC:  # torch.save writes a zip archive; anything else is not ours and is never unpickled
-        raise CheckpointError(f"{path} is not a microgpt checkpoint (not a file written by torch.save)")
+    if (
+        magic != ZIP_MAGIC
+    ):  # torch.save writes a zip archive; anything else is not ours and is never unpickled
+        raise CheckpointError(
+            f"{path} is not a microgpt checkpoint (not a file written by torch.save)"
+        )
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -88,8 +99,14 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
             f"{path} is truncated or corrupt and cannot be read ({_first_line(e)}); "
             f"use another checkpoint (best.pt or last.pt of the run)"
         ) from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or any(k not in ckpt for k in REQUIRED_KEYS):
-        raise CheckpointError(f"{path} is not a microgpt checkpoint (no {FORMAT!r} format marker or model)")
+    if (
+        not isinstance(ckpt, dict)
+        or ckpt.get("format") != FORMAT
+        or any(k not in ckpt for k in REQUIRED_KEYS)
+    ):
+        raise CheckpointError(
+            f"{path} is not a microgpt checkpoint (no {FORMAT!r} format marker or model)"
+        )
     if ckpt.get("version", 0) > VERSION:
         raise CheckpointError(
             f"{path} was written by a newer microgpt (checkpoint version {ckpt['version']} > {VERSION}); upgrade"
@@ -102,7 +119,9 @@ def _first_line(e: BaseException) -> str:
     return text[0].split(". ")[0][:200] if text else type(e).__name__  # the first sentence
 
 
-def model_from_checkpoint(ckpt: dict, device="cpu", path: str | os.PathLike = "checkpoint") -> tuple[GPT, CharTokenizer]:
+def model_from_checkpoint(
+    ckpt: dict, device="cpu", path: str | os.PathLike = "checkpoint"
+) -> tuple[GPT, CharTokenizer]:
     """Rebuild the model (in eval mode, on `device`) and its tokenizer from a loaded checkpoint."""
     try:
         config = GPTConfig(**ckpt["model_config"])
@@ -110,5 +129,89 @@ def model_from_checkpoint(ckpt: dict, device="cpu", path: str | os.PathLike = "c
         model = GPT(config)
         model.load_state_dict(ckpt["model"])
     except (TypeError, ValueError, RuntimeError, KeyError) as e:
-        raise CheckpointError(f"{path} holds a model that cannot be rebuilt: {_first_line(e)}") from None
+        raise CheckpointError(
+            f"{path} holds a model that cannot be rebuilt: {_first_line(e)}"
+        ) from None
     return model.to(device).eval(), tokenizer
+
+
+def find_checkpoints(roots=RUN_ROOTS, name: str = "best.pt") -> list[Path]:
+    """Every checkpoints/<name> under the run roots, newest first."""
+    found = [
+        p
+        for root in roots
+        if Path(root).is_dir()
+        for p in Path(root).glob(f"**/checkpoints/{name}")
+    ]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def latest_run_dir(roots=RUN_ROOTS) -> Path | None:
+    """The folder of the most recently written checkpoints/last.pt, if any."""
+    found = find_checkpoints(roots, "last.pt")
+    return found[0].parent.parent if found else None
+
+
+# ----------------------------------------------------------------------------- resume state
+
+# Settings that may differ when a run is resumed; every other setting must match the checkpoint's.
+RESUMABLE_CHANGES = (
+    "train.max_steps",
+    "train.eval_every",
+    "train.eval_batch_size",
+    "train.log_every",
+    "train.num_samples",
+    "train.progress",
+    "train.compile",
+    "train.amp",
+    "log.",
+    "device",
+    "out_dir",
+    "resume",
+)
+
+
+def check_resume_compatible(saved: dict, current: dict, path: Path) -> None:
+    """Refuse to resume when a setting outside RESUMABLE_CHANGES differs from the checkpoint's."""
+    a, b = flatten(saved), flatten(current)
+
+    def may_change(key: str) -> bool:
+        return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)
+
+    differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not may_change(k))
+    if differing:
+        details = ", ".join(
+            f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in differing
+        )
+        allowed = ", ".join(r.rstrip(".") for r in RESUMABLE_CHANGES)
+        raise ConfigError(
+            f"cannot resume from {path}: settings differ from the checkpoint's ({details}). Resume "
+            f"with the checkpoint's settings (only {allowed} may change), or start a new run "
+            f"without resume"
+        )
+
+
+def rng_state() -> dict:
+    """This process's random state: torch (CPU), Python, and CUDA where it is in use."""
+    version, state, gauss = random.getstate()
+    out = {
+        "torch": torch.get_rng_state(),
+        "python": {"version": version, "state": list(state), "gauss": gauss},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def _cpu_bytes(t: torch.Tensor) -> torch.Tensor:
+    """RNG states are CPU byte tensors, wherever torch.load's map_location put them."""
+    return t.detach().to("cpu", torch.uint8)
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore rng_state()'s result (from a checkpoint loaded to any device)."""
+    torch.set_rng_state(_cpu_bytes(state["torch"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_cpu_bytes(t) for t in state["cuda"]])

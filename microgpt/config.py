@@ -1,22 +1,29 @@
-"""The structured training config: dataclasses that mirror conf/*.yaml, validated once at start-up.
+"""Every schema the commands accept, as dataclasses that conf/*.yaml mirror, validated once.
+
+- `Config`: `python train.py`; its `model` group is the model's own `GPTConfig`.
+- `SampleConfig`: `python sample.py`.
 
 Hydra never calls __post_init__ on structured configs, so `load_config` converts the composed
 DictConfig with OmegaConf.to_object, which builds these dataclasses and runs every check below.
-A bad value stops the run before any work with a ConfigError that names the setting and what
-would be valid. Library code receives the resulting `Config` (plain Python), never a DictConfig.
+A bad value stops the command before any work with an error that names the setting and what
+would be valid. Library code receives the resulting dataclass (plain Python), never a DictConfig.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from microgpt.model import GPTConfig
+from microgpt.distributed import DEVICES
+from microgpt.generate import SamplingError, check_sampling_args
+from microgpt.model import GPTConfig, check_gpt_settings
 
-DEVICES = ("auto", "cpu", "cuda", "mps")
 DECAYS = ("cosine", "linear", "constant")
 
 
@@ -36,26 +43,9 @@ def flatten(d, prefix: str = "") -> dict:
 
 
 @dataclass
-class ModelConfig:
-    name: str = "small"
-    n_layer: int = 4
-    n_embd: int = 64
-    n_head: int = 4
-    n_kv_head: Optional[int] = None  # null = n_head (multi-head); 1 = multi-query
-    block_size: Optional[int] = None  # null = longest item + 1, from the data
-    dropout: float = 0.0
-    bias: bool = False
-    norm: str = "layernorm"
-    activation: str = "gelu"
-    attn_impl: str = "sdpa"
-    tie_weights: bool = False
-    mlp_ratio: int = 4
-
-
-@dataclass
 class DataConfig:
     name: str = "names"
-    path: str = "data/names.txt"  # one item per line, UTF-8; relative paths are tried from the cwd, then the repo
+    path: str = "data/names.txt"  # one item per line, UTF-8; relative: from the cwd, then the repo
 
 
 @dataclass
@@ -64,7 +54,7 @@ class OptimConfig:
     lr: float = 3e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     eps: float = 1e-8
-    weight_decay: float = 0.1  # on matrices (Linear weights, embeddings), never on biases or norm gains
+    weight_decay: float = 0.1  # on matrices (Linear weights, embeddings), never biases or gains
     warmup_steps: int = 100
     decay: str = "cosine"  # cosine | linear | constant, after the warmup
     min_lr_ratio: float = 0.1  # where the decay ends, at max_steps, as a fraction of lr
@@ -75,51 +65,49 @@ class OptimConfig:
 class TrainConfig:
     max_steps: int = 3500
     batch_size: int = 128  # per process; under torchrun the global batch is batch_size * world size
-    group_by_length: int = 0  # >0: batches of similar-length items, sorted within runs of N batches (less padding)
+    group_by_length: int = 0  # >0: batches of similar-length items, sorted within runs of N batches
     eval_every: int = 250
     eval_batch_size: int = 1000
     log_every: int = 10  # scalars to TensorBoard and the progress bar
     num_samples: int = 20  # names printed (and written to samples.txt) at the end
     compile: bool = False  # torch.compile the model for training
     amp: bool = True  # bf16 autocast on CUDA (ignored elsewhere)
-    progress: Optional[bool] = None  # tqdm bar; null = only when stderr is a terminal
+    progress: bool | None = None  # tqdm bar; null = only when stderr is a terminal
 
 
 @dataclass
 class LogConfig:
-    attn_every: int = 1000  # per-head attention maps every N steps (and at step 0 and the end)
-    probe: Optional[str] = None  # the item whose attention is drawn; null = a fixed validation item
-    entropy_items: int = 256  # validation items used for the attention-entropy scalars
+    attn_every: int = 1000  # attention maps and head analysis every N steps (and at 0 and the end)
+    probe: str | None = None  # the item whose attention is drawn; null = a fixed validation item
+    entropy_items: int = 256  # validation items used for the head analysis (roles, importance)
 
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: GPTConfig = field(default_factory=lambda: GPTConfig(vocab_size=None, block_size=None))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    heads: Optional[int] = None  # sets model.n_head; null = the preset's
+    heads: int | None = None  # sets model.n_head (load_config applies it); null = the preset's
     seed: int = 1337
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
     out_dir: str = "."  # the run folder; conf/config.yaml points it at Hydra's output dir
     resume: Any = False  # false | true (the run folder's checkpoints/last.pt) | a checkpoint path
 
     def __post_init__(self):
-        if self.heads is not None:
-            self.model.n_head = self.heads
-        self._check()
-
-    def _check(self):
-        m, t, o = self.model, self.train, self.optim
-        try:
-            self.gpt_config(vocab_size=2, block_size=m.block_size or 2)
-        except ValueError as e:
-            raise ConfigError(_name_settings(str(e), heads_set=self.heads is not None)) from None
-        positive = {"train.max_steps": t.max_steps, "train.batch_size": t.batch_size,
-                    "train.eval_every": t.eval_every, "train.eval_batch_size": t.eval_batch_size,
-                    "train.log_every": t.log_every, "log.attn_every": self.log.attn_every,
-                    "log.entropy_items": self.log.entropy_items}
+        t, o = self.train, self.optim
+        if self.heads is not None and self.heads != self.model.n_head:
+            raise ConfigError(f"heads={self.heads} but model.n_head={self.model.n_head}: set one")
+        positive = {
+            "train.max_steps": t.max_steps,
+            "train.batch_size": t.batch_size,
+            "train.eval_every": t.eval_every,
+            "train.eval_batch_size": t.eval_batch_size,
+            "train.log_every": t.log_every,
+            "log.attn_every": self.log.attn_every,
+            "log.entropy_items": self.log.entropy_items,
+        }
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{name}={value} must be at least 1")
@@ -127,10 +115,15 @@ class Config:
             raise ConfigError(f"train.group_by_length={t.group_by_length} must be >= 0 (0 = off)")
         if t.num_samples < 0:
             raise ConfigError(f"train.num_samples={t.num_samples} must be 0 or more")
+        for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):
+            if not math.isfinite(getattr(o, name)):
+                raise ConfigError(f"optim.{name}={getattr(o, name)} must be a finite number")
         if not o.lr > 0:
             raise ConfigError(f"optim.lr={o.lr} must be > 0 (typical: 1e-3)")
         if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
-            raise ConfigError(f"optim.betas={list(o.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]")
+            raise ConfigError(
+                f"optim.betas={list(o.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]"
+            )
         if not o.eps > 0:
             raise ConfigError(f"optim.eps={o.eps} must be > 0 (typical: 1e-8)")
         if not 0 <= self.seed < 2**63:
@@ -148,68 +141,130 @@ class Config:
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r} is unknown; choose one of {list(DEVICES)}")
         if not isinstance(self.resume, (bool, str)) or self.resume == "":
-            raise ConfigError(f"resume={self.resume!r} must be false, true, or the path of a checkpoint")
+            raise ConfigError(
+                f"resume={self.resume!r} must be false, true, or the path of a checkpoint"
+            )
 
-    def gpt_config(self, vocab_size: int, block_size: int) -> GPTConfig:
+    @property
+    def resume_requested(self) -> bool | str:
+        """False, True (the run folder's last.pt), or a checkpoint path: the one reading of resume."""
+        return parse_resume(self.resume)
+
+    def model_for_data(self, vocab_size: int, block_size: int) -> GPTConfig:
         """The model's GPTConfig, once the data has given the vocabulary and block size."""
-        m = self.model
-        return GPTConfig(
-            vocab_size=vocab_size, block_size=block_size, n_layer=m.n_layer, n_embd=m.n_embd,
-            n_head=m.n_head, n_kv_head=m.n_kv_head, dropout=m.dropout, bias=m.bias, norm=m.norm,
-            activation=m.activation, attn_impl=m.attn_impl, tie_weights=m.tie_weights, mlp_ratio=m.mlp_ratio,
-        )
+        return dataclasses.replace(self.model, vocab_size=vocab_size, block_size=block_size)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _name_settings(message: str, heads_set: bool) -> str:
-    """Point a GPTConfig message at the settings a user types."""
-    head = "heads" if heads_set else "model.n_head"
-    replacements = {"n_embd=": "model.n_embd=", "n_head=": f"{head}=", "n_kv_head=": "model.n_kv_head=",
-                    "n_layer=": "model.n_layer=", "block_size=": "model.block_size=", "dropout=": "model.dropout=",
-                    "attn_impl=": "model.attn_impl=", "norm=": "model.norm=", "activation=": "model.activation=",
-                    "mlp_ratio=": "model.mlp_ratio="}
-    out, i = [], 0
-    while i < len(message):  # replace whole words only ("n_head=" but not "model.n_head=")
-        for old, new in replacements.items():
-            if message.startswith(old, i) and (i == 0 or not (message[i - 1].isalnum() or message[i - 1] in "_.")):
-                out.append(new)
-                i += len(old)
-                break
-        else:
-            out.append(message[i])
-            i += 1
-    return "".join(out).replace("Use n_head in", f"Use {head} in").replace("or change n_embd", "or change model.n_embd")
+def parse_resume(value) -> bool | str:
+    """resume as typed (false, true, "True", None, a path) -> False, True or the path."""
+    if value is None or value is False or str(value).lower() in ("false", "none", "null", ""):
+        return False
+    if value is True or str(value).lower() == "true":
+        return True
+    return str(value)
+
+
+@dataclass
+class SampleConfig:
+    """The settings of `python sample.py` (conf/sample.yaml mirrors it). Checked on construction."""
+
+    num_samples: int = 20
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int | None = None  # keep the k most likely characters; null = all
+    top_p: float | None = None  # keep the smallest set reaching this probability; null = all
+    prefix: str = ""  # every item starts with it
+    seed: int | None = None  # null = a random seed (printed, to repeat the run)
+    max_len: int | None = None  # longest item, prefix included; null = the block size allows
+    device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
+    use_cache: bool = True  # the KV cache; false recomputes the whole context (same items)
+    out: str | None = None  # also write the items to this file, one per line
+    batch_size: int | None = None  # items sampled at once; null = up to 1,024
+    ckpt: str | None = None  # a checkpoint file
+    run: str | None = None  # a run folder: its checkpoints/best.pt, else last.pt
+
+    def __post_init__(self):
+        for name in ("num_samples", "batch_size", "max_len", "seed"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise SamplingError(f"{name}={value!r} must be an integer")
+        if self.num_samples < 1:
+            raise SamplingError(f"num_samples={self.num_samples} must be at least 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise SamplingError(
+                f"batch_size={self.batch_size} must be at least 1 (or null = all at once)"
+            )
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise SamplingError(f"seed={self.seed} must be in [0, 2**63) (or null = random)")
+        check_sampling_args(self.temperature, self.top_k, self.top_p)
+        if not isinstance(self.prefix, str):
+            raise SamplingError(f"prefix={self.prefix!r} must be a string")
+        if self.max_len is not None and self.max_len <= len(self.prefix):
+            raise SamplingError(
+                f"max_len={self.max_len} must be greater than the length of the prefix "
+                f"({len(self.prefix)}), or null for no limit but the block size"
+            )
+        if self.device not in DEVICES:
+            raise SamplingError(f"device={self.device!r} is unknown; choose one of {list(DEVICES)}")
+        if self.ckpt is not None and self.run is not None:
+            raise SamplingError(
+                f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})"
+            )
+        if self.out is not None:
+            out = Path(self.out).expanduser()
+            if self.out == "" or out.is_dir():
+                raise SamplingError(f"out={self.out!r} must be a file path, not a folder")
+            if not out.parent.is_dir():
+                raise SamplingError(f"out={self.out}: folder {out.parent} does not exist")
+
+
+SCHEMAS = {"schema": Config, "sample_schema": SampleConfig}  # the names conf/*.yaml use
 
 
 def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore (conf/config.yaml lists it first in its defaults)."""
+    """Register the schemas with Hydra's ConfigStore (conf/config.yaml and conf/sample.yaml list
+    them first in their defaults)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="schema", node=Config)
+    for name, schema in SCHEMAS.items():
+        ConfigStore.instance().store(name=name, node=schema)
 
 
-def load_config(cfg: Config | DictConfig | dict) -> Config:
-    """Validate a composed config (DictConfig or dict) into a Config; ConfigError if it is bad."""
-    if isinstance(cfg, Config):
+def load_config(cfg, schema: type = Config):
+    """Validate a composed config (DictConfig, dict, or the schema itself) into `schema` (Config
+    or SampleConfig). Raises ConfigError (SamplingError for SampleConfig) naming the setting."""
+    error = SamplingError if schema is SampleConfig else ConfigError
+    if isinstance(cfg, schema):
         return cfg
     try:
         if not isinstance(cfg, DictConfig):
             cfg = OmegaConf.create(cfg)
-        merged = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
+        if schema is Config:
+            _apply_heads(merged)
         return OmegaConf.to_object(merged)
-    except ConfigError:
+    except (ConfigError, SamplingError):
         raise
     except OmegaConfBaseException as e:
-        raise ConfigError(_omegaconf_message(e)) from None
+        if isinstance(e.__cause__, (ConfigError, SamplingError)):
+            raise error(str(e.__cause__)) from None
+        key = getattr(e, "full_key", None)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise error(f"bad setting {key}: {first}" if key else first) from None
 
 
-def _omegaconf_message(e: OmegaConfBaseException) -> str:
-    key = getattr(e, "full_key", None)
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if isinstance(e.__cause__, ConfigError):
-        return str(e.__cause__)
-    if key:
-        return f"bad setting {key}: {first}"
-    return first
+def _apply_heads(merged: DictConfig) -> None:
+    """`heads=N` sets model.n_head; then the model's settings are checked under the names a user
+    types (heads=3, model.n_embd=64), before GPTConfig checks them under its own."""
+    if merged.heads is not None:
+        merged.model.n_head = merged.heads
+
+    def name(f: str) -> str:
+        return "heads" if f == "n_head" and merged.heads is not None else f"model.{f}"
+
+    try:
+        check_gpt_settings(OmegaConf.to_container(merged.model), name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

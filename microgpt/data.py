@@ -23,6 +23,7 @@ whole split, weight each batch's mean by its number of targets, `(y >= 0).sum()`
 from __future__ import annotations
 
 import random
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -60,6 +61,11 @@ def read_items(path: str | Path) -> list[str]:
             f"data path {where} is a directory; "
             f"set data.path=... to a text file with one item per line"
         )
+    if not path.is_file():
+        raise DataError(
+            f"data path {where} is not a regular file (a pipe or device?); "
+            f"set data.path=... to a text file with one item per line"
+        )
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")  # -sig: a leading byte-order mark is not part of item 1
@@ -69,7 +75,14 @@ def read_items(path: str | Path) -> list[str]:
             f"data file {where} is not UTF-8 (first bad byte on line {line}); "
             f"re-save it as UTF-8 or fix that line"
         ) from None
-    items = list(dict.fromkeys(s for s in (line.strip() for line in text.split("\n")) if s))
+    if "\r" in text and "\n" not in text.strip():
+        raise DataError(
+            f"data file {where} separates its lines with carriage returns only (old Mac endings); "
+            f"convert them to \\n line endings (e.g. tr '\\r' '\\n')"
+        )
+    # NFC: the composed and decomposed spellings of "zoë" are one item, never one in each split
+    lines = (unicodedata.normalize("NFC", line.strip()) for line in text.split("\n"))
+    items = list(dict.fromkeys(s for s in lines if s))
     if not items:
         raise DataError(
             f"data file {where} is empty (or only blank lines); put one item per line in it"
@@ -141,18 +154,27 @@ def block_size_for(items: Sequence[str]) -> int:
     return max(map(len, items)) + 1
 
 
+def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
+    """A DataError naming the first item longer than block_size - 1 characters (by its number and
+    first characters: an item may be a whole 20,000-character line)."""
+    too_long = next((i for i, item in enumerate(items) if len(item) > block_size - 1), None)
+    if too_long is None:
+        return
+    item = items[too_long]
+    shown = repr(item) if len(item) <= 40 else f"{item[:40]!r}..."
+    raise DataError(
+        f"{source + ': ' if source else ''}item {too_long + 1} ({shown}) has {len(item)} "
+        f"characters but model.block_size={block_size} fits at most {block_size - 1} (one position "
+        f"goes to the boundary token); raise model.block_size to at least "
+        f"{block_size_for(items)} or set it to null (the longest item + 1)"
+    )
+
+
 def encode_items(
     items: Sequence[str], tokenizer: CharTokenizer, block_size: int
 ) -> tuple[Tensor, Tensor]:
     """X, Y LongTensors of shape (N, block_size): X = [0, c1..cn, 0...], Y = [c1..cn, 0, -1...]."""
-    longest = max(items, key=len, default="")
-    if len(longest) > block_size - 1:
-        raise DataError(
-            f"item {longest!r} is {len(longest)} characters long but block_size {block_size} "
-            f"fits at most {block_size - 1} (one position goes to the boundary token); raise "
-            f"model.block_size to at least {len(longest) + 1}, or leave it unset so it comes "
-            f"from the data"
-        )
+    check_fits(items, block_size)
     ids: list[int] = []
     for item in items:
         try:
@@ -226,7 +248,9 @@ class BatchSampler:
         pieces = []
         for start in range(0, self.n, chunk):
             part = perm[start : start + chunk]
-            part = part[torch.sort(self.lengths[part], stable=True).indices]  # by length, within the chunk
+            part = part[
+                torch.sort(self.lengths[part], stable=True).indices
+            ]  # by length, within the chunk
             pieces.extend(part.split(self.batch_size))
         order = torch.randperm(len(pieces), generator=self.generator)  # batches in random order
         return torch.cat([pieces[i] for i in order.tolist()])
@@ -331,3 +355,49 @@ class CharDataset:
         """Every row once, in order, in batches of `batch_size` (the last may be smaller)."""
         for start in range(0, len(self), batch_size):
             yield self.batch(torch.arange(start, min(start + batch_size, len(self))))
+
+
+# ----------------------------------------------------------------------------- one call
+
+
+def resolve_data_path(path: str) -> Path:
+    """A relative path is tried from the working directory, then from the repository root."""
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.exists():
+        return p
+    repo_root = Path(__file__).resolve().parent.parent
+    return repo_root / p if (repo_root / p).exists() else p
+
+
+@dataclass
+class Data:
+    """What a run trains on: the file, its tokenizer, its split, and each split's dataset."""
+
+    path: Path
+    tokenizer: CharTokenizer
+    split: Split
+    block_size: int
+    datasets: dict[str, CharDataset]
+
+
+def load_data(
+    path: str | Path,
+    seed: int,
+    block_size: int | None = None,
+    device: str | torch.device = "cpu",
+    trim: bool = True,
+) -> Data:
+    """items -> tokenizer (every item's characters) -> checked split -> each split on `device`.
+
+    block_size None is the longest item + 1; a smaller one is a DataError naming the item."""
+    path = resolve_data_path(str(path))
+    items = read_items(path)
+    block_size = block_size or block_size_for(items)
+    check_fits(items, block_size, str(path))
+    tokenizer = CharTokenizer.from_items(items)
+    split = split_items(items, seed)
+    datasets = {
+        name: CharDataset.from_items(getattr(split, name), tokenizer, block_size, device, trim)
+        for name in SPLIT_NAMES
+    }
+    return Data(path, tokenizer, split, block_size, datasets)

@@ -1,4 +1,4 @@
-"""Data-parallel training: who am I, and the one process group.
+"""Device choice and data-parallel training: which device, who am I, and the one process group.
 
 Two launchers are understood:
 
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+DEVICES = ("auto", "cpu", "cuda", "mps")  # the choices of every command's `device` setting
 
 
 @dataclass(frozen=True)
@@ -125,3 +127,27 @@ def broadcast_from_main(obj, info: DistInfo):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
+    """`auto` is cuda, then mps, then cpu; a named device that is not there raises `error`."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise error("device=cuda but no CUDA GPU is available; use device=auto or device=cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise error("device=mps but MPS is not available; use device=auto or device=cpu")
+    return torch.device(name)
+
+
+def gather_objects(obj, info: DistInfo) -> list:
+    """Every rank's `obj` (picklable), in rank order, on every rank (every rank must call it)."""
+    if not info.enabled:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out

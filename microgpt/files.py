@@ -7,8 +7,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import torch
-
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb"):
@@ -20,7 +18,9 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, _mode_for(path))  # mkstemp makes 0600 files; keep what a plain open() would give
+        os.fchmod(
+            fd, _mode_for(path)
+        )  # mkstemp makes 0600 files; keep what a plain open() would give
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
@@ -51,18 +51,3 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_write(path, "w") as f:
         f.write(text)
     return Path(path)
-
-
-def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
-    """`auto` is cuda, then mps, then cpu; a named device that is not there raises `error`."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise error("device=cuda but no CUDA GPU is available; use device=auto or device=cpu")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise error("device=mps but MPS is not available; use device=auto or device=cpu")
-    return torch.device(name)

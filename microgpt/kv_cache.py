@@ -33,10 +33,19 @@ class KVCache:
         """A cache sized for `model` (a GPT), on the model's device."""
         c = model.config
         p = next(model.parameters())
-        return cls(batch_size, c.n_layer, c.n_kv_head, c.block_size, c.head_dim,
-                   device=p.device, dtype=dtype or p.dtype)
+        return cls(
+            batch_size,
+            c.n_layer,
+            c.n_kv_head,
+            c.block_size,
+            c.head_dim,
+            device=p.device,
+            dtype=dtype or p.dtype,
+        )
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, n_kv_head, T, hd) at the current position; return all keys and values so far."""
         t = k.size(2)
         end = self.pos + t
@@ -44,8 +53,8 @@ class KVCache:
             raise ValueError(
                 f"KV cache is full: position {self.pos} + {t} new tokens > block_size {self.block_size}"
             )
-        self.k[layer][:, :, self.pos:end] = k
-        self.v[layer][:, :, self.pos:end] = v
+        self.k[layer][:, :, self.pos : end] = k
+        self.v[layer][:, :, self.pos : end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, n_kv_head, pos+T, hd)
 
     def advance(self, t: int) -> None:
@@ -63,5 +72,7 @@ class KVCache:
 
     def __repr__(self) -> str:
         k = self.k[0]
-        return (f"KVCache(layers={len(self.k)}, shape={tuple(k.shape)}, pos={self.pos}, "
-                f"nbytes={self.nbytes})")
+        return (
+            f"KVCache(layers={len(self.k)}, shape={tuple(k.shape)}, pos={self.pos}, "
+            f"nbytes={self.nbytes})"
+        )

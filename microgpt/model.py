@@ -16,12 +16,10 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from microgpt.kv_cache import KVCache
-from microgpt.sampling import check_sampling_args, sample_next
-from microgpt.tokenizer import BOUNDARY_ID
 
 ATTN_IMPLS = ("loop", "batched", "sdpa")
 NORMS = ("layernorm", "rmsnorm")
@@ -32,47 +30,79 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def check_gpt_settings(values: dict, name=lambda field: field) -> None:
+    """Raise a ValueError for the first bad architecture setting in `values` (GPTConfig's fields).
+
+    `name(field)` is how the message names a field: the field itself for library users;
+    the config layer passes `model.n_head` (or `heads`), the settings a user types.
+    """
+    for field in (
+        "vocab_size",
+        "block_size",
+        "n_layer",
+        "n_embd",
+        "n_head",
+        "n_kv_head",
+        "mlp_ratio",
+    ):
+        value = values.get(field)
+        if value is None and field in ("vocab_size", "block_size", "n_kv_head"):
+            continue  # from the data (vocab_size, block_size) or n_head (n_kv_head)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name(field)}={value!r} must be a positive integer (1 or more)")
+    n_embd, n_head = values["n_embd"], values["n_head"]
+    n_kv_head = values.get("n_kv_head") or n_head
+    if n_embd % n_head != 0:
+        raise ValueError(
+            f"{name('n_embd')}={n_embd} is not divisible by {name('n_head')}={n_head}: each head "
+            f"owns n_embd/n_head channels. Use {name('n_head')} in {_divisors(n_embd)} or change "
+            f"{name('n_embd')}."
+        )
+    if n_head % n_kv_head != 0:
+        raise ValueError(
+            f"{name('n_head')}={n_head} is not divisible by {name('n_kv_head')}={n_kv_head}: each "
+            f"key/value head is shared by n_head/n_kv_head query heads. Use {name('n_kv_head')} in "
+            f"{_divisors(n_head)} (n_head = multi-head, 1 = multi-query)."
+        )
+    dropout = values.get("dropout", 0.0)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{name('dropout')}={dropout!r} must be in [0, 1)")
+    for field, choices in (("attn_impl", ATTN_IMPLS), ("norm", NORMS), ("activation", ACTIVATIONS)):
+        if field in values and values[field] not in choices:
+            raise ValueError(
+                f"{name(field)}={values[field]!r} is unknown; choose one of {list(choices)}"
+            )
+
+
 @dataclass
 class GPTConfig:
-    """The architecture. Validated on construction; every error names the values and the fix."""
+    """The architecture. Validated on construction; every error names the values and the fix.
 
-    vocab_size: int = 27
-    block_size: int = 16  # the longest sequence the model sees: longest item + 1 boundary token
+    The training config's `model` group is this dataclass: conf/model/*.yaml set its fields, and
+    vocab_size / block_size left at null are taken from the data.
+    """
+
+    vocab_size: int | None = 27  # characters + the boundary token
+    block_size: int | None = 16  # the longest sequence the model sees: longest item + 1 boundary
     n_layer: int = 4
     n_embd: int = 64
     n_head: int = 4
     n_kv_head: int | None = None  # key/value heads (GQA); None = n_head (MHA), 1 = multi-query
     dropout: float = 0.0
     bias: bool = False  # biases in every Linear and LayerNorm
-    norm: str = "layernorm"  # "layernorm" (learned gain) | "rmsnorm" (no learned gain, as microgpt.py)
+    norm: str = (
+        "layernorm"  # "layernorm" (learned gain) | "rmsnorm" (no learned gain, as microgpt.py)
+    )
     activation: str = "gelu"  # "gelu" | "relu"
     attn_impl: str = "sdpa"  # "loop" | "batched" | "sdpa"
     tie_weights: bool = False  # share the token embedding with the output head
     mlp_ratio: int = 4  # the MLP's hidden width is mlp_ratio * n_embd
+    name: str = "custom"  # a label only: the preset it came from (small, micro, base)
 
     def __post_init__(self):
+        check_gpt_settings(asdict(self))
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
-        for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head", "mlp_ratio"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer (1 or more)")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: each head owns "
-                f"n_embd/n_head channels. Use n_head in {_divisors(self.n_embd)} or change n_embd."
-            )
-        if self.n_head % self.n_kv_head != 0:
-            raise ValueError(
-                f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}: each key/value "
-                f"head is shared by n_head/n_kv_head query heads. Use n_kv_head in "
-                f"{_divisors(self.n_head)} (n_head = multi-head, 1 = multi-query)."
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
-        for name, choices in (("attn_impl", ATTN_IMPLS), ("norm", NORMS), ("activation", ACTIVATIONS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name}={getattr(self, name)!r} is unknown; choose one of {list(choices)}")
 
     @property
     def head_dim(self) -> int:
@@ -82,9 +112,9 @@ class GPTConfig:
         return asdict(self)
 
 
-def causal_mask(block_size: int, device=None) -> torch.Tensor:
-    """(block_size, block_size) booleans: query i may attend to key j when j <= i."""
-    return torch.ones(block_size, block_size, dtype=torch.bool, device=device).tril()
+def causal_mask(T: int, pos: int = 0, device=None) -> torch.Tensor:
+    """(T, pos + T) booleans for T queries after `pos` cached keys: query i sees key j when j <= pos + i."""
+    return torch.ones(T, pos + T, dtype=torch.bool, device=device).tril(diagonal=pos)
 
 
 class MultiHeadAttention(nn.Module):
@@ -92,28 +122,50 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.n_head, self.n_kv_head, self.head_dim = (
+            config.n_head,
+            config.n_kv_head,
+            config.head_dim,
+        )
         self.group = config.n_head // config.n_kv_head  # query heads per key/value head
         self.kv_dim = config.n_kv_head * config.head_dim
         self.impl = config.attn_impl
         self.dropout = config.dropout
         # Q, K and V in one matmul: columns [0, C) are Q, then kv_dim of K, then kv_dim of V.
         self.qkv = nn.Linear(config.n_embd, config.n_embd + 2 * self.kv_dim, bias=config.bias)
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O: mixes the heads
+        self.proj = nn.Linear(
+            config.n_embd, config.n_embd, bias=config.bias
+        )  # W_O: mixes the heads
         self.attn_drop = nn.Dropout(config.dropout)
         self.resid_drop = nn.Dropout(config.dropout)
-        self.register_buffer("mask", causal_mask(config.block_size), persistent=False)
 
-    def forward(self, x, kv_cache: KVCache | None = None, layer: int = 0, return_attn: bool = False):
-        """x (B, T, C) -> y (B, T, C), and the attention weights (B, H, T, Tk) if return_attn."""
+    def forward(
+        self,
+        x,
+        kv_cache: KVCache | None = None,
+        layer: int = 0,
+        return_attn: bool = False,
+        mask: torch.Tensor | None = None,
+        head_mask: torch.Tensor | None = None,
+    ):
+        """x (B, T, C) -> y (B, T, C), and the attention weights (B, H, T, Tk) if return_attn.
+
+        mask (T, Tk): the keys each query may see (built here if None). head_mask (H,): each head's
+        output is scaled by it before W_O (1 keeps a head, 0 ablates it).
+        """
         B, T, C = x.shape
         pos = kv_cache.pos if kv_cache is not None else 0  # absolute position of x[:, 0]
-        q, k, v = self.qkv(x).split([C, self.kv_dim, self.kv_dim], dim=2)  # (B, T, C), 2 x (B, T, kv_dim)
-        mask = self.mask[pos:pos + T, :pos + T]  # (T, Tk): the keys each query may see
+        q, k, v = self.qkv(x).split(
+            [C, self.kv_dim, self.kv_dim], dim=2
+        )  # (B, T, C), 2 x (B, T, kv_dim)
+        if mask is None and (self.impl != "sdpa" or return_attn or (pos > 0 and T > 1)):
+            mask = causal_mask(T, pos, device=x.device)  # (T, Tk)
         if self.impl == "loop":
-            y, att = self._loop(q, k, v, mask, kv_cache, layer)
+            y, att = self._loop(q, k, v, mask, kv_cache, layer, head_mask)
         else:
-            q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, T, C) -> (B, H, T, hd)
+            q = q.view(B, T, self.n_head, self.head_dim).transpose(
+                1, 2
+            )  # (B, T, C) -> (B, H, T, hd)
             k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # -> (B, Hkv, T, hd)
             v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # -> (B, Hkv, T, hd)
             if kv_cache is not None:
@@ -122,15 +174,21 @@ class MultiHeadAttention(nn.Module):
                 y, att = self._batched(q, k, v, mask)
             else:
                 y, att = self._sdpa(q, k, v, mask, pos, return_attn)
-            y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, hd) -> (B, T, C), heads in order
+            if head_mask is not None:
+                y = y * head_mask.to(y.dtype).view(1, self.n_head, 1, 1)  # (B, H, T, hd), per head
+            y = (
+                y.transpose(1, 2).contiguous().view(B, T, C)
+            )  # (B, H, T, hd) -> (B, T, C), heads in order
         y = self.resid_drop(self.proj(y))
         return y, (att if return_attn else None)
 
-    def _loop(self, q, k, v, mask, kv_cache, layer):
+    def _loop(self, q, k, v, mask, kv_cache, layer, head_mask=None):
         """The textbook version: for each head, slice its channels and attend. q (B, T, C), k/v (B, T, kv_dim)."""
         B, T, _ = q.shape
         hd = self.head_dim
-        if kv_cache is not None:  # the cache holds heads: (B, Hkv, T, hd); write, then read back all positions
+        if (
+            kv_cache is not None
+        ):  # the cache holds heads: (B, Hkv, T, hd); write, then read back all positions
             k_heads = k.view(B, T, self.n_kv_head, hd).transpose(1, 2)  # (B, Hkv, T, hd)
             v_heads = v.view(B, T, self.n_kv_head, hd).transpose(1, 2)  # (B, Hkv, T, hd)
             k_heads, v_heads = kv_cache.update(layer, k_heads, v_heads)  # (B, Hkv, Tk, hd)
@@ -140,14 +198,17 @@ class MultiHeadAttention(nn.Module):
         outputs, weights = [], []
         for h in range(self.n_head):
             g = h // self.group  # this head's key/value group
-            q_h = q[:, :, h * hd:(h + 1) * hd]  # (B, T, hd)
-            k_h = k[:, :, g * hd:(g + 1) * hd]  # (B, Tk, hd)
-            v_h = v[:, :, g * hd:(g + 1) * hd]  # (B, Tk, hd)
+            q_h = q[:, :, h * hd : (h + 1) * hd]  # (B, T, hd)
+            k_h = k[:, :, g * hd : (g + 1) * hd]  # (B, Tk, hd)
+            v_h = v[:, :, g * hd : (g + 1) * hd]  # (B, Tk, hd)
             scores = q_h @ k_h.transpose(1, 2) / math.sqrt(hd)  # (B, T, Tk)
             att = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)  # (B, T, Tk)
             weights.append(att)
-            outputs.append(self.attn_drop(att) @ v_h)  # (B, T, hd)
-        y = torch.cat(outputs, dim=2)  # H x (B, T, hd) -> (B, T, C), head h at channels [h*hd, (h+1)*hd)
+            out = self.attn_drop(att) @ v_h  # (B, T, hd)
+            outputs.append(out if head_mask is None else out * head_mask[h].to(out.dtype))
+        y = torch.cat(
+            outputs, dim=2
+        )  # H x (B, T, hd) -> (B, T, C), head h at channels [h*hd, (h+1)*hd)
         return y, torch.stack(weights, dim=1)  # (B, H, T, Tk)
 
     def _attention_weights(self, q, k, mask):
@@ -172,8 +233,13 @@ class MultiHeadAttention(nn.Module):
         else:  # several new tokens after a cached prefix
             attn_mask, is_causal = mask, False
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.group > 1,
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=self.group > 1,
         )  # (B, H, T, hd)
         att = None
         if return_attn:  # sdpa returns no weights: compute them on a side path, for looking at only
@@ -222,8 +288,8 @@ class Block(nn.Module):
         self.norm2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, kv_cache=None, layer=0, return_attn=False):
-        a, att = self.attn(self.norm1(x), kv_cache, layer, return_attn)
+    def forward(self, x, kv_cache=None, layer=0, return_attn=False, mask=None, head_mask=None):
+        a, att = self.attn(self.norm1(x), kv_cache, layer, return_attn, mask, head_mask)
         x = x + a
         x = x + self.mlp(self.norm2(x))
         return x, att
@@ -232,6 +298,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
+        if config.vocab_size is None or config.block_size is None:
+            raise ValueError("GPTConfig.vocab_size and block_size must be set to build a GPT")
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
         self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position embedding
@@ -242,8 +310,11 @@ class GPT(nn.Module):
         if config.tie_weights:
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # scaled init of the projections into the residual stream
-            if name.endswith("attn.proj.weight") or name.endswith("mlp.proj.weight"):
+        for (
+            name,
+            p,
+        ) in self.named_parameters():  # scaled init of the projections into the residual stream
+            if name.endswith(("attn.proj.weight", "mlp.proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     @staticmethod
@@ -256,12 +327,20 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, kv_cache: KVCache | None = None, return_attn: bool = False):
+    def forward(
+        self,
+        idx,
+        targets=None,
+        kv_cache: KVCache | None = None,
+        return_attn: bool = False,
+        head_mask: torch.Tensor | None = None,
+    ):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None[, attention per layer]).
 
         loss is the mean cross-entropy over the targets that are not -1. With a kv_cache, idx holds
         the tokens after the cache's position; the cache advances by T. With return_attn, the third
-        item is a list of each layer's attention weights, (B, H, T, Tk).
+        item is a list of each layer's attention weights, (B, H, T, Tk). head_mask (n_layer,
+        n_head) scales each head's output before W_O: 1 keeps it, 0 ablates it.
         """
         B, T = idx.shape
         pos = kv_cache.pos if kv_cache is not None else 0
@@ -274,9 +353,21 @@ class GPT(nn.Module):
             raise ValueError(f"KV cache holds {kv_cache.batch_size} rows but the input has {B}")
         positions = torch.arange(pos, pos + T, device=idx.device)  # (T,)
         x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, T, C)
+        if head_mask is not None and tuple(head_mask.shape) != (
+            self.config.n_layer,
+            self.config.n_head,
+        ):
+            raise ValueError(
+                f"head_mask has shape {tuple(head_mask.shape)}; it must be (n_layer, n_head) = "
+                f"({self.config.n_layer}, {self.config.n_head})"
+            )
+        mask = None  # one causal mask for every layer, built only where an implementation needs it
+        if self.config.attn_impl != "sdpa" or return_attn or (pos > 0 and T > 1):
+            mask = causal_mask(T, pos, device=idx.device)  # (T, pos + T)
         attention = []
         for layer, block in enumerate(self.blocks):
-            x, att = block(x, kv_cache, layer, return_attn)
+            layer_mask = head_mask[layer] if head_mask is not None else None
+            x, att = block(x, kv_cache, layer, return_attn, mask, layer_mask)
             attention.append(att)
         if kv_cache is not None:
             kv_cache.advance(T)
@@ -286,69 +377,3 @@ class GPT(nn.Module):
             # (B, T, V) -> (B*T, V) and (B, T) -> (B*T,): one row per position
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
         return (logits, loss, attention) if return_attn else (logits, loss)
-
-    @torch.no_grad()
-    def generate(
-        self,
-        num_samples: int = 1,
-        prefix=None,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        generator: torch.Generator | None = None,
-        use_cache: bool = True,
-        max_new_tokens: int | None = None,
-    ) -> torch.Tensor:
-        """Sample num_samples items at once, each starting with `prefix` (a sequence of token ids).
-
-        Returns (num_samples, n) ids: the prefix, then the sampled tokens. A row ends at its first
-        boundary token (later positions hold boundary tokens too) or when the context reaches
-        block_size. The same generator state gives the same rows with and without the cache.
-        """
-        if num_samples < 1:
-            raise ValueError(f"num_samples={num_samples} must be at least 1")
-        check_sampling_args(temperature, top_k, top_p)
-        prefix = [int(t) for t in (prefix if prefix is not None else [])]
-        if len(prefix) >= self.config.block_size:
-            raise ValueError(
-                f"prefix of {len(prefix)} characters leaves no room to sample: block_size is "
-                f"{self.config.block_size} (1 boundary token + at most {self.config.block_size - 1} characters)"
-            )
-        if any(not 0 < t < self.config.vocab_size for t in prefix):
-            raise ValueError(f"prefix ids must be characters, in 1..{self.config.vocab_size - 1}: {prefix}")
-        steps = self.config.block_size - len(prefix)
-        if max_new_tokens is not None:
-            steps = min(steps, max_new_tokens)
-        device = self.wte.weight.device
-        start = len(prefix) + 1  # the boundary token, then the prefix
-        # One preallocated buffer (B, start + steps), filled in place: no per-step torch.cat.
-        idx = torch.full((num_samples, start + steps), BOUNDARY_ID, dtype=torch.long, device=device)
-        if prefix:
-            idx[:, 1:start] = torch.tensor(prefix, dtype=torch.long, device=device)
-        was_training = self.training
-        self.eval()  # no dropout while sampling: the same generator state gives the same rows
-        try:
-            return self._sample(idx, start, steps, temperature, top_k, top_p, generator, use_cache)
-        finally:
-            self.train(was_training)
-
-    def _sample(self, idx, start, steps, temperature, top_k, top_p, generator, use_cache) -> torch.Tensor:
-        """Fill idx (B, start + steps) from column `start` on; see generate."""
-        num_samples, device = idx.size(0), idx.device
-        cache = KVCache.for_model(self, num_samples) if use_cache else None
-        done = torch.zeros(num_samples, dtype=torch.bool, device=device)
-        end = start  # columns filled so far
-        for step in range(steps):
-            if cache is None:
-                logits, _ = self(idx[:, :end])  # the whole context, every step
-            else:
-                # the prompt in one forward (prefill), then one token per step
-                logits, _ = self(idx[:, :end] if step == 0 else idx[:, end - 1:end], kv_cache=cache)
-            nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
-            nxt.masked_fill_(done, BOUNDARY_ID)
-            idx[:, end] = nxt
-            end += 1
-            done |= nxt == BOUNDARY_ID
-            if bool(done.all()):  # one host sync per step: cheap next to a forward pass
-                break
-        return idx[:, 1:end]

@@ -23,7 +23,8 @@ from omegaconf import OmegaConf
 from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.config import ConfigError
 from microgpt.data import DataError
-from microgpt.sampling import SamplingError, sample_from_config
+from microgpt.generate import SamplingError
+from microgpt.sampling import sample_from_config
 from microgpt.trainer import TrainingError, train
 from tests.conftest import REPO, TINY, compose_config, make_names
 

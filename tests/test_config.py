@@ -94,7 +94,7 @@ def test_preset_yaml_builds_the_promised_model(preset, params):
 
     config = load_config(compose_config([f"model={preset}", "out_dir=."]))
     block = config.model.block_size or 16
-    model = GPT(config.gpt_config(vocab_size=27, block_size=block))
+    model = GPT(config.model_for_data(vocab_size=27, block_size=block))
     if params is not None:
         assert model.num_params() == params
     elif preset == "small":

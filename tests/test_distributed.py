@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from microgpt import distributed
-from microgpt.checkpoint import load_checkpoint, unwrap_model
+from microgpt.checkpoint import load_checkpoint
 from microgpt.model import GPT, GPTConfig
 from microgpt.trainer import train
 from tests.conftest import REPO, TINY, compose_config, make_names
@@ -250,16 +250,6 @@ def test_non_zero_ranks_write_no_hydra_files(clean_env):
 
 
 # importing torch.compile's machinery warns about torch.jit.script_method, in torch itself
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-def test_unwrap_model_strips_torch_compile():
-    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_embd=16, n_head=2))
-    compiled = torch.compile(model)  # never called: wrapping alone needs no compiler
-    assert any(k.startswith("_orig_mod.") for k in compiled.state_dict())
-    assert unwrap_model(compiled) is model
-    assert list(unwrap_model(compiled).state_dict()) == list(GPT(model.config).state_dict())
-
-
-@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_training_on_cpu_saves_a_plain_checkpoint(tiny_cfg, tmp_path):
     """train.compile=true end to end (needs a C++ compiler; about a minute on 2 CPU cores)."""

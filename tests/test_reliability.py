@@ -20,7 +20,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.config import ConfigError, load_config
-from microgpt.runs import find_checkpoints
+from microgpt.checkpoint import find_checkpoints
 from microgpt.trainer import Interrupted, Trainer, TrainingError
 from tests.conftest import REPO, TINY
 
@@ -331,7 +331,7 @@ def test_resume_with_other_model_settings_names_the_differing_keys(tiny_cfg, tmp
 
 def test_run_dir_resolver_continues_the_run_being_resumed(tmp_path, monkeypatch):
     """hydra.run.dir under resume: the newest run's folder, the checkpoint's run folder, else a new one."""
-    from microgpt.runs import run_dir
+    from microgpt.cli import run_dir
 
     monkeypatch.chdir(tmp_path)
     assert run_dir(True, "outputs/new") == "outputs/new"  # nothing to resume: train() then says so

@@ -20,13 +20,9 @@ from hydra.errors import ConfigCompositionException
 
 from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.data import Split
-from microgpt.sampling import (
-    SampleConfig,
-    SamplingError,
-    find_checkpoint,
-    load_sample_config,
-    run_sampling,
-)
+from microgpt.config import SampleConfig, load_config
+from microgpt.generate import SamplingError
+from microgpt.sampling import find_checkpoint, run_sampling
 from microgpt.trainer import train
 from tests.conftest import REPO, TINY, compose_config, make_names
 
@@ -169,7 +165,7 @@ def test_malicious_checkpoint_is_refused_and_never_runs(tmp_path):
 
 
 def test_sample_yaml_mirrors_the_schema_and_writes_nothing():
-    assert load_sample_config(compose_config(config_name="sample")) == SampleConfig()
+    assert load_config_sample(compose_config(config_name="sample")) == SampleConfig()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         h = compose(config_name="sample", return_hydra_config=True).hydra
     assert h.output_subdir is None and h.run.dir == "." and h.job.chdir is False
@@ -182,7 +178,7 @@ def test_typo_in_a_key_is_refused_by_the_schema():
 
 
 def test_composed_overrides_reach_the_sampler():
-    cfg = load_sample_config(
+    cfg = load_config_sample(
         compose_config(["num_samples=3", "top_k=5", "prefix=ab", "seed=1"], config_name="sample")
     )
     assert (cfg.num_samples, cfg.top_k, cfg.prefix, cfg.seed) == (3, 5, "ab", 1)
@@ -343,3 +339,7 @@ def test_files_that_are_not_checkpoints_give_one_line_errors(best, tmp_path):
         with pytest.raises(CheckpointError) as e:
             run_sampling(ckpt=str(path))
         assert str(path) in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+
+
+def load_config_sample(cfg):
+    return load_config(cfg, SampleConfig)

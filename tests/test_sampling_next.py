@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
-from microgpt.sampling import check_sampling_args, sample_next
+from microgpt.generate import check_sampling_args, generate, sample_next
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
 # ---------------------------------------------------------------- sample_next
@@ -151,7 +151,7 @@ def model(impl="sdpa", n_kv_head=None, seed=0, block_size=10):
 
 
 def gen(m, seed=0, **kw):
-    return m.generate(generator=torch.Generator().manual_seed(seed), **kw)
+    return generate(m, generator=torch.Generator().manual_seed(seed), **kw)
 
 
 SETTINGS = [
@@ -185,7 +185,7 @@ def test_generated_items_vary_in_length():
 
 def test_greedy_is_deterministic():
     m = model()
-    a = m.generate(num_samples=4, temperature=0)  # no generator needed
+    a = generate(m, num_samples=4, temperature=0)  # no generator needed
     b = gen(m, seed=99, num_samples=4, temperature=0)
     assert torch.equal(a, b)
     assert (a == a[0]).all()  # every row is the same argmax path
@@ -193,7 +193,7 @@ def test_greedy_is_deterministic():
 
 def test_top_k_one_equals_greedy():
     m = model()
-    greedy = m.generate(num_samples=3, temperature=0)
+    greedy = generate(m, num_samples=3, temperature=0)
     for seed in range(3):
         assert torch.equal(gen(m, seed=seed, num_samples=3, top_k=1), greedy)
         assert torch.equal(gen(m, seed=seed, num_samples=3, temperature=2.0, top_k=1), greedy)
@@ -201,7 +201,7 @@ def test_top_k_one_equals_greedy():
 
 def test_greedy_follows_full_forward_argmax():
     m = model()
-    out = m.generate(num_samples=1, temperature=0)[0]
+    out = generate(m, num_samples=1, temperature=0)[0]
     ctx = torch.tensor([[BOUNDARY_ID]])
     for tok in out.tolist():
         expected = m(ctx)[0][0, -1].argmax().item()
@@ -277,21 +277,21 @@ def test_prefix_as_long_as_block_size_raises():
     with pytest.raises(
         ValueError, match=r"prefix of 6 characters leaves no room to sample: block_size is 6"
     ):
-        m.generate(prefix=TOK.encode("abcdef"))
+        generate(m, prefix=TOK.encode("abcdef"))
     assert gen(m, prefix=TOK.encode("abcde")).shape[1] == 6  # one shorter is fine
 
 
 def test_prefix_ids_must_be_characters():
     with pytest.raises(ValueError, match=r"prefix ids must be characters, in 1..10"):
-        model().generate(prefix=[1, BOUNDARY_ID])
+        generate(model(), prefix=[1, BOUNDARY_ID])
     with pytest.raises(ValueError, match=r"prefix ids must be characters"):
-        model().generate(prefix=[11])
+        generate(model(), prefix=[11])
 
 
 @pytest.mark.parametrize("n", [0, -2])
 def test_num_samples_below_one_raises(n):
     with pytest.raises(ValueError, match=rf"num_samples={n} must be at least 1"):
-        model().generate(num_samples=n)
+        generate(model(), num_samples=n)
 
 
 @pytest.mark.parametrize(
@@ -304,7 +304,7 @@ def test_num_samples_below_one_raises(n):
 )
 def test_generate_rejects_bad_sampling_args(kw, msg):
     with pytest.raises(ValueError, match=re.escape(msg)):
-        model().generate(**kw)
+        generate(model(), **kw)
 
 
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
@@ -327,6 +327,6 @@ def test_generate_in_training_mode_is_deterministic_and_keeps_the_mode():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_embd=16, n_head=2, dropout=0.5))
     model.train()
-    rows = [model.generate(6, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    rows = [generate(model, 6, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
     assert torch.equal(rows[0], rows[1])  # dropout is off while sampling
     assert model.training
