@@ -164,9 +164,9 @@ def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
     shown = repr(item) if len(item) <= 40 else f"{item[:40]!r}..."
     raise DataError(
         f"{source + ': ' if source else ''}item {too_long + 1} ({shown}) has {len(item)} "
-        f"characters but model.block_size={block_size} fits at most {block_size - 1} (one position "
-        f"goes to the boundary token); raise model.block_size to at least "
-        f"{block_size_for(items)} or set it to null (the longest item + 1)"
+        f"characters but model.block_size={block_size} fits at most {block_size - 1}; raise "
+        f"model.block_size to at least {block_size_for(items)} (the longest item + 1 boundary "
+        f"token) or set it to null to take it from the data"
     )
 
 

@@ -50,7 +50,7 @@ class SampleResult:
 
     @property
     def num_unique(self) -> int:
-        return len(set(self.names))
+        return len(set(self.names) - {""})  # an empty item is not a name
 
 
 def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=None) -> Path:

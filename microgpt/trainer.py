@@ -392,7 +392,7 @@ class Trainer:
 
     def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
         last = self.out_dir / "checkpoints" / "last.pt"
-        kept = f"the last good checkpoint, {last}, is kept" if last.exists() else "none was written"
+        kept = f"the last good checkpoint, {last}, is kept" if last.exists() else "no checkpoint was written yet"
         what = what or ("loss" if not math.isfinite(loss) else "gradient")
         step = self.step if what == "validation loss" else self.step + 1
         raise TrainingError(
@@ -464,7 +464,7 @@ class Trainer:
             ranks = r.get("world_size", 1)
             raise ConfigError(
                 f"cannot resume from {path}: it was trained with a global batch of "
-                f"{r['sampler']['batch_size']} ({ranks} rank(s)) but this run's is "
+                f"{r['sampler']['batch_size']} ({ranks} rank{'s' if ranks != 1 else ''}) but this run's is "
                 f"{self.global_batch} (train.batch_size={self.config.train.batch_size} x "
                 f"{self.dist.world_size} ranks); resume on {ranks} rank(s)"
             )

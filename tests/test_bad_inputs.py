@@ -184,9 +184,9 @@ def test_bad_training_input(world, case):
 
 SAMPLING = [  # sample.py's settings: (id, overrides, error, message)
     ("prefix-outside-vocabulary", lambda w: [f"ckpt={w.best}", "prefix=QQ"], SamplingError,
-     r"prefix='QQ' has characters the model does not know: 'Q'"),
+     r"prefix 'QQ' has characters the vocabulary does not know: 'Q'"),
     ("prefix-fills-the-block", lambda w: [f"ckpt={w.best}", "prefix=" + "ba" * 20], SamplingError,
-     r"has 40 characters; this model's block size is \d+"),
+     r"prefix of 40 characters is longer than this model's items: block_size is \d+"),
     ("negative-temperature", lambda w: [f"ckpt={w.best}", "temperature=-1"], SamplingError,
      r"temperature=-1\.0 must be >= 0"),
     ("zero-top-k", lambda w: [f"ckpt={w.best}", "top_k=0"], SamplingError, r"top_k=0 must be an integer >= 1"),

@@ -144,7 +144,7 @@ def test_encode_items_too_long_names_item_length_block_and_fix():
     with pytest.raises(DataError) as e:
         encode_items(items, CharTokenizer.from_items(items), block_size=8)
     msg = str(e.value)
-    for part in ["'christopher'", "11 characters", "block_size 8", "model.block_size", "12"]:
+    for part in ["'christopher'", "11 characters", "block_size=8", "model.block_size", "12"]:
         assert part in msg
 
 

@@ -325,7 +325,8 @@ def test_resume_with_other_model_settings_names_the_differing_keys(tiny_cfg, tmp
         Trainer(load_config(tiny_cfg("device=cpu", "train.max_steps=8", "train.num_samples=0", "heads=4",
                                      "resume=true")))
     differing = str(info.value).split("settings differ from the checkpoint's (")[1].split(")")[0]
-    assert differing.count(" in the checkpoint") == 2  # heads and model.n_head, nothing else
+    # heads, model.n_head and the n_kv_head that follows it (null = n_head), nothing else
+    assert differing.count(" in the checkpoint") == 3 and "model.n_kv_head: 2" in differing
     assert json.dumps(str(info.value)).count("\\n") == 0  # one line
 
 

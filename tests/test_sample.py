@@ -222,13 +222,16 @@ def test_prefix_max_len_and_batches(best):
 
 
 def test_each_name_is_marked_with_its_split(best):
-    split = Split.from_dict(load_checkpoint(best)["split"])
+    lists = load_checkpoint(best)["split"]  # the plain lists: no Split.where in the expectation
     r = sample(best, num_samples=200, seed=1, temperature=0.5)
     assert [n for n, _ in r.marked] == r.names
     for name, where in r.marked:
-        assert where == (split.where(name) or "new")
+        found = [s for s in ("train", "val", "test") if name in lists[s]]
+        assert where == ("empty" if name == "" else found[0] if found else "new")
     assert {w for _, w in r.marked} - {"new"}, "a trained model repeats some training names"
-    assert r.summary == f"{r.num_new} of 200 new, {r.num_unique} unique"
+    new = sum(1 for n in r.names if n and not any(n in lists[s] for s in ("train", "val", "test")))
+    unique, empty = len(set(r.names) - {""}), r.names.count("")
+    assert r.summary == f"{new} of 200 new, {unique} unique" + (f", {empty} empty" if empty else "")
     assert len(r.lines) == 202 and r.lines[0] == r.header
 
 
@@ -289,26 +292,21 @@ def test_bad_settings_are_named_before_anything_is_loaded(settings, message):
         run_sampling(ckpt="/does/not/exist.pt", **settings)  # the setting is reported, not the file
 
 
-def test_prefix_the_model_cannot_take(best, monkeypatch):
-    import microgpt.checkpoint
-
-    def must_not_build(*a, **k):
-        raise AssertionError("the prefix is checked before the model is built")
-
-    monkeypatch.setattr(microgpt.checkpoint, "model_from_checkpoint", must_not_build)
+def test_prefix_the_model_cannot_take(best):
     with pytest.raises(
         SamplingError,
-        match=r"prefix='aQ!' has characters the model does not know: "
-        r"'Q', '!'\. Known characters: 'abc",
+        match=r"prefix 'aQ!' has characters the vocabulary does not know: 'Q!' \('Q', '!'\)\. "
+        r"Known characters: 'abc",
     ):
         sample(best, prefix="aQ!")
     block = load_checkpoint(best)["model_config"]["block_size"]
     with pytest.raises(
         SamplingError,
-        match=rf"has {block} characters; this model's block size is {block}, "
-        rf"so a prefix may have 0 to {block - 1} characters",
+        match=rf"prefix of {block} characters is longer than this model's items: block_size is "
+        rf"{block} \(1 boundary token \+ at most {block - 1} characters\)",
     ):
         sample(best, prefix="a" * block)
+    assert len(sample(best, prefix="a" * (block - 1), num_samples=2).names[0]) == block - 1
 
 
 def test_missing_paths(tmp_path):

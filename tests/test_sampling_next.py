@@ -124,7 +124,7 @@ def test_bad_sampling_args_raise(kw, msg):
     with pytest.raises(ValueError, match=re.escape(msg)):
         check_sampling_args(**args)
     with pytest.raises(ValueError, match=re.escape(msg)):
-        sample_next(torch.zeros(1, 4), **args)
+        generate(model(), **args)  # checked where they enter, once (sample_next trusts them)
 
 
 # ---------------------------------------------------------------- GPT.generate
@@ -247,10 +247,12 @@ def biased(m, boundary_logit):
 def test_rows_stop_at_block_size(use_cache):
     m = biased(model(block_size=7), -1e4)  # the boundary token is never sampled
     out = gen(m, num_samples=5, use_cache=use_cache)
-    assert out.shape == (5, 7)  # block_size ids: at most block_size - 1 characters and the end
+    # training items hold at most block_size - 1 = 6 characters: so do sampled ones, which can
+    # then be encoded into a block again (boundary + 6 characters = 7 positions)
+    assert out.shape == (5, 6)
     assert (out != BOUNDARY_ID).all()
     out = gen(m, num_samples=5, prefix=TOK.encode("abc"), use_cache=use_cache)
-    assert out.shape == (5, 7)
+    assert out.shape == (5, 6)
     out = gen(m, num_samples=5, max_new_tokens=2, use_cache=use_cache)
     assert out.shape == (5, 2)
 
@@ -275,10 +277,11 @@ def test_prefix_with_unknown_characters_raises():
 def test_prefix_as_long_as_block_size_raises():
     m = model(block_size=6)
     with pytest.raises(
-        ValueError, match=r"prefix of 6 characters leaves no room to sample: block_size is 6"
+        ValueError, match=r"prefix of 6 characters is longer than this model's items: block_size is 6"
     ):
         generate(m, prefix=TOK.encode("abcdef"))
-    assert gen(m, prefix=TOK.encode("abcde")).shape[1] == 6  # one shorter is fine
+    assert gen(m, prefix=TOK.encode("abcd")).shape[1] == 5  # room for one more character
+    assert gen(m, prefix=TOK.encode("abcde")).tolist() == [TOK.encode("abcde")]  # a whole item
 
 
 def test_prefix_ids_must_be_characters():
@@ -290,7 +293,7 @@ def test_prefix_ids_must_be_characters():
 
 @pytest.mark.parametrize("n", [0, -2])
 def test_num_samples_below_one_raises(n):
-    with pytest.raises(ValueError, match=rf"num_samples={n} must be at least 1"):
+    with pytest.raises(ValueError, match=rf"num_samples={n} must be an integer >= 1"):
         generate(model(), num_samples=n)
 
 
