@@ -191,6 +191,44 @@ def check_resume_compatible(saved: dict, current: dict, path: Path) -> None:
         )
 
 
+def check_resumable(
+    saved: dict, current: dict, path: Path, global_batch: int, world_size: int
+) -> None:
+    """Refuse a resume from `saved` (a loaded last.pt) into the run whose own checkpoint would be
+    `current`, naming what differs: settings, model, data, the global batch, or no steps left."""
+    if "resume" not in saved:
+        raise CheckpointError(
+            f"{path} has no training state to resume from (best.pt holds weights only); "
+            f"resume from checkpoints/last.pt"
+        )
+    config = current["train_config"]
+    check_resume_compatible(saved["train_config"], config, path)
+    mine = current["model_config"]
+    differing = sorted(k for k, v in saved["model_config"].items() if v != mine.get(k))
+    if differing:
+        raise ConfigError(f"cannot resume from {path}: the model differs in {', '.join(differing)}")
+    if saved["split"] != current["split"] or saved["tokenizer"] != current["tokenizer"]:
+        raise ConfigError(
+            f"cannot resume from {path}: {config['data']['path']} no longer holds the data the "
+            f"run was trained on (different items or split); restore it or start a new run"
+        )
+    max_steps = config["train"]["max_steps"]
+    if saved["step"] >= max_steps:
+        raise ConfigError(
+            f"nothing to resume: {path} is at step {saved['step']} and train.max_steps="
+            f"{max_steps}; pass a larger train.max_steps to train on"
+        )
+    saved_batch = saved["resume"]["sampler"]["batch_size"]
+    if saved_batch != global_batch:  # the data order is drawn per global batch
+        ranks = saved["resume"].get("world_size", 1)
+        raise ConfigError(
+            f"cannot resume from {path}: it was trained with a global batch of {saved_batch} "
+            f"({ranks} rank{'s' if ranks != 1 else ''}) but this run's is {global_batch} "
+            f"(train.batch_size={config['train']['batch_size']} x {world_size} ranks); resume on "
+            f"{ranks} rank(s)"
+        )
+
+
 def rng_state() -> dict:
     """This process's random state: torch (CPU), Python, and CUDA where it is in use."""
     version, state, gauss = random.getstate()

@@ -191,3 +191,21 @@ class TensorBoardLogger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@torch.no_grad()
+def log_heads(writer: TensorBoardLogger, step: int, model, probe_ids, labels, x, y) -> None:
+    """What each head does, at `step`: the probe's per-head attention maps (probe_ids: the
+    boundary token, then the probe item's ids) and per-head entropy over validation rows x, y
+    (N, T). The model is put back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        probe = torch.tensor([list(probe_ids)], device=x.device)  # (1, T)
+        _, _, attention = model(probe, return_attn=True)
+        writer.attention_maps(step, [a[0].float().cpu() for a in attention], labels)
+        _, _, attention = model(x, return_attn=True)
+        entropy = attention_entropy([a.float().cpu() for a in attention], (y >= 0).cpu())
+        writer.attention_entropy(step, entropy)
+    finally:
+        model.train(was_training)

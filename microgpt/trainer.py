@@ -17,9 +17,7 @@ import contextlib
 import logging
 import math
 import random
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from microgpt import distributed
 from microgpt.checkpoint import (
     CheckpointError,
-    check_resume_compatible,
+    check_resumable,
     load_checkpoint,
     model_from_checkpoint,
     rng_state,
@@ -41,50 +39,15 @@ from microgpt.checkpoint import (
     set_rng_state,
 )
 from microgpt.config import Config, ConfigError, load_config
-from microgpt.data import BatchSampler, CharDataset, Split, load_data
+from microgpt.data import BatchSampler, CharDataset, load_data
 from microgpt.files import write_text
 from microgpt.generate import format_marked, mark_items, sample_items
 from microgpt.model import GPT
-from microgpt.tensorboard import TensorBoardLogger, attention_entropy, labels_for
-from microgpt.tokenizer import CharTokenizer
+from microgpt.optim import lr_at, make_optimizer
+from microgpt.stopping import Interrupted, StopFlag, TrainingError
+from microgpt.tensorboard import TensorBoardLogger, labels_for, log_heads
 
 log = logging.getLogger("microgpt")
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (diverged, interrupted); the message says what to do."""
-
-
-class Interrupted(TrainingError):
-    """Stopped by SIGINT/SIGTERM after writing last.pt (`checkpoint`), from which it can resume."""
-
-    def __init__(self, message: str, checkpoint: Path):
-        super().__init__(message)
-        self.checkpoint = checkpoint
-
-
-def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (Linear weights, embeddings) only, never biases or gains."""
-    o = config.optim
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    fused = device.type in ("cuda", "cpu")  # one kernel for all parameters
-    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
-
-
-def lr_at(step: int, config: Config) -> float:
-    """Linear warmup over warmup_steps, then cosine / linear decay to min_lr_ratio * lr."""
-    o, total = config.optim, config.train.max_steps
-    if step < o.warmup_steps:
-        return o.lr * (step + 1) / o.warmup_steps
-    if o.decay == "constant" or total <= o.warmup_steps:
-        return o.lr
-    progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if o.decay == "cosine" else 1 - progress
-    return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * shape)
 
 
 @torch.no_grad()
@@ -101,38 +64,6 @@ def evaluate(model: nn.Module, dataset: CharDataset, batch_size: int, autocast=N
         count += n
     model.train(was_training)
     return float(total / count)
-
-
-class StopFlag:
-    """The first SIGINT/SIGTERM asks the loop to stop after this step; a second SIGINT stops now."""
-
-    def __init__(self):
-        self.requested = False
-        self.signal_name = ""
-        self._previous = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        return False
-
-    def _handle(self, signum, frame):
-        if self.requested:  # the second one: checkpoint writes are atomic, so stopping is safe
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signal_name = signal.Signals(signum).name
-        print(
-            f"\n{self.signal_name}: stopping after this step and writing checkpoints/last.pt "
-            f"(press Ctrl-C again to stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
 
 
 @dataclass
@@ -332,7 +263,7 @@ class Trainer:
                     if self.step % c.train.eval_every == 0 or final:
                         metrics.update(self._evaluate_and_save(metrics))
                     if self.is_main and (self.step % c.log.attn_every == 0 or final):
-                        self._log_attention(self.step)
+                        self._log_heads(self.step)
                     asks = check_every == 1 or self.step % c.train.log_every == 0
                     if asks and not final and distributed.any_rank(stop.requested, self.dist):
                         self._interrupted(metrics, stop.signal_name)
@@ -363,7 +294,7 @@ class Trainer:
         purge = self.step + 1 if self.resumed_from else None
         self.writer = TensorBoardLogger(self.out_dir, purge_step=purge)
         if self.step == 0:
-            self._log_attention(0)
+            self._log_heads(0)
 
     def _log_window(self, out: StepResult, bar) -> dict:
         """The train loss over the window, summed over ranks; scalars and the bar (rank 0)."""
@@ -392,7 +323,11 @@ class Trainer:
 
     def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
         last = self.out_dir / "checkpoints" / "last.pt"
-        kept = f"the last good checkpoint, {last}, is kept" if last.exists() else "no checkpoint was written yet"
+        kept = (
+            f"the last good checkpoint, {last}, is kept"
+            if last.exists()
+            else "no checkpoint was written yet"
+        )
         what = what or ("loss" if not math.isfinite(loss) else "gradient")
         step = self.step if what == "validation loss" else self.step + 1
         raise TrainingError(
@@ -436,38 +371,8 @@ class Trainer:
         # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
         # state are copied to the device by load_state_dict
         ckpt = load_checkpoint(path, map_location="cpu")
-        if "resume" not in ckpt:
-            raise CheckpointError(
-                f"{path} has no training state to resume from (best.pt holds weights only); "
-                f"resume from checkpoints/last.pt"
-            )
-        check_resume_compatible(ckpt["train_config"], self.config.to_dict(), path)
-        mine = self.model_config.to_dict()
-        differing = sorted(k for k, v in ckpt["model_config"].items() if v != mine.get(k))
-        if differing:
-            raise ConfigError(
-                f"cannot resume from {path}: the model differs in {', '.join(differing)}"
-            )
-        same_data = Split.from_dict(ckpt["split"]) == self.split
-        if not same_data or CharTokenizer.from_dict(ckpt["tokenizer"]) != self.tokenizer:
-            raise ConfigError(
-                f"cannot resume from {path}: {self.data_path} no longer holds the data the run "
-                f"was trained on (different items or split); restore it or start a new run"
-            )
-        if ckpt["step"] >= self.config.train.max_steps:
-            raise ConfigError(
-                f"nothing to resume: {path} is at step {ckpt['step']} and train.max_steps="
-                f"{self.config.train.max_steps}; pass a larger train.max_steps to train on"
-            )
+        check_resumable(ckpt, self._checkpoint({}), path, self.global_batch, self.dist.world_size)
         r = ckpt["resume"]
-        if r["sampler"]["batch_size"] != self.global_batch:  # data order is per global batch
-            ranks = r.get("world_size", 1)
-            raise ConfigError(
-                f"cannot resume from {path}: it was trained with a global batch of "
-                f"{r['sampler']['batch_size']} ({ranks} rank{'s' if ranks != 1 else ''}) but this run's is "
-                f"{self.global_batch} (train.batch_size={self.config.train.batch_size} x "
-                f"{self.dist.world_size} ranks); resume on {ranks} rank(s)"
-            )
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(r["optimizer"])
         self.sampler.load_state_dict(r["sampler"])
@@ -498,21 +403,12 @@ class Trainer:
             f"{' compiled' if c.train.compile else ''} | seed {c.seed}"
         )
 
-    @torch.no_grad()
-    def _log_attention(self, step: int) -> None:
-        """Per-head attention maps of the probe item and per-head entropy on validation items."""
-        model, was_training = self.model, self.model.training
-        model.eval()
-        ids = [self.tokenizer.boundary_id, *self.tokenizer.encode(self.probe)]
-        _, _, attention = model(torch.tensor([ids], device=self.device), return_attn=True)
-        maps = [a[0].float().cpu() for a in attention]
-        self.writer.attention_maps(step, maps, labels_for(ids, self.tokenizer))
+    def _log_heads(self, step: int) -> None:
+        """The probe's attention maps and the head analysis on validation items (rank 0)."""
         val = self.datasets["val"]
-        xv, yv = val.batch(torch.arange(min(len(val), self.config.log.entropy_items)))
-        _, _, attention = model(xv, return_attn=True)
-        entropy = attention_entropy([a.float().cpu() for a in attention], (yv >= 0).cpu())
-        self.writer.attention_entropy(step, entropy)
-        model.train(was_training)
+        x, y = val.batch(torch.arange(min(len(val), self.config.log.entropy_items)))  # (N, T)
+        probe = [self.tokenizer.boundary_id, *self.tokenizer.encode(self.probe)]
+        log_heads(self.writer, step, self.model, probe, labels_for(probe, self.tokenizer), x, y)
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
         """Validation loss on the whole split; best.pt if it improved; last.pt always."""

@@ -1,0 +1,34 @@
+"""AdamW with weight decay on matrices only, and the learning-rate schedule: warmup, then decay."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from microgpt.config import Config
+
+
+def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (Linear weights, embeddings) only, never biases or gains."""
+    o = config.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = device.type in ("cuda", "cpu")  # one kernel for all parameters
+    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
+
+
+def lr_at(step: int, config: Config) -> float:
+    """Linear warmup over warmup_steps, then cosine / linear decay to min_lr_ratio * lr."""
+    o, total = config.optim, config.train.max_steps
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    if o.decay == "constant" or total <= o.warmup_steps:
+        return o.lr
+    progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if o.decay == "cosine" else 1 - progress
+    return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * shape)
