@@ -151,3 +151,28 @@ def gather_objects(obj, info: DistInfo) -> list:
     out = [None] * info.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+def run_on_main(fn, info: DistInfo):
+    """fn() on rank 0 alone, returning its result there (None elsewhere). An exception on rank 0
+    is raised on every rank, with the same class and message, so that no rank is left waiting
+    for rank 0 in the next collective until the process group times out."""
+    if not info.enabled:
+        return fn()
+    result, error = None, None
+    if info.is_main:
+        try:
+            result = fn()
+        except Exception as e:  # re-raised below, on every rank
+            error = e
+    box = [None if error is None else (type(error), str(error))]
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    if box[0] is not None:
+        cls, message = box[0]
+        try:
+            raise cls(message)
+        except TypeError:  # a class that takes other arguments
+            raise RuntimeError(message) from None
+    return result

@@ -234,8 +234,7 @@ class Trainer:
 
     def run(self) -> dict:
         c = self.config
-        if self.is_main:
-            self._open_run_folder()
+        distributed.run_on_main(self._open_run_folder, self.dist)
         progress = c.train.progress if c.train.progress is not None else sys.stderr.isatty()
         bar = tqdm(
             total=c.train.max_steps,
@@ -354,18 +353,20 @@ class Trainer:
         ranks = distributed.gather_objects(
             {"rng": rng_state(), "window": self.window.state_dict()}, self.dist
         )
-        if not self.is_main:
-            return
-        ckpt = self._checkpoint(metrics)
-        ckpt["resume"] = {
-            "optimizer": self.optimizer.state_dict(),
+        resume = {
             "sampler": self.sampler.state_dict(),
             "rng": ranks[0]["rng"],  # what a resume on another number of ranks would use
             "ranks": ranks,
             "best_val_loss": self.best_val_loss,
             "world_size": self.dist.world_size,
         }
-        save_checkpoint(ckpt, self.out_dir / "checkpoints" / "last.pt")
+
+        def save():
+            ckpt = {**self._checkpoint(metrics), "resume": resume}
+            resume["optimizer"] = self.optimizer.state_dict()
+            save_checkpoint(ckpt, self.out_dir / "checkpoints" / "last.pt")
+
+        distributed.run_on_main(save, self.dist)
 
     def _load_resume(self, path: Path) -> None:
         # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
@@ -412,9 +413,8 @@ class Trainer:
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
         """Validation loss on the whole split; best.pt if it improved; last.pt always."""
-        out = {}
-        if self.is_main:
-            out = self._evaluate_and_save_best(metrics)
+        out = distributed.run_on_main(lambda: self._evaluate_and_save_best(metrics), self.dist)
+        out = out or {}
         self._save_last({**metrics, **out})
         if self.is_main:
             self.writer.flush()
@@ -453,8 +453,7 @@ class Trainer:
         }
         if elapsed > 0 and tokens_done:
             metrics["tokens_per_sec"] = tokens_done / elapsed
-        if self.is_main:
-            self._test_and_sample(metrics)
+        distributed.run_on_main(lambda: self._test_and_sample(metrics), self.dist)
         return metrics
 
     def _test_and_sample(self, metrics: dict) -> None:

@@ -295,3 +295,31 @@ def test_joblib_launcher_config_composes():
     cfg = compose_with_hydra(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"])
     assert cfg.hydra.launcher._target_.endswith("joblib_launcher.JoblibLauncher")
     assert cfg.hydra.launcher.n_jobs == 2
+
+
+def test_an_error_on_rank_0_alone_stops_every_rank_at_once(tmp_path):
+    """Rank 0 alone claims the run folder (an empty checkpoints/ is already there: another run's).
+    Its error must reach rank 1, which would otherwise wait in the next all-reduce for the
+    process group's 10-minute timeout; both ranks print the same one-line message."""
+    data = tmp_path / "names.txt"
+    data.write_text("\n".join(make_names()) + "\n")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "train.py"),
+        *SETTINGS,
+        f"train.batch_size={PER_RANK}",
+        f"data.path={data}",
+        "device=cpu",
+        f"hydra.run.dir={run}",
+    ]
+    result = run_bounded(cmd, tmp_path, timeout=120)
+    assert result.returncode != 0
+    message = "already holds a run (a checkpoints folder)"
+    assert result.stderr.count(message) == 2, result.stderr[-3000:]  # rank 0's and rank 1's
+    assert list((run / "checkpoints").iterdir()) == []  # nothing written into the other run
