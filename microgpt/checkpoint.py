@@ -163,7 +163,7 @@ RESUMABLE_CHANGES = (
     "train.num_samples",
     "train.progress",
     "train.compile",
-    "train.amp",
+    "train.precision",
     "log.",
     "device",
     "out_dir",

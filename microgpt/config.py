@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from microgpt.distributed import DEVICES
+from microgpt.distributed import DEVICES, PRECISIONS
 from microgpt.generate import SamplingError, check_sampling_args
 from microgpt.model import GPTConfig, check_gpt_settings
 
@@ -71,7 +71,9 @@ class TrainConfig:
     log_every: int = 10  # scalars to TensorBoard and the progress bar
     num_samples: int = 20  # names printed (and written to samples.txt) at the end
     compile: bool = False  # torch.compile the model for training
-    amp: bool = True  # bf16 autocast on CUDA (ignored elsewhere)
+    precision: str = (
+        "auto"  # auto (bf16 on GPUs with it, else fp16; fp32 on CPU) | fp32 | bf16 | fp16
+    )
     progress: bool | None = None  # tqdm bar; null = only when stderr is a terminal
 
 
@@ -138,6 +140,10 @@ class Config:
             raise ConfigError(f"optim.min_lr_ratio={o.min_lr_ratio} must be in [0, 1]")
         if o.grad_clip < 0:
             raise ConfigError(f"optim.grad_clip={o.grad_clip} must be >= 0 (0 = no clipping)")
+        if t.precision not in PRECISIONS:
+            raise ConfigError(
+                f"train.precision={t.precision!r} is unknown; choose one of {list(PRECISIONS)}"
+            )
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r} is unknown; choose one of {list(DEVICES)}")
         if not isinstance(self.resume, (bool, str)) or self.resume == "":

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 DEVICES = ("auto", "cpu", "cuda", "mps")  # the choices of every command's `device` setting
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # train.precision
 
 
 @dataclass(frozen=True)
@@ -176,3 +177,37 @@ def run_on_main(fn, info: DistInfo):
         except TypeError:  # a class that takes other arguments
             raise RuntimeError(message) from None
     return result
+
+
+def pick_precision(name: str, device: torch.device, error: type[Exception] = ValueError) -> str:
+    """train.precision -> "fp32", "bf16" or "fp16". auto: bf16 on a GPU that supports it, else
+    fp16 (with a gradient scaler) on CUDA, fp32 elsewhere. bf16 asked of a GPU without it (T4,
+    V100) raises `error`."""
+    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False)
+    if name == "auto":
+        return ("bf16" if bf16_ok else "fp16") if device.type == "cuda" else "fp32"
+    if name == "bf16" and not bf16_ok:
+        raise error(
+            f"train.precision=bf16 but {torch.cuda.get_device_name(device)} has no bf16 support; "
+            f"use train.precision=fp16 (or auto, which picks it)"
+        )
+    return name
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on `device`: the GPU's free memory, or the machine's
+    MemAvailable on Linux; None where it cannot be told."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"

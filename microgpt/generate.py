@@ -16,10 +16,25 @@ import os
 
 import torch
 
+from microgpt.distributed import available_memory
 from microgpt.kv_cache import KVCache
 from microgpt.tokenizer import BOUNDARY_ID
 
-DEFAULT_BATCH = 1024  # items sampled at once when batch_size is None: bounds the KV cache's memory
+DEFAULT_BATCH = 1024  # items sampled at once when batch_size is None, at most
+CACHE_BUDGET = 256 * 2**20  # bytes: the default batch shrinks so that its KV cache fits in this
+
+
+def cache_bytes_per_row(model) -> int:
+    """The KV cache's bytes for one sampled item: keys and values of every layer, full block."""
+    c = model.config
+    itemsize = next(model.parameters()).element_size()
+    return 2 * c.n_layer * c.n_kv_head * c.block_size * c.head_dim * itemsize
+
+
+def default_batch(model, num_samples: int) -> int:
+    """Items sampled at once when no batch size is given: up to DEFAULT_BATCH, and no more than
+    the KV cache of CACHE_BUDGET bytes holds (a model with a long block_size samples fewer)."""
+    return max(1, min(num_samples, DEFAULT_BATCH, CACHE_BUDGET // cache_bytes_per_row(model)))
 
 
 class SamplingError(ValueError):
@@ -192,10 +207,17 @@ def sample_items(
     prefix_ids = tokenizer.encode(prefix)
     _check_prefix_ids(prefix_ids, model.config.vocab_size, model.config.block_size)
     device = next(model.parameters()).device
+    batch_size = min(batch_size or default_batch(model, num_samples), num_samples)
+    free = available_memory(device)
+    if use_cache and free is not None and batch_size * cache_bytes_per_row(model) > free:
+        raise SamplingError(
+            f"batch_size={batch_size} needs a KV cache of "
+            f"{batch_size * cache_bytes_per_row(model) / 2**30:.1f} GiB but {device} has "
+            f"{free / 2**30:.1f} GiB free; lower batch_size (or leave it null)"
+        )
     generator = torch.Generator(device=device)
     generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(7), "little"))
     max_new = None if max_len is None else max_len - len(prefix)
-    batch_size = batch_size or min(num_samples, DEFAULT_BATCH)
     items: list[str] = []
     with _num_threads(_sampling_threads(model, min(batch_size, num_samples), device)):
         while len(items) < num_samples:

@@ -112,6 +112,18 @@ class GPTConfig:
         return asdict(self)
 
 
+def training_bytes(config: GPTConfig, batch_size: int) -> int:
+    """A rough upper estimate of the memory one training step takes: weights, gradients and
+    AdamW's two moments, plus the activations kept for the backward pass of a full block
+    (float32; attention weights counted as if materialised)."""
+    C, T, L, H = config.n_embd, config.block_size, config.n_layer, config.n_head
+    params = config.vocab_size * C * (1 if config.tie_weights else 2) + T * C
+    params += L * (4 * C * C + 2 * config.mlp_ratio * C * C)
+    per_layer = batch_size * T * ((8 + 2 * config.mlp_ratio) * C + 2 * H * T)
+    logits = 3 * batch_size * T * config.vocab_size
+    return 4 * (4 * params + L * per_layer + logits)
+
+
 def causal_mask(T: int, pos: int = 0, device=None) -> torch.Tensor:
     """(T, pos + T) booleans for T queries after `pos` cached keys: query i sees key j when j <= pos + i."""
     return torch.ones(T, pos + T, dtype=torch.bool, device=device).tril(diagonal=pos)

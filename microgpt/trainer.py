@@ -42,7 +42,7 @@ from microgpt.config import Config, ConfigError, load_config
 from microgpt.data import BatchSampler, CharDataset, load_data
 from microgpt.files import write_text
 from microgpt.generate import format_marked, mark_items, sample_items
-from microgpt.model import GPT
+from microgpt.model import GPT, GPTConfig, training_bytes
 from microgpt.optim import lr_at, make_optimizer
 from microgpt.stopping import Interrupted, StopFlag, TrainingError
 from microgpt.tensorboard import TensorBoardLogger, labels_for, log_heads
@@ -98,6 +98,23 @@ class LossWindow:
         return {"loss": float(self.loss), "steps": self.steps, "tokens": self.tokens}
 
 
+def check_memory(model: GPTConfig, batch_size: int, device, block_setting) -> None:
+    """Refuse, before allocating anything, a model and batch that cannot fit in memory."""
+    need, free = training_bytes(model, batch_size), distributed.available_memory(device)
+    if free is None or need <= free:
+        return
+    block = (
+        f"model.block_size={model.block_size}"
+        if block_setting
+        else f"a block of {model.block_size} (the longest item of the data + 1)"
+    )
+    raise ConfigError(
+        f"{block} with train.batch_size={batch_size} needs about {distributed.gib(need)} to "
+        f"train, but {device} has {distributed.gib(free)} free; lower train.batch_size or "
+        f"model.block_size (or shorten the data's longest lines)"
+    )
+
+
 def _resume_path(config: Config, out_dir: Path) -> Path | None:
     resume = config.resume_requested
     if resume is True:
@@ -140,6 +157,10 @@ class Trainer:
                 f"{self.out_dir} already holds a run (checkpoints/last.pt); continue it with "
                 f"resume=true, or write the new run to another folder"
             )
+        if c.model.block_size:  # before the data are encoded into (N, block_size) tensors
+            check_memory(
+                c.model_for_data(2, c.model.block_size), c.train.batch_size, self.device, True
+            )
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
         data = load_data(c.data.path, c.seed, c.model.block_size, self.device, not c.train.compile)
         self.data_path, self.tokenizer, self.split = data.path, data.tokenizer, data.split
@@ -158,6 +179,7 @@ class Trainer:
         torch.manual_seed(c.seed)
         random.seed(c.seed)
         self.model_config = c.model_for_data(self.tokenizer.vocab_size, data.block_size)
+        check_memory(self.model_config, c.train.batch_size, self.device, c.model.block_size)
         self.model = GPT(self.model_config).to(self.device)
         # DDP first, then compile: the order PyTorch documents (the compiler splits the graph at
         # DDP's gradient buckets). Checkpoints always hold self.model, the plain GPT.
@@ -171,7 +193,9 @@ class Trainer:
         if c.train.compile:
             self.train_model = torch.compile(self.train_model)
         self.optimizer = make_optimizer(self.model, c, self.device)
-        self.use_amp = c.train.amp and self.device.type == "cuda"
+        self.precision = distributed.pick_precision(c.train.precision, self.device, ConfigError)
+        # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.global_batch = c.train.batch_size * self.dist.world_size
         lengths = self.datasets["train"].lengths
         self.sampler = BatchSampler(
@@ -191,9 +215,10 @@ class Trainer:
         self.writer: TensorBoardLogger | None = None
 
     def autocast(self):
-        if self.use_amp:
-            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
 
     # ---- one step
 
@@ -215,16 +240,20 @@ class Trainer:
             _, loss = self.train_model(x, y)
         # the mean over the global batch's characters, whatever their split between ranks
         # (DDP averages gradients over ranks, hence the world_size factor)
-        (loss * (n_mine * self.dist.world_size / n_global)).backward()
+        self.scaler.scale(loss * (n_mine * self.dist.world_size / n_global)).backward()
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients (no-op unless fp16)
         max_norm = c.optim.grad_clip if c.optim.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        # grad_norm comes from the all-reduced gradients, so every rank decides alike
+        # grad_norm comes from the all-reduced gradients, so every rank decides alike; under
+        # fp16 an overflowing gradient is normal: the scaler skips the step and lowers the scale
+        scaled = self.scaler.is_enabled()
         if check and not (
-            math.isfinite(float(grad_norm))
+            (scaled or math.isfinite(float(grad_norm)))
             and (self.dist.enabled or math.isfinite(float(loss.detach())))
         ):
             self._diverged(float(loss.detach()), float(grad_norm), lr)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         share = loss.detach() * (n_mine / n_global)  # summed over ranks: the global batch's loss
@@ -355,6 +384,7 @@ class Trainer:
         )
         resume = {
             "sampler": self.sampler.state_dict(),
+            "scaler": self.scaler.state_dict(),
             "rng": ranks[0]["rng"],  # what a resume on another number of ranks would use
             "ranks": ranks,
             "best_val_loss": self.best_val_loss,
@@ -377,6 +407,8 @@ class Trainer:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(r["optimizer"])
         self.sampler.load_state_dict(r["sampler"])
+        if r.get("scaler"):
+            self.scaler.load_state_dict(r["scaler"])
         per_rank = r.get("ranks")
         if per_rank and len(per_rank) == self.dist.world_size:
             set_rng_state(per_rank[self.dist.rank]["rng"])
@@ -400,7 +432,7 @@ class Trainer:
             f"{len(s.train):,} train / {len(s.val):,} val / {len(s.test):,} test items, vocab "
             f"{self.tokenizer.vocab_size}, block {m.block_size} | {c.train.max_steps} steps x "
             f"batch {self.global_batch}{ranks}, lr {c.optim.lr:g} ({c.optim.warmup_steps} warmup, "
-            f"{c.optim.decay}) | device {self.device}{' bf16' if self.use_amp else ''}"
+            f"{c.optim.decay}) | device {self.device}{'' if self.precision == 'fp32' else ' ' + self.precision}"
             f"{' compiled' if c.train.compile else ''} | seed {c.seed}"
         )
 
