@@ -61,9 +61,20 @@ def test_checkpoint_describes_itself_and_reloads_to_the_same_logits(tiny_cfg, tm
     assert "test_loss" in load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["metrics"]
 
 
-def test_training_lowers_the_loss(tiny_cfg):
+def test_training_lowers_the_loss_below_what_character_frequencies_reach(tiny_cfg, names_file):
+    """A model that learned only how often each character occurs scores the unigram entropy of
+    the data (2.92 nats here); 60 steps of a model that uses the context reach about 2.5."""
+    import collections
+    import math
+
+    names = names_file.read_text().split()
+    counts = collections.Counter("".join(names))
+    counts["end"] = len(names)  # every name ends with the boundary token
+    total = sum(counts.values())
+    unigram = -sum(n / total * math.log(n / total) for n in counts.values())
+    assert unigram > 2.8
     metrics = train(tiny_cfg("train.max_steps=60", "train.eval_every=30", "optim.lr=3e-3"))
-    assert metrics["best_val_loss"] < 3.0  # from ln(vocab) ~ 3.1 at the start
+    assert metrics["best_val_loss"] < unigram - 0.25
 
 
 def test_lr_schedule_warms_up_then_decays():
