@@ -1,0 +1,77 @@
+"""The package's shape: every import points down, and the model stands alone.
+
+The import graph is read from the source (ast), so a cycle hidden by an import inside a
+function is found too: such imports are themselves refused.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from graphlib import CycleError, TopologicalSorter
+
+from tests.conftest import REPO
+
+PACKAGE = REPO / "microgpt"
+
+
+def sibling_imports(path) -> tuple[set[str], list[str]]:
+    """(the microgpt modules `path` imports at its top level, the ones it imports elsewhere)."""
+    tree = ast.parse(path.read_text())
+    top, nested = set(), []
+    top_nodes = {id(n) for n in tree.body}
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("microgpt"):
+            if node.module == "microgpt":  # from microgpt import distributed
+                names = [f"microgpt.{a.name}" for a in node.names]
+            else:
+                names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("microgpt.")]
+        if not names:
+            continue
+        if id(node) in top_nodes:
+            top.update(n.split(".")[1] for n in names)
+        else:
+            nested.append(f"{path.name}:{node.lineno}")
+    return top, nested
+
+
+def graph() -> dict[str, set[str]]:
+    return {p.stem: sibling_imports(p)[0] for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+
+
+def test_no_module_imports_a_sibling_inside_a_function():
+    nested = [where for p in PACKAGE.glob("*.py") for where in sibling_imports(p)[1]]
+    assert nested == [], f"imports of microgpt modules inside functions: {nested}"
+
+
+def test_the_import_graph_has_no_cycle():
+    try:
+        order = list(TopologicalSorter(graph()).static_order())
+    except CycleError as e:
+        raise AssertionError(f"import cycle: {e.args[1]}") from None
+    assert order.index("model") < order.index("generate") < order.index("trainer")
+
+
+def test_the_layers_point_down():
+    g = graph()
+    assert g["model"] == {"kv_cache"}
+    assert g["kv_cache"] == set() and g["tokenizer"] == set() and g["files"] == set()
+    assert "model" not in g["data"] and "generate" not in g["model"]
+    edges = {"cli", "trainer", "tensorboard", "compare", "sampling"}  # nothing below needs these
+    for module in ("model", "generate", "checkpoint", "config", "data", "heads", "draw"):
+        if module in g:
+            assert not g[module] & edges, f"{module} imports {g[module] & edges}"
+
+
+def test_importing_the_model_imports_nothing_else_of_microgpt():
+    code = (
+        "import sys, microgpt.model; "
+        "print(sorted(m for m in sys.modules if m.startswith('microgpt')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['microgpt', 'microgpt.kv_cache', 'microgpt.model']"
