@@ -56,6 +56,16 @@ def run_bounded(cmd: list[str], cwd: Path, timeout: int) -> subprocess.Completed
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def torchrun_train(cwd: Path, *settings: str, ok=True, timeout=240) -> subprocess.CompletedProcess:
+    """torchrun --standalone --nproc_per_node=2 train.py <settings> device=cpu, in `cwd`."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [str(REPO / "train.py"), *settings, "device=cpu"]
+    result = run_bounded(cmd, cwd, timeout=timeout)
+    if ok:
+        assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
 @pytest.fixture(scope="module")
 def torchrun_run(tmp_path_factory):
     """python -m torch.distributed.run --standalone --nproc_per_node=2 train.py, in a fresh folder
@@ -63,20 +73,7 @@ def torchrun_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("torchrun")
     data = cwd / "names.txt"
     data.write_text("\n".join(make_names()) + "\n")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(REPO / "train.py"),
-        *SETTINGS,
-        f"train.batch_size={PER_RANK}",
-        f"data.path={data}",
-        "device=cpu",
-    ]
-    result = run_bounded(cmd, cwd, timeout=240)
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = torchrun_train(cwd, *SETTINGS, f"train.batch_size={PER_RANK}", f"data.path={data}")
     return cwd, data, result
 
 
@@ -305,31 +302,12 @@ def test_an_error_on_rank_0_alone_stops_every_rank_at_once(tmp_path):
     data.write_text("\n".join(make_names()) + "\n")
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(REPO / "train.py"),
-        *SETTINGS,
-        f"train.batch_size={PER_RANK}",
-        f"data.path={data}",
-        "device=cpu",
-        f"hydra.run.dir={run}",
-    ]
-    result = run_bounded(cmd, tmp_path, timeout=120)
+    settings = [*SETTINGS, f"train.batch_size={PER_RANK}", f"data.path={data}"]
+    result = torchrun_train(tmp_path, *settings, f"hydra.run.dir={run}", ok=False, timeout=120)
     assert result.returncode != 0
     message = "already holds a run (a checkpoints folder)"
     assert result.stderr.count(message) == 2, result.stderr[-3000:]  # rank 0's and rank 1's
     assert list((run / "checkpoints").iterdir()) == []  # nothing written into the other run
-
-
-def torchrun_train(cwd: Path, *settings: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    result = run_bounded([*cmd, str(REPO / "train.py"), *settings], cwd, timeout=240)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
 
 
 def test_ddp_resume_with_dropout_is_exact(tmp_path):
@@ -346,7 +324,6 @@ def test_ddp_resume_with_dropout_is_exact(tmp_path):
         "train.num_samples=0",
         f"train.batch_size={PER_RANK}",
         f"data.path={data}",
-        "device=cpu",
     ]
     whole, split = tmp_path / "whole", tmp_path / "split"
     torchrun_train(tmp_path, *common, "train.max_steps=8", f"hydra.run.dir={whole}")
@@ -354,7 +331,9 @@ def test_ddp_resume_with_dropout_is_exact(tmp_path):
     last = split / "checkpoints" / "last.pt"
     ranks = load_checkpoint(last)["resume"]["ranks"]
     assert not torch.equal(ranks[0]["rng"]["torch"], ranks[1]["rng"]["torch"])  # two streams
-    torchrun_train(tmp_path, *common, "train.max_steps=8", f"hydra.run.dir={split}", f"resume={last}")
+    torchrun_train(
+        tmp_path, *common, "train.max_steps=8", f"hydra.run.dir={split}", f"resume={last}"
+    )
     a = load_checkpoint(whole / "checkpoints" / "last.pt")
     b = load_checkpoint(last)
     assert a["step"] == b["step"] == 8
