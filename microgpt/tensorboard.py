@@ -3,7 +3,9 @@
 - `TensorBoardLogger`: scalars, attention maps (per head and per layer), attention by relative
   offset, entropy, sampled items and one HParams row per run, written into the run's own folder.
   The images are drawn by microgpt.draw.
-- `attention_entropy`: (L, H) mean entropy of each head's attention over the real queries.
+- `log_heads`: what every head does (microgpt.heads.analyse) at a step, logged: summaries under
+  tags every run shares, per-head importance, a custom-scalars layout, offset profiles, a table.
+- `heads_layout`: that custom-scalars layout, one chart per layer.
 - `labels_for`: token ids -> map labels, the boundary token shown as BOUNDARY_LABEL ("<s>").
 - `sanitize_hparams`: a nested config -> values the HParams tab shows.
 
@@ -25,6 +27,7 @@ from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
 from microgpt.draw import compose_layer, render_heads, render_offset_profile
+from microgpt.heads import ROLES, HeadReport, analyse
 from microgpt.tokenizer import BOUNDARY_ID
 
 # The boundary token's label on a map: not ".", which a data file may hold as a real character.
@@ -41,27 +44,6 @@ def _numpy(x) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().float().cpu().numpy()
     return np.asarray(x, dtype=np.float64)
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-def attention_entropy(attention: Sequence[torch.Tensor], query_mask: torch.Tensor) -> torch.Tensor:
-    """Each head's mean attention entropy in nats over the real queries -> (L, H) float tensor.
-
-    attention: per layer (B, H, T, Tk) weights (rows sum to 1); query_mask: (B, T) bool, True at
-    real query positions (for a batch (x, y) from microgpt.data, `y >= 0`). A uniform head over n
-    keys scores log(n), a head that looks at one key scores 0. With no real queries: zeros.
-    """
-    mask = query_mask.to(dtype=torch.float32)  # (B, T)
-    count = mask.sum().clamp(min=1.0)
-    rows = []
-    for att in attention:
-        p = att.detach().float()  # (B, H, T, Tk)
-        ent = -torch.special.xlogy(p, p).sum(dim=-1)  # (B, H, T); 0 * log 0 = 0
-        m = mask.to(ent.device)[:, None, :]  # (B, T) -> (B, 1, T)
-        rows.append((ent * m).sum(dim=(0, 2)) / count.to(ent.device))  # (H,)
-    return torch.stack(rows).cpu()  # (L, H)
 
 
 # ----------------------------------------------------------------------------- hparams
@@ -108,6 +90,8 @@ class TensorBoardLogger:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
+        self.last_head_summary: dict[str, float] = {}  # HParams metrics too (see hparams)
+        self._layout_written = False
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         """{tag: value}, e.g. {"loss/train": 2.1, "lr": 1e-3}; None values are skipped."""
@@ -158,23 +142,50 @@ class TensorBoardLogger:
                     f"attention_entropy/layer{layer}/head{h}", float(e[layer, h]), step
                 )
 
+    def heads(self, step: int, report: HeadReport) -> None:
+        """A microgpt.heads report: its summaries (`heads/layer{l}/entropy_min|mean|max`,
+        `heads/layer{l}/importance_max|importance_sum`, `heads/prunable`, `heads/prunable_fraction`,
+        `heads/role/{role}` for every role in ROLES, zeros included: the same tags for any head
+        count), each head's entropy (`attention_entropy/layer{l}/head{h}`) and importance
+        (`heads/layer{l}/head{h}/importance`), the offset profiles (`heads/offsets/layer{l}`), the
+        table as text (`heads/table`) and, once per logger, the custom-scalars layout. The
+        summaries are kept in `last_head_summary`, which `hparams` adds to the run's metrics."""
+        summary = report.summaries()
+        self.scalars(step, summary)
+        self.attention_entropy(step, report.entropy)
+        for layer in range(report.n_layer):
+            for h in range(report.n_head):
+                tag = f"heads/layer{layer}/head{h}/importance"
+                self.writer.add_scalar(tag, float(report.importance[layer, h]), step)
+        self.offset_profiles(step, report.offsets, report.start)
+        self._text("heads/table", report.markdown(), step)
+        if not self._layout_written:
+            self.writer.add_custom_scalars(heads_layout(report.n_layer))
+            self._layout_written = True
+        self.last_head_summary = summary
+
+    def _text(self, tag: str, body: str, step: int) -> None:
+        summary = text_summary(tag, body)
+        summary.value[0].tag = tag  # add_text would name it "<tag>/text_summary"
+        self.writer.file_writer.add_summary(summary, step)
+
     def samples(self, step: int, lines: Sequence[str]) -> None:
         """Sampled items, one per line, as the text summary "samples". Each line is indented
         four spaces: a Markdown code block, so lines never merge and nothing is read as markup."""
         body = "\n".join("    " + line for line in lines) if lines else "(no samples)"
-        summary = text_summary("samples", body)
-        summary.value[0].tag = "samples"  # add_text would name it "samples/text_summary"
-        self.writer.file_writer.add_summary(summary, step)
+        self._text("samples", body, step)
 
     def hparams(
         self, hparams: Mapping, metrics: Mapping[str, float], step: int | None = None
     ) -> None:
         """One row in the HParams tab for this run: written into the run's own folder (not the
         subfolder `SummaryWriter.add_hparams` makes). `metrics` ({"hparams/best_val_loss": 1.9})
-        are also written as scalars, which is where the HParams tab reads their values."""
+        are also written as scalars, which is where the HParams tab reads their values. The last
+        head summaries (`heads`) join the metrics; their scalars are written already."""
         hp = sanitize_hparams(hparams)
         metric_values = {str(k): _metric_value(v) for k, v in metrics.items()}
-        for summary in hparams_summaries(hp, metric_values):  # experiment, session start, end
+        all_metrics = {**self.last_head_summary, **metric_values}
+        for summary in hparams_summaries(hp, all_metrics):  # experiment, session start, end
             self.writer.file_writer.add_summary(summary)
         for tag, value in metric_values.items():
             self.writer.add_scalar(tag, value, step)
@@ -193,19 +204,47 @@ class TensorBoardLogger:
         self.close()
 
 
+def heads_layout(n_layer: int) -> dict:
+    """The custom-scalars layout (SummaryWriter.add_custom_scalars): a "heads" category with one
+    chart per layer holding every head's entropy and importance, and a "head summaries" category.
+    Regexes, not head numbers, so one layout serves every head count and a sweep's layouts merge
+    into one."""
+    per_layer = {
+        f"layer {layer}: entropy and importance of each head": [
+            "Multiline",
+            [
+                rf"attention_entropy/layer{layer}/head\d+$",
+                rf"heads/layer{layer}/head\d+/importance$",
+            ],
+        ]
+        for layer in range(n_layer)
+    }
+    summaries = {
+        "entropy min/mean/max per layer": [
+            "Multiline",
+            [r"heads/layer\d+/entropy_(min|mean|max)$"],
+        ],
+        "importance max per layer": ["Multiline", [r"heads/layer\d+/importance_max$"]],
+        "prunable heads": ["Multiline", [r"heads/prunable$"]],
+        "heads per role": ["Multiline", [rf"heads/role/({'|'.join(ROLES)})$"]],
+    }
+    return {"heads": per_layer, "head summaries": summaries}
+
+
 @torch.no_grad()
-def log_heads(writer: TensorBoardLogger, step: int, model, probe_ids, labels, x, y) -> None:
+def log_heads(writer: TensorBoardLogger, step: int, model, probe_ids, labels, x, y) -> HeadReport:
     """What each head does, at `step`: the probe's per-head attention maps (probe_ids: the
-    boundary token, then the probe item's ids) and per-head entropy over validation rows x, y
-    (N, T). The model is put back in the mode it was in."""
+    boundary token, then the probe item's ids) and the head analysis of validation rows x, y
+    (N, T) (microgpt.heads.analyse, written by TensorBoardLogger.heads), which it returns. The
+    model is put back in the mode it was in."""
     was_training = model.training
     model.eval()
     try:
         probe = torch.tensor([list(probe_ids)], device=x.device)  # (1, T)
         _, _, attention = model(probe, return_attn=True)
         writer.attention_maps(step, [a[0].float().cpu() for a in attention], labels)
-        _, _, attention = model(x, return_attn=True)
-        entropy = attention_entropy([a.float().cpu() for a in attention], (y >= 0).cpu())
-        writer.attention_entropy(step, entropy)
     finally:
         model.train(was_training)
+    report = analyse(model, x, y)
+    writer.heads(step, report)
+    return report

@@ -5,11 +5,11 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.draw import render_offset_profile
+from microgpt.heads import attention_entropy
 from microgpt.model import GPT, GPTConfig
 from microgpt.tensorboard import (
     BOUNDARY_LABEL,
     TensorBoardLogger,
-    attention_entropy,
     labels_for,
     sanitize_hparams,
 )

@@ -1,0 +1,301 @@
+"""microgpt.heads and GPT.forward(head_mask=...): roles, importance, pruning, the command."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+from microgpt.data import encode_items
+from microgpt.heads import (
+    ROLES,
+    analyse,
+    batches_loss,
+    importance,
+    length_batches,
+    main,
+    replaced_heads,
+)
+from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
+from microgpt.tokenizer import CharTokenizer
+from tests.conftest import make_names
+
+BLOCK = 8
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """Names of 1..7 characters as (x, y) rows of block size 8, and their tokenizer."""
+    names = [n for n in make_names(200, seed=3) if len(n) < BLOCK]
+    tok = CharTokenizer.from_items(names)
+    x, y = encode_items(names, tok, BLOCK)  # (N, 8) each
+    return x, y, tok
+
+
+def random_model(tok, impl="sdpa", n_head=4, n_layer=2, seed=0, **kw) -> GPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        vocab_size=tok.vocab_size,
+        block_size=BLOCK,
+        n_layer=n_layer,
+        n_embd=16,
+        n_head=n_head,
+        attn_impl=impl,
+        **kw,
+    )
+    model = GPT(config)
+    with torch.no_grad():  # the default init gives near-uniform attention: make heads differ
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() > 1 else 1.0)
+    return model.eval()
+
+
+def same_weights(model: GPT, impl: str) -> GPT:
+    other = GPT(GPTConfig(**{**model.config.to_dict(), "attn_impl": impl}))
+    other.load_state_dict(model.state_dict())
+    return other.eval()
+
+
+# ----------------------------------------------------------------------------- head_mask
+
+
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+@pytest.mark.parametrize("n_kv_head", [None, 2])
+def test_head_mask_zero_equals_zero_wo_columns(rows, impl, n_kv_head):
+    x, _, tok = rows
+    model = random_model(tok, impl, n_kv_head=n_kv_head)
+    L, H, hd = 2, 4, model.config.head_dim
+    for layer, h in [(0, 1), (1, 3)]:
+        mask = torch.ones(L, H)
+        mask[layer, h] = 0.0
+        masked, _ = model(x, head_mask=mask)
+        cut = copy.deepcopy(model)
+        with torch.no_grad():
+            cut.blocks[layer].attn.proj.weight[:, h * hd : (h + 1) * hd] = 0.0
+        expected, _ = cut(x)
+        torch.testing.assert_close(masked, expected, rtol=0, atol=1e-5)
+        assert not torch.allclose(masked, model(x)[0], atol=1e-3)  # the head mattered
+
+
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+def test_head_mask_of_ones_or_none_changes_nothing(rows, impl):
+    x, y, tok = rows
+    model = random_model(tok, impl)
+    plain, loss = model(x, y)
+    ones, loss_ones = model(x, y, head_mask=torch.ones(2, 4))
+    assert torch.equal(plain, ones) and torch.equal(loss, loss_ones)
+    with pytest.raises(ValueError, match="head_mask has shape"):
+        model(x, head_mask=torch.ones(4, 2))
+
+
+def test_head_mask_is_equal_across_implementations(rows):
+    x, _, tok = rows
+    mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 0.0]])
+    reference = random_model(tok, "loop")
+    expected, _ = reference(x, head_mask=mask)
+    for impl in ATTN_IMPLS[1:]:
+        got, _ = same_weights(reference, impl)(x, head_mask=mask)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- roles
+
+
+def forced_model(tok, beta: float = 2.0) -> GPT:
+    """One layer, five heads of 8 channels, each made to look where its name says: the token
+    embedding is 0 and position i's embedding is the unit vector e_i (RMSNorm scales it), so
+    q_i . k_j is large exactly where head h's Q reads the position its role names."""
+    C, hd = 40, 8
+    model = GPT(
+        GPTConfig(
+            vocab_size=tok.vocab_size,
+            block_size=BLOCK,
+            n_layer=1,
+            n_embd=C,
+            n_head=5,
+            norm="rmsnorm",
+        )
+    )
+    with torch.no_grad():
+        model.wte.weight.zero_()
+        model.wpe.weight.zero_()
+        model.wpe.weight[:, :BLOCK] = torch.eye(BLOCK)  # position i -> e_i
+        w = model.blocks[0].attn.qkv.weight  # (3C, C): rows [0, C) Q, [C, 2C) K, [2C, 3C) V
+        w[: 2 * C].zero_()
+        shift = {0: 1, 1: None, 2: 0, 3: 2, 4: "uniform"}  # q_i = e_{i - shift}
+        for h, s in shift.items():
+            q, k = w[h * hd : (h + 1) * hd], w[C + h * hd : C + (h + 1) * hd]  # (hd, C) each
+            k[:, :BLOCK] = torch.eye(BLOCK)  # k_j = e_j
+            if s is None:  # start: q_i = e_0 whatever i
+                q[0, :BLOCK] = beta
+            elif s != "uniform":  # q[c] = x[c + s]: q_i = e_{i - s}
+                q[:, :BLOCK] = beta * torch.eye(BLOCK).roll(s, dims=1)
+                q[:, :s] = 0.0
+    return model.eval()
+
+
+def test_forced_heads_get_their_roles(rows):
+    x, y, tok = rows
+    model = forced_model(tok)
+    report = analyse(model, x, y)
+    assert report.roles == [["previous", "start", "self", "two_back", "spread"]]
+    assert (report.scores > 0.95).all(), report.scores
+    assert report.scores[0, 4] == pytest.approx(1.0)  # uniform: entropy log(i + 1)
+    assert report.offsets[0, 0, 1] > 0.95 and report.offsets[0, 0, 0] < 0.05  # previous, not self
+    assert report.start[0, 1] > 0.95 and report.start[0, 0] < 0.05
+    counts = report.role_counts()
+    assert counts == {"self": 1, "previous": 1, "two_back": 1, "three_back": 0, "start": 1,
+                      "spread": 1}  # fmt: skip
+    # the profile is the mean weight per offset over the queries where that key is a character
+    _, _, att = model(x, return_attn=True)
+    real = y >= 0
+    i = torch.arange(BLOCK)
+    previous = att[0][:, 0, i[2:], i[2:] - 1]  # (N, T-2): head 0, queries i >= 2, key i - 1
+    expected = previous[real[:, 2:]].mean()
+    assert report.offsets[0, 0, 1] == pytest.approx(float(expected), abs=1e-6)
+
+
+def test_entropy_matches_attention_entropy(rows):
+    from microgpt.heads import attention_entropy
+
+    x, y, tok = rows
+    model = random_model(tok)
+    _, _, att = model(x, return_attn=True)
+    report = analyse(model, x, y)
+    torch.testing.assert_close(report.entropy.float(), attention_entropy(att, y >= 0))
+    assert ((report.spread >= 0) & (report.spread <= 1 + 1e-9)).all()
+    assert ((report.scores >= 0) & (report.scores <= 1 + 1e-9)).all()
+
+
+# ----------------------------------------------------------------------------- importance
+
+
+def test_a_head_with_zero_wo_columns_has_importance_exactly_zero(rows):
+    x, y, tok = rows
+    model = random_model(tok)
+    hd = model.config.head_dim
+    with torch.no_grad():
+        model.blocks[1].attn.proj.weight[:, 2 * hd : 3 * hd] = 0.0
+    report = analyse(model, x, y)
+    assert report.importance[1, 2] == 0.0 and report.mean_importance[1, 2] == 0.0
+    others = torch.ones(2, 4, dtype=torch.bool)
+    others[1, 2] = False
+    assert (report.importance[others].abs() > 1e-4).all()
+
+
+def test_importance_agrees_across_implementations(rows):
+    x, y, tok = rows
+    reference = random_model(tok, "loop")
+    reports = {impl: analyse(same_weights(reference, impl), x, y) for impl in ATTN_IMPLS}
+    for impl in ATTN_IMPLS[1:]:
+        for field in ("importance", "mean_importance", "offsets", "start", "spread"):
+            a, b = getattr(reports["loop"], field), getattr(reports[impl], field)
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=f"{field} of {impl}")
+        assert reports[impl].roles == reports["loop"].roles
+    assert reports["loop"].importance.abs().max() > 1e-3  # not trivially equal
+
+
+def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
+    """Mean-ablating head h = zero its W_O columns and add W_O[:, h] @ mean_h to W_O's bias."""
+    x, y, tok = rows
+    model = random_model(tok, bias=True)
+    hd, layer, h = model.config.head_dim, 0, 1
+    captured = []
+    proj = model.blocks[layer].attn.proj
+    hook = proj.register_forward_pre_hook(lambda m, args: captured.append(args[0]))
+    model(x)
+    hook.remove()
+    z = captured[0][..., h * hd : (h + 1) * hd]  # (N, T, hd): the head's output
+    mean = z[y >= 0].mean(dim=0).detach()  # over the real positions
+    folded = copy.deepcopy(model)
+    with torch.no_grad():
+        w = folded.blocks[layer].attn.proj
+        w.bias += w.weight[:, h * hd : (h + 1) * hd] @ mean
+        w.weight[:, h * hd : (h + 1) * hd] = 0.0
+    batches = length_batches(x, y)
+    expected = batches_loss(folded, batches) - batches_loss(model, batches)
+    got = importance(model, x, y, mode="mean")
+    assert got[layer, h] == pytest.approx(expected, abs=1e-5)
+    # the hook itself: replacing every head by a constant gives the same logits as the fold
+    values = torch.zeros(2, 4, hd)
+    values[layer, h] = mean
+    replace = torch.zeros(2, 4, dtype=torch.bool)
+    replace[layer, h] = True
+    with torch.no_grad(), replaced_heads(model, replace, values):
+        torch.testing.assert_close(model(x)[0], folded(x)[0], rtol=0, atol=1e-5)
+    assert not model.blocks[layer].attn.proj._forward_pre_hooks  # hooks removed
+
+
+def test_pruning_curve_and_prunable(rows):
+    x, y, tok = rows
+    model = random_model(tok)
+    report = analyse(model, x, y, tolerance=0.01)
+    L, H = 2, 4
+    assert len(report.pruning_order) == L * H and len(report.pruning_losses) == L * H + 1
+    assert sorted(report.pruning_order) == [(a, b) for a in range(L) for b in range(H)]
+    ranked = [float(report.importance[a, b]) for a, b in report.pruning_order]
+    assert ranked == sorted(ranked)  # least important first
+    assert report.pruning_losses[0] == report.loss
+    rises = [v - report.loss for v in report.pruning_losses[1:]]
+    k = report.prunable
+    assert all(r < 0.01 for r in rises[:k]) and (k == L * H or rises[k] >= 0.01)
+    # the curve's first point is the single least important head's ablation
+    first = report.pruning_order[0]
+    assert rises[0] == pytest.approx(float(report.importance[first]), abs=1e-9)
+    everything = analyse(model, x, y, tolerance=math.inf)
+    assert everything.prunable == L * H
+
+
+def test_report_is_json_summaries_do_not_depend_on_head_count(rows):
+    x, y, tok = rows
+    one = analyse(random_model(tok, n_head=1), x, y)
+    eight = analyse(random_model(tok, n_head=8), x, y)
+    assert one.summaries().keys() == eight.summaries().keys()
+    assert {f"heads/role/{r}" for r in ROLES} <= set(one.summaries())
+    assert sum(eight.role_counts().values()) == 16
+    data = json.loads(json.dumps(eight.to_dict()))
+    assert len(data["heads"]) == 16 and data["pruning"]["prunable"] == eight.prunable
+    assert data["summaries"] == pytest.approx(eight.summaries())
+    table = eight.markdown().splitlines()
+    assert table[0].startswith("| layer | head | role | score | entropy")
+    assert len([line for line in table if line.startswith("| 1 |")]) == 8
+
+
+def test_analyse_puts_the_model_back_in_its_mode(rows):
+    x, y, tok = rows
+    model = random_model(tok).train()
+    analyse(model, x, y)
+    assert model.training
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_command_on_a_run_and_on_its_checkpoint(tiny_cfg, tmp_path, capsys):
+    from microgpt.trainer import train
+
+    train(tiny_cfg("train.num_samples=0"))
+    run = tmp_path / "run"
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "| layer | head | role |" in out and "Prunable:" in out
+    data = json.loads((run / "heads.json").read_text())
+    assert data["n_head"] == 2 and len(data["heads"]) == 2
+    assert data["checkpoint"].endswith("best.pt")
+    assert "| 0 | 1 |" in (run / "heads.md").read_text()
+    (run / "heads.json").unlink()
+    assert main([str(run / "checkpoints" / "last.pt")]) == 0  # written into the run folder
+    assert json.loads((run / "heads.json").read_text())["checkpoint"].endswith("last.pt")
+
+
+def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    for path in ("missing", "empty", "junk.pt"):
+        assert main([str(tmp_path / path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("microgpt: error: ") and len(err.strip().splitlines()) == 1, err
+        assert "Traceback" not in err
