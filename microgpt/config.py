@@ -20,9 +20,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from microgpt.distributed import DEVICES, PRECISIONS
+from microgpt.distributed import DEVICES, PRECISIONS, available_memory, gib
 from microgpt.generate import SamplingError, check_sampling_args
-from microgpt.model import GPTConfig, check_gpt_settings
+from microgpt.model import GPTConfig, check_gpt_settings, training_bytes
 
 DECAYS = ("cosine", "linear", "constant")
 
@@ -153,7 +153,7 @@ class Config:
 
     @property
     def resume_requested(self) -> bool | str:
-        """False, True (the run folder's last.pt), or a checkpoint path: the one reading of resume."""
+        """False, True (the run folder's last.pt), or a checkpoint path."""
         return parse_resume(self.resume)
 
     def model_for_data(self, vocab_size: int, block_size: int) -> GPTConfig:
@@ -274,3 +274,20 @@ def _apply_heads(merged: DictConfig) -> None:
         check_gpt_settings(OmegaConf.to_container(merged.model), name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def check_memory(model: GPTConfig, batch_size: int, device, block_setting) -> None:
+    """Refuse, before allocating anything, a model and batch that cannot fit in memory."""
+    need, free = training_bytes(model, batch_size), available_memory(device)
+    if free is None or need <= free:
+        return
+    block = (
+        f"model.block_size={model.block_size}"
+        if block_setting
+        else f"a block of {model.block_size} (the longest item of the data + 1)"
+    )
+    raise ConfigError(
+        f"{block} with train.batch_size={batch_size} needs about {gib(need)} to "
+        f"train, but {device} has {gib(free)} free; lower train.batch_size or "
+        f"model.block_size (or shorten the data's longest lines)"
+    )

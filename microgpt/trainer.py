@@ -19,7 +19,6 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,81 +37,17 @@ from microgpt.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from microgpt.config import Config, ConfigError, load_config
-from microgpt.data import BatchSampler, CharDataset, load_data
-from microgpt.files import write_text
+from microgpt.config import Config, ConfigError, check_memory, load_config
+from microgpt.data import BatchSampler, load_data
+from microgpt.files import lock_folder, remove_leftovers, write_text
 from microgpt.generate import format_marked, mark_items, sample_items
-from microgpt.model import GPT, GPTConfig, training_bytes
+from microgpt.loss import LossWindow, StepResult, evaluate
+from microgpt.model import GPT
 from microgpt.optim import lr_at, make_optimizer
 from microgpt.stopping import Interrupted, StopFlag, TrainingError
 from microgpt.tensorboard import TensorBoardLogger, labels_for, log_heads
 
 log = logging.getLogger("microgpt")
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, dataset: CharDataset, batch_size: int, autocast=None) -> float:
-    """Mean negative log-likelihood per character in nats (end token included) over a split."""
-    was_training = model.training
-    model.eval()
-    total, count = torch.zeros((), dtype=torch.float64), 0
-    for x, y in dataset.iter_batches(batch_size):
-        n = int((y >= 0).sum())
-        with autocast() if autocast is not None else contextlib.nullcontext():
-            _, loss = model(x, y)
-        total += loss.double().cpu() * n
-        count += n
-    model.train(was_training)
-    return float(total / count)
-
-
-@dataclass
-class StepResult:
-    """What one training step did. loss is this rank's share of the global batch's mean loss."""
-
-    loss: torch.Tensor  # a 0-dim tensor: reading it waits for the device
-    grad_norm: torch.Tensor
-    lr: float
-    tokens: int  # target characters in the global batch
-    padded: int  # positions this rank's model saw (B x T)
-
-
-class LossWindow:
-    """The train loss averaged over the steps since the last log line; saved with last.pt, so a
-    resumed run logs the same means as one never interrupted."""
-
-    def __init__(self, state: dict | None = None):
-        state = state or {}
-        self.loss = state.get("loss", 0.0)  # a sum of tensors while running: no device sync
-        self.steps, self.tokens = state.get("steps", 0), state.get("tokens", 0)
-        self.time = time.perf_counter()
-
-    def add(self, out: StepResult) -> None:
-        self.loss, self.steps, self.tokens = (
-            self.loss + out.loss,
-            self.steps + 1,
-            self.tokens + out.tokens,
-        )
-
-    def state_dict(self) -> dict:
-        return {"loss": float(self.loss), "steps": self.steps, "tokens": self.tokens}
-
-
-def check_memory(model: GPTConfig, batch_size: int, device, block_setting) -> None:
-    """Refuse, before allocating anything, a model and batch that cannot fit in memory."""
-    need, free = training_bytes(model, batch_size), distributed.available_memory(device)
-    if free is None or need <= free:
-        return
-    block = (
-        f"model.block_size={model.block_size}"
-        if block_setting
-        else f"a block of {model.block_size} (the longest item of the data + 1)"
-    )
-    raise ConfigError(
-        f"{block} with train.batch_size={batch_size} needs about {distributed.gib(need)} to "
-        f"train, but {device} has {distributed.gib(free)} free; lower train.batch_size or "
-        f"model.block_size (or shorten the data's longest lines)"
-    )
 
 
 def _resume_path(config: Config, out_dir: Path) -> Path | None:
@@ -310,6 +245,8 @@ class Trainer:
                     f"{self.out_dir} already holds a run (a checkpoints folder); continue it with "
                     f"resume=true, or write the new run to another folder"
                 ) from None
+        lock_folder(self.out_dir)  # held until the process ends: one process per run folder
+        remove_leftovers(self.out_dir / "checkpoints")  # .tmp files of saves killed mid-write
         # a resume keeps the run's config.yaml and writes its own beside it
         name = "config.yaml" if self.resumed_from is None else f"config.resume-step{self.step}.yaml"
         write_text(self.out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(self.config)))
@@ -423,6 +360,7 @@ class Trainer:
     def summary(self) -> str:
         c, m, s = self.config, self.model_config, self.split
         kv = f" ({m.n_kv_head} kv heads)" if m.n_kv_head != m.n_head else ""
+        precision = "" if self.precision == "fp32" else f" {self.precision}"
         ranks = (
             f" ({c.train.batch_size} x {self.dist.world_size} ranks)" if self.dist.enabled else ""
         )
@@ -432,7 +370,7 @@ class Trainer:
             f"{len(s.train):,} train / {len(s.val):,} val / {len(s.test):,} test items, vocab "
             f"{self.tokenizer.vocab_size}, block {m.block_size} | {c.train.max_steps} steps x "
             f"batch {self.global_batch}{ranks}, lr {c.optim.lr:g} ({c.optim.warmup_steps} warmup, "
-            f"{c.optim.decay}) | device {self.device}{'' if self.precision == 'fp32' else ' ' + self.precision}"
+            f"{c.optim.decay}) | device {self.device}{precision}"
             f"{' compiled' if c.train.compile else ''} | seed {c.seed}"
         )
 

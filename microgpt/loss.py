@@ -1,0 +1,61 @@
+"""Measuring the loss: over a whole split (`evaluate`), and the train loss of the steps between
+two log lines (`StepResult`, `LossWindow`)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from microgpt.data import CharDataset
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: CharDataset, batch_size: int, autocast=None) -> float:
+    """Mean negative log-likelihood per character in nats (end token included) over a split."""
+    was_training = model.training
+    model.eval()
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for x, y in dataset.iter_batches(batch_size):
+        n = int((y >= 0).sum())
+        with autocast() if autocast is not None else contextlib.nullcontext():
+            _, loss = model(x, y)
+        total += loss.double().cpu() * n
+        count += n
+    model.train(was_training)
+    return float(total / count)
+
+
+@dataclass
+class StepResult:
+    """What one training step did. loss is this rank's share of the global batch's mean loss."""
+
+    loss: torch.Tensor  # a 0-dim tensor: reading it waits for the device
+    grad_norm: torch.Tensor
+    lr: float
+    tokens: int  # target characters in the global batch
+    padded: int  # positions this rank's model saw (B x T)
+
+
+class LossWindow:
+    """The train loss averaged over the steps since the last log line; saved with last.pt, so a
+    resumed run logs the same means as one never interrupted."""
+
+    def __init__(self, state: dict | None = None):
+        state = state or {}
+        self.loss = state.get("loss", 0.0)  # a sum of tensors while running: no device sync
+        self.steps, self.tokens = state.get("steps", 0), state.get("tokens", 0)
+        self.time = time.perf_counter()
+
+    def add(self, out: StepResult) -> None:
+        self.loss, self.steps, self.tokens = (
+            self.loss + out.loss,
+            self.steps + 1,
+            self.tokens + out.tokens,
+        )
+
+    def state_dict(self) -> dict:
+        return {"loss": float(self.loss), "steps": self.steps, "tokens": self.tokens}
