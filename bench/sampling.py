@@ -11,7 +11,7 @@ import torch
 from bench.common import figure, make_trainer, preset_model_config, step, sync
 from microgpt.generate import generate, sample_items
 from microgpt.model import GPT
-from microgpt.trainer import evaluate
+from microgpt.loss import evaluate
 
 
 def sampling_model(args, device: torch.device, tmp: Path):
