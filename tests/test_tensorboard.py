@@ -1,11 +1,12 @@
 import math
+import re
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.draw import render_offset_profile
-from microgpt.heads import attention_entropy
+from microgpt.heads import ROLES, attention_entropy
 from microgpt.model import GPT, GPTConfig
 from microgpt.tensorboard import (
     BOUNDARY_LABEL,
@@ -116,12 +117,12 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
     assert {"loss/train", "lr", "hparams/best_val_loss"} <= set(tags["scalars"])
     assert [e.step for e in acc.Scalars("loss/train")] == [0, 10]
     assert acc.Scalars("hparams/best_val_loss")[0].value == pytest.approx(1.9)
-    expected_images = {f"attention/layer{l}/head{h}" for l in range(L) for h in range(H)}
-    expected_images |= {f"attention/layer{l}" for l in range(L)}
+    expected_images = {f"attention/layer{n}/head{h}" for n in range(L) for h in range(H)}
+    expected_images |= {f"attention/layer{n}" for n in range(L)}
     assert set(tags["images"]) == expected_images
     head, layer = acc.Images("attention/layer0/head0")[0], acc.Images("attention/layer0")[0]
     assert head.step == 10 and layer.width > H * head.width * 0.9
-    assert {f"attention_entropy/layer{l}/head{h}" for l in range(L) for h in range(H)} <= set(
+    assert {f"attention_entropy/layer{n}/head{h}" for n in range(L) for h in range(H)} <= set(
         tags["scalars"]
     )
     text = acc.Tensors("samples")[0].tensor_proto.string_val[0].decode()
@@ -148,7 +149,99 @@ def test_logger_writes_offset_profiles_per_layer(tmp_path):
     with TensorBoardLogger(tmp_path) as tb:
         tb.offset_profiles(7, profiles, starts)
     acc = load(tmp_path)
-    assert set(acc.Tags()["images"]) == {f"heads/offsets/layer{l}" for l in range(L)}
+    assert set(acc.Tags()["images"]) == {f"heads/offsets/layer{n}" for n in range(L)}
     event = acc.Images("heads/offsets/layer1")[0]
     expected = render_offset_profile(profiles[1].numpy(), starts[1].numpy(), "layer 1")
     assert event.step == 7 and (event.height, event.width) == expected.shape[:2]
+
+
+# ----------------------------------------------------------------------------- head analysis
+
+
+@pytest.fixture(scope="module")
+def head_runs(tmp_path_factory):
+    """Tiny 1-head and 8-head runs (two layers), as a heads=1,8 sweep writes them."""
+    from microgpt.trainer import train
+    from tests.conftest import TINY, compose_config, make_names
+
+    tmp = tmp_path_factory.mktemp("heads")
+    (tmp / "names.txt").write_text("\n".join(make_names()) + "\n")
+    runs = {}
+    for heads in (1, 8):
+        cfg = compose_config(
+            [*TINY, f"heads={heads}", "model.n_layer=2", "train.num_samples=0",
+             f"data.path={tmp / 'names.txt'}"]
+        )  # fmt: skip
+        cfg.out_dir = str(tmp / f"heads={heads}")
+        train(cfg)
+        runs[heads] = load(tmp / f"heads={heads}")
+    return runs
+
+
+def per_head(tag: str) -> bool:
+    return re.search(r"/head\d+(/|$)", tag) is not None
+
+
+def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
+    tags = {
+        heads: {t for t in acc.Tags()["scalars"] if t.startswith("heads/") and not per_head(t)}
+        for heads, acc in head_runs.items()
+    }
+    expected = {
+        f"heads/layer{layer}/{name}"
+        for layer in range(2)
+        for name in (
+            "entropy_min",
+            "entropy_mean",
+            "entropy_max",
+            "importance_max",
+            "importance_sum",
+        )
+    }
+    expected |= {"heads/prunable", "heads/prunable_fraction"}
+    expected |= {f"heads/role/{role}" for role in ROLES}
+    assert tags[1] == tags[8] == expected
+    acc = head_runs[8]
+    assert [e.step for e in acc.Scalars("heads/prunable")] == [0, 6, 12]
+    roles = sum(acc.Scalars(f"heads/role/{role}")[-1].value for role in ROLES)
+    assert roles == 16  # every head of both layers has one role
+    assert {f"heads/layer{n}/head{h}/importance" for n in range(2) for h in range(8)} <= set(
+        acc.Tags()["scalars"]
+    )
+    for heads, acc in head_runs.items():
+        assert {"heads/offsets/layer0", "heads/offsets/layer1"} <= set(acc.Tags()["images"])
+        table = acc.Tensors("heads/table")[-1].tensor_proto.string_val[0].decode()
+        assert table.startswith("| layer | head | role |") and f"| 1 | {heads - 1} |" in table
+
+
+def test_head_summaries_are_hparams_metrics(head_runs):
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    for acc in head_runs.values():
+        content = acc.PluginTagToContent("hparams")["_hparams_/experiment"]
+        data = plugin_data_pb2.HParamsPluginData.FromString(content)
+        metrics = {m.name.tag for m in data.experiment.metric_infos}
+        assert "hparams/best_val_loss" in metrics
+        assert {"heads/prunable", "heads/layer1/importance_max", "heads/role/previous"} <= metrics
+        scalars = set(acc.Tags()["scalars"])
+        assert metrics <= scalars  # the HParams tab reads each metric's value from a scalar
+
+
+def test_custom_scalars_layout_names_only_tags_the_run_writes(head_runs):
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    for heads, acc in head_runs.items():
+        events = acc.Tensors("custom_scalars__config__")
+        assert len(events) == 1  # written once per run
+        layout = layout_pb2.Layout.FromString(events[0].tensor_proto.string_val[0])
+        scalars = acc.Tags()["scalars"]
+        charts = {c.title: c for cat in layout.category for c in cat.chart}
+        assert len(charts) == 2 + 4  # one per layer, and four summary charts
+        for title, chart in charts.items():
+            assert chart.WhichOneof("content") == "multiline", title
+            for regex in chart.multiline.tag:
+                matched = [t for t in scalars if re.fullmatch(regex, t)]
+                assert matched, f"{title}: {regex} matches no tag of the {heads}-head run"
+        layer1 = charts["layer 1: entropy and importance of each head"].multiline.tag
+        matched = {t for t in scalars for regex in layer1 if re.fullmatch(regex, t)}
+        assert len(matched) == 2 * heads  # entropy and importance of every head in layer 1
