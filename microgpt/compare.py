@@ -12,6 +12,11 @@ and checkpoint, and prints one row per run, sorted by head count:
 - best val: the lowest `loss/val`; test: `loss/test` (the best checkpoint's weights)
 - tok/s: the median of the logged `tokens_per_sec` (training throughput over all ranks)
 - entropy: each layer's attention entropy (nats) at the last logged step, the mean over its heads
+- prunable: heads that can be removed together for a validation loss rise < 0.01 nats;
+  importance: each layer's largest single-head importance (the loss rise when it is ablated);
+  self, previous, ... spread: how many heads have each role (microgpt.heads). From the run's
+  heads.json where `python -m microgpt.heads RUN` wrote one (the whole validation split), else
+  from the last `heads/...` scalars the run logged (its first log.entropy_items validation items)
 
 It also draws the validation loss curves, one per run labelled by head count, into a PNG
 (`<folder>/val_loss.png` unless --plot says where), with microgpt.draw.
@@ -20,6 +25,7 @@ It also draws the validation loss curves, one per run labelled by head count, in
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -27,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from microgpt.heads import ROLES
 
 
 class CompareError(ValueError):
@@ -45,6 +53,23 @@ class RunSummary:
     tokens_per_sec: float = math.nan
     entropy: list[float] = field(default_factory=list)  # per layer, the mean over heads
     val_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, loss/val)
+    heads_summary: dict[str, float] = field(default_factory=dict)  # HeadReport.summaries()
+
+    @property
+    def prunable(self) -> float:
+        return self.heads_summary.get("heads/prunable", math.nan)
+
+    @property
+    def importance_max(self) -> list[float]:
+        """Per layer, the largest single-head importance."""
+        layers = []
+        while f"heads/layer{len(layers)}/importance_max" in self.heads_summary:
+            layers.append(self.heads_summary[f"heads/layer{len(layers)}/importance_max"])
+        return layers
+
+    @property
+    def role_counts(self) -> dict[str, float]:
+        return {role: self.heads_summary.get(f"heads/role/{role}", math.nan) for role in ROLES}
 
     @property
     def label(self) -> str:
@@ -62,7 +87,8 @@ def find_runs(folder: str | Path) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise CompareError(
-            f"{folder} is not a folder; pass a sweep folder (multirun/<date>/<time>) or a run folder"
+            f"{folder} is not a folder; pass a sweep folder (multirun/<date>/<time>) or a run "
+            f"folder"
         )
     runs = {
         p.parent
@@ -72,8 +98,9 @@ def find_runs(folder: str | Path) -> list[Path]:
     }  # .submitit, ...
     if not runs:
         raise CompareError(
-            f"no runs under {folder}: a run folder holds config.yaml and events.out.tfevents.* files "
-            f"(python train.py -m heads=1,2,4,8 writes one per job under multirun/<date>/<time>/)"
+            f"no runs under {folder}: a run folder holds config.yaml and events.out.tfevents.* "
+            f"files (python train.py -m heads=1,2,4,8 writes one per job under "
+            f"multirun/<date>/<time>/)"
         )
     return sorted(runs)
 
@@ -91,7 +118,7 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def _params(run: Path) -> int | None:
-    """Parameters of the model in the run's checkpoint (tied weights counted once), if there is one."""
+    """Parameters of the model in the run's checkpoint (tied weights counted once), if any."""
     from microgpt.checkpoint import CheckpointError, load_checkpoint
 
     for name in ("best.pt", "last.pt"):
@@ -136,7 +163,23 @@ def read_run(run: Path, root: Path) -> RunSummary:
         ):
             layers.setdefault(int(parts[1][5:]), []).append(max(points)[1])  # the last step's value
     summary.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
+    summary.heads_summary = _heads_summary(run, scalars)
     return summary
+
+
+def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
+    """The run's head summaries: heads.json's when there is one, else the last logged scalars."""
+    path = run / "heads.json"
+    if path.is_file():
+        try:
+            return dict(json.loads(path.read_text())["summaries"])
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable: fall back to the event files
+    return {
+        tag: max(points)[1]  # the last step's value
+        for tag, points in scalars.items()
+        if tag.startswith("heads/") and points
+    }
 
 
 def read_runs(folder: str | Path) -> list[RunSummary]:
@@ -159,10 +202,16 @@ def _rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
+def _layer_header(name: str, n: int) -> list[str]:
+    return [f"{name} L{i}" if i == 0 else f"L{i}" for i in range(n)]
+
+
 def format_table(runs: list[RunSummary]) -> str:
     n_layers = max((len(r.entropy) for r in runs), default=0)
+    n_imp = max((len(r.importance_max) for r in runs), default=0)
     header = ["run", "heads", "params", "best val", "test", "tok/s"]
-    header += [f"entropy L{i}" if i == 0 else f"L{i}" for i in range(n_layers)]
+    header += _layer_header("entropy", n_layers)
+    header += ["prunable", *_layer_header("importance", n_imp), *ROLES]
     rows = []
     for r in runs:
         heads = (
@@ -179,6 +228,10 @@ def format_table(runs: list[RunSummary]) -> str:
             _rate(r.tokens_per_sec),
         ]
         row += [_num(r.entropy[i], ".3f") if i < len(r.entropy) else "-" for i in range(n_layers)]
+        row.append(_num(r.prunable, ".0f"))
+        imp = r.importance_max
+        row += [_num(imp[i], ".4f") if i < len(imp) else "-" for i in range(n_imp)]
+        row += [_num(r.role_counts[role], ".0f") for role in ROLES]
         rows.append(row)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from PIL import Image
 
@@ -80,3 +82,37 @@ def test_a_folder_without_runs_is_a_clear_error(tmp_path, capsys):
     assert err.startswith("microgpt: error: no runs under") and "Traceback" not in err
     assert main([str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
+    from microgpt.heads import ROLES
+    from microgpt.heads import main as heads_main
+
+    root, _ = sweep
+    runs = read_runs(root)
+    for r in runs:  # TINY: one layer; every head has one role; prunable is a head count
+        assert len(r.importance_max) == 1
+        assert sum(r.role_counts.values()) == r.heads
+        assert 0 <= r.prunable <= r.heads
+    assert main([str(root), "--no-plot"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    assert header[-len(ROLES) - 3 :] == ["prunable", "importance", "L0", *ROLES]
+    row = lines[1].split()  # heads=1
+    assert row[0] == "heads=1" and sum(int(c) for c in row[-len(ROLES) :]) == 1
+    prunable, importance = row[-len(ROLES) - 2 : -len(ROLES)]
+    assert int(prunable) == runs[0].prunable
+    assert float(importance) == pytest.approx(runs[0].importance_max[0], abs=1e-4)
+
+    # heads.json (the whole validation split) wins over the scalars
+    assert heads_main([str(root / "heads=2")]) == 0
+    capsys.readouterr()
+    data = json.loads((root / "heads=2" / "heads.json").read_text())
+    data["summaries"]["heads/prunable"] = 2.0
+    data["summaries"]["heads/layer0/importance_max"] = 0.125
+    (root / "heads=2" / "heads.json").write_text(json.dumps(data))
+    try:
+        two = read_runs(root)[1]
+        assert two.prunable == 2 and two.importance_max == [0.125]
+    finally:
+        (root / "heads=2" / "heads.json").unlink()
