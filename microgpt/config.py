@@ -70,6 +70,7 @@ class TrainConfig:
     eval_batch_size: int = 1000
     log_every: int = 10  # scalars to TensorBoard and the progress bar
     num_samples: int = 20  # names printed (and written to samples.txt) at the end
+    ema: float = 0.0  # >0: evaluate, sample and keep best.pt with a moving average of the weights
     compile: bool = False  # torch.compile the model for training
     precision: str = (
         "auto"  # auto (bf16 on GPUs with it, else fp16; fp32 on CPU) | fp32 | bf16 | fp16
@@ -115,6 +116,8 @@ class Config:
                 raise ConfigError(f"{name}={value} must be at least 1")
         if t.group_by_length < 0:
             raise ConfigError(f"train.group_by_length={t.group_by_length} must be >= 0 (0 = off)")
+        if not 0 <= t.ema < 1:
+            raise ConfigError(f"train.ema={t.ema} must be in [0, 1) (0 = off; typical: 0.999)")
         if t.num_samples < 0:
             raise ConfigError(f"train.num_samples={t.num_samples} must be 0 or more")
         for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -32,3 +33,23 @@ def lr_at(step: int, config: Config) -> float:
     progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if o.decay == "cosine" else 1 - progress
     return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * shape)
+
+
+class WeightAverage:
+    """An exponential moving average of a model's weights: after step t, each weight moves
+    towards the trained one by 1 - min(decay, (1 + t) / (10 + t)) (a short memory early on)."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, step: int) -> None:
+        decay = min(self.decay, (1 + step) / (10 + step))
+        torch._foreach_lerp_(list(self.model.parameters()), list(model.parameters()), 1 - decay)
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state)

@@ -43,7 +43,7 @@ from microgpt.files import lock_folder, remove_leftovers, write_text
 from microgpt.generate import format_marked, mark_items, sample_items
 from microgpt.loss import LossWindow, StepResult, evaluate
 from microgpt.model import GPT
-from microgpt.optim import lr_at, make_optimizer
+from microgpt.optim import WeightAverage, lr_at, make_optimizer
 from microgpt.stopping import Interrupted, StopFlag, TrainingError
 from microgpt.tensorboard import TensorBoardLogger, labels_for, log_heads
 
@@ -128,6 +128,9 @@ class Trainer:
         if c.train.compile:
             self.train_model = torch.compile(self.train_model)
         self.optimizer = make_optimizer(self.model, c, self.device)
+        self.ema = WeightAverage(self.model, c.train.ema) if c.train.ema > 0 else None
+        # what is evaluated, sampled and kept as best.pt: the averaged weights, if any
+        self.eval_model = self.ema.model if self.ema is not None else self.model
         self.precision = distributed.pick_precision(c.train.precision, self.device, ConfigError)
         # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
@@ -190,6 +193,8 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model, self.step)
         self.step += 1
         share = loss.detach() * (n_mine / n_global)  # summed over ranks: the global batch's loss
         return StepResult(share, grad_norm, lr, n_global, x.numel())
@@ -303,9 +308,9 @@ class Trainer:
 
     # ---- evaluation, checkpoints, logging
 
-    def _checkpoint(self, metrics: dict) -> dict:
+    def _checkpoint(self, metrics: dict, model: nn.Module | None = None) -> dict:
         return {
-            "model": self.model.state_dict(),
+            "model": (model or self.model).state_dict(),
             "model_config": self.model_config.to_dict(),
             "tokenizer": self.tokenizer.to_dict(),
             "train_config": self.config.to_dict(),
@@ -322,6 +327,7 @@ class Trainer:
         resume = {
             "sampler": self.sampler.state_dict(),
             "scaler": self.scaler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
             "rng": ranks[0]["rng"],  # what a resume on another number of ranks would use
             "ranks": ranks,
             "best_val_loss": self.best_val_loss,
@@ -344,6 +350,8 @@ class Trainer:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(r["optimizer"])
         self.sampler.load_state_dict(r["sampler"])
+        if self.ema is not None and r.get("ema") is not None:
+            self.ema.load_state_dict(r["ema"])
         if r.get("scaler"):
             self.scaler.load_state_dict(r["scaler"])
         per_rank = r.get("ranks")
@@ -379,7 +387,9 @@ class Trainer:
         val = self.datasets["val"]
         x, y = val.batch(torch.arange(min(len(val), self.config.log.entropy_items)))  # (N, T)
         probe = [self.tokenizer.boundary_id, *self.tokenizer.encode(self.probe)]
-        log_heads(self.writer, step, self.model, probe, labels_for(probe, self.tokenizer), x, y)
+        log_heads(
+            self.writer, step, self.eval_model, probe, labels_for(probe, self.tokenizer), x, y
+        )
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
         """Validation loss on the whole split; best.pt if it improved; last.pt always."""
@@ -393,7 +403,7 @@ class Trainer:
     def _evaluate_and_save_best(self, metrics: dict) -> dict:
         c = self.config
         val_loss = evaluate(
-            self.model, self.datasets["val"], c.train.eval_batch_size, self.autocast
+            self.eval_model, self.datasets["val"], c.train.eval_batch_size, self.autocast
         )
         if not math.isfinite(val_loss):  # off the CPU the loss is checked every log_every steps
             self._diverged(val_loss, math.nan, lr_at(self.step - 1, c), what="validation loss")
@@ -401,11 +411,11 @@ class Trainer:
         self.best_val_loss = min(self.best_val_loss, val_loss)
         out = {"val_loss": val_loss, "best_val_loss": self.best_val_loss, "step": self.step}
         self.writer.scalars(self.step, {"loss/val": val_loss})
-        names = sample_items(self.model, self.tokenizer, 10, seed=c.seed + self.step)
+        names = sample_items(self.eval_model, self.tokenizer, 10, seed=c.seed + self.step)
         self.writer.samples(self.step, format_marked(mark_items(names, self.split)))
         if improved:
             best = self.out_dir / "checkpoints" / "best.pt"
-            save_checkpoint(self._checkpoint({**metrics, **out}), best)
+            save_checkpoint(self._checkpoint({**metrics, **out}, self.eval_model), best)
         train_part = f", train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
         log.info(
             f"step {self.step}: val loss {val_loss:.4f} (best {self.best_val_loss:.4f}){train_part}"
@@ -430,7 +440,7 @@ class Trainer:
         """The test loss of best.pt's weights (as makemore reports it), samples, hparams."""
         c, m = self.config, self.model_config
         best_path = self.out_dir / "checkpoints" / "best.pt"
-        model, best = self.model, None
+        model, best = self.eval_model, None
         if best_path.exists():
             best = load_checkpoint(best_path, map_location="cpu")
             model, _ = model_from_checkpoint(best, device=self.device, path=best_path)

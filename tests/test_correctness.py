@@ -23,6 +23,7 @@ from microgpt.generate import (
 )
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
+from microgpt.loss import evaluate
 from microgpt.trainer import Trainer
 from tests.conftest import compose_config
 
@@ -194,3 +195,31 @@ def test_an_empty_sample_is_reported_as_empty_and_not_as_new():
     marked = mark_items(["", "anna", "zed"], None)
     assert marked == [("", "empty"), ("anna", "new"), ("zed", "new")]
     assert format_marked(marked)[-1] == "2 of 3 new, 2 unique, 1 empty"
+
+
+# ----------------------------------------------------------------------------- weight averaging
+
+
+def test_weight_average_is_evaluated_kept_as_best_and_resumes_exactly(tiny_cfg, tmp_path):
+    """train.ema: the average (not the trained weights) is what is evaluated and what best.pt
+    holds; a resume restores the average too, so stopping after 4 of 8 steps changes nothing."""
+    from microgpt.checkpoint import load_checkpoint
+
+    ema = ("device=cpu", "train.ema=0.9", "train.num_samples=0", "train.eval_every=4")
+    ema += ("optim.decay=constant", "optim.warmup_steps=0")  # the same schedule for 4 or 8 steps
+    whole = Trainer(load_config(tiny_cfg(*ema, "train.max_steps=8", out=tmp_path / "whole")))
+    metrics = whole.run()
+    averaged = whole.ema.state_dict()
+    assert not torch.equal(whole.model.state_dict()["lm_head.weight"], averaged["lm_head.weight"])
+    best = load_checkpoint(tmp_path / "whole" / "checkpoints" / "best.pt")
+    if best["step"] == 8:  # the last evaluation was the best: best.pt is the final average
+        assert torch.equal(best["model"]["lm_head.weight"], averaged["lm_head.weight"])
+    assert metrics["val_loss"] == pytest.approx(
+        evaluate(whole.ema.model, whole.datasets["val"], 1000), abs=1e-6
+    )
+    Trainer(load_config(tiny_cfg(*ema, "train.max_steps=4", out=tmp_path / "split"))).run()
+    resumed = tiny_cfg(*ema, "train.max_steps=8", "resume=true", out=tmp_path / "split")
+    second = Trainer(load_config(resumed))
+    second.run()
+    for k, v in averaged.items():
+        assert torch.equal(v, second.ema.state_dict()[k]), k
