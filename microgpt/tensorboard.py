@@ -206,18 +206,27 @@ class TensorBoardLogger:
 
 def heads_layout(n_layer: int) -> dict:
     """The custom-scalars layout (SummaryWriter.add_custom_scalars): a "heads" category with one
-    chart per layer holding every head's entropy and importance, and a "head summaries" category.
-    Regexes, not head numbers, so one layout serves every head count and a sweep's layouts merge
-    into one."""
-    per_layer = {
-        f"layer {layer}: entropy and importance of each head": [
+    chart per layer holding every head's entropy and importance, a "head importance" category
+    with the importances alone (they are small beside entropies: here they get their own scale)
+    and a "head summaries" category. Regexes, not head numbers, so one layout serves every head
+    count and a sweep's layouts merge into one."""
+
+    def entropy(layer: int) -> str:
+        return rf"attention_entropy/layer{layer}/head\d+$"
+
+    def importance(layer: int) -> str:
+        return rf"heads/layer{layer}/head\d+/importance$"
+
+    both = {
+        f"layer {n}: entropy and importance of each head": [
             "Multiline",
-            [
-                rf"attention_entropy/layer{layer}/head\d+$",
-                rf"heads/layer{layer}/head\d+/importance$",
-            ],
+            [entropy(n), importance(n)],
         ]
-        for layer in range(n_layer)
+        for n in range(n_layer)
+    }
+    alone = {
+        f"layer {n}: importance of each head (loss rise, nats)": ["Multiline", [importance(n)]]
+        for n in range(n_layer)
     }
     summaries = {
         "entropy min/mean/max per layer": [
@@ -228,7 +237,7 @@ def heads_layout(n_layer: int) -> dict:
         "prunable heads": ["Multiline", [r"heads/prunable$"]],
         "heads per role": ["Multiline", [rf"heads/role/({'|'.join(ROLES)})$"]],
     }
-    return {"heads": per_layer, "head summaries": summaries}
+    return {"heads": both, "head importance": alone, "head summaries": summaries}
 
 
 @torch.no_grad()

@@ -236,7 +236,7 @@ def test_custom_scalars_layout_names_only_tags_the_run_writes(head_runs):
         layout = layout_pb2.Layout.FromString(events[0].tensor_proto.string_val[0])
         scalars = acc.Tags()["scalars"]
         charts = {c.title: c for cat in layout.category for c in cat.chart}
-        assert len(charts) == 2 + 4  # one per layer, and four summary charts
+        assert len(charts) == 2 * 2 + 4  # two per layer, and four summary charts
         for title, chart in charts.items():
             assert chart.WhichOneof("content") == "multiline", title
             for regex in chart.multiline.tag:
