@@ -1,0 +1,108 @@
+"""How long the head analysis takes: microgpt.heads.analyse on a validation split.
+
+    python bench/heads.py [RUN_FOLDER_OR_CHECKPOINT] [--repeat 5] [--json docs/heads_bench.json]
+
+With a run (or checkpoint), its model and the validation split stored in its checkpoint; without,
+the small preset (4 layers, 4 heads, n_embd 64) with fresh weights on data/names.txt's validation
+split at seed 1337 (the default run's): the same shapes and the same work, so the same time.
+Prints the median, min and max seconds of --repeat analyses after one warm-up, against the
+target (< 5 s on a 2-core CPU), and writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script from anywhere
+
+from microgpt.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from microgpt.data import CharDataset, load_data  # noqa: E402
+from microgpt.heads import analyse, resolve_run  # noqa: E402
+from microgpt.model import GPT, GPTConfig  # noqa: E402
+
+TARGET_S = 5.0
+
+
+def setting(run: str | None):
+    """(model, x, y, what): a run's model and validation rows, or the small preset's."""
+    if run:
+        _, path = resolve_run(run)
+        ckpt = load_checkpoint(path)
+        model, tokenizer = model_from_checkpoint(ckpt, "cpu", path)
+        val = CharDataset.from_items(ckpt["split"]["val"], tokenizer, model.config.block_size)
+        return model, val.X, val.Y, str(path)
+    data = load_data(REPO / "data" / "names.txt", seed=1337)
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=data.block_size)
+    val = data.datasets["val"]
+    return GPT(config).eval(), val.X, val.Y, "small preset, fresh weights, data/names.txt"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", nargs="?", help="a run folder or checkpoint (default: none)")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", default=str(REPO / "docs" / "heads_bench.json"))
+    args = parser.parse_args(argv)
+
+    model, x, y, what = setting(args.run)
+    c = model.config
+    analyse(model, x, y)  # warm-up
+    times, report = [], None
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        report = analyse(model, x, y)
+        times.append(time.perf_counter() - t0)
+    heads = c.n_layer * c.n_head
+    result = {
+        "what": what,
+        "model": f"{c.n_layer} layers, {c.n_head} heads, n_embd {c.n_embd}, attn {c.attn_impl}",
+        "items": report.items,
+        "characters": report.tokens,
+        "forward_passes": 1 + 1 + 3 * heads,  # attention, baseline, zero, mean, pruning
+        "seconds": {
+            "median": statistics.median(times),
+            "min": min(times),
+            "max": max(times),
+            "n": len(times),
+        },
+        "target_s": TARGET_S,
+        "pass": statistics.median(times) < TARGET_S,
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+    }
+    s = result["seconds"]
+    rows = [
+        ("setting", what),
+        ("model", result["model"]),
+        ("rows", f"{report.items:,} items, {report.tokens:,} characters"),
+        ("forward passes", str(result["forward_passes"])),
+        ("seconds", f"median {s['median']:.2f} (min {s['min']:.2f}, max {s['max']:.2f})"),
+        ("repeats", f"{s['n']} after one warm-up"),
+        ("target", f"< {TARGET_S:g} s: {'pass' if result['pass'] else 'MISS'}"),
+        ("machine", f"{result['machine']['cores']} cores, {torch.get_num_threads()} threads"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
