@@ -1,25 +1,27 @@
-"""Sample items from a trained model: python sample.py [num_samples=20] [temperature=0.8] [prefix=em] ...
+"""Sample items from a trained model: python sample.py [num_samples=20] [temperature=0.8] ...
 
 With no ckpt= or run=, it samples from the best checkpoint of the most recent run under outputs/
 or multirun/. Hydra composes conf/sample.yaml with the command line (and writes no output
 folder); microgpt.sampling.sample_from_config does the work and this prints what it returns.
 """
 
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
 
-from microgpt.cli import register, user_errors
+from microgpt import cli
 from microgpt.sampling import sample_from_config
 
-register()
+cli.register()
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="sample")
 def main(cfg: DictConfig) -> None:
-    with user_errors():
+    with cli.user_errors():
         result = sample_from_config(cfg)
     print("\n".join(result.lines), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, Path(__file__).parent / "conf", "sample")

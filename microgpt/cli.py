@@ -5,16 +5,27 @@ non-zero ranks, and the one place user errors are printed."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import shlex
+import shutil
+import signal
 import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from microgpt.checkpoint import CheckpointError, latest_run_dir
-from microgpt.config import ConfigError, parse_resume, register_configs
+from microgpt.checkpoint import RUN_ROOTS, CheckpointError, latest_run_dir, load_checkpoint
+from microgpt.config import (
+    Config,
+    ConfigError,
+    SampleConfig,
+    flatten,
+    load_config,
+    parse_resume,
+    register_configs,
+)
 from microgpt.data import DataError
 from microgpt.generate import SamplingError
 from microgpt.trainer import Interrupted, TrainingError
@@ -23,7 +34,7 @@ RESOLVERS = {}  # filled below: the names conf/config.yaml calls
 
 
 def register() -> None:
-    """The config schemas (train, sample) and the resolvers, before @hydra.main composes anything."""
+    """The config schemas (train, sample) and the resolvers, before @hydra.main composes."""
     register_configs()
     record_swept_keys(sys.argv[1:])
     for name, fn in RESOLVERS.items():
@@ -65,6 +76,8 @@ def run_dir(resume, default: str) -> str:
             return str(latest)
     elif resume:
         ckpt = Path(resume).expanduser()
+        if ckpt.is_dir() and (ckpt / "checkpoints").is_dir():  # resume=<run folder>
+            return str(ckpt)
         if ckpt.parent.name == "checkpoints":
             return str(ckpt.parent.parent)
     start = _launcher_start_time()
@@ -94,7 +107,7 @@ def _has_top_level_comma(value: str) -> bool:
 
 
 def swept_keys(argv: list[str]) -> list[str]:
-    """The keys a `-m` command line sweeps over: heads=1,2,4,8 or seed=range(3) -> ["heads", "seed"]."""
+    """The keys a `-m` command line sweeps over: heads=1,2,4 or seed=range(3) -> [heads, seed]."""
     keys = []
     for arg in argv:
         if "=" not in arg or arg.startswith("-"):
@@ -109,14 +122,15 @@ def swept_keys(argv: list[str]) -> list[str]:
 
 
 def record_swept_keys(argv: list[str]) -> None:
-    """Remember the swept keys for job_dir (in the environment, so launcher subprocesses see them too)."""
+    """Remember the swept keys for job_dir (in the environment: launcher subprocesses see it)."""
     if "-m" in argv or "--multirun" in argv:
         os.environ[SWEPT_KEYS_ENV] = ",".join(swept_keys(argv))
 
 
 def job_dir(task_overrides, job_num) -> str:
     """hydra.sweep.subdir: a sweep job's folder, named by the swept settings ("heads=4"), so that
-    TensorBoard's run list reads heads=1, heads=2, ... Falls back to every override, then the job number."""
+    TensorBoard's run list reads heads=1, heads=2, ... Falls back to every override, then the
+    job number."""
     swept = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
     overrides = [str(o) for o in task_overrides]
     chosen = (
@@ -126,12 +140,39 @@ def job_dir(task_overrides, job_num) -> str:
     return name[:200] if name else str(job_num)
 
 
+# output folder -> (the Hydra subfolder this process writes there, whether the folder was fresh)
+CLAIMED: dict[str, tuple[str, bool]] = {}
+
+
 def output_subdir(resume) -> str:
-    """hydra.output_subdir: `.hydra`, or a folder of its own for each resume, so that continuing a
-    run in its folder keeps the original run's Hydra config and overrides."""
+    """hydra.output_subdir: `.hydra` for a new run, claimed with mkdir so that only one process
+    writes it. A resume, or a run refused because the folder already holds one, writes a folder of
+    its own, so the original run's Hydra config and overrides stay byte-identical."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        folder = Path(HydraConfig.get().runtime.output_dir)
+    except (ImportError, ValueError):
+        folder = None
+    if folder is None or not folder.is_dir():
+        return ".hydra-resume-" + _stamp() if parse_resume(resume) else ".hydra"
+    if str(folder) in CLAIMED:  # Hydra may ask more than once
+        return CLAIMED[str(folder)][0]
+    fresh = all(p.name == "train.log" and p.stat().st_size == 0 for p in folder.iterdir())
+    name = ".hydra"
     if parse_resume(resume):
-        return time.strftime(".hydra-resume-%Y-%m-%d_%H-%M-%S")
-    return ".hydra"
+        name = ".hydra-resume-" + _stamp()
+    else:
+        try:
+            (folder / name).mkdir()
+        except FileExistsError:  # another run's: this one is refused, and writes beside it
+            name = ".hydra-" + _stamp()
+    CLAIMED[str(folder)] = (name, fresh)
+    return name
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%d_%H-%M-%S") + f"-{os.getpid()}"
 
 
 RESOLVERS.update(
@@ -161,7 +202,8 @@ def quiet_other_ranks(argv: list[str]) -> None:
 
 @contextlib.contextmanager
 def user_errors():
-    """Bad settings, data or checkpoints end the program with a one-line message, not a traceback."""
+    """Bad settings, data or checkpoints end the program with a one-line message, not a traceback.
+    A run that stops before its first checkpoint leaves no folder behind (see remove_debris)."""
     try:
         yield
     except Interrupted as e:
@@ -170,14 +212,319 @@ def user_errors():
         )
         sys.exit(130)
     except (ConfigError, DataError, CheckpointError, SamplingError, TrainingError) as e:
-        print(f"microgpt: error: {e}", file=sys.stderr)
+        removed = remove_debris(keep_failed_runs=isinstance(e, TrainingError))
+        note = f" (removed the unused run folder {removed})" if removed else ""
+        print(f"microgpt: error: {e}{note}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("microgpt: interrupted; checkpoints already written are intact", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:  # args: (signal name, what happened), either may be missing
+        signame = e.args[0] if e.args else "SIGINT"
+        removed = remove_debris(keep_failed_runs=False)
+        if len(e.args) > 1:
+            what = e.args[1]
+        elif removed:
+            what = (
+                f"before the first checkpoint; removed the run folder {removed}, so there is "
+                f"nothing to resume: start again"
+            )
+        else:
+            what = "checkpoints already written are intact"
+        print(f"microgpt: interrupted ({signame}): {what}", file=sys.stderr)
+        code = signal.Signals[signame].value if signame in signal.Signals.__members__ else 2
+        sys.exit(128 + code)
 
 
 def resume_command(checkpoint) -> str:
-    """This program's command line with resume=<checkpoint> in place of any resume=...: the same settings."""
-    args = [a for a in sys.argv[1:] if not a.lstrip("+~").startswith("resume=")]
-    return shlex.join(["python", Path(sys.argv[0]).name, *args, f"resume={checkpoint}"])
+    """The short command that continues a run: the checkpoint holds every setting."""
+    return shlex.join(["python", Path(sys.argv[0]).name, f"resume={checkpoint}"])
+
+
+# ----------------------------------------------------------------------------- no debris
+
+
+def remove_debris(keep_failed_runs: bool = False) -> str | None:
+    """After an error, remove what Hydra and this process wrote into run folders that hold no
+    checkpoint: our Hydra subfolder, and a folder this process created, whole (train.log,
+    config.yaml, an empty checkpoints/). A folder that held anything before is never removed; only
+    the Hydra subfolder this process added to it. Returns the removed run folder, if any."""
+    removed = None
+    for folder, (subdir, fresh) in list(CLAIMED.items()):
+        del CLAIMED[folder]
+        folder = Path(folder)
+        if keep_failed_runs or not folder.is_dir():  # a run that trained keeps its log
+            continue
+        if fresh and not list((folder / "checkpoints").glob("*.pt")):
+            _close_log_files(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            removed = str(folder)
+            for parent in (folder.parent, folder.parent.parent):  # outputs/<date>/, outputs/
+                if set(RUN_ROOTS) & {parent.name, parent.parent.name}:
+                    with contextlib.suppress(OSError):  # when they held this run only
+                        parent.rmdir()
+        elif not fresh:  # claimed by mkdir, or named with our pid: ours alone
+            shutil.rmtree(folder / subdir, ignore_errors=True)
+    return removed
+
+
+def _close_log_files(folder: Path) -> None:
+    import logging
+
+    for logger in (logging.getLogger(), *logging.Logger.manager.loggerDict.values()):
+        for h in list(getattr(logger, "handlers", [])):
+            name = getattr(h, "baseFilename", None)
+            if name and Path(name).parent == folder.absolute():
+                h.close()
+                logger.removeHandler(h)
+
+
+def startup_signals() -> None:
+    """SIGTERM before the training loop installs its own handler raises KeyboardInterrupt, so an
+    interrupted start-up says what happened and leaves no half-made run folder."""
+
+    def handle(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGTERM, handle)
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def resume_settings(cfg: DictConfig) -> DictConfig:
+    """A resume takes every setting from the checkpoint it continues (its train_config); settings
+    given on the command line replace the checkpoint's, and the trainer refuses those that may not
+    change (checkpoint.RESUMABLE_CHANGES), naming them. resume=<run folder> means its last.pt."""
+    resume = parse_resume(cfg.get("resume"))
+    if not resume:
+        return cfg
+    if resume is True:
+        path = Path(str(cfg.out_dir)) / "checkpoints" / "last.pt"
+    else:
+        path = Path(resume).expanduser()
+        if path.is_dir() and (path / "checkpoints" / "last.pt").is_file():
+            path = path / "checkpoints" / "last.pt"
+    try:
+        saved = load_checkpoint(path)["train_config"]
+    except (CheckpointError, KeyError, TypeError):
+        return cfg  # the trainer says what is wrong with it
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        task = list(HydraConfig.get().overrides.task)
+    except ValueError:
+        task = []
+    merged = OmegaConf.create(saved)
+    for override in task:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.startswith("hydra") or key in ("resume", "out_dir"):
+            continue
+        if key == "experiment":  # a recipe may set anything: the command line's config, whole
+            merged = OmegaConf.merge(merged, OmegaConf.masked_copy(cfg, list(saved)))
+        elif OmegaConf.select(cfg, key) is not None or "=" in override:
+            OmegaConf.update(merged, key, OmegaConf.select(cfg, key), force_add=True)
+    # heads=N on a run whose preset already had N heads asks for nothing new
+    if saved.get("heads") is None and merged.get("heads") == saved["model"]["n_head"]:
+        merged.heads = None
+    merged.out_dir, merged.resume = str(cfg.out_dir), str(path)
+    return merged
+
+
+# ----------------------------------------------------------------------------- start-up checks
+
+# Hydra's own flags: those that only print something skip our checks; the rest take a value
+INFO_FLAGS = {
+    "-h",
+    "--help",
+    "--hydra-help",
+    "--version",
+    "-c",
+    "--cfg",
+    "-i",
+    "--info",
+    "-sc",
+    "--shell-completion",
+    "--resolve",
+    "--experimental-rerun",
+}
+CONFIG_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
+FLAGS = {"-m", "--multirun", "-p", "--package", *INFO_FLAGS, *CONFIG_FLAGS}
+GROUPS = ("model", "data", "optim", "experiment")
+
+
+def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> None:
+    """Before @hydra.main writes anything: every setting of every job (all of a -m sweep's) is
+    composed and validated, and each error is printed in one line (exit 2). With
+    HYDRA_FULL_ERROR=1, a setting Hydra cannot compose is left to Hydra, trace and all."""
+    if any(a.split("=", 1)[0] in INFO_FLAGS | CONFIG_FLAGS for a in argv):
+        return
+    try:
+        errors = _command_line_errors(argv, conf_dir, config_name)
+    except _LeaveToHydra:
+        return
+    if errors:
+        if len(errors) > 1:
+            print(
+                f"microgpt: error: {len(errors)} of the sweep's jobs have bad settings; "
+                f"none was started:",
+                file=sys.stderr,
+            )
+        for e in errors:
+            print(f"microgpt: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+class _LeaveToHydra(Exception):
+    pass
+
+
+def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    multirun = "-m" in argv or "--multirun" in argv
+    overrides = []
+    for i, arg in enumerate(argv):
+        if arg in FLAGS or arg.split("=", 1)[0] in FLAGS:
+            continue
+        if arg.startswith("-"):
+            name, _, value = arg.lstrip("-").partition("=")
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            if not value and nxt and "=" not in nxt and not nxt.startswith("-"):
+                value = nxt
+            return [f"{arg}: settings are written {name}={value or 'VALUE'}, without dashes"]
+        if i > 0 and argv[i - 1].startswith("-") and argv[i - 1] not in FLAGS:
+            continue
+        overrides.append(arg)
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        if full_error:
+            raise _LeaveToHydra from None
+        bad = _first(e).replace("Error parsing override", "cannot read the setting")
+        return [f"{bad}; settings are written key=value, e.g. heads=4"]
+    if multirun:
+        try:
+            jobs = BasicSweeper.split_arguments(parsed, None)[0]
+        except HydraException:
+            raise _LeaveToHydra from None
+    elif any(o.is_sweep_override() for o in parsed):
+        raise _LeaveToHydra  # Hydra says: add -m
+    else:
+        jobs = [overrides]
+    sweep_keys = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+    errors = []
+    for job in jobs:
+        message = _job_error(list(job), conf_dir, config_name, full_error)
+        if message:
+            swept = [o for o in job if o.split("=", 1)[0] in sweep_keys]
+            errors.append(f"job {','.join(swept)}: {message}" if len(jobs) > 1 else message)
+    return errors
+
+
+def _job_error(job: list[str], conf_dir: Path, config_name: str, full_error: bool) -> str | None:
+    from hydra import compose, initialize_config_dir
+
+    schema, error = (
+        (SampleConfig, SamplingError) if config_name == "sample" else (Config, ConfigError)
+    )
+    task = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/", "override hydra"))]
+    if schema is Config and not any(o.split("=", 1)[0] == "out_dir" for o in task):
+        task.append("out_dir=.")  # ${hydra:...} does not resolve under compose()
+    base = None
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
+            groups = [o for o in task if o.split("=", 1)[0].lstrip("+~") in GROUPS]
+            base = _compose(compose, config_name, groups)
+            cfg = _compose(compose, config_name, task)
+    except _BadOverride as e:
+        if full_error:
+            raise _LeaveToHydra from None
+        return _explain(e, task, base, conf_dir)
+    try:
+        c = load_config(cfg, schema)
+    except error as e:
+        return str(e)
+    if schema is Config:
+        return _run_folder_error(c, job)
+    return None
+
+
+class _BadOverride(Exception):
+    pass
+
+
+def _compose(compose, config_name, overrides):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise _BadOverride(e) from None
+
+
+def _first(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _explain(bad: _BadOverride, task: list[str], base, conf_dir: Path) -> str:
+    """Hydra's multi-line composition error in one line: the setting, what is valid, a match."""
+    e = bad.args[0]
+    known = list(flatten(OmegaConf.to_container(base, resolve=False))) if base is not None else []
+    for override in task:
+        key, _, value = override.partition("=")
+        bare = key.lstrip("+~")
+        if bare in GROUPS or "/" in bare:
+            group = conf_dir / bare
+            options = sorted(p.stem for p in group.glob("*.yaml")) if group.is_dir() else []
+            if value not in options and value != "null":
+                close = difflib.get_close_matches(value, options, n=1)
+                hint = f"; did you mean {bare}={close[0]}?" if close else ""
+                return (
+                    f"{override}: there is no {bare} named {value!r}; choose one of "
+                    f"{', '.join(options)}{hint}"
+                )
+        elif known and not key.startswith("+") and bare not in known:
+            parent = bare.rsplit(".", 1)[0] + "." if "." in bare else ""
+            close = difflib.get_close_matches(bare, known, n=1, cutoff=0.75)
+            if close:
+                hint = f"; did you mean {close[0]}?"
+            else:
+                under = [k for k in known if k.startswith(parent)] if parent else known
+                hint = f"; known settings{' under ' + parent[:-1] if parent else ''}: " + ", ".join(
+                    sorted({k[len(parent) :].split(".")[0] for k in under})
+                )
+            return f"{override}: unknown setting {bare}{hint}"
+    cause = e.__cause__ or e
+    key = getattr(cause, "full_key", None)
+    named = [o for o in task if key and o.split("=", 1)[0].lstrip("+~") == key]
+    where = named[-1] if named else None  # the last one given wins
+    return f"{where or _first(e)}: {_first(cause)}"
+
+
+def _run_folder_error(c: Config, job: list[str]) -> str | None:
+    """The run folder named on the command line: a file, or a folder that already holds a run."""
+    named = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in job if "=" in o}
+    for key in ("hydra.run.dir", "out_dir"):
+        if key not in named or (key == "out_dir" and c.out_dir == "."):
+            continue
+        folder = Path(named[key]).expanduser()
+        if folder.exists() and not folder.is_dir():
+            return f"{key}={named[key]} is an existing file, not a folder; name a new folder"
+        if not parse_resume(c.resume) and (folder / "checkpoints").is_dir():
+            return (
+                f"{folder} already holds a run (a checkpoints folder); continue it with "
+                f"resume={folder}, or write the new run to another folder"
+            )
+    return None
+
+
+def main(hydra_main, conf_dir: Path, config_name: str) -> None:
+    """What train.py and sample.py run: check the command line, then hand it to Hydra."""
+    check_command_line(sys.argv[1:], conf_dir, config_name)
+    startup_signals()
+    with user_errors():  # a signal while Hydra writes its files, before main's own user_errors
+        hydra_main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -10,12 +11,16 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb"):
-    """Yield a file to write; on success it replaces `path` in one step, on any error `path` is untouched.
+    """Yield a file to write; on success it replaces `path` in one step; on error `path` is intact.
 
-    The data go to a temporary file in the same folder, which is flushed and fsynced, then moved
+    A symlink is followed (its target is replaced, the link stays); a path that exists and is not
+    a regular file (a device, a FIFO) is refused with OSError. The data go to a temporary file
+    in the same folder, which is flushed and fsynced, then moved
     over `path` with os.replace: a process killed at any moment leaves the old file whole.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # a symlink is followed: its target is written, it stays
+    if path.exists() and not path.is_file():  # a device, FIFO, socket: never replaced by a file
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(
@@ -51,3 +56,42 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_write(path, "w") as f:
         f.write(text)
     return Path(path)
+
+
+_LOCKS: dict[str, int] = {}  # folder -> the open lock file's descriptor, held for the process
+
+
+def lock_folder(folder: str | os.PathLike) -> None:
+    """Hold an OS lock (flock on <folder>/.lock) for the life of this process; the OS releases it
+    when the process ends, crash or not. Held by another process: ConfigError naming its pid."""
+    import fcntl
+
+    from microgpt.config import ConfigError
+
+    folder = Path(folder)
+    key = str(folder.resolve())
+    if key in _LOCKS:
+        return
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(
+            f"{folder} is in use by another microgpt process (pid {holder}); wait for it to end "
+            f"or stop it, then run again"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _LOCKS[key] = fd
+
+
+def remove_leftovers(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of atomic writes killed mid-way (.NAME.XXXX.tmp) in `folder`."""
+    removed = []
+    for p in Path(folder).glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            p.unlink()
+            removed.append(p)
+    return removed

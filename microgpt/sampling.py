@@ -13,6 +13,7 @@ from pathlib import Path
 
 from microgpt.checkpoint import (
     RUN_ROOTS,
+    CheckpointError,
     find_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
@@ -88,6 +89,45 @@ def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=None)
     return best if best.is_file() else latest / "last.pt"
 
 
+def check_out(out: str, checkpoint: Path, data_path: str | None = None) -> Path:
+    """The file `out=` may write: a new path, or an existing regular text file that is not part of
+    a run. Refused: the checkpoint itself, anything in a run's checkpoints/ or a run folder's own
+    files, the run's data file, a device, FIFO or other non-regular file, and a file that is not
+    UTF-8 text (a checkpoint, an image...). A symlink is followed: its target is what is checked
+    and written. Returns the path to write."""
+    target = Path(os.path.realpath(Path(out).expanduser()))
+    if target == Path(os.path.realpath(checkpoint)):
+        raise SamplingError(f"out={out} is the checkpoint being sampled from; write elsewhere")
+    if target.parent.name == "checkpoints":
+        raise SamplingError(f"out={out} is inside a run's checkpoints/ folder; write elsewhere")
+    if data_path and target == Path(os.path.realpath(Path(data_path).expanduser())):
+        raise SamplingError(f"out={out} is the data file the model was trained on; write elsewhere")
+    if not target.exists():
+        return target
+    if not target.is_file():
+        raise SamplingError(
+            f"out={out} is not a regular file (a device, FIFO or socket); out= writes only to "
+            f"regular files or new paths"
+        )
+    if (target.parent / "checkpoints").is_dir():
+        raise SamplingError(
+            f"out={out} is a file of the run folder {target.parent}; write elsewhere"
+        )
+    with open(target, "rb") as f:
+        head = f.read(1 << 16)
+    try:
+        head.decode("utf-8")
+        text = b"\0" not in head
+    except UnicodeDecodeError as e:
+        text = e.start > len(head) - 4  # a character cut at the end of what was read
+    if not text:
+        raise SamplingError(
+            f"out={out} exists and is not a text file of names; refusing to overwrite it "
+            f"(remove it first, or write elsewhere)"
+        )
+    return target
+
+
 def write_lines(path: str | os.PathLike, lines: list[str]) -> Path:
     """Write lines to `path` atomically: an error leaves the old file."""
     return write_text(Path(path).expanduser(), "".join(line + "\n" for line in lines))
@@ -102,7 +142,14 @@ def sample_from_config(cfg) -> SampleResult:
     device = pick_device(c.device, SamplingError)
     path = find_checkpoint(c.ckpt, c.run)
     ckpt = load_checkpoint(path, map_location="cpu")
+    data_path = (ckpt.get("train_config") or {}).get("data", {}).get("path")
+    out = check_out(c.out, path, data_path) if c.out is not None else None
     model, tokenizer = model_from_checkpoint(ckpt, device=device, path=path)
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise CheckpointError(
+            f"{path} does not hang together: its tokenizer has {tokenizer.vocab_size} symbols but "
+            f"its model's vocabulary has {model.config.vocab_size}; use an unedited checkpoint"
+        )
     try:
         split = Split.from_dict(ckpt["split"]) if "split" in ckpt else None
     except DataError:
@@ -110,23 +157,16 @@ def sample_from_config(cfg) -> SampleResult:
     seed = c.seed if c.seed is not None else int.from_bytes(os.urandom(4), "little")
 
     start = time.perf_counter()
-    names = sample_items(
-        model,
-        tokenizer,
-        c.num_samples,
-        prefix=c.prefix,
-        temperature=c.temperature,
-        top_k=c.top_k,
-        top_p=c.top_p,
-        seed=seed,
-        batch_size=c.batch_size,
-        use_cache=c.use_cache,
-        max_len=c.max_len,
-    )
+    try:
+        names = _sample(model, tokenizer, c, seed)
+    except KeyboardInterrupt:
+        where = f"; nothing was written to out={c.out}" if c.out is not None else ""
+        raise KeyboardInterrupt("SIGINT", f"sampling stopped, the items were discarded{where}")
     seconds = time.perf_counter() - start
     marked = mark_items(names, split)
 
-    metrics = ckpt.get("metrics") or {}
+    metrics = ckpt.get("metrics")
+    metrics = metrics if isinstance(metrics, dict) else {}  # a hand-edited one: shown as n/a
     val_loss = metrics.get("val_loss", metrics.get("best_val_loss"))
     step = ckpt.get("step")
     header = (
@@ -137,7 +177,7 @@ def sample_from_config(cfg) -> SampleResult:
         header += " [no data split in this checkpoint: every item is marked new]"
     if c.out is not None:
         try:
-            write_lines(c.out, names)
+            write_lines(out, names)
         except OSError as e:
             raise SamplingError(f"cannot write out={c.out}: {e.strerror or e}") from None
     return SampleResult(
@@ -154,5 +194,21 @@ def sample_from_config(cfg) -> SampleResult:
 
 
 def run_sampling(**settings) -> SampleResult:
-    """sample_from_config with keyword arguments: run_sampling(ckpt="...", num_samples=5, seed=0)."""
+    """sample_from_config with keyword arguments: run_sampling(ckpt=..., num_samples=5, seed=0)."""
     return sample_from_config(SampleConfig(**settings))
+
+
+def _sample(model, tokenizer, c: SampleConfig, seed: int) -> list[str]:
+    return sample_items(
+        model,
+        tokenizer,
+        c.num_samples,
+        prefix=c.prefix,
+        temperature=c.temperature,
+        top_k=c.top_k,
+        top_p=c.top_p,
+        seed=seed,
+        batch_size=c.batch_size,
+        use_cache=c.use_cache,
+        max_len=c.max_len,
+    )

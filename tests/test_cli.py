@@ -1,0 +1,281 @@
+"""The real train.py and sample.py in a subprocess, given what a careless user types: every case
+exits with its code and the exact first line of its message, and every file that existed before is
+byte-identical after (nothing lost, nothing overwritten, no debris)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, TINY, make_names
+
+BASE = [*TINY, "device=cpu", "train.eval_every=2", "train.num_samples=0", "log.attn_every=1000"]
+
+
+def run(script: str, *args, cwd, env=None, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        **kw,
+    )
+
+
+def snapshot(folder: Path) -> dict:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def first_line(result) -> str:
+    return result.stderr.strip().splitlines()[0] if result.stderr.strip() else ""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    names = root / "names.txt"
+    names.write_text("\n".join(make_names()) + "\n")
+    r = run(
+        "train.py", *BASE, f"data.path={names}", "train.max_steps=4", "hydra.run.dir=run", cwd=root
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return root
+
+
+def test_sample_out_never_overwrites_a_checkpoint_a_run_file_a_device_or_a_binary_file(
+    world, tmp_path
+):
+    run_dir, best = world / "run", world / "run" / "checkpoints" / "best.pt"
+    binary = tmp_path / "photo.bin"
+    binary.write_bytes(bytes(range(256)))
+    cases = [
+        (best, f"out={best} is the checkpoint being sampled from; write elsewhere"),
+        (
+            run_dir / "checkpoints" / "last.pt",
+            "is inside a run's checkpoints/ folder; write elsewhere",
+        ),
+        (run_dir / "config.yaml", f"is a file of the run folder {run_dir}; write elsewhere"),
+        ("/dev/null", "out=/dev/null is not a regular file (a device, FIFO or socket)"),
+        (binary, f"out={binary} exists and is not a text file of names; refusing to overwrite it"),
+    ]
+    before, outside = snapshot(world), binary.read_bytes()
+    for out, message in cases:
+        r = run(
+            "sample.py",
+            f"ckpt={best}",
+            f"out={out}",
+            "device=cpu",
+            "seed=0",
+            "num_samples=3",
+            cwd=tmp_path,
+        )
+        assert r.returncode == 2, r.stderr
+        assert first_line(r).startswith("microgpt: error: ") and message in first_line(r), r.stderr
+    assert snapshot(world) == before and binary.read_bytes() == outside
+    assert Path("/dev/null").is_char_device()
+
+
+def test_sample_out_follows_a_symlink_and_rewrites_a_file_of_names(world, tmp_path):
+    target = tmp_path / "names-out.txt"
+    target.write_text("old\nnames\n")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    best = world / "run" / "checkpoints" / "best.pt"
+    r = run(
+        "sample.py",
+        f"ckpt={best}",
+        f"out={link}",
+        "device=cpu",
+        "seed=0",
+        "num_samples=3",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink() and len(target.read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize(
+    "args, code, first",
+    [
+        (["seed=-1"], 2, "microgpt: error: seed=-1 must be in [0, 2**63) (or null = random)"),
+        (
+            ["seed=99999999999999999999"],
+            2,
+            "microgpt: error: seed=99999999999999999999 must be in [0, 2**63)",
+        ),
+        (
+            ["num_sample=3"],
+            2,
+            "microgpt: error: num_sample=3: unknown setting num_sample; did you mean num_samples?",
+        ),
+    ],
+)
+def test_sample_settings_are_refused_in_one_line(world, tmp_path, args, code, first):
+    r = run(
+        "sample.py",
+        f"ckpt={world / 'run' / 'checkpoints' / 'best.pt'}",
+        "device=cpu",
+        *args,
+        cwd=tmp_path,
+    )
+    assert (r.returncode, first_line(r)) == (code, first) or first_line(r).startswith(first), (
+        r.stderr
+    )
+    assert r.returncode == code and "Traceback" not in r.stderr and not list(tmp_path.iterdir())
+
+
+def test_a_hand_edited_checkpoint_gives_one_line(world, tmp_path):
+    ckpt = torch.load(world / "run" / "checkpoints" / "best.pt", weights_only=True)
+    bad_metrics = tmp_path / "metrics.pt"
+    torch.save({**ckpt, "metrics": [1, 2]}, bad_metrics)
+    r = run(
+        "sample.py", f"ckpt={bad_metrics}", "device=cpu", "seed=0", "num_samples=2", cwd=tmp_path
+    )
+    assert r.returncode == 0 and "val loss n/a" in r.stdout, r.stderr
+    tok = ckpt["tokenizer"]
+    other = {
+        **tok,
+        **{k: v[:-1] for k, v in tok.items() if isinstance(v, (list, str)) and len(v) > 3},
+    }
+    bad_tokenizer = tmp_path / "tokenizer.pt"
+    torch.save({**ckpt, "tokenizer": other}, bad_tokenizer)
+    r = run("sample.py", f"ckpt={bad_tokenizer}", "device=cpu", "seed=0", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert first_line(r).startswith(f"microgpt: error: {bad_tokenizer}"), r.stderr
+
+
+CONFIG_ERRORS = [
+    (
+        ["train.max_step=3"],
+        "microgpt: error: train.max_step=3: unknown setting train.max_step; did you mean "
+        "train.max_steps?",
+    ),
+    (
+        ["model=huge"],
+        "microgpt: error: model=huge: there is no model named 'huge'; choose one of base, micro, "
+        "small",
+    ),
+    (
+        ["model=smal"],
+        "microgpt: error: model=smal: there is no model named 'smal'; choose one of base, micro, "
+        "small; did you mean model=small?",
+    ),
+    (
+        ["train.max_steps=lots"],
+        "microgpt: error: train.max_steps=lots: Value 'lots' of type 'str' could not be "
+        "converted to Integer",
+    ),
+    (["--heads=4"], "microgpt: error: --heads=4: settings are written heads=4, without dashes"),
+    (["--heads", "4"], "microgpt: error: --heads: settings are written heads=4, without dashes"),
+    (
+        ["hydra.run.dir=names.txt"],
+        "microgpt: error: hydra.run.dir=names.txt is an existing file, not a folder; "
+        "name a new folder",
+    ),
+    (
+        ["hydra.run.dir=run"],
+        "microgpt: error: run already holds a run (a checkpoints folder); continue it with "
+        "resume=run, or write the new run to another folder",
+    ),
+    (["data.path=nope.txt"], "microgpt: error: no data file at "),
+    (
+        ["-m", "heads=4,3,5"],
+        "microgpt: error: 2 of the sweep's jobs have bad settings; none was started:",
+    ),
+]
+
+
+@pytest.mark.parametrize("args, first", CONFIG_ERRORS, ids=[" ".join(a) for a, _ in CONFIG_ERRORS])
+def test_bad_settings_are_one_line_exit_2_and_leave_no_folder(world, args, first):
+    before = snapshot(world)
+    base = [a for a in BASE if not a.startswith("heads=") or args[0] != "-m"]
+    r = run("train.py", *base, "data.path=names.txt", *args, cwd=world)
+    assert r.returncode == 2, r.stderr
+    assert first_line(r).startswith(first), r.stderr
+    assert "Traceback" not in r.stderr
+    assert snapshot(world) == before
+    assert sorted(p.name for p in world.iterdir()) == ["names.txt", "run"], "debris left behind"
+
+
+def test_hydra_full_error_still_gives_the_trace(world):
+    r = run("train.py", "train.max_step=3", cwd=world, env={"HYDRA_FULL_ERROR": "1"})
+    assert r.returncode == 1 and "Traceback" in r.stderr
+    assert sorted(p.name for p in world.iterdir()) == ["names.txt", "run"]
+
+
+def test_a_second_process_on_a_locked_run_folder_is_refused_naming_the_holder(world):
+    lock = world / "run" / ".lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.write(fd, b"424242\n")
+        before = snapshot(world)
+        r = run("train.py", "resume=run", "train.max_steps=6", cwd=world)
+        assert r.returncode == 2, r.stderr
+        assert first_line(r) == (
+            f"microgpt: error: {world / 'run'} is in use by another microgpt process (pid 424242); "
+            "wait for it to end or stop it, then run again"
+        ), r.stderr
+        assert snapshot(world) == before
+    finally:
+        os.close(fd)
+
+
+def test_resume_takes_the_run_settings_refuses_others_and_cleans_killed_saves(world, tmp_path):
+    r = run("train.py", "resume=run", "heads=4", cwd=world)  # the run has 2 heads
+    assert r.returncode == 2 and "heads: 2 in the checkpoint, 4 now" in first_line(r), r.stderr
+    leftover = world / "run" / "checkpoints" / ".last.pt.k1ll3d.tmp"
+    leftover.write_bytes(b"half a checkpoint")
+    hydra_files = {p: p.read_bytes() for p in (world / "run" / ".hydra").iterdir()}
+    r = run("train.py", "resume=run", "train.max_steps=6", cwd=world)  # no other setting retyped
+    assert r.returncode == 0, r.stderr
+    assert torch.load(world / "run" / "checkpoints" / "last.pt", weights_only=True)["step"] == 6
+    assert not leftover.exists(), "the killed save's .tmp file is still there"
+    assert {p: p.read_bytes() for p in (world / "run" / ".hydra").iterdir()} == hydra_files
+
+
+def test_sigterm_during_start_up_says_so_and_leaves_no_folder(tmp_path):
+    names = tmp_path / "big.txt"  # big enough that loading it takes a while
+    rng = __import__("random").Random(0)
+    names.write_text(
+        "\n".join("".join(rng.choice("abcdefghij") for _ in range(12)) for _ in range(300_000))
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *BASE, f"data.path={names}", "hydra.run.dir=run"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not (tmp_path / "run" / ".hydra").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"microgpt: interrupted (SIGTERM): before the first checkpoint; removed the run folder "
+            f"{tmp_path / 'run'}"
+        )
+    ), err
+    assert not (tmp_path / "run").exists()
