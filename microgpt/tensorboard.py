@@ -184,7 +184,7 @@ class TensorBoardLogger:
         head summaries (`heads`) join the metrics; their scalars are written already."""
         hp = sanitize_hparams(hparams)
         metric_values = {str(k): _metric_value(v) for k, v in metrics.items()}
-        all_metrics = {**self.last_head_summary, **metric_values}
+        all_metrics = {**metric_values, **self.last_head_summary}
         for summary in hparams_summaries(hp, all_metrics):  # experiment, session start, end
             self.writer.file_writer.add_summary(summary)
         for tag, value in metric_values.items():
