@@ -26,8 +26,11 @@ weight a head puts on:
 - `spread`: the attention's entropy over the i + 1 keys it may see divided by log(i + 1), so 0 is
   one key and 1 is uniform (queries i >= 1).
 
-A head's role is the largest of its `self`, `previous`, `two_back`, `three_back` (offsets 0..3),
-`start` and `spread` scores (ties go to the first in ROLES), and its score is that value, in
+A head's role is the positional pattern that holds the majority of its attention: the largest of
+its `self`, `previous`, `two_back`, `three_back` (offsets 0..3) and `start` weights (ties go to the
+first in ROLES) when it is above DOMINANT (0.5), with that weight as its score. A head where no
+pattern holds the majority is `spread`, scored by its spread (near 1: uniform over what it sees;
+low: focused, but on different positions for different names, i.e. on content). Scores are in
 [0, 1]. `entropy` is the plain mean entropy in nats over every real query (as the
 attention_entropy/* scalars). Everything is vectorised: no Python loop over rows or positions.
 
@@ -54,6 +57,7 @@ from torch import Tensor, nn
 ROLES = ("self", "previous", "two_back", "three_back", "start", "spread")
 OFFSET_ROLES = ROLES[:4]  # the role of a head that looks at offset k = 0, 1, 2, 3
 PRUNE_TOLERANCE = 0.01  # nats: the loss rise a pruned model may have
+DOMINANT = 0.5  # a positional pattern is a head's role when it holds more than this weight
 OFFSETS = 8  # offsets 0..7 in a profile
 BATCH_SIZE = 256  # rows per forward pass
 
@@ -192,12 +196,14 @@ def _first_pass(model, batches, offsets: int):
 
 def roles_of(offsets: Tensor, start: Tensor, spread: Tensor) -> tuple[list[list[str]], Tensor]:
     """The role of each head and its score: offsets (L, H, K >= 4), start and spread (L, H)."""
-    scores = torch.cat(
-        [offsets[..., : len(OFFSET_ROLES)], start[..., None], spread[..., None]], dim=-1
-    )  # (L, H, len(ROLES))
-    best, which = scores.max(dim=-1)  # the first of equal scores wins
+    patterns = torch.cat(
+        [offsets[..., : len(OFFSET_ROLES)], start[..., None]], dim=-1
+    )  # (L, H, 5): self, previous, two_back, three_back, start
+    best, which = patterns.max(dim=-1)  # the first of equal weights wins
+    dominant = best > DOMINANT
+    which = torch.where(dominant, which, ROLES.index("spread"))
     roles = [[ROLES[r] for r in row] for row in which.tolist()]
-    return roles, best
+    return roles, torch.where(dominant, best, spread)
 
 
 # ----------------------------------------------------------------------------- ablation

@@ -299,3 +299,14 @@ def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("microgpt: error: ") and len(err.strip().splitlines()) == 1, err
         assert "Traceback" not in err
+
+
+def test_a_role_needs_the_majority_of_the_attention():
+    from microgpt.heads import roles_of
+
+    offsets = torch.tensor([[[0.1, 0.6, 0.1, 0.1, 0.0], [0.2, 0.45, 0.1, 0.1, 0.0]]])  # (1, 2, 5)
+    start = torch.tensor([[0.1, 0.15]])
+    spread = torch.tensor([[0.4, 0.7]])
+    roles, scores = roles_of(offsets, start, spread)
+    assert roles == [["previous", "spread"]]  # 0.45 on the previous character is no majority
+    torch.testing.assert_close(scores, torch.tensor([[0.6, 0.7]]))
