@@ -23,12 +23,13 @@ import os
 import pickle
 import random
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from microgpt.config import ConfigError, flatten
+from microgpt.config import Config, ConfigError, flatten
 from microgpt.files import atomic_write
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
@@ -132,6 +133,11 @@ def model_from_checkpoint(
         raise CheckpointError(
             f"{path} holds a model that cannot be rebuilt: {_first_line(e)}"
         ) from None
+    if tokenizer.vocab_size != config.vocab_size:
+        raise CheckpointError(
+            f"{path} does not hang together: its tokenizer has {tokenizer.vocab_size} symbols but "
+            f"its model's vocabulary has {config.vocab_size}; use an unedited checkpoint"
+        )
     return model.to(device).eval(), tokenizer
 
 
@@ -164,6 +170,7 @@ RESUMABLE_CHANGES = (
     "train.progress",
     "train.compile",
     "train.precision",
+    "data.path",  # the data's content (items, split, tokenizer) must match, wherever it lies
     "log.",
     "device",
     "out_dir",
@@ -173,7 +180,9 @@ RESUMABLE_CHANGES = (
 
 def check_resume_compatible(saved: dict, current: dict, path: Path) -> None:
     """Refuse to resume when a setting outside RESUMABLE_CHANGES differs from the checkpoint's."""
-    a, b = flatten(saved), flatten(current)
+    # a setting added to microgpt after the checkpoint was written counts as its default
+    a = {**flatten(asdict(Config())), **flatten(saved)}
+    b = flatten(current)
 
     def may_change(key: str) -> bool:
         return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)

@@ -286,8 +286,8 @@ class Trainer:
         last = self.out_dir / "checkpoints" / "last.pt"
         raise Interrupted(
             f"{signal_name or 'signal'} received: stopped at step {self.step} of "
-            f"{self.config.train.max_steps} and wrote {last}; to continue, run again with the "
-            f"same settings and resume={last}",
+            f"{self.config.train.max_steps} and wrote {last}; to continue: "
+            f"python train.py resume={last}",
             checkpoint=last,
         )
 

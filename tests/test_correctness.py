@@ -223,3 +223,29 @@ def test_weight_average_is_evaluated_kept_as_best_and_resumes_exactly(tiny_cfg, 
     second.run()
     for k, v in averaged.items():
         assert torch.equal(v, second.ema.state_dict()[k]), k
+
+
+# ----------------------------------------------------------------------------- resume across versions
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_and_the_data_may_move(
+    tiny_cfg, tmp_path, names_file
+):
+    """A checkpoint written before train.ema existed holds no such key: it counts as the default.
+    The same data at another path is the same data (its items and split are compared)."""
+    from microgpt.checkpoint import load_checkpoint, save_checkpoint
+
+    Trainer(load_config(tiny_cfg("device=cpu", "train.max_steps=3", "train.num_samples=0"))).run()
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    old = load_checkpoint(last)
+    del old["train_config"]["train"]["ema"]
+    save_checkpoint(old, last)
+    moved = tmp_path / "elsewhere.txt"
+    moved.write_bytes(names_file.read_bytes())
+    cfg = tiny_cfg("device=cpu", "train.max_steps=5", "resume=true", f"data.path={moved}")
+    trainer = Trainer(load_config(cfg))
+    assert trainer.step == 3
+    names = names_file.read_text().split()
+    moved.write_text("\n".join(names[1:]) + "\n")  # other data at that path: refused
+    with pytest.raises(ConfigError, match=r"no longer holds the data the run was trained on"):
+        Trainer(load_config(cfg))
