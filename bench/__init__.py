@@ -1,1 +1,3 @@
-"""Benchmarks of microgpt: `python bench/run.py --help`. One module per section; run.py prints them."""
+"""Benchmarks of microgpt: `python bench/run.py --help`.
+
+One module per section; run.py prints them."""

@@ -28,8 +28,9 @@ OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
 def figure(values, unit: str, target: tuple[str, float] | None = None, **extra) -> dict:
-    """{median, min, max, unit, n}; with a target ("<", 0.8), also `target` and `pass` (of the median).
-    A None among the values (a threshold never reached, say) makes the median None and the target a miss."""
+    """{median, min, max, unit, n}; with a target ("<", 0.8), also `target` and `pass` (of the
+    median). A None among the values (a threshold never reached, say) makes the median None and
+    the target a miss."""
     values = list(values)
     known = [v for v in values if v is not None]
     if len(known) == len(values) and values:
@@ -81,19 +82,22 @@ _runs = 0
 
 
 def run_overrides(args, tmp: Path) -> list[str]:
-    """The overrides every bench run takes: the device, a fresh out_dir under tmp, no progress bar."""
+    """The overrides every bench run takes: the device, a fresh out_dir under tmp, no progress
+    bar."""
     global _runs
     _runs += 1
     return [f"device={args.device}", f"out_dir={tmp / f'run{_runs}'}", "train.progress=false"]
 
 
 def make_trainer(overrides, args, tmp: Path) -> Trainer:
-    """A Trainer (data, model, optimizer; nothing written yet) for the default config plus overrides."""
+    """A Trainer (data, model, optimizer; nothing written yet) for the default config plus
+    overrides."""
     return Trainer(load_config(compose([*run_overrides(args, tmp), *overrides])))
 
 
 def preset_model_config(preset: str, vocab_size: int):
-    """The GPTConfig of a model preset at its own block size (256 when the preset leaves it to the data)."""
+    """The GPTConfig of a model preset at its own block size (256 when the preset leaves it to
+    the data)."""
     cfg = load_config(compose([f"model={preset}", "device=cpu", "out_dir=."]))
     return cfg.model_for_data(vocab_size, cfg.model.block_size or 256)
 

@@ -31,7 +31,8 @@ def peak_rss_kib() -> int:
 
 
 def memory_child(args) -> None:
-    """In a fresh process: build the small-preset Trainer, take N steps, print the peak RSS as JSON."""
+    """In a fresh process: build the small-preset Trainer, take N steps, print the peak RSS as
+    JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         tr = make_trainer(["model=small"], args, Path(tmp))
         for _ in range(args.memory_child):

@@ -1,4 +1,5 @@
-"""5. MFU: the model FLOPs of the sdpa throughput cases against the best fp32 matmul measured here."""
+"""5. MFU: the model FLOPs of the sdpa throughput cases against the best fp32 matmul measured
+here."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from bench.throughput import run_throughput
 def flops_per_token(n_matmul: int, n_layer: int, n_embd: int, T: float) -> float:
     """Training FLOPs per token, forward + backward (PaLM appendix B, nanoGPT's estimate_mfu):
     6 * N (N = matmul weights: a multiply-add per weight, x3 for forward + two backward matmuls)
-    + 12 * n_layer * T * n_embd (QK^T and AV over T keys, forward + backward, causality not halved)."""
+    + 12 * n_layer * T * n_embd (QK^T and AV over T keys, forward + backward, causality not
+    halved)."""
     return 6 * n_matmul + 12 * n_layer * T * n_embd
 
 

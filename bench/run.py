@@ -1,12 +1,14 @@
-"""Benchmarks: training throughput, time to quality, sampling, memory, MFU and the microgpt.py setting.
+"""Benchmarks: training throughput, time to quality, sampling, memory, MFU and the microgpt.py
+setting.
 
-    python bench/run.py                      # everything: 20-30 minutes on 2 CPU cores
-    python bench/run.py --quick              # tiny sizes, under a minute: a smoke test, not a measurement
+    python bench/run.py          # everything: 20-30 minutes on 2 CPU cores
+    python bench/run.py --quick  # tiny sizes, under a minute: a smoke test, not a measurement
     python bench/run.py --only throughput,mfu --threads 2 --out bench/results.json --write-docs
 
 Every figure is {median, min, max, unit, n[, target, pass]} over `--repeats` runs; one table is
-printed and the JSON (machine, torch, threads, every figure, notes) goes to `--out`. docs/benchmarks.md
-says what each section measures and how; `--write-docs` puts this run's table into it.
+printed and the JSON (machine, torch, threads, every figure, notes) goes to `--out`.
+docs/benchmarks.md says what each section measures and how; `--write-docs` puts this run's table
+into it.
 
 One module a section (bench/throughput.py, quality.py, sampling.py, memory.py, mfu.py,
 microgpt_setting.py), their shared helpers in bench/common.py; this file holds the command line
@@ -30,17 +32,17 @@ if __name__ == "__main__":  # `python bench/run.py` puts bench/, not the reposit
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
     sys.path.insert(0, str(REPO))
 
-import torch
+import torch  # noqa: E402
 
-from bench.common import error_figure, git_commit, machine_info
-from bench.memory import memory_child, run_memory
-from bench.mfu import run_mfu
-from bench.microgpt_setting import run_microgpt
-from bench.quality import run_time_to_quality
-from bench.sampling import run_sampling
-from bench.throughput import run_throughput
-from microgpt.distributed import DEVICES, pick_device
-from microgpt.model import ATTN_IMPLS
+from bench.common import error_figure, git_commit, machine_info  # noqa: E402
+from bench.memory import memory_child, run_memory  # noqa: E402
+from bench.mfu import run_mfu  # noqa: E402
+from bench.microgpt_setting import run_microgpt  # noqa: E402
+from bench.quality import run_time_to_quality  # noqa: E402
+from bench.sampling import run_sampling  # noqa: E402
+from bench.throughput import run_throughput  # noqa: E402
+from microgpt.distributed import DEVICES, pick_device  # noqa: E402
+from microgpt.model import ATTN_IMPLS  # noqa: E402
 
 SECTIONS = ("throughput", "time_to_quality", "sampling", "memory", "mfu", "microgpt")
 PRESETS = ("micro", "small", "base")
@@ -126,7 +128,8 @@ def format_markdown(results: dict) -> str:
     head = (
         f"Run {results['date']} on {m['cpu']} ({m['cores']} cores), {m['platform']}; torch "
         f"{results['torch']}, {results['threads']} threads, device {results['device']}"
-        f"{', --quick (not a measurement)' if results['quick'] else ''}; commit {results['commit']}."
+        f"{', --quick (not a measurement)' if results['quick'] else ''}; "
+        f"commit {results['commit']}."
     )
     out = [
         head,

@@ -10,8 +10,8 @@ import torch
 
 from bench.common import figure, make_trainer, preset_model_config, step, sync
 from microgpt.generate import generate, sample_items
-from microgpt.model import GPT
 from microgpt.loss import evaluate
+from microgpt.model import GPT
 
 
 def sampling_model(args, device: torch.device, tmp: Path):

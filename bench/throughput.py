@@ -1,4 +1,5 @@
-"""1. Training throughput: Trainer.train_step timed per preset, batch size, attention and compiler."""
+"""1. Training throughput: Trainer.train_step timed per preset, batch size, attention and
+compiler."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ BASE_LINE = 255  # base's block is 256: one boundary token + at most 255 charact
 
 
 def base_data(tmp: Path) -> Path:
-    """data/names.txt packed into lines of up to 255 characters (names joined by spaces), so that the
-    base preset's batches are 256 wide like text of its block size."""
+    """data/names.txt packed into lines of up to 255 characters (names joined by spaces), so that
+    the base preset's batches are 256 wide like text of its block size."""
     lines, line = [], ""
     for name in read_items(NAMES):
         if line and len(line) + 1 + len(name) > BASE_LINE:
@@ -60,7 +61,8 @@ def throughput_cases(args):
             for compiled in [False] if args.no_compile else [False, True]:
                 for impl in args.impls:
                     if preset == "base" and batch > 32 and impl != "sdpa" and not args.base_full:
-                        continue  # (B, H, 256, 256) score tensors: minutes per step; --base-full runs them
+                        # (B, H, 256, 256) score tensors: minutes per step; --base-full runs them
+                        continue
                     yield preset, batch, impl, compiled
 
 

@@ -33,7 +33,9 @@ def make_names(n: int = 300, seed: int = 0) -> list[str]:
     names = set()
     while len(names) < n:
         k = rng.randint(1, 4)
-        names.add("".join(rng.choice(cons) + rng.choice(vows) for _ in range(k))[: rng.randint(2, 8)])
+        names.add(
+            "".join(rng.choice(cons) + rng.choice(vows) for _ in range(k))[: rng.randint(2, 8)]
+        )
     return sorted(names)
 
 

@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # bench/ is a package at the repository root, not an installed one
     sys.path.insert(0, str(REPO))
 
-from bench.common import step
-from bench.sampling import decode
+from bench.common import step  # noqa: E402
+from bench.sampling import decode  # noqa: E402
 
 STEPS = 3
 # a clip far below the tiny model's gradient norm (about 1-3), so every step is clipped

@@ -7,7 +7,9 @@ from microgpt.config import ConfigError, load_config
 from tests.conftest import compose_config
 
 
-@pytest.mark.parametrize("preset,layers,embd,heads", [("micro", 1, 16, 4), ("small", 4, 64, 4), ("base", 6, 384, 6)])
+@pytest.mark.parametrize(
+    "preset,layers,embd,heads", [("micro", 1, 16, 4), ("small", 4, 64, 4), ("base", 6, 384, 6)]
+)
 def test_model_presets_compose(preset, layers, embd, heads):
     config = load_config(compose_config([f"model={preset}", "out_dir=."]))
     assert (config.model.n_layer, config.model.n_embd, config.model.n_head) == (layers, embd, heads)
@@ -28,7 +30,13 @@ def test_heads_sets_the_models_head_count():
 
 def test_micro_preset_matches_microgpt_py():
     m = load_config(compose_config(["model=micro", "out_dir=."])).model
-    assert (m.norm, m.activation, m.bias, m.tie_weights, m.block_size) == ("rmsnorm", "relu", False, False, 16)
+    assert (m.norm, m.activation, m.bias, m.tie_weights, m.block_size) == (
+        "rmsnorm",
+        "relu",
+        False,
+        False,
+        16,
+    )
 
 
 def test_experiment_microgpt_composes():
@@ -53,7 +61,10 @@ def test_typo_in_a_key_is_refused_by_the_schema():
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["heads=3"], r"n_embd=64 is not divisible by heads=3.*heads in \[1, 2, 4, 8, 16, 32, 64\]"),
+        (
+            ["heads=3"],
+            r"n_embd=64 is not divisible by heads=3.*heads in \[1, 2, 4, 8, 16, 32, 64\]",
+        ),
         (["model.n_head=5"], r"model.n_embd=64 is not divisible by model.n_head=5"),
         (["model.n_kv_head=3"], r"model.n_kv_head=3.*\[1, 2, 4\]"),
         (["model.n_layer=0"], r"model.n_layer=0 must be a positive integer"),

@@ -21,9 +21,9 @@ from microgpt.generate import (
     mark_items,
     sample_items,
 )
+from microgpt.loss import evaluate
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
-from microgpt.loss import evaluate
 from microgpt.trainer import Trainer
 from tests.conftest import compose_config
 
@@ -225,7 +225,7 @@ def test_weight_average_is_evaluated_kept_as_best_and_resumes_exactly(tiny_cfg, 
         assert torch.equal(v, second.ema.state_dict()[k]), k
 
 
-# ----------------------------------------------------------------------------- resume across versions
+# ------------------------------------------------------------------------- resume across versions
 
 
 def test_a_run_saved_before_a_setting_existed_resumes_and_the_data_may_move(

@@ -1,4 +1,5 @@
-"""Data-parallel training under torchrun (gloo, 2 CPU processes), launchers, and unwrapped checkpoints.
+"""Data-parallel training under torchrun (gloo, 2 CPU processes), launchers, and unwrapped
+checkpoints.
 
 One real `torchrun --nproc_per_node=2 train.py` run (module fixture, ~15 s) serves two tests: it
 writes exactly one run folder, and its weights equal a single process's with the whole batch.
@@ -243,7 +244,7 @@ def test_non_zero_ranks_write_no_hydra_files(clean_env):
     assert mine.count("hydra/job_logging=disabled") == 1 and "hydra/job_logging=stdout" not in mine
 
 
-# ----------------------------------------------------------------------------- checkpoints of wrapped models
+# -------------------------------------------------------------------- checkpoints of wrapped models
 
 
 # importing torch.compile's machinery warns about torch.jit.script_method, in torch itself
@@ -313,7 +314,8 @@ def test_an_error_on_rank_0_alone_stops_every_rank_at_once(tmp_path):
 def test_ddp_resume_with_dropout_is_exact(tmp_path):
     """Each rank draws its own dropout masks and saves its own RNG state in last.pt: 2 ranks
     trained 4 steps then resumed to 8 end with the weights of 2 ranks trained 8 steps at once.
-    (Restoring rank 0's state on every rank, as before, gives rank 1 other masks after the resume.)"""
+    (Restoring rank 0's state on every rank, as before, gives rank 1 other masks after the
+    resume.)"""
     data = tmp_path / "names.txt"
     data.write_text("\n".join(make_names()) + "\n")
     common = [

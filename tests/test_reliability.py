@@ -1,13 +1,14 @@
-"""Reliability: exact resume, crash-safe checkpoints, Ctrl-C and SIGTERM, divergence, safe loading."""
+"""Reliability: exact resume, crash-safe checkpoints, Ctrl-C and SIGTERM, divergence, safe
+loading."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import re
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -19,9 +20,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
-from microgpt.checkpoint import CheckpointError, load_checkpoint
+from microgpt.checkpoint import CheckpointError, find_checkpoints, load_checkpoint
 from microgpt.config import ConfigError, load_config
-from microgpt.checkpoint import find_checkpoints
 from microgpt.trainer import Interrupted, Trainer, TrainingError
 from tests.conftest import REPO, TINY
 
@@ -87,7 +87,8 @@ def fingerprint(path: Path) -> tuple[str, int]:
 
 def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tmp_path):
     """Stopped by SIGINT after step 5 of 8, then resumed: the same loss at every step and the same
-    final weights, bit for bit, as one uninterrupted run; TensorBoard's loss/train has each step once."""
+    final weights, bit for bit, as one uninterrupted run; TensorBoard's loss/train has each step
+    once."""
     whole, whole_losses, stopped = run_trainer(tiny_cfg(*EXACT, out=tmp_path / "whole"))
     assert stopped is None and len(whole_losses) == 8
 
@@ -95,7 +96,8 @@ def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tm
     first, first_losses, stopped = run_trainer(tiny_cfg(*EXACT, out=run), on_step=sigint_at(5))
     assert isinstance(stopped, Interrupted) and "resume=" in str(stopped)
     assert first.step == 5 and load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 5
-    # a run killed after its last checkpoint leaves points past it; the resumed run must replace them
+    # a run killed after its last checkpoint leaves points past it; the resumed run must replace
+    # them
     with SummaryWriter(str(run)) as stale:
         for step in (6, 7):
             stale.add_scalar("loss/train", 99.0, step)
@@ -334,7 +336,8 @@ def cli(args, cwd, timeout=300, **kwargs):
 def test_cli_sigint_writes_last_pt_then_resume_true_continues_the_same_run_folder(
     tmp_path, names_file
 ):
-    """Ctrl-C: exit 130 with the command that resumes; `resume=true` picks the run up in its folder."""
+    """Ctrl-C: exit 130 with the command that resumes; `resume=true` picks the run up in its
+    folder."""
     settings = [
         *TINY,
         f"data.path={names_file}",
@@ -429,7 +432,8 @@ def test_resume_with_other_model_settings_names_the_differing_keys(tiny_cfg, tmp
 
 
 def test_run_dir_resolver_continues_the_run_being_resumed(tmp_path, monkeypatch):
-    """hydra.run.dir under resume: the newest run's folder, the checkpoint's run folder, else a new one."""
+    """hydra.run.dir under resume: the newest run's folder, the checkpoint's run folder, else a
+    new one."""
     from microgpt.cli import run_dir
 
     monkeypatch.chdir(tmp_path)

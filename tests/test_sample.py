@@ -19,7 +19,6 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from microgpt.checkpoint import CheckpointError, load_checkpoint
-from microgpt.data import Split
 from microgpt.config import SampleConfig, load_config
 from microgpt.generate import SamplingError
 from microgpt.sampling import find_checkpoint, run_sampling
@@ -31,7 +30,8 @@ SAMPLE_PY = str(REPO / "sample.py")
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A folder holding outputs/run1/checkpoints/{best,last}.pt of a tiny model, as train.py leaves it."""
+    """A folder holding outputs/run1/checkpoints/{best,last}.pt of a tiny model, as train.py
+    leaves it."""
     root = tmp_path_factory.mktemp("sample")
     names = root / "names.txt"
     names.write_text("\n".join(make_names(200)) + "\n")
@@ -70,7 +70,8 @@ def sample_cli(*args, cwd) -> subprocess.CompletedProcess:
 
 
 def sample_clis(arg_lists, cwd) -> list[subprocess.CompletedProcess]:
-    """Run `python sample.py ARGS` once per argument list, side by side (most of each is importing torch)."""
+    """Run `python sample.py ARGS` once per argument list, side by side (most of each is
+    importing torch)."""
     procs = [
         subprocess.Popen(
             [sys.executable, SAMPLE_PY, *args],
@@ -101,7 +102,7 @@ def sample(best, **kw):
     return run_sampling(ckpt=str(best), device="cpu", **kw)
 
 
-# ----------------------------------------------------------------------------- sample.py, end to end
+# ------------------------------------------------------------------------- sample.py, end to end
 
 
 def test_latest_run_is_found_without_arguments_and_no_files_are_written(trained):

@@ -5,8 +5,8 @@ import re
 import pytest
 import torch
 
-from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
 from microgpt.generate import check_sampling_args, generate, sample_next
+from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
 # ---------------------------------------------------------------- sample_next
@@ -277,7 +277,8 @@ def test_prefix_with_unknown_characters_raises():
 def test_prefix_as_long_as_block_size_raises():
     m = model(block_size=6)
     with pytest.raises(
-        ValueError, match=r"prefix of 6 characters is longer than this model's items: block_size is 6"
+        ValueError,
+        match=r"prefix of 6 characters is longer than this model's items: block_size is 6",
     ):
         generate(m, prefix=TOK.encode("abcdef"))
     assert gen(m, prefix=TOK.encode("abcd")).shape[1] == 5  # room for one more character

@@ -9,9 +9,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.config import load_config
 from microgpt.data import DataError
 from microgpt.trainer import lr_at, train
-from microgpt.config import load_config
 from tests.conftest import REPO, TINY, compose_config
 
 
@@ -50,7 +50,16 @@ def test_tiny_run_writes_events_checkpoints_config_and_samples(tiny_cfg, tmp_pat
 def test_checkpoint_describes_itself_and_reloads_to_the_same_logits(tiny_cfg, tmp_path):
     train(tiny_cfg())
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
-    for key in ("model", "model_config", "tokenizer", "train_config", "step", "metrics", "split", "resume"):
+    for key in (
+        "model",
+        "model_config",
+        "tokenizer",
+        "train_config",
+        "step",
+        "metrics",
+        "split",
+        "resume",
+    ):
         assert key in ckpt, key
     assert ckpt["step"] == 12 and ckpt["model_config"]["n_head"] == 2
     assert set(ckpt["split"]) == {"train", "val", "test"}
@@ -78,8 +87,17 @@ def test_training_lowers_the_loss_below_what_character_frequencies_reach(tiny_cf
 
 
 def test_lr_schedule_warms_up_then_decays():
-    config = load_config(compose_config(["optim.warmup_steps=10", "train.max_steps=100", "optim.lr=1e-3",
-                                         "optim.min_lr_ratio=0.1", "out_dir=."]))
+    config = load_config(
+        compose_config(
+            [
+                "optim.warmup_steps=10",
+                "train.max_steps=100",
+                "optim.lr=1e-3",
+                "optim.min_lr_ratio=0.1",
+                "out_dir=.",
+            ]
+        )
+    )
     lrs = [lr_at(s, config) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
@@ -93,7 +111,9 @@ def test_weight_decay_applies_to_matrices_only(tiny_cfg):
     model = GPT(GPTConfig(bias=True))
     opt = make_optimizer(model, load_config(tiny_cfg()), torch.device("cpu"))
     decayed, plain = opt.param_groups
-    assert all(p.dim() == 2 for p in decayed["params"]) and all(p.dim() == 1 for p in plain["params"])
+    assert all(p.dim() == 2 for p in decayed["params"]) and all(
+        p.dim() == 1 for p in plain["params"]
+    )
     assert decayed["weight_decay"] > 0 and plain["weight_decay"] == 0
 
 
@@ -109,9 +129,20 @@ def test_item_too_long_for_an_explicit_block_size(tiny_cfg):
 
 def test_multirun_names_job_folders_by_their_overrides(tmp_path, names_file):
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, str(REPO / "train.py"), "-m", "heads=1,2", *TINY[:1], *TINY[3:],
-           "model.n_embd=16", "train.max_steps=4", "train.eval_every=4", "train.num_samples=2",
-           f"data.path={names_file}", f"hydra.sweep.dir={sweep}"]
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        "heads=1,2",
+        *TINY[:1],
+        *TINY[3:],
+        "model.n_embd=16",
+        "train.max_steps=4",
+        "train.eval_every=4",
+        "train.num_samples=2",
+        f"data.path={names_file}",
+        f"hydra.sweep.dir={sweep}",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
@@ -122,8 +153,13 @@ def test_multirun_names_job_folders_by_their_overrides(tmp_path, names_file):
 
 
 def test_cli_bad_setting_is_one_line_without_traceback(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "train.py"), "heads=3", f"hydra.run.dir={tmp_path}/r"],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "heads=3", f"hydra.run.dir={tmp_path}/r"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert "heads=3" in result.stderr and "Traceback" not in result.stderr
 
