@@ -66,7 +66,7 @@ def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
-    """Load a microgpt checkpoint with torch.load(weights_only=True); CheckpointError if unusable."""
+    """Load a checkpoint with torch.load(weights_only=True); a CheckpointError if unusable."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -91,8 +91,9 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     except pickle.UnpicklingError as e:
         if "weights_only" in str(e) or "Unsupported global" in str(e) or "not allowed" in str(e):
             raise CheckpointError(
-                f"refused to load {path}: it holds Python objects that could run code when unpickled; "
-                f"microgpt checkpoints hold plain data only, so this file is not one (or was tampered with)"
+                f"refused to load {path}: it holds Python objects that could run code when "
+                f"unpickled; microgpt checkpoints hold plain data only, so this file is not one "
+                f"(or was tampered with)"
             ) from None
         raise CheckpointError(f"{path} is not a readable checkpoint ({_first_line(e)})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as e:
@@ -110,7 +111,8 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
         )
     if ckpt.get("version", 0) > VERSION:
         raise CheckpointError(
-            f"{path} was written by a newer microgpt (checkpoint version {ckpt['version']} > {VERSION}); upgrade"
+            f"{path} was written by a newer microgpt (checkpoint version {ckpt['version']} > "
+            f"{VERSION}); upgrade"
         )
     return ckpt
 

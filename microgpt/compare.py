@@ -34,6 +34,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from microgpt.checkpoint import CheckpointError, load_checkpoint
+from microgpt.draw import plot_lines
 from microgpt.heads import ROLES
 
 
@@ -119,8 +121,6 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 
 def _params(run: Path) -> int | None:
     """Parameters of the model in the run's checkpoint (tied weights counted once), if any."""
-    from microgpt.checkpoint import CheckpointError, load_checkpoint
-
     for name in ("best.pt", "last.pt"):
         path = run / "checkpoints" / name
         if path.is_file():
@@ -258,8 +258,6 @@ def format_table(runs: list[RunSummary]) -> str:
 
 def plot_val_curves(runs: list[RunSummary], path: str | Path) -> Path:
     """Validation loss against step, one line per run labelled by head count (draw.plot_lines)."""
-    from microgpt.draw import plot_lines
-
     curves = [r for r in runs if r.val_curve]
     if not curves:
         raise CompareError(

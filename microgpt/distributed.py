@@ -45,7 +45,7 @@ class DistInfo:
 
 
 def _export_submitit_env() -> None:
-    """Inside a submitit job of several tasks: export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT."""
+    """In a submitit job of several tasks: export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT."""
     try:
         from submitit.helpers import TorchDistributedEnvironment
     except ImportError:  # the variable alone, without submitit: nothing to read it with
@@ -100,7 +100,7 @@ def teardown() -> None:
 
 
 def any_rank(flag: bool, info: DistInfo) -> bool:
-    """True on every rank if `flag` is true on any rank (a stop request must stop them all at once)."""
+    """True on every rank if `flag` is true on any rank (a stop request stops them all at once)."""
     if not info.enabled:
         return flag
     t = torch.tensor([1 if flag else 0], dtype=torch.int32)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import tempfile
 from pathlib import Path
@@ -58,16 +59,16 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+class FolderInUse(RuntimeError):
+    """A run folder another process holds; the message names its pid."""
+
+
 _LOCKS: dict[str, int] = {}  # folder -> the open lock file's descriptor, held for the process
 
 
 def lock_folder(folder: str | os.PathLike) -> None:
     """Hold an OS lock (flock on <folder>/.lock) for the life of this process; the OS releases it
-    when the process ends, crash or not. Held by another process: ConfigError naming its pid."""
-    import fcntl
-
-    from microgpt.config import ConfigError
-
+    when the process ends, crash or not. Held by another process: FolderInUse naming its pid."""
     folder = Path(folder)
     key = str(folder.resolve())
     if key in _LOCKS:
@@ -78,7 +79,7 @@ def lock_folder(folder: str | os.PathLike) -> None:
     except OSError:
         holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise ConfigError(
+        raise FolderInUse(
             f"{folder} is in use by another microgpt process (pid {holder}); wait for it to end "
             f"or stop it, then run again"
         ) from None

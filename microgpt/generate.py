@@ -38,7 +38,7 @@ def default_batch(model, num_samples: int) -> int:
 
 
 class SamplingError(ValueError):
-    """A bad sampling setting, or no checkpoint to sample from; the message says what would be valid."""
+    """A bad sampling setting, or no checkpoint to sample from; the message says what is valid."""
 
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:

@@ -54,6 +54,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from microgpt.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from microgpt.data import CharDataset, DataError
+from microgpt.files import write_text
+
 ROLES = ("self", "previous", "two_back", "three_back", "start", "spread")
 OFFSET_ROLES = ROLES[:4]  # the role of a head that looks at offset k = 0, 1, 2, 3
 PRUNE_TOLERANCE = 0.01  # nats: the loss rise a pruned model may have
@@ -486,9 +490,6 @@ def resolve_run(path: str | Path) -> tuple[Path, Path]:
 
 def analyse_checkpoint(path: str | Path, device: str = "cpu") -> tuple[HeadReport, Path]:
     """The report of a run's checkpoint on the validation split stored in it, and the run folder."""
-    from microgpt.checkpoint import load_checkpoint, model_from_checkpoint
-    from microgpt.data import CharDataset
-
     run, ckpt_path = resolve_run(path)
     ckpt = load_checkpoint(ckpt_path)
     model, tokenizer = model_from_checkpoint(ckpt, device, ckpt_path)
@@ -502,10 +503,6 @@ def analyse_checkpoint(path: str | Path, device: str = "cpu") -> tuple[HeadRepor
 
 
 def main(argv: list[str] | None = None) -> int:
-    from microgpt.checkpoint import CheckpointError
-    from microgpt.data import DataError
-    from microgpt.files import write_text
-
     parser = argparse.ArgumentParser(
         prog="python -m microgpt.heads",
         description="What each head of a trained run does, and whether it matters.",

@@ -46,12 +46,13 @@ class KVCache:
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, n_kv_head, T, hd) at the current position; return all keys and values so far."""
+        """Write k, v (B, n_kv_head, T, hd) at the current position; return all keys and values."""
         t = k.size(2)
         end = self.pos + t
         if end > self.block_size:
             raise ValueError(
-                f"KV cache is full: position {self.pos} + {t} new tokens > block_size {self.block_size}"
+                f"KV cache is full: position {self.pos} + {t} new tokens > block_size "
+                f"{self.block_size}"
             )
         self.k[layer][:, :, self.pos : end] = k
         self.v[layer][:, :, self.pos : end] = v

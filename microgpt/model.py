@@ -125,7 +125,7 @@ def training_bytes(config: GPTConfig, batch_size: int) -> int:
 
 
 def causal_mask(T: int, pos: int = 0, device=None) -> torch.Tensor:
-    """(T, pos + T) booleans for T queries after `pos` cached keys: query i sees key j when j <= pos + i."""
+    """(T, pos + T) booleans, T queries after `pos` cached keys: query i sees key j <= pos + i."""
     return torch.ones(T, pos + T, dtype=torch.bool, device=device).tril(diagonal=pos)
 
 
@@ -195,7 +195,8 @@ class MultiHeadAttention(nn.Module):
         return y, (att if return_attn else None)
 
     def _loop(self, q, k, v, mask, kv_cache, layer, head_mask=None):
-        """The textbook version: for each head, slice its channels and attend. q (B, T, C), k/v (B, T, kv_dim)."""
+        """The textbook version: each head slices its channels and attends.
+        q (B, T, C), k/v (B, T, kv_dim)."""
         B, T, _ = q.shape
         hd = self.head_dim
         if (
@@ -224,7 +225,8 @@ class MultiHeadAttention(nn.Module):
         return y, torch.stack(weights, dim=1)  # (B, H, T, Tk)
 
     def _attention_weights(self, q, k, mask):
-        """softmax(q k^T / sqrt(hd)) over the keys each query may see. q (B, H, T, hd), k (B, Hkv, Tk, hd)."""
+        """softmax(q k^T / sqrt(hd)) over the keys each query may see.
+        q (B, H, T, hd), k (B, Hkv, Tk, hd)."""
         if self.group > 1:
             k = k.repeat_interleave(self.group, dim=1)  # (B, Hkv, Tk, hd) -> (B, H, Tk, hd)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, Tk)

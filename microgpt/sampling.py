@@ -13,7 +13,6 @@ from pathlib import Path
 
 from microgpt.checkpoint import (
     RUN_ROOTS,
-    CheckpointError,
     find_checkpoints,
     load_checkpoint,
     model_from_checkpoint,

@@ -1,4 +1,4 @@
-"""Characters <-> integer ids, with one boundary token that marks both the start and the end of an item.
+"""Characters <-> integer ids, with one boundary token marking both the start and end of an item.
 
 Id 0 is the boundary token (shown as "."), ids 1..N are the characters of the training items in
 sorted order, as in makemore: "emma" is fed to the model as [., e, m, m, a] and trained to
