@@ -27,12 +27,11 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from microgpt import distributed
+from microgpt import distributed, report
 from microgpt.checkpoint import (
     CheckpointError,
     check_resumable,
     load_checkpoint,
-    model_from_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -255,7 +254,7 @@ class Trainer:
         # a resume keeps the run's config.yaml and writes its own beside it
         name = "config.yaml" if self.resumed_from is None else f"config.resume-step{self.step}.yaml"
         write_text(self.out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(self.config)))
-        log.info(self.summary())
+        log.info(report.summary(self))
         log.info(f"run folder: {self.out_dir.resolve()}")
         if self.resumed_from is not None:
             log.info(f"resumed from {self.resumed_from} at step {self.step}")
@@ -365,23 +364,6 @@ class Trainer:
         self.history = {k: v for k, v in ckpt["metrics"].items() if k != "interrupted_at"}
         self.resumed_from = path
 
-    def summary(self) -> str:
-        c, m, s = self.config, self.model_config, self.split
-        kv = f" ({m.n_kv_head} kv heads)" if m.n_kv_head != m.n_head else ""
-        precision = "" if self.precision == "fp32" else f" {self.precision}"
-        ranks = (
-            f" ({c.train.batch_size} x {self.dist.world_size} ranks)" if self.dist.enabled else ""
-        )
-        return (
-            f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads{kv}, "
-            f"attn {m.attn_impl}, {self.model.num_params():,} parameters | data {self.data_path}: "
-            f"{len(s.train):,} train / {len(s.val):,} val / {len(s.test):,} test items, vocab "
-            f"{self.tokenizer.vocab_size}, block {m.block_size} | {c.train.max_steps} steps x "
-            f"batch {self.global_batch}{ranks}, lr {c.optim.lr:g} ({c.optim.warmup_steps} warmup, "
-            f"{c.optim.decay}) | device {self.device}{precision}"
-            f"{' compiled' if c.train.compile else ''} | seed {c.seed}"
-        )
-
     def _log_heads(self, step: int) -> None:
         """The probe's attention maps and the head analysis on validation items (rank 0)."""
         val = self.datasets["val"]
@@ -433,55 +415,8 @@ class Trainer:
         }
         if elapsed > 0 and tokens_done:
             metrics["tokens_per_sec"] = tokens_done / elapsed
-        distributed.run_on_main(lambda: self._test_and_sample(metrics), self.dist)
+        distributed.run_on_main(lambda: report.finish(self, metrics), self.dist)
         return metrics
-
-    def _test_and_sample(self, metrics: dict) -> None:
-        """The test loss of best.pt's weights (as makemore reports it), samples, hparams."""
-        c, m = self.config, self.model_config
-        best_path = self.out_dir / "checkpoints" / "best.pt"
-        model, best = self.eval_model, None
-        if best_path.exists():
-            best = load_checkpoint(best_path, map_location="cpu")
-            model, _ = model_from_checkpoint(best, device=self.device, path=best_path)
-        test = evaluate(model, self.datasets["test"], c.train.eval_batch_size, self.autocast)
-        metrics["test_loss"] = test
-        self.writer.scalars(self.step, {"loss/test": test})
-        if best is not None:  # best.pt gains the test loss
-            best["metrics"]["test_loss"] = test
-            save_checkpoint(best, best_path)
-        lines = []
-        if c.train.num_samples:
-            names = sample_items(model, self.tokenizer, c.train.num_samples, seed=c.seed)
-            lines = format_marked(mark_items(names, self.split))
-            write_text(self.out_dir / "samples.txt", "\n".join(lines) + "\n")
-            metrics["samples"] = names
-        hparams = {
-            "heads": m.n_head,
-            "kv_heads": m.n_kv_head,
-            "n_layer": m.n_layer,
-            "n_embd": m.n_embd,
-            "params": metrics["params"],
-            "model": m.name,
-            "attn_impl": m.attn_impl,
-            "batch_size": self.global_batch,
-            "lr": c.optim.lr,
-            "max_steps": c.train.max_steps,
-            "dropout": m.dropout,
-            "seed": c.seed,
-        }
-        keys = ("best_val_loss", "val_loss", "test_loss")
-        self.writer.hparams(
-            hparams, {f"hparams/{k}": metrics[k] for k in keys if k in metrics}, step=self.step
-        )
-        self.writer.close()
-        best_val = metrics.get("best_val_loss", math.nan)
-        log.info(
-            f"test loss {test:.4f} (best val {best_val:.4f}) after {self.step} steps in "
-            f"{metrics['elapsed_s']:.1f} s"
-        )
-        if lines:
-            log.info("samples:\n" + "\n".join(lines))
 
 
 def train(cfg) -> dict:
