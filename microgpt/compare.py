@@ -25,6 +25,7 @@ It also draws the validation loss curves, one per run labelled by head count, in
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import statistics
@@ -56,6 +57,7 @@ class RunSummary:
     entropy: list[float] = field(default_factory=list)  # per layer, the mean over heads
     val_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, loss/val)
     heads_summary: dict[str, float] = field(default_factory=dict)  # HeadReport.summaries()
+    data: str = "?"  # the data it was trained on: path and a hash of its split's items
 
     @property
     def prunable(self) -> float:
@@ -119,23 +121,26 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     }
 
 
-def _params(run: Path) -> int | None:
-    """Parameters of the model in the run's checkpoint (tied weights counted once), if any."""
+def _from_checkpoint(run: Path) -> tuple[int | None, str]:
+    """The parameters of the model in the run's checkpoint (tied weights counted once) and the
+    data it was trained on ("path #hash of the split's items"), if there is a checkpoint."""
     for name in ("best.pt", "last.pt"):
         path = run / "checkpoints" / name
         if path.is_file():
             try:
-                state = load_checkpoint(path)["model"]
+                ckpt = load_checkpoint(path)
             except CheckpointError:
                 continue
             seen, total = set(), 0
-            for t in state.values():
+            for t in ckpt["model"].values():
                 key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
                 if key not in seen:
                     seen.add(key)
                     total += t.numel()
-            return total
-    return None
+            split = json.dumps(ckpt.get("split"), sort_keys=True).encode()
+            data = (ckpt.get("train_config") or {}).get("data", {}).get("path", "?")
+            return total, f"{data} #{hashlib.sha256(split).hexdigest()[:8]}"
+    return None, "?"
 
 
 def read_run(run: Path, root: Path) -> RunSummary:
@@ -144,7 +149,8 @@ def read_run(run: Path, root: Path) -> RunSummary:
     kv_heads = OmegaConf.select(cfg, "model.n_kv_head")
     scalars = _scalars(run)
     name = str(run.relative_to(root)) if run != root else run.name
-    summary = RunSummary(name=name, path=run, heads=heads, kv_heads=kv_heads, params=_params(run))
+    params, data = _from_checkpoint(run)
+    summary = RunSummary(name, run, heads=heads, kv_heads=kv_heads, params=params, data=data)
     summary.val_curve = sorted(scalars.get("loss/val", []))
     if summary.val_curve:
         summary.best_val_loss = min(v for _, v in summary.val_curve)
@@ -241,15 +247,26 @@ def format_table(runs: list[RunSummary]) -> str:
             for i, (c, w) in enumerate(zip(row, widths))
         ]
         lines.append("  ".join(cells).rstrip())
-    best = min(
-        (r for r in runs if not math.isnan(r.best_val_loss)),
-        key=lambda r: r.best_val_loss,
-        default=None,
-    )
-    if best is not None:
+    groups: dict[str, list[RunSummary]] = {}
+    for r in runs:
+        groups.setdefault(r.data, []).append(r)
+    if len(groups) > 1:  # losses on different data do not compare: rank within each group only
         lines.append(
-            f"lowest validation loss: {best.name} ({best.label}, {best.best_val_loss:.4f})"
+            f"these runs were trained on {len(groups)} different data sets (path or items differ); "
+            f"their losses compare only within a group:"
         )
+    for data, group in groups.items():
+        best = min(
+            (r for r in group if not math.isnan(r.best_val_loss)),
+            key=lambda r: r.best_val_loss,
+            default=None,
+        )
+        if best is not None:
+            where = f" on {data}: {', '.join(r.name for r in group)}" if len(groups) > 1 else ""
+            lines.append(
+                f"lowest validation loss{where}: {best.name} ({best.label}, "
+                f"{best.best_val_loss:.4f})"
+            )
     return "\n".join(lines)
 
 

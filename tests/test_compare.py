@@ -116,3 +116,25 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
         assert two.prunable == 2 and two.importance_max == [0.125]
     finally:
         (root / "heads=2" / "heads.json").unlink()
+
+
+def test_runs_on_different_data_are_not_ranked_against_each_other(sweep, tmp_path, capsys):
+    """A run trained on other names (same path, other items) is grouped apart: each group gets
+    its own "lowest validation loss" line, and the table says the data differ."""
+    import shutil
+
+    root, _ = sweep
+    mixed = tmp_path / "mixed"
+    shutil.copytree(root / "heads=1", mixed / "heads=1")
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(make_names(seed=1)) + "\n")
+    cfg = compose_config([*TINY, "heads=2", "train.num_samples=0", f"data.path={other}"])
+    cfg.out_dir = str(mixed / "heads=2")
+    train(cfg)
+    assert main([str(mixed), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "trained on 2 different data sets" in out
+    assert out.count("lowest validation loss on ") == 2
+    assert main([str(root), "--no-plot"]) == 0  # one data set: one ranking, no warning
+    out = capsys.readouterr().out
+    assert "different data" not in out and out.count("lowest validation loss: ") == 1

@@ -60,17 +60,21 @@ def test_attention_entropy_uniform_one_hot_and_mask():
     )
 
 
-def test_attention_entropy_of_a_causal_model():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=5, block_size=6, n_layer=2, n_embd=16, n_head=2))
-    x = torch.tensor([[0, 1, 2, 3, 4, 0], [0, 2, 0, 0, 0, 0]])
-    y = torch.tensor([[1, 2, 3, 4, 0, -1], [2, 0, -1, -1, -1, -1]])
-    _, _, att = model(x, y, return_attn=True)
-    ent = attention_entropy(att, y >= 0)
-    assert ent.shape == (2, 2)
-    # query i sees i+1 keys: between 0 and log(i+1), so below the mean of log(i+1) over the queries
-    bound = (sum(math.log(i + 1) for i in range(5)) + sum(math.log(i + 1) for i in range(2))) / 7
-    assert (ent >= 0).all() and (ent <= bound + 1e-5).all()
+def test_attention_entropy_of_known_attention_patterns():
+    """Hand-made causal attention: head 0 uniform over the keys each query sees (entropy log(i+1)
+    at query i), head 1 all on the first key (entropy 0). Padding queries attend uniformly too but
+    must not count: row 1 has 2 real queries of 6."""
+    T = 6
+    uniform = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]  # (T, T)
+    first = torch.zeros(T, T)
+    first[:, 0] = 1.0
+    att = torch.stack([uniform, first])[None].repeat(2, 1, 1, 1)  # (B=2, H=2, T, T)
+    real = torch.tensor([[True] * 5 + [False], [True, True] + [False] * 4])  # (B, T)
+    ent = attention_entropy([att], real)  # (L=1, H=2)
+    expected = (sum(math.log(i + 1) for i in range(5)) + math.log(1) + math.log(2)) / 7
+    assert ent.shape == (1, 2)
+    assert ent[0, 0].item() == pytest.approx(expected, abs=1e-6)  # padding would raise it
+    assert ent[0, 1].item() == pytest.approx(0.0, abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- the logger
