@@ -7,7 +7,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from microgpt.draw import render_offset_profile
 from microgpt.heads import ROLES, attention_entropy
-from microgpt.model import GPT, GPTConfig
 from microgpt.tensorboard import (
     BOUNDARY_LABEL,
     TensorBoardLogger,
