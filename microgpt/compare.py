@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.draw import plot_lines
 from microgpt.heads import ROLES
+from microgpt.tensorboard import METRICS_FILE, read_metrics
 
 
 class CompareError(ValueError):
@@ -110,6 +111,15 @@ def find_runs(folder: str | Path) -> list[Path]:
 
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]}: from the run's metrics.jsonl when it has one (fast), else
+    from its TensorBoard event files."""
+    if (run / METRICS_FILE).is_file():
+        out: dict[str, list[tuple[int, float]]] = {}
+        for line in read_metrics(run / METRICS_FILE):
+            for tag, value in line.items():
+                if tag not in ("step", "time"):
+                    out.setdefault(tag, []).append((line["step"], value))
+        return out
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(

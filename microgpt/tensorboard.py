@@ -15,7 +15,9 @@ image tab keeps 10 images per tag unless TensorBoard starts with `--samples_per_
 
 from __future__ import annotations
 
+import json
 import numbers
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
 from microgpt.draw import compose_layer, render_heads, render_offset_profile
+from microgpt.files import write_text
 from microgpt.heads import ROLES, HeadReport, analyse
 from microgpt.tokenizer import BOUNDARY_ID
 
@@ -81,6 +84,20 @@ def _metric_value(v) -> float:
 # ----------------------------------------------------------------------------- the logger
 
 
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The objects of a metrics.jsonl, in order; a last line cut short by a crash is skipped."""
+    lines = []
+    for text in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            lines.append(json.loads(text))
+        except ValueError:
+            continue
+    return lines
+
+
 class TensorBoardLogger:
     """A SummaryWriter on one run's folder, with one method for each thing the trainer logs."""
 
@@ -90,17 +107,29 @@ class TensorBoardLogger:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
+        # every scalar also goes, one JSON object per call, to metrics.jsonl: written as it goes,
+        # so a crash loses at most the last line; a resume drops the lines it will write again
+        self.metrics_path = self.log_dir / METRICS_FILE
+        if purge_step is not None and self.metrics_path.exists():
+            kept = [line for line in read_metrics(self.metrics_path) if line["step"] < purge_step]
+            write_text(self.metrics_path, "".join(json.dumps(line) + "\n" for line in kept))
+        self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
         self.last_head_summary: dict[str, float] = {}  # HParams metrics too (see hparams)
         self._layout_written = False
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        """{tag: value}, e.g. {"loss/train": 2.1, "lr": 1e-3}; None values are skipped."""
+        """{tag: value}, e.g. {"loss/train": 2.1, "lr": 1e-3}; None values are skipped. Every
+        scalar of the run goes through here: to TensorBoard and a line of metrics.jsonl."""
+        line = {"step": step, "time": time.time()}
         for tag, value in values.items():
             if value is None:
                 continue
             if isinstance(value, torch.Tensor):
                 value = value.item()
             self.writer.add_scalar(tag, float(value), step)
+            line[tag] = float(value)
+        self.metrics_file.write(json.dumps(line) + "\n")
+        self.metrics_file.flush()
 
     def attention_maps(
         self, step: int, attention: Sequence[torch.Tensor], labels: Sequence[str]
@@ -136,11 +165,12 @@ class TensorBoardLogger:
     def attention_entropy(self, step: int, entropy: torch.Tensor) -> None:
         """(L, H) entropies -> scalars `attention_entropy/layer{l}/head{h}`."""
         e = _numpy(entropy)
-        for layer in range(e.shape[0]):
-            for h in range(e.shape[1]):
-                self.writer.add_scalar(
-                    f"attention_entropy/layer{layer}/head{h}", float(e[layer, h]), step
-                )
+        tags = {
+            f"attention_entropy/layer{layer}/head{h}": float(e[layer, h])
+            for layer in range(e.shape[0])
+            for h in range(e.shape[1])
+        }
+        self.scalars(step, tags)
 
     def heads(self, step: int, report: HeadReport) -> None:
         """A microgpt.heads report: its summaries (`heads/layer{l}/entropy_min|mean|max`,
@@ -153,10 +183,12 @@ class TensorBoardLogger:
         summary = report.summaries()
         self.scalars(step, summary)
         self.attention_entropy(step, report.entropy)
-        for layer in range(report.n_layer):
-            for h in range(report.n_head):
-                tag = f"heads/layer{layer}/head{h}/importance"
-                self.writer.add_scalar(tag, float(report.importance[layer, h]), step)
+        importance = {
+            f"heads/layer{layer}/head{h}/importance": float(report.importance[layer, h])
+            for layer in range(report.n_layer)
+            for h in range(report.n_head)
+        }
+        self.scalars(step, importance)
         self.offset_profiles(step, report.offsets, report.start)
         self._text("heads/table", report.markdown(), step)
         if not self._layout_written:
@@ -187,8 +219,7 @@ class TensorBoardLogger:
         all_metrics = {**metric_values, **self.last_head_summary}
         for summary in hparams_summaries(hp, all_metrics):  # experiment, session start, end
             self.writer.file_writer.add_summary(summary)
-        for tag, value in metric_values.items():
-            self.writer.add_scalar(tag, value, step)
+        self.scalars(step if step is not None else 0, metric_values)
         self.writer.flush()
 
     def flush(self) -> None:
@@ -196,6 +227,7 @@ class TensorBoardLogger:
 
     def close(self) -> None:
         self.writer.close()
+        self.metrics_file.close()
 
     def __enter__(self):
         return self

@@ -22,6 +22,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from microgpt.checkpoint import CheckpointError, find_checkpoints, load_checkpoint
 from microgpt.config import ConfigError, load_config
+from microgpt.tensorboard import read_metrics
 from microgpt.trainer import Interrupted, Trainer, TrainingError
 from tests.conftest import REPO, TINY
 
@@ -101,7 +102,9 @@ def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tm
     with SummaryWriter(str(run)) as stale:
         for step in (6, 7):
             stale.add_scalar("loss/train", 99.0, step)
-
+    # event files are read in name order: <seconds>.<host>.<pid>.<writer number>, and within one
+    # second writer 10 sorts before writer 9; a new second keeps the resumed run's file last
+    time.sleep(1.1)
     second, second_losses, stopped = run_trainer(tiny_cfg(*EXACT, "resume=true", out=run))
     assert stopped is None and second.step == 8
     assert first_losses + second_losses == whole_losses  # every step's loss, exactly
@@ -116,6 +119,13 @@ def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tm
     # the window of steps 4-6 was cut by the stop: its mean is still the uninterrupted run's
     assert [v for _, v in points] == [v for _, v in scalar_steps(tmp_path / "whole", "loss/train")]
     assert points[1][1] == pytest.approx(sum(whole_losses[3:6]) / 3, rel=1e-6)
+
+    # metrics.jsonl, like TensorBoard, holds each step once and the uninterrupted run's values
+    def train_lines(folder):
+        lines = read_metrics(folder / "metrics.jsonl")
+        return [(d["step"], d["loss/train"]) for d in lines if "loss/train" in d]
+
+    assert train_lines(run) == train_lines(tmp_path / "whole") == [(s, v) for s, v in points]
     assert [s for s, _ in scalar_steps(run, "loss/val")] == [3, 6, 8]
 
 

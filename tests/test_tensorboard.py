@@ -114,7 +114,9 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
         tb.samples(10, ["emma", "olivia (in train)", "zoe *new*"])
         tb.hparams({"n_head": H, "lr": 1e-3, "dropout": None}, {"hparams/best_val_loss": 1.9})
 
-    assert [p.is_file() for p in tmp_path.iterdir()] == [True]  # one event file, no subfolder
+    files = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert len(files) == len(list(tmp_path.iterdir())) == 2  # no subfolder
+    assert files[0].startswith("events.out.tfevents.") and files[1] == "metrics.jsonl"
     acc = load(tmp_path)
     tags = acc.Tags()
     assert {"loss/train", "lr", "hparams/best_val_loss"} <= set(tags["scalars"])
@@ -248,3 +250,24 @@ def test_custom_scalars_layout_names_only_tags_the_run_writes(head_runs):
         layer1 = charts["layer 1: entropy and importance of each head"].multiline.tag
         matched = {t for t in scalars for regex in layer1 if re.fullmatch(regex, t)}
         assert len(matched) == 2 * heads  # entropy and importance of every head in layer 1
+
+
+def test_every_scalar_also_goes_to_metrics_jsonl(tiny_cfg, tmp_path):
+    """metrics.jsonl holds, line by line, every scalar the event files hold (same steps, same
+    values), so a script can read a run without TensorBoard; a line cut by a crash is skipped."""
+    from microgpt.config import load_config
+    from microgpt.tensorboard import read_metrics
+    from microgpt.trainer import Trainer
+
+    Trainer(load_config(tiny_cfg("device=cpu"))).run()
+    run = tmp_path / "run"
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = {(tag, e.step): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
+    lines = read_metrics(run / "metrics.jsonl")
+    jsonl = {(t, d["step"]): v for d in lines for t, v in d.items() if t not in ("step", "time")}
+    assert set(jsonl) == set(events) and len(events) > 50
+    assert all(jsonl[k] == pytest.approx(events[k], rel=1e-6) for k in events)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 99, "loss/tra')  # killed mid-line
+    assert read_metrics(run / "metrics.jsonl") == lines
