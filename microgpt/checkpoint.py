@@ -166,6 +166,7 @@ def latest_run_dir(roots=RUN_ROOTS) -> Path | None:
 RESUMABLE_CHANGES = (
     "train.max_steps",
     "train.eval_every",
+    "train.save_every",
     "train.eval_batch_size",
     "train.log_every",
     "train.num_samples",

@@ -67,6 +67,7 @@ class TrainConfig:
     batch_size: int = 128  # per process; under torchrun the global batch is batch_size * world size
     group_by_length: int = 0  # >0: batches of similar-length items, sorted within runs of N batches
     eval_every: int = 250
+    save_every: int = 0  # >0: keep checkpoints/step-NNNNNN.pt (weights, no optimizer) every N steps
     eval_batch_size: int = 1000
     log_every: int = 10  # scalars to TensorBoard and the progress bar
     num_samples: int = 20  # names printed (and written to samples.txt) at the end
@@ -114,6 +115,8 @@ class Config:
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{name}={value} must be at least 1")
+        if t.save_every < 0:
+            raise ConfigError(f"train.save_every={t.save_every} must be >= 0 (0 = off)")
         if t.group_by_length < 0:
             raise ConfigError(f"train.group_by_length={t.group_by_length} must be >= 0 (0 = off)")
         if not 0 <= t.ema < 1:

@@ -229,6 +229,8 @@ class Trainer:
                     bar.update(1)
                     if self.step % c.train.eval_every == 0 or final:
                         metrics.update(self._evaluate_and_save(metrics))
+                    if c.train.save_every and self.step % c.train.save_every == 0:
+                        distributed.run_on_main(lambda: self._save_snapshot(metrics), self.dist)
                     if self.is_main and (self.step % c.log.attn_every == 0 or final):
                         self._log_heads(self.step)
                     asks = check_every == 1 or self.step % c.train.log_every == 0
@@ -317,6 +319,12 @@ class Trainer:
             "metrics": dict(metrics),
             "split": self.split.to_dict(),
         }
+
+    def _save_snapshot(self, metrics: dict) -> None:
+        """checkpoints/step-NNNNNN.pt: the weights (averaged, with train.ema) and what describes
+        them, no optimizer: for sample.py ckpt= and python -m microgpt.heads at this step."""
+        path = self.out_dir / "checkpoints" / f"step-{self.step:06d}.pt"
+        save_checkpoint(self._checkpoint(metrics, self.eval_model), path)
 
     def _save_last(self, metrics: dict) -> None:
         """last.pt with the resume state; every rank calls it (each rank's RNG and loss window)."""

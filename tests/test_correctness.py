@@ -259,3 +259,27 @@ def test_sampling_builds_no_autograd_graph():
     model.lm_head.register_forward_hook(lambda mod, inp, out: recorded.append(out.requires_grad))
     sample_items(model, CharTokenizer("abcdefghijklmnopqrstuvwxyz"), 3, seed=0, batch_size=1)
     assert recorded and not any(recorded)
+
+
+# ---------------------------------------------------------------- checkpoints along the way
+
+
+def test_save_every_keeps_step_checkpoints_that_sample_and_heads_accept(tiny_cfg, tmp_path):
+    from microgpt.checkpoint import load_checkpoint
+    from microgpt.heads import analyse_checkpoint
+    from microgpt.sampling import run_sampling
+
+    Trainer(load_config(tiny_cfg("device=cpu", "train.save_every=4", "train.num_samples=0"))).run()
+    folder = tmp_path / "run" / "checkpoints"
+    steps = sorted(p.name for p in folder.glob("step-*.pt"))
+    assert steps == ["step-000004.pt", "step-000008.pt", "step-000012.pt"]
+    first = load_checkpoint(folder / "step-000004.pt")
+    assert first["step"] == 4 and "resume" not in first  # weights and config, no optimizer
+    last = load_checkpoint(folder / "last.pt")
+    twelve = load_checkpoint(folder / "step-000012.pt")
+    assert all(torch.equal(twelve["model"][k], last["model"][k]) for k in last["model"])
+    assert not torch.equal(first["model"]["lm_head.weight"], twelve["model"]["lm_head.weight"])
+    result = run_sampling(ckpt=str(folder / "step-000004.pt"), num_samples=3, seed=0)
+    assert len(result.names) == 3 and result.step == 4
+    report, run = analyse_checkpoint(folder / "step-000008.pt")
+    assert run == tmp_path / "run" and report.n_head == 2
