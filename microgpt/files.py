@@ -24,9 +24,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb"):
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(
-            fd, _mode_for(path)
-        )  # mkstemp makes 0600 files; keep what a plain open() would give
+        # mkstemp makes 0600 files; keep what a plain open() would give
+        os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()

@@ -129,6 +129,12 @@ def causal_mask(T: int, pos: int = 0, device=None) -> torch.Tensor:
     return torch.ones(T, pos + T, dtype=torch.bool, device=device).tril(diagonal=pos)
 
 
+def needs_mask(impl: str, return_attn: bool, pos: int, T: int) -> bool:
+    """Whether attention needs an explicit causal mask: loop and batched always; sdpa only for the
+    weights it does not return, or several new tokens after a cached prefix."""
+    return impl != "sdpa" or return_attn or (pos > 0 and T > 1)
+
+
 class MultiHeadAttention(nn.Module):
     """Causal multi-head attention with per-head channel slices, optional GQA and a KV cache."""
 
@@ -170,7 +176,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.qkv(x).split(
             [C, self.kv_dim, self.kv_dim], dim=2
         )  # (B, T, C), 2 x (B, T, kv_dim)
-        if mask is None and (self.impl != "sdpa" or return_attn or (pos > 0 and T > 1)):
+        if mask is None and needs_mask(self.impl, return_attn, pos, T):
             mask = causal_mask(T, pos, device=x.device)  # (T, Tk)
         if self.impl == "loop":
             y, att = self._loop(q, k, v, mask, kv_cache, layer, head_mask)
@@ -376,7 +382,7 @@ class GPT(nn.Module):
                 f"({self.config.n_layer}, {self.config.n_head})"
             )
         mask = None  # one causal mask for every layer, built only where an implementation needs it
-        if self.config.attn_impl != "sdpa" or return_attn or (pos > 0 and T > 1):
+        if needs_mask(self.config.attn_impl, return_attn, pos, T):
             mask = causal_mask(T, pos, device=idx.device)  # (T, pos + T)
         attention = []
         for layer, block in enumerate(self.blocks):

@@ -332,6 +332,7 @@ class Trainer:
             {"rng": rng_state(), "window": self.window.state_dict()}, self.dist
         )
         resume = {
+            "optimizer": self.optimizer.state_dict(),
             "sampler": self.sampler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
@@ -342,9 +343,8 @@ class Trainer:
         }
 
         def save():
-            ckpt = {**self._checkpoint(metrics), "resume": resume}
-            resume["optimizer"] = self.optimizer.state_dict()
-            save_checkpoint(ckpt, self.out_dir / "checkpoints" / "last.pt")
+            last = self.out_dir / "checkpoints" / "last.pt"
+            save_checkpoint({**self._checkpoint(metrics), "resume": resume}, last)
 
         distributed.run_on_main(save, self.dist)
 

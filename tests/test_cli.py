@@ -35,6 +35,13 @@ def run(script: str, *args, cwd, env=None, **kw) -> subprocess.CompletedProcess:
     )
 
 
+def sample_three(ckpt, out, cwd) -> subprocess.CompletedProcess:
+    """python sample.py: 3 names of seed 0 from `ckpt` on the CPU, written to `out`."""
+    return run(
+        "sample.py", f"ckpt={ckpt}", f"out={out}", "device=cpu", "seed=0", "num_samples=3", cwd=cwd
+    )
+
+
 def snapshot(folder: Path) -> dict:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -77,15 +84,7 @@ def test_sample_out_never_overwrites_a_checkpoint_a_run_file_a_device_or_a_binar
     ]
     before, outside = snapshot(world), binary.read_bytes()
     for out, message in cases:
-        r = run(
-            "sample.py",
-            f"ckpt={best}",
-            f"out={out}",
-            "device=cpu",
-            "seed=0",
-            "num_samples=3",
-            cwd=tmp_path,
-        )
+        r = sample_three(best, out, cwd=tmp_path)
         assert r.returncode == 2, r.stderr
         assert first_line(r).startswith("microgpt: error: ") and message in first_line(r), r.stderr
     assert snapshot(world) == before and binary.read_bytes() == outside
@@ -98,15 +97,7 @@ def test_sample_out_follows_a_symlink_and_rewrites_a_file_of_names(world, tmp_pa
     link = tmp_path / "link.txt"
     link.symlink_to(target)
     best = world / "run" / "checkpoints" / "best.pt"
-    r = run(
-        "sample.py",
-        f"ckpt={best}",
-        f"out={link}",
-        "device=cpu",
-        "seed=0",
-        "num_samples=3",
-        cwd=tmp_path,
-    )
+    r = sample_three(best, link, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert link.is_symlink() and len(target.read_text().splitlines()) == 3
 

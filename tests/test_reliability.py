@@ -102,6 +102,8 @@ def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tm
     with SummaryWriter(str(run)) as stale:
         for step in (6, 7):
             stale.add_scalar("loss/train", 99.0, step)
+    with open(run / "metrics.jsonl", "a") as f:  # and the same points in metrics.jsonl
+        f.writelines(f'{{"step": {step}, "loss/train": 99.0}}\n' for step in (6, 7))
     # event files are read in name order: <seconds>.<host>.<pid>.<writer number>, and within one
     # second writer 10 sorts before writer 9; a new second keeps the resumed run's file last
     time.sleep(1.1)
