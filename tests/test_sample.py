@@ -93,7 +93,7 @@ def names_of(stdout: str) -> list[str]:
     """The items of sample.py's output: between the checkpoint line and the summary line."""
     lines = stdout.splitlines()
     assert lines[0].startswith("checkpoint ") and re.fullmatch(
-        r"\d+ of \d+ new, \d+ unique", lines[-1]
+        r"\d+ of \d+ new, \d+ unique(, \d+ empty)?", lines[-1]
     )
     return [re.sub(r"\s+\((new|in train|in val|in test)\)$", "", line) for line in lines[1:-1]]
 
@@ -114,7 +114,7 @@ def test_latest_run_is_found_without_arguments_and_no_files_are_written(trained)
         f"checkpoint {Path('outputs/run1/checkpoints/best.pt')} (step 20, val loss "
     )
     assert len(names_of(r.stdout)) == 20
-    assert re.fullmatch(r"\d+ of 20 new, \d+ unique", r.stdout.splitlines()[-1])
+    assert re.fullmatch(r"\d+ of 20 new, \d+ unique(, \d+ empty)?", r.stdout.splitlines()[-1])
     assert (
         sorted(p.relative_to(trained) for p in trained.rglob("*")) == before
     )  # no outputs/, .hydra/, *.log
