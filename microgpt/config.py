@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from microgpt.data import FORMATS
 from microgpt.distributed import DEVICES, PRECISIONS, available_memory, gib
 from microgpt.generate import SamplingError, check_sampling_args
 from microgpt.model import GPTConfig, check_gpt_settings, training_bytes
@@ -45,7 +46,9 @@ def flatten(d, prefix: str = "") -> dict:
 @dataclass
 class DataConfig:
     name: str = "names"
-    path: str = "data/names.txt"  # one item per line, UTF-8; relative: from the cwd, then the repo
+    path: str = "data/names.txt"  # UTF-8; relative: from the cwd, then the repo
+    format: str = "lines"  # lines (one item per line) | text (one stream of characters)
+    prepare: str | None = None  # the command that builds the file: named if it is missing
 
 
 @dataclass
@@ -115,6 +118,11 @@ class Config:
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{name}={value} must be at least 1")
+        if self.data.format not in FORMATS:
+            raise ConfigError(
+                f"data.format={self.data.format!r} is unknown; choose one of {list(FORMATS)} "
+                f"(lines: one item per line, like names; text: one stream, like a play)"
+            )
         if t.save_every < 0:
             raise ConfigError(f"train.save_every={t.save_every} must be >= 0 (0 = off)")
         if t.group_by_length < 0:
@@ -183,13 +191,15 @@ def parse_resume(value) -> bool | str:
 class SampleConfig:
     """The settings of `python sample.py` (conf/sample.yaml mirrors it). Checked on construction."""
 
-    num_samples: int = 20
+    num_samples: int | None = None  # null = 20 names, or 3 passages of a text run
     temperature: float = 1.0  # 0 = greedy
     top_k: int | None = None  # keep the k most likely characters; null = all
     top_p: float | None = None  # keep the smallest set reaching this probability; null = all
-    prefix: str = ""  # every item starts with it
+    prefix: str = ""  # every item starts with it; a text run's passages continue it
     seed: int | None = None  # null = a random seed (printed, to repeat the run)
-    max_len: int | None = None  # longest item, prefix included; null = the block size allows
+    # names: the longest item, prefix included (null = what the block size allows); a text run:
+    # the characters added to the prefix (null = 300)
+    max_len: int | None = None
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
     use_cache: bool = True  # the KV cache; false recomputes the whole context (same items)
     out: str | None = None  # also write the items to this file, one per line
@@ -202,7 +212,7 @@ class SampleConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise SamplingError(f"{name}={value!r} must be an integer")
-        if self.num_samples < 1:
+        if self.num_samples is not None and self.num_samples < 1:
             raise SamplingError(f"num_samples={self.num_samples} must be at least 1")
         if self.batch_size is not None and self.batch_size < 1:
             raise SamplingError(
@@ -213,11 +223,8 @@ class SampleConfig:
         check_sampling_args(self.temperature, self.top_k, self.top_p)
         if not isinstance(self.prefix, str):
             raise SamplingError(f"prefix={self.prefix!r} must be a string")
-        if self.max_len is not None and self.max_len <= len(self.prefix):
-            raise SamplingError(
-                f"max_len={self.max_len} must be greater than the length of the prefix "
-                f"({len(self.prefix)}), or null for no limit but the block size"
-            )
+        if self.max_len is not None and self.max_len < 1:
+            raise SamplingError(f"max_len={self.max_len} must be at least 1 (or null)")
         if self.device not in DEVICES:
             raise SamplingError(f"device={self.device!r} is unknown; choose one of {list(DEVICES)}")
         if self.ckpt is not None and self.run is not None:

@@ -40,6 +40,16 @@ LIGHT_TEXT = (250, 250, 250)  # values written on dark cells
 MASKED = (222, 222, 222)  # cells a query may not attend to (the causal mask)
 GRID = (228, 228, 228)
 FONT_SIZE = 12
+MIN_FONT_SIZE = 8
+MAP_WIDTH = 720  # pixels a head's attention map aims at: 18-pixel cells up to 40 positions
+
+
+def map_cell(positions: int) -> int:
+    """The cell size of an attention map over `positions` keys: 18 pixels, smaller for long
+    probes (8 at 90 positions and more), so that a 128-character passage stays on one screen."""
+    return max(8, min(18, MAP_WIDTH // max(positions, 1)))
+
+
 HEADS_PER_ROW = 4  # a layer's head maps: at most this many side by side, then a new row
 
 # Tableau 10, the usual categorical palette: distinct, and readable on white.
@@ -118,7 +128,7 @@ def _heatmap(
     top and an optional title; cells where `mask` is False are grey; `annotate` writes each value
     (2 decimals) in its cell where it fits."""
     R, C = values.shape
-    fnt = font()
+    fnt = font(min(FONT_SIZE, max(MIN_FONT_SIZE, cell_w - 1)))  # smaller cells, smaller labels
     pad = 4
     label_h = text_size("Mgy", fnt)[1]  # the same for every label set: stable layout
     label_w = max([text_size(s, fnt)[0] for s in row_labels] + [cell_w // 2])

@@ -3,6 +3,7 @@
 - `sample_next`: logits -> one token per row (temperature, top-k, top-p); knows nothing of models.
 - `generate(model, ...)`: token rows from a GPT, all rows at once, with the KV cache by default.
 - `sample_items(model, tokenizer, ...)`: strings, in batches, from a seed.
+- `continue_text(model, prompt, ...)`: a passage continuing a prompt, sliding past the context.
 - `mark_items` / `format_marked`: each item "new" or found in a split, makemore style.
 
 Sampling settings are checked once, where they enter (`generate`, `sample_items`, or the sample
@@ -170,6 +171,58 @@ def _generate(
                 if bool(done.all()):  # one host sync per step: cheap next to a forward pass
                     break
         return idx[:, 1:end]
+    finally:
+        model.train(was_training)
+
+
+def continue_text(
+    model,
+    prompt: list[int],
+    max_new_tokens: int,
+    num_samples: int = 1,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> torch.Tensor:
+    """Continue `prompt` (ids, at least one) by `max_new_tokens` sampled tokens in each of
+    num_samples rows: (num_samples, len(prompt) + max_new_tokens) ids. Beyond the model's context
+    the window slides: each token is drawn from the block_size tokens before it (recomputed; the
+    KV cache serves while everything fits). No token ends a row (text has no boundary token)."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise SamplingError(f"num_samples={num_samples!r} must be an integer >= 1")
+    if not prompt:
+        raise SamplingError("a continuation needs a prompt of at least one character")
+    if any(not 0 <= int(t) < model.config.vocab_size for t in prompt):
+        raise SamplingError(f"prompt ids must be in 0..{model.config.vocab_size - 1}")
+    check_sampling_args(temperature, top_k, top_p)
+    return _continue(
+        model, [int(t) for t in prompt], max_new_tokens, num_samples,
+        temperature, top_k, top_p, generator, use_cache,
+    )  # fmt: skip
+
+
+@torch.inference_mode()
+def _continue(model, prompt, max_new, n, temperature, top_k, top_p, generator, use_cache):
+    """continue_text() with its arguments taken as checked."""
+    T, device = model.config.block_size, model.wte.weight.device
+    idx = torch.empty((n, len(prompt) + max_new), dtype=torch.long, device=device)  # (B, P + new)
+    idx[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    cache = KVCache.for_model(model, n) if use_cache and len(prompt) < T else None
+    was_training = model.training
+    model.eval()
+    try:
+        end, cached = len(prompt), 0  # columns filled; of them, columns in the cache
+        for _ in range(max_new):
+            if cache is not None and end <= T:  # the prompt at once, then one token a step
+                logits, _ = model(idx[:, cached:end], kv_cache=cache)
+                cached = end
+            else:  # the last T tokens, recomputed
+                logits, _ = model(idx[:, max(0, end - T) : end])
+            idx[:, end] = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+            end += 1
+        return idx
     finally:
         model.train(was_training)
 

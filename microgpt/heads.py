@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from microgpt.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from microgpt.data import CharDataset, DataError
+from microgpt.data import DataError, data_of_checkpoint
 from microgpt.files import write_text
 from microgpt.head_report import PRUNE_TOLERANCE, ROLES, HeadReport
 
@@ -62,6 +62,7 @@ OFFSET_ROLES = ROLES[:4]  # the role of a head that looks at offset k = 0, 1, 2,
 DOMINANT = 0.5  # a positional pattern is a head's role when it holds more than this weight
 OFFSETS = 8  # offsets 0..7 in a profile
 BATCH_SIZE = 256  # rows per forward pass
+ANALYSIS_TARGETS = 16384  # the command analyses the first validation rows holding this many targets
 
 
 class HeadsError(ValueError):
@@ -375,11 +376,16 @@ def analyse_checkpoint(path: str | Path, device: str = "cpu") -> tuple[HeadRepor
     run, ckpt_path = resolve_run(path)
     ckpt = load_checkpoint(ckpt_path)
     model, tokenizer = model_from_checkpoint(ckpt, device, ckpt_path)
-    val = (ckpt.get("split") or {}).get("val")
-    if not val:
+    if (
+        not (ckpt.get("split") or {}).get("val")
+        and (ckpt.get("split") or {}).get("format") != "text"
+    ):
         raise HeadsError(f"{ckpt_path} stores no validation split to analyse the heads on")
-    data = CharDataset.from_items(val, tokenizer, model.config.block_size)
-    report = analyse(model, data.X, data.Y)
+    val = data_of_checkpoint(ckpt, device).datasets["val"]  # names, or windows of a text run
+    x, y = val.batch(torch.arange(len(val)))  # (N, T) each
+    keep = int(((y >= 0).sum(dim=1).cumsum(0) <= ANALYSIS_TARGETS).sum().clamp(min=1))
+    x, y = x[:keep], y[:keep]  # every name; the first 128 windows of 128 characters of a text
+    report = analyse(model, x, y)
     report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.get("step")}
     return report, run
 

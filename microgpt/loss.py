@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from microgpt.data import CharDataset
+from microgpt.lines import CharDataset
 
 
 @torch.no_grad()

@@ -11,15 +11,15 @@ import math
 
 from microgpt.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from microgpt.files import write_text
-from microgpt.generate import format_marked, mark_items, sample_items
 from microgpt.loss import evaluate
+from microgpt.samples import sample_for_run
 
 log = logging.getLogger("microgpt")
 
 
 def summary(trainer) -> str:
     """One line: the model, the data, the recipe, the device ."""
-    c, m, s = trainer.config, trainer.model_config, trainer.split
+    c, m = trainer.config, trainer.model_config
     kv = f" ({m.n_kv_head} kv heads)" if m.n_kv_head != m.n_head else ""
     precision = "" if trainer.precision == "fp32" else f" {trainer.precision}"
     world = trainer.dist.world_size
@@ -27,8 +27,7 @@ def summary(trainer) -> str:
     return (
         f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads{kv}, "
         f"attn {m.attn_impl}, {trainer.model.num_params():,} parameters | data "
-        f"{trainer.data_path}: "
-        f"{len(s.train):,} train / {len(s.val):,} val / {len(s.test):,} test items, vocab "
+        f"{trainer.data_path} ({c.data.format}): {trainer.data.describe()}, vocab "
         f"{trainer.tokenizer.vocab_size}, block {m.block_size} | {c.train.max_steps} steps x "
         f"batch {trainer.global_batch}{ranks}, lr {c.optim.lr:g} ({c.optim.warmup_steps} warmup, "
         f"{c.optim.decay}) | device {trainer.device}{precision}"
@@ -52,10 +51,10 @@ def finish(trainer, metrics: dict) -> None:
         save_checkpoint(best, best_path)
     lines = []
     if c.train.num_samples:
-        names = sample_items(model, trainer.tokenizer, c.train.num_samples, seed=c.seed)
-        lines = format_marked(mark_items(names, trainer.split))
+        shown = sample_for_run(model, trainer.data, c.train.num_samples, seed=c.seed)
+        lines = shown.lines
         write_text(trainer.out_dir / "samples.txt", "\n".join(lines) + "\n")
-        metrics["samples"] = names
+        metrics["samples"] = shown.items
     hparams = {
         "heads": m.n_head,
         "kv_heads": m.n_kv_head,

@@ -1,5 +1,6 @@
 """What `python sample.py` does: find and load a checkpoint, sample, mark each item new or found
-in a split, and write `out` if asked. It prints nothing: sample.py prints the SampleResult.
+in a split (names) or measure its longest stretch found verbatim in the training text (passages
+of a text run), and write `out` if asked. It prints nothing: sample.py prints the SampleResult.
 
 The decoding itself is microgpt.generate; the settings are microgpt.config.SampleConfig.
 """
@@ -18,12 +19,15 @@ from microgpt.checkpoint import (
     model_from_checkpoint,
 )
 from microgpt.config import SampleConfig, load_config
-from microgpt.data import DataError, Split
+from microgpt.data import DataError, data_of_checkpoint
 from microgpt.distributed import pick_device
 from microgpt.files import write_text
-from microgpt.generate import SamplingError, format_marked, mark_items, sample_items
+from microgpt.generate import SamplingError
+from microgpt.lines import Split
+from microgpt.samples import Samples, sample_names, sample_passages
 
 TRAIN_COMMAND = "python train.py heads=4"
+NAMES, PASSAGES = 20, 3  # num_samples=null: names of a lines run, passages of a text run
 
 
 @dataclass
@@ -149,15 +153,19 @@ def sample_from_config(cfg) -> SampleResult:
     except DataError:
         split = None
     seed = c.seed if c.seed is not None else int.from_bytes(os.urandom(4), "little")
+    text_run = ((ckpt.get("train_config") or {}).get("data") or {}).get("format") == "text"
 
     start = time.perf_counter()
     try:
-        names = _sample(model, tokenizer, c, seed)
+        if text_run:
+            shown, notes = _passages(ckpt, model, tokenizer, c, seed)
+        else:
+            shown, notes = _names(model, tokenizer, split, c, seed), []
     except KeyboardInterrupt:
         where = f"; nothing was written to out={c.out}" if c.out is not None else ""
         raise KeyboardInterrupt("SIGINT", f"sampling stopped, the items were discarded{where}")
     seconds = time.perf_counter() - start
-    marked = mark_items(names, split)
+    names, marked = shown.items, shown.marked or []
 
     metrics = ckpt.get("metrics")
     metrics = metrics if isinstance(metrics, dict) else {}  # a hand-edited one: shown as n/a
@@ -167,11 +175,11 @@ def sample_from_config(cfg) -> SampleResult:
         f"checkpoint {path} (step {step if step is not None else '?'}, val loss "
         f"{f'{val_loss:.4f}' if isinstance(val_loss, (int, float)) else 'n/a'}), seed {seed}"
     )
-    if split is None:
+    if split is None and not text_run:
         header += " [no data split in this checkpoint: every item is marked new]"
     if c.out is not None:
         try:
-            write_lines(out, names)
+            write_lines(out, shown.lines[:-1] if text_run else names)
         except OSError as e:
             raise SamplingError(f"cannot write out={c.out}: {e.strerror or e}") from None
     return SampleResult(
@@ -183,7 +191,7 @@ def sample_from_config(cfg) -> SampleResult:
         seed=seed,
         seconds=seconds,
         header=header,
-        lines=[header, *format_marked(marked)],
+        lines=[header, *notes, *shown.lines],
     )
 
 
@@ -192,17 +200,45 @@ def run_sampling(**settings) -> SampleResult:
     return sample_from_config(SampleConfig(**settings))
 
 
-def _sample(model, tokenizer, c: SampleConfig, seed: int) -> list[str]:
-    return sample_items(
+def _names(model, tokenizer, split, c: SampleConfig, seed: int) -> Samples:
+    return sample_names(
         model,
         tokenizer,
-        c.num_samples,
+        split,
+        c.num_samples if c.num_samples is not None else NAMES,
+        seed,
         prefix=c.prefix,
         temperature=c.temperature,
         top_k=c.top_k,
         top_p=c.top_p,
-        seed=seed,
         batch_size=c.batch_size,
         use_cache=c.use_cache,
         max_len=c.max_len,
     )
+
+
+def _passages(ckpt: dict, model, tokenizer, c: SampleConfig, seed: int):
+    """A text run's passages, and notes for the output: the prompt cut to the context, or why the
+    longest verbatim stretch is not measured (the run's text file missing or changed)."""
+    notes = []
+    try:
+        index = data_of_checkpoint(ckpt).verbatim_index
+    except DataError as e:
+        index = None
+        notes.append(f"[memorisation not measured: {e}]")
+    shown = sample_passages(
+        model,
+        tokenizer,
+        index,
+        c.num_samples if c.num_samples is not None else PASSAGES,
+        seed,
+        prompt=c.prefix,
+        max_new=c.max_len,
+        temperature=c.temperature,
+        top_k=c.top_k,
+        top_p=c.top_p,
+        use_cache=c.use_cache,
+    )
+    if shown.note:
+        notes.append(f"[{shown.note}]")
+    return shown, notes

@@ -28,7 +28,7 @@ from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
-from microgpt.draw import compose_layer, render_heads, render_offset_profile
+from microgpt.draw import compose_layer, map_cell, render_heads, render_offset_profile
 from microgpt.files import write_text
 from microgpt.heads import ROLES, HeadReport, analyse
 from microgpt.tokenizer import BOUNDARY_ID
@@ -37,9 +37,18 @@ from microgpt.tokenizer import BOUNDARY_ID
 BOUNDARY_LABEL = "<s>"
 
 
+# Characters with no ink, labelled so that a map of a passage shows its spaces and line ends.
+VISIBLE = {" ": "·", "\n": "\\n", "\t": "\\t"}
+
+
 def labels_for(ids: Sequence[int], tokenizer) -> list[str]:
-    """Token ids -> the characters to label a map with; the boundary token is BOUNDARY_LABEL."""
-    return [BOUNDARY_LABEL if int(i) == BOUNDARY_ID else tokenizer.itos[int(i)] for i in ids]
+    """Token ids -> the characters to label a map with; the boundary token is BOUNDARY_LABEL, a
+    space "·" and a line end "\\n"."""
+    return [
+        BOUNDARY_LABEL if int(i) == BOUNDARY_ID else VISIBLE.get(c, c)
+        for i in ids
+        for c in [tokenizer.itos.get(int(i), "?")]
+    ]
 
 
 def _numpy(x) -> np.ndarray:
@@ -146,7 +155,7 @@ class TensorBoardLogger:
             T, Tk = w.shape[1:]
             # with Tk > T (a cached prefix) the queries are the last T keys
             mask = np.tri(T, Tk, k=Tk - T, dtype=bool)  # (T, Tk) True where query i sees key j
-            heads = render_heads(w, labels[Tk - T :], labels, mask=mask)
+            heads = render_heads(w, labels[Tk - T :], labels, cell=map_cell(Tk), mask=mask)
             for h, img in enumerate(heads):
                 self._image(f"attention/layer{layer}/head{h}", img, step)
             self._image(f"attention/layer{layer}", compose_layer(heads, layer), step)

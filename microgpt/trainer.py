@@ -37,12 +37,12 @@ from microgpt.checkpoint import (
     set_rng_state,
 )
 from microgpt.config import Config, ConfigError, check_memory, load_config
-from microgpt.data import BatchSampler, load_data
+from microgpt.data import DataError, load_data
 from microgpt.files import lock_folder, remove_leftovers, write_text
-from microgpt.generate import format_marked, mark_items, sample_items
 from microgpt.loss import LossWindow, StepResult, evaluate
 from microgpt.model import GPT
 from microgpt.optim import WeightAverage, lr_at, make_optimizer
+from microgpt.samples import sample_for_run
 from microgpt.stopping import Interrupted, StopFlag, TrainingError
 from microgpt.tensorboard import TensorBoardLogger, labels_for, log_heads
 
@@ -96,19 +96,16 @@ class Trainer:
                 c.model_for_data(2, c.model.block_size), c.train.batch_size, self.device, True
             )
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
-        data = load_data(c.data.path, c.seed, c.model.block_size, self.device, not c.train.compile)
+        self.data = data = load_data(
+            c.data.path, c.seed, c.model.block_size, self.device, not c.train.compile,
+            c.data.format, c.data.prepare,
+        )  # fmt: skip
         self.data_path, self.tokenizer, self.split = data.path, data.tokenizer, data.split
         self.datasets = data.datasets
-        self.probe = c.log.probe if c.log.probe is not None else self.split.val[0]
         try:
-            self.tokenizer.check(self.probe, what="log.probe")
-        except ValueError as e:
+            self.probe_ids = data.probe_ids(c.log.probe)
+        except DataError as e:
             raise ConfigError(str(e)) from None
-        if len(self.probe) + 1 > data.block_size:
-            raise ConfigError(
-                f"log.probe={self.probe!r} is longer than block_size-1={data.block_size - 1} "
-                f"characters"
-            )
 
         torch.manual_seed(c.seed)
         random.seed(c.seed)
@@ -134,14 +131,7 @@ class Trainer:
         # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.global_batch = c.train.batch_size * self.dist.world_size
-        lengths = self.datasets["train"].lengths
-        self.sampler = BatchSampler(
-            len(self.datasets["train"]),
-            self.global_batch,
-            c.seed,
-            lengths=lengths,
-            group_by_length=c.train.group_by_length,
-        )
+        self.batches = data.train_batches(self.global_batch, c.seed, c.train.group_by_length)
         self.step = 0
         self.best_val_loss = math.inf
         self.history: dict[str, float] = {}
@@ -166,13 +156,8 @@ class Trainer:
         lr = lr_at(self.step, c)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        idx = self.sampler.next_batch()  # (global batch,) indices, the same on every rank
-        lengths = self.datasets["train"].lengths
-        n_global = int((lengths[idx] + 1).sum())  # target characters in the global batch
-        b = c.train.batch_size
-        mine = idx[self.dist.rank * b : (self.dist.rank + 1) * b]
-        x, y = self.datasets["train"].batch(mine)  # (B, T) each
-        n_mine = int((lengths[mine] + 1).sum())
+        # (B, T) each: this rank's share of the global batch, and the targets in each
+        x, y, n_mine, n_global = self.batches.next(self.dist.rank, c.train.batch_size)
         with self.autocast():
             _, loss = self.train_model(x, y)
         # the mean over the global batch's characters, whatever their split between ranks
@@ -333,7 +318,7 @@ class Trainer:
         )
         resume = {
             "optimizer": self.optimizer.state_dict(),
-            "sampler": self.sampler.state_dict(),
+            "sampler": self.batches.state_dict(),
             "scaler": self.scaler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "rng": ranks[0]["rng"],  # what a resume on another number of ranks would use
@@ -356,7 +341,7 @@ class Trainer:
         r = ckpt["resume"]
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(r["optimizer"])
-        self.sampler.load_state_dict(r["sampler"])
+        self.batches.load_state_dict(r["sampler"])
         if self.ema is not None and r.get("ema") is not None:
             self.ema.load_state_dict(r["ema"])
         if r.get("scaler"):
@@ -376,7 +361,7 @@ class Trainer:
         """The probe's attention maps and the head analysis on validation items (rank 0)."""
         val = self.datasets["val"]
         x, y = val.batch(torch.arange(min(len(val), self.config.log.entropy_items)))  # (N, T)
-        probe = [self.tokenizer.boundary_id, *self.tokenizer.encode(self.probe)]
+        probe = self.probe_ids
         log_heads(
             self.writer, step, self.eval_model, probe, labels_for(probe, self.tokenizer), x, y
         )
@@ -401,8 +386,8 @@ class Trainer:
         self.best_val_loss = min(self.best_val_loss, val_loss)
         out = {"val_loss": val_loss, "best_val_loss": self.best_val_loss, "step": self.step}
         self.writer.scalars(self.step, {"loss/val": val_loss})
-        names = sample_items(self.eval_model, self.tokenizer, 10, seed=c.seed + self.step)
-        self.writer.samples(self.step, format_marked(mark_items(names, self.split)))
+        shown = sample_for_run(self.eval_model, self.data, None, seed=c.seed + self.step)
+        self.writer.samples(self.step, shown.lines)
         if improved:
             best = self.out_dir / "checkpoints" / "best.pt"
             save_checkpoint(self._checkpoint({**metrics, **out}, self.eval_model), best)

@@ -11,7 +11,7 @@ import torch
 import microgpt.checkpoint
 from microgpt import distributed
 from microgpt.config import ConfigError, load_config
-from microgpt.data import DataError, load_data, read_items
+from microgpt.data import DataError, load_data
 from microgpt.generate import (
     CACHE_BUDGET,
     DEFAULT_BATCH,
@@ -21,6 +21,7 @@ from microgpt.generate import (
     mark_items,
     sample_items,
 )
+from microgpt.lines import read_items
 from microgpt.loss import evaluate
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from microgpt.data import (
+from microgpt.lines import (
     BatchSampler,
     CharDataset,
     DataError,

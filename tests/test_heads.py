@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from microgpt.data import encode_items
 from microgpt.heads import (
     ROLES,
     analyse,
@@ -19,6 +18,7 @@ from microgpt.heads import (
     main,
     replaced_heads,
 )
+from microgpt.lines import encode_items
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
 from tests.conftest import make_names
