@@ -76,8 +76,8 @@ def finish(trainer, metrics: dict) -> None:
     trainer.writer.close()
     best_val = metrics.get("best_val_loss", math.nan)
     log.info(
-        f"test loss {test:.4f} (best val {best_val:.4f}) after {trainer.step} steps in "
-        f"{metrics['elapsed_s']:.1f} s"
+        f"test loss {test:.4f} nats/char ({test / math.log(2):.3f} bits; best val "
+        f"{best_val:.4f}) after {trainer.step} steps in {metrics['elapsed_s']:.1f} s"
     )
     if lines:
         log.info("samples:\n" + "\n".join(lines))

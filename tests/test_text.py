@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from microgpt.checkpoint import load_checkpoint
+from microgpt.compare import main as compare_main
 from microgpt.config import load_config
 from microgpt.data import DataError, load_data
 from microgpt.heads import main as heads_main
@@ -370,3 +371,20 @@ def test_window_batches_refuse_a_text_shorter_than_a_window():
 def test_text_split_round_trips_through_a_checkpoint_dict():
     s = TextSplit.of(10_000, "abc", block_size=16)
     assert TextSplit.from_dict(s.to_dict()) == s
+
+
+def test_compare_and_heads_on_a_text_sweep(tmp_path, play_file, capsys):
+    """A text sweep laid out as `train.py -m experiment=... heads=1,2` lays it out."""
+    root = tmp_path / "sweep"
+    for heads in (1, 2):
+        cfg = compose_config(
+            [*TINY, *TEXT_TINY, f"heads={heads}", "train.num_samples=0", f"data.path={play_file}"]
+        )
+        cfg.out_dir = str(root / f"heads={heads}")  # '=' in a path cannot go through an override
+        train(cfg)
+    assert heads_main([str(root / "heads=2")]) == 0
+    capsys.readouterr()
+    assert compare_main([str(root), "--no-plot"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:3]]
+    assert sorted(r[0] for r in rows) == ["heads=1", "heads=2"]
+    assert all(math.isfinite(float(r[4])) for r in rows)  # the test loss of each
