@@ -1,4 +1,6 @@
-"""Sample items from a trained model: python sample.py [num_samples=20] [temperature=0.8] ...
+"""Sample from a trained model: python sample.py [num_samples=20] [temperature=0.8] [prefix=...]
+
+Names from a names run; from a text run (data.format=text), passages that continue `prefix`.
 
 With no ckpt= or run=, it samples from the best checkpoint of the most recent run under outputs/
 or multirun/. Hydra composes conf/sample.yaml with the command line (and writes no output

@@ -277,10 +277,7 @@ def test_latest_run_is_the_newest_and_falls_back_to_last_pt(tmp_path, monkeypatc
         ({"top_k": 0}, "top_k=0 must be an integer >= 1"),
         ({"num_samples": 0}, "num_samples=0 must be at least 1"),
         ({"batch_size": 0}, "batch_size=0 must be at least 1"),
-        (
-            {"prefix": "abc", "max_len": 3},
-            "max_len=3 must be greater than the length of the prefix (3)",
-        ),
+        ({"max_len": 0}, "max_len=0 must be at least 1"),
         (
             {"device": "tpu"},
             "device='tpu' is unknown; choose one of ['auto', 'cpu', 'cuda', 'mps']",
@@ -308,6 +305,9 @@ def test_prefix_the_model_cannot_take(best):
     ):
         sample(best, prefix="a" * block)
     assert len(sample(best, prefix="a" * (block - 1), num_samples=2).names[0]) == block - 1
+    # a names run's max_len counts the prefix (a text run's counts the new characters)
+    with pytest.raises(SamplingError, match=re.escape("max_len=3 must be longer than the prefix")):
+        sample(best, prefix="abc", max_len=3)
 
 
 def test_missing_paths(tmp_path):

@@ -231,6 +231,7 @@ def test_verbatim_index_finds_the_longest_stretch_in_the_training_text():
     assert index.longest(ids_of("xxcat sat ozz", tok)) == (9, 2)  # "cat sat o"
     assert index.longest(ids_of("qqq", tok))[0] == 0
     assert index.longest(ids_of("zran.", tok))[0] == 4  # the text's very end: "ran."
+    assert index.longest(ids_of("qn.", tok))[0] == 2  # "n." is only in the last 3 characters
     assert index.longest(ids_of(text, tok))[0] == len(text)
     assert index.contains(ids_of(".", tok)) and not index.contains(ids_of("mat. a cat", tok))
     assert index.longest(ids_of("he mat", tok))[0] == 6 and index.longest([])[0] == 0
