@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -15,7 +14,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from microgpt.checkpoint import RUN_ROOTS, CheckpointError, latest_run_dir, load_checkpoint
+from microgpt import runs
+from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.command_line import check_command_line
 from microgpt.config import (
     ConfigError,
@@ -23,7 +23,6 @@ from microgpt.config import (
     register_configs,
 )
 from microgpt.data import DataError
-from microgpt.files import FolderInUse
 from microgpt.generate import SamplingError
 from microgpt.trainer import Interrupted, TrainingError
 
@@ -66,17 +65,9 @@ def run_dir(resume, default: str) -> str:
     Registered as the OmegaConf resolver `microgpt_run_dir` by train.py. Under torchrun the
     timestamp is the launcher's start time, so every rank uses the same folder.
     """
-    resume = parse_resume(resume)
-    if resume is True:
-        latest = latest_run_dir()
-        if latest is not None:
-            return str(latest)
-    elif resume:
-        ckpt = Path(resume).expanduser()
-        if ckpt.is_dir() and (ckpt / "checkpoints").is_dir():  # resume=<run folder>
-            return str(ckpt)
-        if ckpt.parent.name == "checkpoints":
-            return str(ckpt.parent.parent)
+    folder = runs.resume_folder(parse_resume(resume))
+    if folder is not None:
+        return str(folder)
     start = _launcher_start_time()
     if start is not None and default.startswith("outputs/"):
         return time.strftime("outputs/%Y-%m-%d/%H-%M-%S", time.localtime(start))
@@ -137,14 +128,12 @@ def job_dir(task_overrides, job_num) -> str:
     return name[:200] if name else str(job_num)
 
 
-# output folder -> (the Hydra subfolder this process writes there, whether the folder was fresh)
-CLAIMED: dict[str, tuple[str, bool]] = {}
-
-
 def output_subdir(resume) -> str:
-    """hydra.output_subdir: `.hydra` for a new run, claimed with mkdir so that only one process
-    writes it. A resume, or a run refused because the folder already holds one, writes a folder of
-    its own, so the original run's Hydra config and overrides stay byte-identical."""
+    """hydra.output_subdir, resolved by Hydra when the run folder exists and before it writes
+    anything there but an empty train.log: the moment a new run claims its folder
+    (microgpt.runs.claim_new). The claimant writes `.hydra`; a resume, or a run refused because
+    the folder is not its own, writes a subfolder of its own, so the folder's Hydra config stays
+    byte-identical (and the refused run removes only that, see remove_debris)."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -153,18 +142,17 @@ def output_subdir(resume) -> str:
         folder = None
     if folder is None or not folder.is_dir():
         return ".hydra-resume-" + _stamp() if parse_resume(resume) else ".hydra"
-    if str(folder) in CLAIMED:  # Hydra may ask more than once
-        return CLAIMED[str(folder)][0]
-    fresh = all(p.name == "train.log" and p.stat().st_size == 0 for p in folder.iterdir())
-    name = ".hydra"
-    if parse_resume(resume):
-        name = ".hydra-resume-" + _stamp()
-    else:
+    name = runs.hydra_subdir(folder)
+    if name is not None:  # Hydra may ask more than once
+        return name
+    name = ".hydra-resume-" + _stamp()
+    if not parse_resume(resume):
         try:
-            (folder / name).mkdir()
-        except FileExistsError:  # another run's: this one is refused, and writes beside it
+            runs.claim_new(folder)
+            name = ".hydra"
+        except runs.RunFolderError:  # refused when the run starts; writes beside the owner's
             name = ".hydra-" + _stamp()
-    CLAIMED[str(folder)] = (name, fresh)
+    runs.note_hydra_subdir(folder, name)
     return name
 
 
@@ -214,7 +202,7 @@ def user_errors():
         CheckpointError,
         SamplingError,
         TrainingError,
-        FolderInUse,
+        runs.RunFolderError,
     ) as e:
         removed = remove_debris(keep_failed_runs=isinstance(e, TrainingError))
         note = f" (removed the unused run folder {removed})" if removed else ""
@@ -246,27 +234,10 @@ def resume_command(checkpoint) -> str:
 
 
 def remove_debris(keep_failed_runs: bool = False) -> str | None:
-    """After an error, remove what Hydra and this process wrote into run folders that hold no
-    checkpoint: our Hydra subfolder, and a folder this process created, whole (train.log,
-    config.yaml, an empty checkpoints/). A folder that held anything before is never removed; only
-    the Hydra subfolder this process added to it. Returns the removed run folder, if any."""
-    removed = None
-    for folder, (subdir, fresh) in list(CLAIMED.items()):
-        del CLAIMED[folder]
-        folder = Path(folder)
-        if keep_failed_runs or not folder.is_dir():  # a run that trained keeps its log
-            continue
-        if fresh and not list((folder / "checkpoints").glob("*.pt")):
-            _close_log_files(folder)
-            shutil.rmtree(folder, ignore_errors=True)
-            removed = str(folder)
-            for parent in (folder.parent, folder.parent.parent):  # outputs/<date>/, outputs/
-                if set(RUN_ROOTS) & {parent.name, parent.parent.name}:
-                    with contextlib.suppress(OSError):  # when they held this run only
-                        parent.rmdir()
-        elif not fresh:  # claimed by mkdir, or named with our pid: ours alone
-            shutil.rmtree(folder / subdir, ignore_errors=True)
-    return removed
+    """After an error, remove what this process wrote into run folders that hold no checkpoint
+    (microgpt.runs.discard: a folder it claimed empty, whole; else its Hydra subfolder alone).
+    Returns the removed run folder, if any."""
+    return runs.discard(keep_failed_runs, before_removing=_close_log_files)
 
 
 def _close_log_files(folder: Path) -> None:
@@ -301,15 +272,10 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
     resume = parse_resume(cfg.get("resume"))
     if not resume:
         return cfg
-    if resume is True:
-        path = Path(str(cfg.out_dir)) / "checkpoints" / "last.pt"
-    else:
-        path = Path(resume).expanduser()
-        if path.is_dir() and (path / "checkpoints" / "last.pt").is_file():
-            path = path / "checkpoints" / "last.pt"
     try:
+        path = runs.resume_checkpoint(resume, str(cfg.out_dir))
         saved = load_checkpoint(path)["train_config"]
-    except (CheckpointError, KeyError, TypeError):
+    except (runs.RunFolderError, CheckpointError, KeyError, TypeError):
         return cfg  # the trainer says what is wrong with it
     try:
         from hydra.core.hydra_config import HydraConfig

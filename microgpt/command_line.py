@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from microgpt import runs
 from microgpt.config import Config, ConfigError, SampleConfig, flatten, load_config, parse_resume
 from microgpt.generate import SamplingError
 
@@ -189,7 +190,8 @@ def _explain(bad: _BadOverride, task: list[str], base, conf_dir: Path) -> str:
 
 
 def _run_folder_error(c: Config, job: list[str]) -> str | None:
-    """The run folder named on the command line: a file, or a folder that already holds a run."""
+    """The run folder named on the command line, for a new run: a file, a folder holding a run,
+    or one holding anything else (microgpt.runs.new_run_error), before Hydra writes there."""
     named = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in job if "=" in o}
     for key in ("hydra.run.dir", "out_dir"):
         if key not in named or (key == "out_dir" and c.out_dir == "."):
@@ -197,9 +199,8 @@ def _run_folder_error(c: Config, job: list[str]) -> str | None:
         folder = Path(named[key]).expanduser()
         if folder.exists() and not folder.is_dir():
             return f"{key}={named[key]} is an existing file, not a folder; name a new folder"
-        if not parse_resume(c.resume) and (folder / "checkpoints").is_dir():
-            return (
-                f"{folder} already holds a run (a checkpoints folder); continue it with "
-                f"resume={folder}, or write the new run to another folder"
-            )
+        if not parse_resume(c.resume):
+            error = runs.new_run_error(folder)
+            if error:
+                return error
     return None

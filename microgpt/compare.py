@@ -14,9 +14,10 @@ and checkpoint, and prints one row per run, sorted by head count:
 - entropy: each layer's attention entropy (nats) at the last logged step, the mean over its heads
 - prunable: heads that can be removed together for a validation loss rise < 0.01 nats;
   importance: each layer's largest single-head importance (the loss rise when it is ablated);
-  self, previous, ... spread: how many heads have each role (microgpt.heads). From the run's
-  heads.json where `python -m microgpt.heads RUN` wrote one (the whole validation split), else
-  from the last `heads/...` scalars the run logged (its first log.entropy_items validation items)
+  self, previous, ... spread: how many heads have each role (microgpt.head_analysis). From the
+  analysis of the checkpoint the row reports (best.pt, else last.pt), where `python -m
+  microgpt.heads RUN` wrote one (heads-best.json: the whole validation split), else from the
+  last `heads/...` scalars the run logged (its first log.entropy_items validation items)
 
 It also draws the validation loss curves, one per run labelled by head count, into a PNG
 (`<folder>/val_loss.png` unless --plot says where), with microgpt.draw.
@@ -37,7 +38,8 @@ from omegaconf import OmegaConf
 
 from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.draw import plot_lines
-from microgpt.heads import ROLES
+from microgpt.head_report import ROLES
+from microgpt.runs import RunFolder
 from microgpt.tensorboard import METRICS_FILE, read_metrics
 
 
@@ -134,8 +136,8 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 def _from_checkpoint(run: Path) -> tuple[int | None, str]:
     """The parameters of the model in the run's checkpoint (tied weights counted once) and the
     data it was trained on ("path #hash of the split's items"), if there is a checkpoint."""
-    for name in ("best.pt", "last.pt"):
-        path = run / "checkpoints" / name
+    folder = RunFolder(run)
+    for path in (folder.best, folder.last):
         if path.is_file():
             try:
                 ckpt = load_checkpoint(path)
@@ -184,9 +186,12 @@ def read_run(run: Path, root: Path) -> RunSummary:
 
 
 def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
-    """The run's head summaries: heads.json's when there is one, else the last logged scalars."""
-    path = run / "heads.json"
-    if path.is_file():
+    """The run's head summaries: the analysis of the checkpoint the row reports (best.pt, else
+    last.pt) when there is one, else the last logged scalars."""
+    folder = RunFolder(run)
+    checkpoint = folder.default_checkpoint()
+    path = folder.analysis(checkpoint) if checkpoint is not None else None
+    if path is not None and path.is_file():
         try:
             return dict(json.loads(path.read_text())["summaries"])
         except (ValueError, KeyError, TypeError):

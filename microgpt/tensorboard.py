@@ -30,7 +30,7 @@ from torch.utils.tensorboard.summary import text as text_summary
 from microgpt.config import flatten
 from microgpt.draw import compose_layer, map_cell, render_heads, render_offset_profile
 from microgpt.files import write_text
-from microgpt.heads import ROLES, HeadReport, analyse
+from microgpt.head_analysis import ROLES, HeadReport, analyse
 from microgpt.tokenizer import BOUNDARY_ID
 
 # The boundary token's label on a map: not ".", which a data file may hold as a real character.

@@ -182,8 +182,8 @@ CONFIG_ERRORS = [
     ),
     (
         ["hydra.run.dir=run"],
-        "microgpt: error: run already holds a run (a checkpoints folder); continue it with "
-        "resume=run, or write the new run to another folder",
+        "microgpt: error: run already holds a run; continue it with resume=run, or write the new "
+        "run to another folder",
     ),
     (["data.path=nope.txt"], "microgpt: error: no data file at "),
     (

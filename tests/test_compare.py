@@ -85,7 +85,7 @@ def test_a_folder_without_runs_is_a_clear_error(tmp_path, capsys):
 
 
 def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
-    from microgpt.heads import ROLES
+    from microgpt.head_report import ROLES
     from microgpt.heads import main as heads_main
 
     root, _ = sweep
@@ -104,18 +104,18 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     assert int(prunable) == runs[0].prunable
     assert float(importance) == pytest.approx(runs[0].importance_max[0], abs=1e-4)
 
-    # heads.json (the whole validation split) wins over the scalars
+    # the analysis of best.pt (the whole validation split) wins over the scalars
     assert heads_main([str(root / "heads=2")]) == 0
     capsys.readouterr()
-    data = json.loads((root / "heads=2" / "heads.json").read_text())
+    data = json.loads((root / "heads=2" / "heads-best.json").read_text())
     data["summaries"]["heads/prunable"] = 2.0
     data["summaries"]["heads/layer0/importance_max"] = 0.125
-    (root / "heads=2" / "heads.json").write_text(json.dumps(data))
+    (root / "heads=2" / "heads-best.json").write_text(json.dumps(data))
     try:
         two = read_runs(root)[1]
         assert two.prunable == 2 and two.importance_max == [0.125]
     finally:
-        (root / "heads=2" / "heads.json").unlink()
+        (root / "heads=2" / "heads-best.json").unlink()
 
 
 def test_runs_on_different_data_are_not_ranked_against_each_other(sweep, tmp_path, capsys):

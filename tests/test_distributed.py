@@ -306,7 +306,7 @@ def test_an_error_on_rank_0_alone_stops_every_rank_at_once(tmp_path):
     settings = [*SETTINGS, f"train.batch_size={PER_RANK}", f"data.path={data}"]
     result = torchrun_train(tmp_path, *settings, f"hydra.run.dir={run}", ok=False, timeout=120)
     assert result.returncode != 0
-    message = "already holds a run (a checkpoints folder)"
+    message = "already holds a run; continue it with resume="
     assert result.stderr.count(message) == 2, result.stderr[-3000:]  # rank 0's and rank 1's
     assert list((run / "checkpoints").iterdir()) == []  # nothing written into the other run
 

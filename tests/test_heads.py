@@ -9,15 +9,15 @@ import math
 import pytest
 import torch
 
-from microgpt.heads import (
+from microgpt.head_analysis import (
     ROLES,
     analyse,
     batches_loss,
     importance,
     length_batches,
-    main,
     replaced_heads,
 )
+from microgpt.heads import main
 from microgpt.lines import encode_items
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
@@ -159,7 +159,7 @@ def test_forced_heads_get_their_roles(rows):
 
 
 def test_entropy_matches_attention_entropy(rows):
-    from microgpt.heads import attention_entropy
+    from microgpt.head_analysis import attention_entropy
 
     x, y, tok = rows
     model = random_model(tok)
@@ -274,21 +274,38 @@ def test_analyse_puts_the_model_back_in_its_mode(rows):
 # ----------------------------------------------------------------------------- the command
 
 
-def test_command_on_a_run_and_on_its_checkpoint(tiny_cfg, tmp_path, capsys):
+def test_command_on_a_run_and_on_its_checkpoints_names_each_analysis_after_its_checkpoint(
+    tiny_cfg, tmp_path, capsys
+):
+    """Analysing a step checkpoint never replaces the run's analysis (of best.pt): each analysis
+    is named after the checkpoint it analysed, and compare reads best.pt's."""
+    from microgpt.compare import read_runs
     from microgpt.trainer import train
 
-    train(tiny_cfg("train.num_samples=0"))
+    train(tiny_cfg("train.num_samples=0", "train.save_every=6"))
     run = tmp_path / "run"
     assert main([str(run)]) == 0
     out = capsys.readouterr().out
     assert "| layer | head | role |" in out and "Prunable:" in out
-    data = json.loads((run / "heads.json").read_text())
-    assert data["n_head"] == 2 and len(data["heads"]) == 2
-    assert data["checkpoint"].endswith("best.pt")
-    assert "| 0 | 1 |" in (run / "heads.md").read_text()
-    (run / "heads.json").unlink()
-    assert main([str(run / "checkpoints" / "last.pt")]) == 0  # written into the run folder
-    assert json.loads((run / "heads.json").read_text())["checkpoint"].endswith("last.pt")
+    best = json.loads((run / "heads-best.json").read_text())
+    assert best["n_head"] == 2 and len(best["heads"]) == 2
+    assert best["checkpoint"].endswith("best.pt")
+    assert "| 0 | 1 |" in (run / "heads-best.md").read_text()
+    kept = (run / "heads-best.json").read_bytes()
+    for checkpoint, name in (("last.pt", "heads-last"), ("step-000006.pt", "heads-step-000006")):
+        assert main([str(run / "checkpoints" / checkpoint)]) == 0  # into the run folder
+        assert json.loads((run / f"{name}.json").read_text())["checkpoint"].endswith(checkpoint)
+        assert (run / f"{name}.md").is_file()
+    assert (run / "heads-best.json").read_bytes() == kept
+    assert main([str(run / "checkpoints")]) == 0  # the checkpoints/ folder names the same run
+    assert json.loads((run / "heads-best.json").read_text())["checkpoint"] == best["checkpoint"]
+    capsys.readouterr()
+    # compare reports best.pt's analysis, whatever else was analysed last
+    step = json.loads((run / "heads-step-000006.json").read_text())
+    step["summaries"]["heads/prunable"] = 99.0
+    (run / "heads-step-000006.json").write_text(json.dumps(step))
+    (row,) = read_runs(run)
+    assert row.heads_summary == best["summaries"]
 
 
 def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
@@ -302,7 +319,7 @@ def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
 
 
 def test_a_role_needs_the_majority_of_the_attention():
-    from microgpt.heads import roles_of
+    from microgpt.head_analysis import roles_of
 
     offsets = torch.tensor([[[0.1, 0.6, 0.1, 0.1, 0.0], [0.2, 0.45, 0.1, 0.1, 0.0]]])  # (1, 2, 5)
     start = torch.tensor([[0.1, 0.15]])

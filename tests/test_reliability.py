@@ -20,8 +20,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
-from microgpt.checkpoint import CheckpointError, find_checkpoints, load_checkpoint
+from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.config import ConfigError, load_config
+from microgpt.runs import find_checkpoints
 from microgpt.tensorboard import read_metrics
 from microgpt.trainer import Interrupted, Trainer, TrainingError
 from tests.conftest import REPO, TINY

@@ -166,8 +166,8 @@ def test_cli_bad_setting_is_one_line_without_traceback(tmp_path):
 
 def test_a_second_run_into_a_claimed_folder_is_refused(tiny_cfg, tmp_path):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # another run started in the same second
-    from microgpt.config import ConfigError
+    from microgpt.runs import RunFolderError
 
-    with pytest.raises(ConfigError, match="already holds a run"):
+    with pytest.raises(RunFolderError, match="already holds a run"):
         train(tiny_cfg())
     assert not list((tmp_path / "run").glob("events.out.tfevents.*"))
