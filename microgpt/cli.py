@@ -299,8 +299,33 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
     return merged
 
 
+def quote_values(argv: list[str]) -> list[str]:
+    """key=value arguments whose value holds '=' (a sweep job's folder, multirun/<d>/<t>/heads=4)
+    with the value quoted: Hydra's override grammar refuses an unquoted '=' in a value. Values
+    already quoted, and lists, dicts and interpolations, are left as typed."""
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if (
+            not eq
+            or arg.startswith("-")
+            or "=" not in value
+            or value[:1] in ("'", '"', "[", "{")
+            or "${" in value
+        ):
+            out.append(arg)
+        elif "'" not in value:
+            out.append(f"{key}='{value}'")
+        elif '"' not in value:
+            out.append(f'{key}="{value}"')
+        else:
+            out.append(arg)  # both quotes: Hydra says what it cannot read
+    return out
+
+
 def main(hydra_main, conf_dir: Path, config_name: str) -> None:
     """What train.py and sample.py run: check the command line, then hand it to Hydra."""
+    sys.argv[1:] = quote_values(sys.argv[1:])
     check_command_line(sys.argv[1:], conf_dir, config_name)
     startup_signals()
     with user_errors():  # a signal while Hydra writes its files, before main's own user_errors

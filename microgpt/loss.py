@@ -48,7 +48,19 @@ class LossWindow:
         state = state or {}
         self.loss = state.get("loss", 0.0)  # a sum of tensors while running: no device sync
         self.steps, self.tokens = state.get("steps", 0), state.get("tokens", 0)
-        self.time = time.perf_counter()
+        self.start_clock()
+
+    def start_clock(self) -> None:
+        """Time training from now: the tokens so far (a resumed window's) are not timed."""
+        self.time, self.paused, self.untimed = time.perf_counter(), 0.0, self.tokens
+
+    def exclude(self, seconds: float) -> None:
+        """Seconds spent on other work (evaluation, checkpoints, the head analysis)."""
+        self.paused += seconds
+
+    def tokens_per_sec(self, now: float) -> float:
+        """Training throughput since the clock started, the excluded time apart."""
+        return (self.tokens - self.untimed) / max(now - self.time - self.paused, 1e-9)
 
     def add(self, out: StepResult) -> None:
         self.loss, self.steps, self.tokens = (

@@ -185,7 +185,8 @@ class Trainer:
             leave=False,
             file=sys.stderr,
         )
-        start, tokens_done = time.perf_counter(), 0
+        start, tokens_done, other_work = time.perf_counter(), 0, 0.0
+        self.window.start_clock()  # throughput counts training alone, not the set-up
         metrics: dict = dict(self.history)
         # off the CPU, float() waits for the GPU: check and agree on stopping every log_every steps
         check_every = 1 if self.device.type == "cpu" else c.train.log_every
@@ -200,18 +201,24 @@ class Trainer:
                     if self.step % c.train.log_every == 0 or final:
                         metrics.update(self._log_window(out, bar))
                     bar.update(1)
+                    # evaluation, checkpoints and the head analysis are not training: their time
+                    # is left out of tokens_per_sec (on a GPU, _log_window's float() just synced)
+                    busy = time.perf_counter()
                     if self.step % c.train.eval_every == 0 or final:
                         metrics.update(self._evaluate_and_save(metrics))
                     if c.train.save_every and self.step % c.train.save_every == 0:
                         distributed.run_on_main(lambda: self._save_snapshot(metrics), self.dist)
                     if self.is_main and (self.step % c.log.attn_every == 0 or final):
                         self._log_heads(self.step)
+                    spent = time.perf_counter() - busy
+                    other_work += spent
+                    self.window.exclude(spent)
                     asks = check_every == 1 or self.step % c.train.log_every == 0
                     if asks and not final and distributed.any_rank(stop.requested, self.dist):
                         self._interrupted(metrics, stop.signal_name)
         finally:
             bar.close()
-        return self._finish(metrics, time.perf_counter() - start, tokens_done)
+        return self._finish(metrics, time.perf_counter() - start, tokens_done, other_work)
 
     def _open_run_folder(self) -> None:
         """Claim the run folder, write config.yaml, open TensorBoard (rank 0)."""
@@ -241,7 +248,7 @@ class Trainer:
         w = self.window
         loss = distributed.sum_over_ranks(float(w.loss), self.dist) / w.steps
         now = time.perf_counter()  # after float(): the device has caught up
-        tps = w.tokens / max(now - w.time, 1e-9)
+        tps = w.tokens_per_sec(now)
         if self.is_main:
             scalars = {"loss/train": loss, "lr": out.lr, "grad_norm": float(out.grad_norm)}
             self.writer.scalars(self.step, {**scalars, "tokens_per_sec": tps})
@@ -384,7 +391,7 @@ class Trainer:
         )
         return out
 
-    def _finish(self, metrics: dict, elapsed: float, tokens_done: int) -> dict:
+    def _finish(self, metrics: dict, elapsed: float, tokens_done: int, other_work: float) -> dict:
         metrics = {
             **metrics,
             "step": self.step,
@@ -393,8 +400,8 @@ class Trainer:
             "global_batch": self.global_batch,
             "run_dir": str(self.out_dir),
         }
-        if elapsed > 0 and tokens_done:
-            metrics["tokens_per_sec"] = tokens_done / elapsed
+        if elapsed > other_work and tokens_done:  # training throughput, as logged
+            metrics["tokens_per_sec"] = tokens_done / (elapsed - other_work)
         distributed.run_on_main(lambda: report.finish(self, metrics), self.dist)
         return metrics
 
