@@ -153,6 +153,7 @@ def test_of_two_claims_on_one_folder_one_wins_and_the_loser_removes_nothing(tmp_
     assert runs.RunFolder(folder).run_id() == winner.stdout.strip()
 
 
+@pytest.mark.slow
 def test_two_trainings_started_together_on_one_folder(tmp_path):
     """The same race with the real train.py, twice at once: one run trains, the other is
     refused in one line; neither removes the other's files nor ends in a traceback."""
