@@ -71,8 +71,8 @@ class Trainer:
 
         # before the data: a missing run, or a folder a new run may not use, fails fast
         self.resume_path = runs.resume_checkpoint(c.resume_requested, self.out_dir)
-        if self.resume_path is None:
-            runs.check_new(self.out_dir)
+        if self.resume_path is None:  # rank 0 claims and writes the folder (see _open_run_folder)
+            distributed.run_on_main(lambda: runs.check_new(self.out_dir), self.dist)
         self.run_id: str | None = None  # set when the folder is claimed (rank 0)
         if c.model.block_size:  # before the data are encoded into (N, block_size) tensors
             check_memory(
