@@ -76,6 +76,12 @@ def length_batches(
     return out
 
 
+def model_batches(model, x: Tensor, y: Tensor, batch_size: int = BATCH_SIZE):
+    """length_batches of rows x, y (N, T), on the model's device wherever the rows are."""
+    device = next(model.parameters()).device
+    return length_batches(x.to(device), y.to(device), batch_size)
+
+
 @contextlib.contextmanager
 def _eval(model: nn.Module) -> Iterator[None]:
     was_training = model.training
@@ -283,9 +289,9 @@ def importance(model, x: Tensor, y: Tensor, mode: str = "zero") -> Tensor:
     "zero" (its output times 0) or "mean" (its output replaced by its mean over the rows)."""
     if mode not in ("zero", "mean"):
         raise ValueError(f"mode={mode!r}: choose 'zero' or 'mean'")
-    batches = length_batches(x, y)
+    batches = model_batches(model, x, y)
     with _eval(model):
-        base = batches_loss(model, batches, _keep_all(model, x.device))
+        base = batches_loss(model, batches, _keep_all(model, batches[0][0].device))
         if mode == "zero":
             return _zero_importance(model, batches, base)
         _, means, _ = _first_pass(model, batches, OFFSETS)
@@ -307,8 +313,8 @@ def analyse(
     if x.shape[0] == 0:
         raise HeadsError("no rows to analyse")
     t0 = time.perf_counter()
-    device = next(model.parameters()).device
-    batches = length_batches(x.to(device), y.to(device), batch_size)
+    batches = model_batches(model, x, y, batch_size)
+    device = batches[0][0].device
     with _eval(model):
         _, means, stats = _first_pass(model, batches, offsets)
         # the baseline with an all-ones mask: the exact arithmetic of every ablated pass

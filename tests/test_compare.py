@@ -7,7 +7,10 @@ import json
 import pytest
 from PIL import Image
 
+from microgpt.checkpoint import load_checkpoint, model_from_checkpoint
 from microgpt.compare import CompareError, find_runs, main, read_runs
+from microgpt.data import CharDataset
+from microgpt.head_analysis import analyse
 from microgpt.trainer import train
 from tests.conftest import TINY, compose_config, make_names
 
@@ -90,10 +93,15 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
 
     root, _ = sweep
     runs = read_runs(root)
-    for r in runs:  # TINY: one layer; every head has one role; prunable is a head count
-        assert len(r.importance_max) == 1
-        assert sum(r.role_counts.values()) == r.heads
-        assert 0 <= r.prunable <= r.heads
+    for r in runs:  # the run's last analysis, made again from last.pt on the same rows
+        ckpt = load_checkpoint(r.path / "checkpoints" / "last.pt")
+        model, tok = model_from_checkpoint(ckpt)
+        val = CharDataset.from_items(ckpt["split"]["val"], tok, model.config.block_size)
+        items = ckpt["train_config"]["log"]["entropy_items"]
+        expected = analyse(model, val.X[:items], val.Y[:items])
+        assert r.role_counts == {role: float(n) for role, n in expected.role_counts().items()}
+        assert r.prunable == expected.prunable
+        assert r.importance_max == pytest.approx([float(expected.importance[0].max())], abs=1e-6)
     assert main([str(root), "--no-plot"]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[0].split()
