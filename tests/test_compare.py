@@ -9,8 +9,8 @@ from PIL import Image
 
 from microgpt.checkpoint import load_checkpoint, model_from_checkpoint
 from microgpt.compare import CompareError, find_runs, main, read_runs
-from microgpt.data import CharDataset
 from microgpt.head_analysis import analyse
+from microgpt.lines import CharDataset
 from microgpt.trainer import train
 from tests.conftest import TINY, compose_config, make_names
 
