@@ -128,7 +128,7 @@ class Config:
         if t.group_by_length < 0:
             raise ConfigError(f"train.group_by_length={t.group_by_length} must be >= 0 (0 = off)")
         if not 0 <= t.ema < 1:
-            raise ConfigError(f"train.ema={t.ema} must be in [0, 1) (0 = off; typical: 0.999)")
+            raise ConfigError(f"train.ema={t.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
         if t.num_samples < 0:
             raise ConfigError(f"train.num_samples={t.num_samples} must be 0 or more")
         for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):

@@ -7,6 +7,7 @@ function is found too: such imports are themselves refused.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from graphlib import CycleError, TopologicalSorter
@@ -56,15 +57,35 @@ def test_the_import_graph_has_no_cycle():
     assert order.index("model") < order.index("generate") < order.index("trainer")
 
 
-def test_the_layers_point_down():
+def documented_layers() -> list[str]:
+    """The modules in the order of the README's Layout list, lowest first."""
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("## Layout") :]
+    block = block[block.index("    microgpt/") : block.index("    conf/")]
+    return re.findall(r"^      (\w+)\.py", block, re.M)
+
+
+def test_every_import_points_down_the_documented_list():
+    """Each module imports only modules above it in the README's Layout list, and the list names
+    every module once: an edge such as heads -> checkpoint, or a module left out, fails."""
+    g, order = graph(), documented_layers()
+    assert sorted(order) == sorted(g), "the README's Layout list and microgpt/ differ"
+    assert len(order) == len(set(order))
+    upward = {
+        f"{module} -> {imported}"
+        for i, module in enumerate(order)
+        for imported in g[module] - set(order[:i])
+    }
+    assert not upward, f"imports that point up the layout: {sorted(upward)}"
+
+
+def test_the_core_knows_no_edge():
     g = graph()
     assert g["model"] == {"kv_cache"}
     assert g["kv_cache"] == set() and g["tokenizer"] == set() and g["files"] == set()
-    assert "model" not in g["data"] and "generate" not in g["model"]
-    edges = {"cli", "trainer", "tensorboard", "compare", "sampling"}  # nothing below needs these
-    for module in ("model", "generate", "checkpoint", "config", "data", "heads", "draw"):
-        if module in g:
-            assert not g[module] & edges, f"{module} imports {g[module] & edges}"
+    edges = {"cli", "command_line", "trainer", "tensorboard", "compare", "sampling", "heads"}
+    for module in ("model", "generate", "checkpoint", "runs", "config", "data", "head_analysis"):
+        assert not g[module] & edges, f"{module} imports {g[module] & edges}"
 
 
 def test_importing_the_model_imports_nothing_else_of_microgpt():
