@@ -19,6 +19,7 @@ import torch
 
 from microgpt.distributed import available_memory
 from microgpt.kv_cache import KVCache
+from microgpt.model import eval_mode
 from microgpt.tokenizer import BOUNDARY_ID
 
 DEFAULT_BATCH = 1024  # items sampled at once when batch_size is None, at most
@@ -148,9 +149,7 @@ def _generate(
     idx = torch.full((num_samples, start + steps), BOUNDARY_ID, dtype=torch.long, device=device)
     if prefix:
         idx[:, 1:start] = torch.tensor(prefix, dtype=torch.long, device=device)
-    was_training = model.training
-    model.eval()  # no dropout while sampling: the same generator state gives the same rows
-    try:
+    with eval_mode(model):  # no dropout while sampling: the same generator state, the same rows
         cache = KVCache.for_model(model, num_samples) if use_cache and steps > 0 else None
         done = torch.zeros(num_samples, dtype=torch.bool, device=device)
         end = start  # columns filled so far
@@ -171,8 +170,6 @@ def _generate(
                 if bool(done.all()):  # one host sync per step: cheap next to a forward pass
                     break
         return idx[:, 1:end]
-    finally:
-        model.train(was_training)
 
 
 def continue_text(

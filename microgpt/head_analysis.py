@@ -47,6 +47,8 @@ import torch
 from torch import Tensor, nn
 
 from microgpt.head_report import PRUNE_TOLERANCE, ROLES, HeadReport
+from microgpt.loss import TokenMean
+from microgpt.model import eval_mode
 
 OFFSET_ROLES = ROLES[:4]  # the role of a head that looks at offset k = 0, 1, 2, 3
 DOMINANT = 0.5  # a positional pattern is a head's role when it holds more than this weight
@@ -84,13 +86,8 @@ def model_batches(model, x: Tensor, y: Tensor, batch_size: int = BATCH_SIZE):
 
 @contextlib.contextmanager
 def _eval(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.inference_mode():
+        yield
 
 
 def _heads(model) -> tuple[int, int, int]:
@@ -171,25 +168,24 @@ def _first_pass(model, batches, offsets: int):
         for layer, b in enumerate(model.blocks)
     ]
     sums: list[dict[str, Tensor]] = [{} for _ in range(L)]
-    total, count = 0.0, 0
+    mean = TokenMean()
     try:
         for x, y in batches:
             state["real"] = real = y >= 0  # (B, T)
             _, loss, attention = model(x, y, return_attn=True)
-            n = int(real.sum())
-            total, count = total + float(loss) * n, count + n
+            mean.add(loss, y)
             for layer, att in enumerate(attention):
                 for key, value in _role_sums(att, real, offsets).items():
                     sums[layer][key] = sums[layer].get(key, 0) + value.cpu()
     finally:
         for h in hooks:
             h.remove()
-    means = (out_sums / max(count, 1)).view(L, H, hd)  # (L, C) -> (L, H, hd)
+    means = (out_sums / max(mean.count, 1)).view(L, H, hd)  # (L, C) -> (L, H, hd)
     stats = {
         name: torch.stack([_ratio(s[name], s[name + "_n"]) for s in sums])  # (L, H[, K])
         for name in ("offsets", "start", "spread", "entropy")
     }
-    return total / max(count, 1), means.float(), stats
+    return mean.value, means.float(), stats
 
 
 def roles_of(offsets: Tensor, start: Tensor, spread: Tensor) -> tuple[list[list[str]], Tensor]:
@@ -202,6 +198,16 @@ def roles_of(offsets: Tensor, start: Tensor, spread: Tensor) -> tuple[list[list[
     which = torch.where(dominant, which, ROLES.index("spread"))
     roles = [[ROLES[r] for r in row] for row in which.tolist()]
     return roles, torch.where(dominant, best, spread)
+
+
+@torch.no_grad()
+def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
+    """One row's attention, per layer (H, T, T) float32 on the CPU: ids (T,) on the model's
+    device, in eval mode (the model is put back in its mode)."""
+    device = next(model.parameters()).device
+    with eval_mode(model):
+        _, _, attention = model(torch.tensor([list(ids)], device=device), return_attn=True)
+    return [a[0].float().cpu() for a in attention]  # (1, H, T, T) -> (H, T, T) per layer
 
 
 # ----------------------------------------------------------------------------- ablation
@@ -234,12 +240,10 @@ def replaced_heads(model, replace: Tensor, values: Tensor) -> Iterator[None]:
 @torch.no_grad()
 def batches_loss(model, batches, head_mask: Tensor | None = None) -> float:
     """Mean cross-entropy per real target over every batch (each batch weighted by its targets)."""
-    total, count = 0.0, 0
+    mean = TokenMean()
     for x, y in batches:
-        _, loss = model(x, y, head_mask=head_mask)
-        n = int((y >= 0).sum())
-        total, count = total + float(loss) * n, count + n
-    return total / max(count, 1)
+        mean.add(model(x, y, head_mask=head_mask)[1], y)
+    return mean.value
 
 
 def _keep_all(model, device) -> Tensor:

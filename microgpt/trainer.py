@@ -39,12 +39,13 @@ from microgpt.checkpoint import (
 from microgpt.config import Config, ConfigError, check_memory, load_config
 from microgpt.data import DataError, load_data
 from microgpt.files import remove_leftovers, sha256_file, write_text
+from microgpt.head_analysis import analyse, probe_attention
 from microgpt.loss import LossWindow, StepResult, evaluate
 from microgpt.model import GPT
 from microgpt.optim import WeightAverage, lr_at, make_optimizer
 from microgpt.samples import sample_for_run
 from microgpt.stopping import Interrupted, StopFlag, TrainingError
-from microgpt.tensorboard import TensorBoardLogger, labels_for, log_heads
+from microgpt.tensorboard import TensorBoardLogger, labels_for
 
 log = logging.getLogger("microgpt")
 
@@ -356,9 +357,9 @@ class Trainer:
         val = self.datasets["val"]
         x, y = val.batch(torch.arange(min(len(val), self.config.log.entropy_items)))  # (N, T)
         probe = self.probe_ids
-        log_heads(
-            self.writer, step, self.eval_model, probe, labels_for(probe, self.tokenizer), x, y
-        )
+        maps = probe_attention(self.eval_model, probe)
+        self.writer.attention_maps(step, maps, labels_for(probe, self.tokenizer))
+        self.writer.heads(step, analyse(self.eval_model, x, y))
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
         """Validation loss on the whole split; best.pt if it improved; last.pt always."""
