@@ -23,6 +23,7 @@ from microgpt.config import (
     register_configs,
 )
 from microgpt.data import DataError
+from microgpt.errors import print_error
 from microgpt.generate import SamplingError
 from microgpt.trainer import Interrupted, TrainingError
 
@@ -206,7 +207,7 @@ def user_errors():
     ) as e:
         removed = remove_debris(keep_failed_runs=isinstance(e, TrainingError))
         note = f" (removed the unused run folder {removed})" if removed else ""
-        print(f"microgpt: error: {e}{note}", file=sys.stderr)
+        print_error(f"{e}{note}")
         sys.exit(2)
     except KeyboardInterrupt as e:  # args: (signal name, what happened), either may be missing
         signame = e.args[0] if e.args else "SIGINT"

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from microgpt import runs
 from microgpt.config import Config, ConfigError, SampleConfig, flatten, load_config, parse_resume
+from microgpt.errors import print_error
 from microgpt.generate import SamplingError
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
@@ -47,13 +48,9 @@ def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> Non
         return
     if errors:
         if len(errors) > 1:
-            print(
-                f"microgpt: error: {len(errors)} of the sweep's jobs have bad settings; "
-                f"none was started:",
-                file=sys.stderr,
-            )
+            print_error(f"{len(errors)} of the sweep's jobs have bad settings; none was started:")
         for e in errors:
-            print(f"microgpt: error: {e}", file=sys.stderr)
+            print_error(e)
         sys.exit(2)
 
 

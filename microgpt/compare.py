@@ -36,8 +36,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from microgpt import runs
 from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.draw import plot_lines
+from microgpt.errors import print_error
 from microgpt.head_report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.tensorboard import METRICS_FILE, read_metrics
@@ -90,26 +92,12 @@ class RunSummary:
 
 
 def find_runs(folder: str | Path) -> list[Path]:
-    """Every run folder at or under `folder`: one with TensorBoard event files and a config.yaml."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CompareError(
-            f"{folder} is not a folder; pass a sweep folder (multirun/<date>/<time>) or a run "
-            f"folder"
-        )
-    runs = {
-        p.parent
-        for p in folder.rglob("events.out.tfevents.*")
-        if (p.parent / "config.yaml").is_file()
-        and not any(part.startswith(".") for part in p.parent.relative_to(folder).parts)
-    }  # .submitit, ...
-    if not runs:
-        raise CompareError(
-            f"no runs under {folder}: a run folder holds config.yaml and events.out.tfevents.* "
-            f"files (python train.py -m heads=1,2,4,8 writes one per job under "
-            f"multirun/<date>/<time>/)"
-        )
-    return sorted(runs)
+    """Every run folder at or under `folder` that has logged something (microgpt.runs.find_runs);
+    none: a CompareError saying what a run folder holds."""
+    try:
+        return [run.path for run in runs.find_runs(folder)]
+    except runs.RunFolderError as e:
+        raise CompareError(str(e)) from None
 
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
@@ -330,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             out = plot_val_curves(runs, args.plot or Path(args.folder) / "val_loss.png")
             print(f"validation loss curves: {out}")
     except CompareError as e:
-        print(f"microgpt: error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     return 0
 

@@ -21,6 +21,7 @@ import torch
 from microgpt import runs
 from microgpt.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from microgpt.data import DataError, data_of_checkpoint
+from microgpt.errors import print_error
 from microgpt.files import write_text
 from microgpt.head_analysis import HeadsError, analyse
 from microgpt.head_report import HeadReport
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report, run, ckpt_path = analyse_checkpoint(args.run, args.device)
     except (HeadsError, CheckpointError, DataError, runs.RunFolderError) as e:
-        print(f"microgpt: error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     text = report.markdown()
     print(text)

@@ -156,6 +156,29 @@ def find_checkpoints(roots=RUN_ROOTS, name: str = "best.pt") -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
+def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
+    """Every run at or under `folder` that has logged something (config.yaml and TensorBoard
+    event files), in name order; hidden folders (.submitit, .hydra) are not runs."""
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise RunFolderError(
+            f"{root} is not a folder; pass a sweep folder (multirun/<date>/<time>) or a run folder"
+        )
+    found = {
+        p.parent
+        for p in root.rglob("events.out.tfevents.*")
+        if (p.parent / "config.yaml").is_file()
+        and not any(part.startswith(".") for part in p.parent.relative_to(root).parts)
+    }
+    if not found:
+        raise RunFolderError(
+            f"no runs under {root}: a run folder holds config.yaml and events.out.tfevents.* "
+            f"files (python train.py -m heads=1,2,4,8 writes one per job under "
+            f"multirun/<date>/<time>/)"
+        )
+    return [RunFolder(p) for p in sorted(found)]
+
+
 def latest_run(roots=RUN_ROOTS) -> RunFolder | None:
     """The run whose last.pt was written most recently (what resume=true continues)."""
     found = find_checkpoints(roots, "last.pt")
