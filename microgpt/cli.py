@@ -16,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from microgpt import runs
 from microgpt.checkpoint import CheckpointError, load_checkpoint
-from microgpt.command_line import check_command_line
 from microgpt.config import (
     ConfigError,
     parse_resume,
@@ -25,6 +24,7 @@ from microgpt.config import (
 from microgpt.data import DataError
 from microgpt.errors import print_error
 from microgpt.generate import SamplingError
+from microgpt.startup_checks import check_command_line
 from microgpt.trainer import Interrupted, TrainingError
 
 RESOLVERS = {}  # filled below: the names conf/config.yaml calls

@@ -28,7 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from microgpt import distributed, report, runs
+from microgpt import distributed, run_summary, runs
 from microgpt.checkpoint import (
     check_resumable,
     load_checkpoint,
@@ -233,7 +233,7 @@ class Trainer:
         # a resume keeps the run's config.yaml and writes its own beside it
         name = "config.yaml" if self.resumed_from is None else f"config.resume-step{self.step}.yaml"
         write_text(self.out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(self.config)))
-        log.info(report.summary(self))
+        log.info(run_summary.summary(self))
         log.info(f"run folder: {self.out_dir.resolve()}")
         if self.resumed_from is not None:
             log.info(f"resumed from {self.resumed_from} at step {self.step}")
@@ -403,7 +403,7 @@ class Trainer:
         }
         if elapsed > other_work and tokens_done:  # training throughput, as logged
             metrics["tokens_per_sec"] = tokens_done / (elapsed - other_work)
-        distributed.run_on_main(lambda: report.finish(self, metrics), self.dist)
+        distributed.run_on_main(lambda: run_summary.finish(self, metrics), self.dist)
         return metrics
 
 

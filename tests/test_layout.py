@@ -83,7 +83,7 @@ def test_the_core_knows_no_edge():
     g = graph()
     assert g["model"] == {"kv_cache"}
     assert g["kv_cache"] == set() and g["tokenizer"] == set() and g["files"] == set()
-    edges = {"cli", "command_line", "trainer", "tensorboard", "compare", "sampling", "heads"}
+    edges = {"cli", "startup_checks", "trainer", "tensorboard", "compare", "sampling", "heads"}
     for module in ("model", "generate", "checkpoint", "runs", "config", "data", "head_analysis"):
         assert not g[module] & edges, f"{module} imports {g[module] & edges}"
 
