@@ -334,7 +334,7 @@ def analyse(
         items=int(x.shape[0]),
         tokens=int((y >= 0).sum()),
         loss=base,
-        importance=zero,
+        zero_importance=zero,
         mean_importance=mean,
         entropy=stats["entropy"],
         spread=stats["spread"],

@@ -194,7 +194,7 @@ class TensorBoardLogger:
         self.scalars(step, summary)
         self.attention_entropy(step, report.entropy)
         importance = {
-            f"heads/layer{layer}/head{h}/importance": float(report.importance[layer, h])
+            f"heads/layer{layer}/head{h}/importance": float(report.zero_importance[layer, h])
             for layer in range(report.n_layer)
             for h in range(report.n_head)
         }

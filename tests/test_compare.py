@@ -101,7 +101,9 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
         expected = analyse(model, val.X[:items], val.Y[:items])
         assert r.role_counts == {role: float(n) for role, n in expected.role_counts().items()}
         assert r.prunable == expected.prunable
-        assert r.importance_max == pytest.approx([float(expected.importance[0].max())], abs=1e-6)
+        assert r.importance_max == pytest.approx(
+            [float(expected.zero_importance[0].max())], abs=1e-6
+        )
     assert main([str(root), "--no-plot"]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[0].split()

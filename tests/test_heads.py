@@ -179,10 +179,10 @@ def test_a_head_with_zero_wo_columns_has_importance_exactly_zero(rows):
     with torch.no_grad():
         model.blocks[1].attn.proj.weight[:, 2 * hd : 3 * hd] = 0.0
     report = analyse(model, x, y)
-    assert report.importance[1, 2] == 0.0 and report.mean_importance[1, 2] == 0.0
+    assert report.zero_importance[1, 2] == 0.0 and report.mean_importance[1, 2] == 0.0
     others = torch.ones(2, 4, dtype=torch.bool)
     others[1, 2] = False
-    assert (report.importance[others].abs() > 1e-4).all()
+    assert (report.zero_importance[others].abs() > 1e-4).all()
 
 
 def test_importance_agrees_across_implementations(rows):
@@ -190,11 +190,11 @@ def test_importance_agrees_across_implementations(rows):
     reference = random_model(tok, "loop")
     reports = {impl: analyse(same_weights(reference, impl), x, y) for impl in ATTN_IMPLS}
     for impl in ATTN_IMPLS[1:]:
-        for field in ("importance", "mean_importance", "offsets", "start", "spread"):
+        for field in ("zero_importance", "mean_importance", "offsets", "start", "spread"):
             a, b = getattr(reports["loop"], field), getattr(reports[impl], field)
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=f"{field} of {impl}")
         assert reports[impl].roles == reports["loop"].roles
-    assert reports["loop"].importance.abs().max() > 1e-3  # not trivially equal
+    assert reports["loop"].zero_importance.abs().max() > 1e-3  # not trivially equal
 
 
 def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
@@ -266,7 +266,7 @@ def test_pruning_removes_heads_least_important_first_and_counts_the_prunable(row
     assert report.prunable == expected
     assert report.loss == pytest.approx(base, abs=1e-5)
     for (a, b), value in single.items():
-        assert float(report.importance[a, b]) == pytest.approx(value, abs=1e-5)
+        assert float(report.zero_importance[a, b]) == pytest.approx(value, abs=1e-5)
 
 
 def test_report_is_json_summaries_do_not_depend_on_head_count(rows):
