@@ -22,7 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from microgpt.data import FORMATS
 from microgpt.distributed import DEVICES, PRECISIONS, available_memory, gib
-from microgpt.generate import SamplingError, check_sampling_args
+from microgpt.errors import SamplingError
+from microgpt.generate import check_sampling_args
 from microgpt.model import GPTConfig, check_gpt_settings, training_bytes
 
 DECAYS = ("cosine", "linear", "constant")

@@ -1,11 +1,16 @@
-"""The error of bad data, shared by every data format (microgpt.data, microgpt.text), and the
-one way every command prints a user error: one line, `microgpt: error: ...`, on stderr."""
+"""The errors of bad input that more than one layer raises (bad data, in any format; a bad
+sampling setting, from the settings schema and from decoding), and the one way every command
+prints a user error: one line, `microgpt: error: ...`, on stderr."""
 
 import sys
 
 
 class DataError(ValueError):
     """A problem with the data a run was given; the message names the problem and the fix."""
+
+
+class SamplingError(ValueError):
+    """A bad sampling setting, or no checkpoint to sample from; the message says what is valid."""
 
 
 def decode_utf8(raw: bytes, where) -> str:

@@ -18,6 +18,7 @@ import os
 import torch
 
 from microgpt.distributed import available_memory
+from microgpt.errors import SamplingError
 from microgpt.kv_cache import KVCache
 from microgpt.model import eval_mode
 from microgpt.tokenizer import BOUNDARY_ID
@@ -37,10 +38,6 @@ def default_batch(model, num_samples: int) -> int:
     """Items sampled at once when no batch size is given: up to DEFAULT_BATCH, and no more than
     the KV cache of CACHE_BUDGET bytes holds (a model with a long block_size samples fewer)."""
     return max(1, min(num_samples, DEFAULT_BATCH, CACHE_BUDGET // cache_bytes_per_row(model)))
-
-
-class SamplingError(ValueError):
-    """A bad sampling setting, or no checkpoint to sample from; the message says what is valid."""
 
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
