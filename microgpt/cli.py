@@ -278,6 +278,9 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
         saved = load_checkpoint(path)["train_config"]
     except (runs.RunFolderError, CheckpointError, KeyError, TypeError):
         return cfg  # the trainer says what is wrong with it
+    legacy = saved.get("log") if isinstance(saved.get("log"), dict) else {}
+    if "entropy_items" in legacy:  # log.head_items' name in checkpoints before issue 22
+        legacy.setdefault("head_items", legacy.pop("entropy_items"))
     try:
         from hydra.core.hydra_config import HydraConfig
 

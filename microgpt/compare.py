@@ -17,7 +17,7 @@ and checkpoint, and prints one row per run, sorted by head count:
   self, previous, ... spread: how many heads have each role (microgpt.head_analysis). From the
   analysis of the checkpoint the row reports (best.pt, else last.pt), where `python -m
   microgpt.heads RUN` wrote one (heads-best.json: the whole validation split), else from the
-  last `heads/...` scalars the run logged (its first log.entropy_items validation items)
+  last `heads/...` scalars the run logged (its first log.head_items validation items)
 
 It also draws the validation loss curves, one per run labelled by head count, into a PNG
 (`<folder>/val_loss.png` unless --plot says where), with microgpt.draw.

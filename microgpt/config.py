@@ -87,7 +87,7 @@ class TrainConfig:
 class LogConfig:
     attn_every: int = 1000  # attention maps and head analysis every N steps (and at 0 and the end)
     probe: str | None = None  # the item whose attention is drawn; null = a fixed validation item
-    entropy_items: int = 256  # validation items used for the head analysis (roles, importance)
+    head_items: int = 256  # validation items the head analysis (roles, importance, pruning) uses
 
 
 @dataclass
@@ -114,7 +114,7 @@ class Config:
             "train.eval_batch_size": t.eval_batch_size,
             "train.log_every": t.log_every,
             "log.attn_every": self.log.attn_every,
-            "log.entropy_items": self.log.entropy_items,
+            "log.head_items": self.log.head_items,
         }
         for name, value in positive.items():
             if value < 1:

@@ -355,7 +355,7 @@ class Trainer:
     def _log_heads(self, step: int) -> None:
         """The probe's attention maps and the head analysis on validation items (rank 0)."""
         val = self.datasets["val"]
-        x, y = val.batch(torch.arange(min(len(val), self.config.log.entropy_items)))  # (N, T)
+        x, y = val.batch(torch.arange(min(len(val), self.config.log.head_items)))  # (N, T)
         probe = self.probe_ids
         maps = probe_attention(self.eval_model, probe)
         self.writer.attention_maps(step, maps, labels_for(probe, self.tokenizer))

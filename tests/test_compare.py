@@ -97,7 +97,7 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
         ckpt = load_checkpoint(r.path / "checkpoints" / "last.pt")
         model, tok = model_from_checkpoint(ckpt)
         val = CharDataset.from_items(ckpt["split"]["val"], tok, model.config.block_size)
-        items = ckpt["train_config"]["log"]["entropy_items"]
+        items = ckpt["train_config"]["log"]["head_items"]
         expected = analyse(model, val.X[:items], val.Y[:items])
         assert r.role_counts == {role: float(n) for role, n in expected.role_counts().items()}
         assert r.prunable == expected.prunable

@@ -294,3 +294,19 @@ def test_tokens_per_sec_counts_training_alone(tiny_cfg, tmp_path, monkeypatch):
     assert len(logged) == 4  # steps 3, 6, 9, 12
     assert logged == pytest.approx([1000.0] * 4, rel=1e-9)
     assert metrics["tokens_per_sec"] == pytest.approx(1000.0, rel=1e-9)
+
+
+def test_a_checkpoint_from_before_the_rename_of_log_head_items_resumes(tiny_cfg, tmp_path):
+    """log.head_items was log.entropy_items: a last.pt that says so still resumes."""
+    from microgpt.checkpoint import save_checkpoint
+    from microgpt.cli import resume_settings
+
+    train(tiny_cfg("train.max_steps=6"))
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    ckpt = load_checkpoint(last)
+    ckpt["train_config"]["log"]["entropy_items"] = ckpt["train_config"]["log"].pop("head_items")
+    save_checkpoint(ckpt, last)
+    merged = resume_settings(tiny_cfg(f"resume={last}"))  # outside Hydra: the saved settings
+    assert merged.log.head_items == 32 and "entropy_items" not in merged.log
+    merged.train.max_steps = 9
+    assert train(merged)["step"] == 9
