@@ -146,13 +146,15 @@ def output_subdir(resume) -> str:
     name = runs.hydra_subdir(folder)
     if name is not None:  # Hydra may ask more than once
         return name
-    name = ".hydra-resume-" + _stamp()
-    if not parse_resume(resume):
-        try:
-            runs.claim_new(folder)
-            name = ".hydra"
-        except runs.RunFolderError:  # refused when the run starts; writes beside the owner's
-            name = ".hydra-" + _stamp()
+    if parse_resume(resume):  # claimed when the run starts (runs.claim_resume)
+        name = ".hydra-resume-" + _stamp()
+        runs.note_hydra_subdir(folder, name, fresh=runs.new_run_error(folder) is None)
+        return name
+    try:
+        runs.claim_new(folder)
+        name = ".hydra"
+    except runs.RunFolderError:  # refused when the run starts; writes beside the owner's
+        name = ".hydra-" + _stamp()
     runs.note_hydra_subdir(folder, name)
     return name
 

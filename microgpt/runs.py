@@ -238,6 +238,7 @@ def resume_folder(resume: bool | str) -> RunFolder | None:
 class _Owned:
     run_id: str | None = None
     made: bool = False  # this process claimed the folder empty: it may remove it whole
+    fresh: bool = False  # empty when this process first wrote there (a resume before its claim)
     subdir: str | None = None  # the Hydra subfolder this process writes into the folder
     lock_fd: int | None = None
     refusal: RunFolderError | None = None  # why the folder was not ours, found at start-up
@@ -374,10 +375,13 @@ def claim_resume(
     raise RunFolderError(error.replace("a new run", "a resumed run") if error else str(run))
 
 
-def note_hydra_subdir(folder: str | os.PathLike, name: str) -> None:
+def note_hydra_subdir(folder: str | os.PathLike, name: str, fresh: bool = False) -> None:
     """Record the Hydra subfolder (.hydra, .hydra-resume-...) this process writes into `folder`:
-    it is this process's own, so `discard` removes it and a claim does not count it."""
-    _entry(folder).subdir = name
+    it is this process's own, so `discard` removes it and a claim does not count it. fresh: the
+    folder held nothing else (Hydra made it for this process), so `discard` may remove it whole
+    unless another run has claimed it since."""
+    owned = _entry(folder)
+    owned.subdir, owned.fresh = name, fresh
 
 
 def hydra_subdir(folder: str | os.PathLike) -> str | None:
@@ -447,7 +451,8 @@ def discard(keep_failed_runs: bool = False, before_removing: Callable | None = N
         folder = Path(key)
         if keep_failed_runs or not folder.is_dir():  # a run that trained keeps its log
             continue
-        if owned.made and not list(RunFolder(folder).checkpoints.glob("*.pt")):
+        unclaimed = owned.fresh and not (folder / RUN_FILE).exists()
+        if (owned.made or unclaimed) and not list(RunFolder(folder).checkpoints.glob("*.pt")):
             if before_removing is not None:
                 before_removing(folder)
             shutil.rmtree(folder, ignore_errors=True)

@@ -186,6 +186,8 @@ CONFIG_ERRORS = [
         "run to another folder",
     ),
     (["data.path=nope.txt"], "microgpt: error: no data file at "),
+    (["resume=true"], "microgpt: error: resume=true but there is no run to resume: "),
+    (["hydra.run.dir=."], "microgpt: error: . is not empty (names.txt, run) and holds no run"),
     (
         ["-m", "heads=4,3,5"],
         "microgpt: error: 2 of the sweep's jobs have bad settings; none was started:",
