@@ -34,7 +34,6 @@ from microgpt.files import atomic_write
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
 
-RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
 FORMAT = "microgpt-checkpoint"
 VERSION = 1
 REQUIRED_KEYS = ("model", "model_config", "tokenizer")
@@ -141,23 +140,6 @@ def model_from_checkpoint(
             f"its model's vocabulary has {config.vocab_size}; use an unedited checkpoint"
         )
     return model.to(device).eval(), tokenizer
-
-
-def find_checkpoints(roots=RUN_ROOTS, name: str = "best.pt") -> list[Path]:
-    """Every checkpoints/<name> under the run roots, newest first."""
-    found = [
-        p
-        for root in roots
-        if Path(root).is_dir()
-        for p in Path(root).glob(f"**/checkpoints/{name}")
-    ]
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
-
-
-def latest_run_dir(roots=RUN_ROOTS) -> Path | None:
-    """The folder of the most recently written checkpoints/last.pt, if any."""
-    found = find_checkpoints(roots, "last.pt")
-    return found[0].parent.parent if found else None
 
 
 # ----------------------------------------------------------------------------- resume state

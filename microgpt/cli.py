@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -15,16 +14,17 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from microgpt.checkpoint import RUN_ROOTS, CheckpointError, latest_run_dir, load_checkpoint
-from microgpt.command_line import check_command_line
+from microgpt import runs
+from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.config import (
     ConfigError,
     parse_resume,
     register_configs,
 )
 from microgpt.data import DataError
-from microgpt.files import FolderInUse
+from microgpt.errors import print_error
 from microgpt.generate import SamplingError
+from microgpt.startup_checks import check_command_line
 from microgpt.trainer import Interrupted, TrainingError
 
 RESOLVERS = {}  # filled below: the names conf/config.yaml calls
@@ -66,17 +66,9 @@ def run_dir(resume, default: str) -> str:
     Registered as the OmegaConf resolver `microgpt_run_dir` by train.py. Under torchrun the
     timestamp is the launcher's start time, so every rank uses the same folder.
     """
-    resume = parse_resume(resume)
-    if resume is True:
-        latest = latest_run_dir()
-        if latest is not None:
-            return str(latest)
-    elif resume:
-        ckpt = Path(resume).expanduser()
-        if ckpt.is_dir() and (ckpt / "checkpoints").is_dir():  # resume=<run folder>
-            return str(ckpt)
-        if ckpt.parent.name == "checkpoints":
-            return str(ckpt.parent.parent)
+    folder = runs.resume_folder(parse_resume(resume))
+    if folder is not None:
+        return str(folder)
     start = _launcher_start_time()
     if start is not None and default.startswith("outputs/"):
         return time.strftime("outputs/%Y-%m-%d/%H-%M-%S", time.localtime(start))
@@ -137,14 +129,12 @@ def job_dir(task_overrides, job_num) -> str:
     return name[:200] if name else str(job_num)
 
 
-# output folder -> (the Hydra subfolder this process writes there, whether the folder was fresh)
-CLAIMED: dict[str, tuple[str, bool]] = {}
-
-
 def output_subdir(resume) -> str:
-    """hydra.output_subdir: `.hydra` for a new run, claimed with mkdir so that only one process
-    writes it. A resume, or a run refused because the folder already holds one, writes a folder of
-    its own, so the original run's Hydra config and overrides stay byte-identical."""
+    """hydra.output_subdir, resolved by Hydra when the run folder exists and before it writes
+    anything there but an empty train.log: the moment a new run claims its folder
+    (microgpt.runs.claim_new). The claimant writes `.hydra`; a resume, or a run refused because
+    the folder is not its own, writes a subfolder of its own, so the folder's Hydra config stays
+    byte-identical (and the refused run removes only that, see remove_debris)."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -153,18 +143,19 @@ def output_subdir(resume) -> str:
         folder = None
     if folder is None or not folder.is_dir():
         return ".hydra-resume-" + _stamp() if parse_resume(resume) else ".hydra"
-    if str(folder) in CLAIMED:  # Hydra may ask more than once
-        return CLAIMED[str(folder)][0]
-    fresh = all(p.name == "train.log" and p.stat().st_size == 0 for p in folder.iterdir())
-    name = ".hydra"
-    if parse_resume(resume):
+    name = runs.hydra_subdir(folder)
+    if name is not None:  # Hydra may ask more than once
+        return name
+    if parse_resume(resume):  # claimed when the run starts (runs.claim_resume)
         name = ".hydra-resume-" + _stamp()
-    else:
-        try:
-            (folder / name).mkdir()
-        except FileExistsError:  # another run's: this one is refused, and writes beside it
-            name = ".hydra-" + _stamp()
-    CLAIMED[str(folder)] = (name, fresh)
+        runs.note_hydra_subdir(folder, name, fresh=runs.new_run_error(folder) is None)
+        return name
+    try:
+        runs.claim_new(folder)
+        name = ".hydra"
+    except runs.RunFolderError:  # refused when the run starts; writes beside the owner's
+        name = ".hydra-" + _stamp()
+    runs.note_hydra_subdir(folder, name)
     return name
 
 
@@ -214,11 +205,11 @@ def user_errors():
         CheckpointError,
         SamplingError,
         TrainingError,
-        FolderInUse,
+        runs.RunFolderError,
     ) as e:
         removed = remove_debris(keep_failed_runs=isinstance(e, TrainingError))
         note = f" (removed the unused run folder {removed})" if removed else ""
-        print(f"microgpt: error: {e}{note}", file=sys.stderr)
+        print_error(f"{e}{note}")
         sys.exit(2)
     except KeyboardInterrupt as e:  # args: (signal name, what happened), either may be missing
         signame = e.args[0] if e.args else "SIGINT"
@@ -246,27 +237,10 @@ def resume_command(checkpoint) -> str:
 
 
 def remove_debris(keep_failed_runs: bool = False) -> str | None:
-    """After an error, remove what Hydra and this process wrote into run folders that hold no
-    checkpoint: our Hydra subfolder, and a folder this process created, whole (train.log,
-    config.yaml, an empty checkpoints/). A folder that held anything before is never removed; only
-    the Hydra subfolder this process added to it. Returns the removed run folder, if any."""
-    removed = None
-    for folder, (subdir, fresh) in list(CLAIMED.items()):
-        del CLAIMED[folder]
-        folder = Path(folder)
-        if keep_failed_runs or not folder.is_dir():  # a run that trained keeps its log
-            continue
-        if fresh and not list((folder / "checkpoints").glob("*.pt")):
-            _close_log_files(folder)
-            shutil.rmtree(folder, ignore_errors=True)
-            removed = str(folder)
-            for parent in (folder.parent, folder.parent.parent):  # outputs/<date>/, outputs/
-                if set(RUN_ROOTS) & {parent.name, parent.parent.name}:
-                    with contextlib.suppress(OSError):  # when they held this run only
-                        parent.rmdir()
-        elif not fresh:  # claimed by mkdir, or named with our pid: ours alone
-            shutil.rmtree(folder / subdir, ignore_errors=True)
-    return removed
+    """After an error, remove what this process wrote into run folders that hold no checkpoint
+    (microgpt.runs.discard: a folder it claimed empty, whole; else its Hydra subfolder alone).
+    Returns the removed run folder, if any."""
+    return runs.discard(keep_failed_runs, before_removing=_close_log_files)
 
 
 def _close_log_files(folder: Path) -> None:
@@ -301,16 +275,14 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
     resume = parse_resume(cfg.get("resume"))
     if not resume:
         return cfg
-    if resume is True:
-        path = Path(str(cfg.out_dir)) / "checkpoints" / "last.pt"
-    else:
-        path = Path(resume).expanduser()
-        if path.is_dir() and (path / "checkpoints" / "last.pt").is_file():
-            path = path / "checkpoints" / "last.pt"
     try:
+        path = runs.resume_checkpoint(resume, str(cfg.out_dir))
         saved = load_checkpoint(path)["train_config"]
-    except (CheckpointError, KeyError, TypeError):
+    except (runs.RunFolderError, CheckpointError, KeyError, TypeError):
         return cfg  # the trainer says what is wrong with it
+    legacy = saved.get("log") if isinstance(saved.get("log"), dict) else {}
+    if "entropy_items" in legacy:  # log.head_items' name in checkpoints before issue 22
+        legacy.setdefault("head_items", legacy.pop("entropy_items"))
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -333,8 +305,33 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
     return merged
 
 
+def quote_values(argv: list[str]) -> list[str]:
+    """key=value arguments whose value holds '=' (a sweep job's folder, multirun/<d>/<t>/heads=4)
+    with the value quoted: Hydra's override grammar refuses an unquoted '=' in a value. Values
+    already quoted, and lists, dicts and interpolations, are left as typed."""
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if (
+            not eq
+            or arg.startswith("-")
+            or "=" not in value
+            or value[:1] in ("'", '"', "[", "{")
+            or "${" in value
+        ):
+            out.append(arg)
+        elif "'" not in value:
+            out.append(f"{key}='{value}'")
+        elif '"' not in value:
+            out.append(f'{key}="{value}"')
+        else:
+            out.append(arg)  # both quotes: Hydra says what it cannot read
+    return out
+
+
 def main(hydra_main, conf_dir: Path, config_name: str) -> None:
     """What train.py and sample.py run: check the command line, then hand it to Hydra."""
+    sys.argv[1:] = quote_values(sys.argv[1:])
     check_command_line(sys.argv[1:], conf_dir, config_name)
     startup_signals()
     with user_errors():  # a signal while Hydra writes its files, before main's own user_errors

@@ -14,9 +14,10 @@ and checkpoint, and prints one row per run, sorted by head count:
 - entropy: each layer's attention entropy (nats) at the last logged step, the mean over its heads
 - prunable: heads that can be removed together for a validation loss rise < 0.01 nats;
   importance: each layer's largest single-head importance (the loss rise when it is ablated);
-  self, previous, ... spread: how many heads have each role (microgpt.heads). From the run's
-  heads.json where `python -m microgpt.heads RUN` wrote one (the whole validation split), else
-  from the last `heads/...` scalars the run logged (its first log.entropy_items validation items)
+  self, previous, ... spread: how many heads have each role (microgpt.head_analysis). From the
+  analysis of the checkpoint the row reports (best.pt, else last.pt), where `python -m
+  microgpt.heads RUN` wrote one (heads-best.json: the whole validation split), else from the
+  last `heads/...` scalars the run logged (its first log.head_items validation items)
 
 It also draws the validation loss curves, one per run labelled by head count, into a PNG
 (`<folder>/val_loss.png` unless --plot says where), with microgpt.draw.
@@ -35,9 +36,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from microgpt import runs
 from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.draw import plot_lines
-from microgpt.heads import ROLES
+from microgpt.errors import print_error
+from microgpt.head_report import ROLES
+from microgpt.runs import RunFolder
 from microgpt.tensorboard import METRICS_FILE, read_metrics
 
 
@@ -88,26 +92,12 @@ class RunSummary:
 
 
 def find_runs(folder: str | Path) -> list[Path]:
-    """Every run folder at or under `folder`: one with TensorBoard event files and a config.yaml."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CompareError(
-            f"{folder} is not a folder; pass a sweep folder (multirun/<date>/<time>) or a run "
-            f"folder"
-        )
-    runs = {
-        p.parent
-        for p in folder.rglob("events.out.tfevents.*")
-        if (p.parent / "config.yaml").is_file()
-        and not any(part.startswith(".") for part in p.parent.relative_to(folder).parts)
-    }  # .submitit, ...
-    if not runs:
-        raise CompareError(
-            f"no runs under {folder}: a run folder holds config.yaml and events.out.tfevents.* "
-            f"files (python train.py -m heads=1,2,4,8 writes one per job under "
-            f"multirun/<date>/<time>/)"
-        )
-    return sorted(runs)
+    """Every run folder at or under `folder` that has logged something (microgpt.runs.find_runs);
+    none: a CompareError saying what a run folder holds."""
+    try:
+        return [run.path for run in runs.find_runs(folder)]
+    except runs.RunFolderError as e:
+        raise CompareError(str(e)) from None
 
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
@@ -134,8 +124,8 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 def _from_checkpoint(run: Path) -> tuple[int | None, str]:
     """The parameters of the model in the run's checkpoint (tied weights counted once) and the
     data it was trained on ("path #hash of the split's items"), if there is a checkpoint."""
-    for name in ("best.pt", "last.pt"):
-        path = run / "checkpoints" / name
+    folder = RunFolder(run)
+    for path in (folder.best, folder.last):
         if path.is_file():
             try:
                 ckpt = load_checkpoint(path)
@@ -184,9 +174,12 @@ def read_run(run: Path, root: Path) -> RunSummary:
 
 
 def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
-    """The run's head summaries: heads.json's when there is one, else the last logged scalars."""
-    path = run / "heads.json"
-    if path.is_file():
+    """The run's head summaries: the analysis of the checkpoint the row reports (best.pt, else
+    last.pt) when there is one, else the last logged scalars."""
+    folder = RunFolder(run)
+    checkpoint = folder.default_checkpoint()
+    path = folder.analysis(checkpoint) if checkpoint is not None else None
+    if path is not None and path.is_file():
         try:
             return dict(json.loads(path.read_text())["summaries"])
         except (ValueError, KeyError, TypeError):
@@ -325,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             out = plot_val_curves(runs, args.plot or Path(args.folder) / "val_loss.png")
             print(f"validation loss curves: {out}")
     except CompareError as e:
-        print(f"microgpt: error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     return 0
 

@@ -22,7 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from microgpt.data import FORMATS
 from microgpt.distributed import DEVICES, PRECISIONS, available_memory, gib
-from microgpt.generate import SamplingError, check_sampling_args
+from microgpt.errors import SamplingError
+from microgpt.generate import check_sampling_args
 from microgpt.model import GPTConfig, check_gpt_settings, training_bytes
 
 DECAYS = ("cosine", "linear", "constant")
@@ -86,7 +87,7 @@ class TrainConfig:
 class LogConfig:
     attn_every: int = 1000  # attention maps and head analysis every N steps (and at 0 and the end)
     probe: str | None = None  # the item whose attention is drawn; null = a fixed validation item
-    entropy_items: int = 256  # validation items used for the head analysis (roles, importance)
+    head_items: int = 256  # validation items the head analysis (roles, importance, pruning) uses
 
 
 @dataclass
@@ -113,7 +114,7 @@ class Config:
             "train.eval_batch_size": t.eval_batch_size,
             "train.log_every": t.log_every,
             "log.attn_every": self.log.attn_every,
-            "log.entropy_items": self.log.entropy_items,
+            "log.head_items": self.log.head_items,
         }
         for name, value in positive.items():
             if value < 1:
@@ -128,7 +129,7 @@ class Config:
         if t.group_by_length < 0:
             raise ConfigError(f"train.group_by_length={t.group_by_length} must be >= 0 (0 = off)")
         if not 0 <= t.ema < 1:
-            raise ConfigError(f"train.ema={t.ema} must be in [0, 1) (0 = off; typical: 0.999)")
+            raise ConfigError(f"train.ema={t.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
         if t.num_samples < 0:
             raise ConfigError(f"train.num_samples={t.num_samples} must be 0 or more")
         for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -58,33 +58,13 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
-class FolderInUse(RuntimeError):
-    """A run folder another process holds; the message names its pid."""
-
-
-_LOCKS: dict[str, int] = {}  # folder -> the open lock file's descriptor, held for the process
-
-
-def lock_folder(folder: str | os.PathLike) -> None:
-    """Hold an OS lock (flock on <folder>/.lock) for the life of this process; the OS releases it
-    when the process ends, crash or not. Held by another process: FolderInUse naming its pid."""
-    folder = Path(folder)
-    key = str(folder.resolve())
-    if key in _LOCKS:
-        return
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise FolderInUse(
-            f"{folder} is in use by another microgpt process (pid {holder}); wait for it to end "
-            f"or stop it, then run again"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    _LOCKS[key] = fd
+def sha256_file(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def remove_leftovers(folder: str | os.PathLike) -> list[Path]:

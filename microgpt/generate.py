@@ -18,7 +18,9 @@ import os
 import torch
 
 from microgpt.distributed import available_memory
+from microgpt.errors import SamplingError
 from microgpt.kv_cache import KVCache
+from microgpt.model import eval_mode
 from microgpt.tokenizer import BOUNDARY_ID
 
 DEFAULT_BATCH = 1024  # items sampled at once when batch_size is None, at most
@@ -36,10 +38,6 @@ def default_batch(model, num_samples: int) -> int:
     """Items sampled at once when no batch size is given: up to DEFAULT_BATCH, and no more than
     the KV cache of CACHE_BUDGET bytes holds (a model with a long block_size samples fewer)."""
     return max(1, min(num_samples, DEFAULT_BATCH, CACHE_BUDGET // cache_bytes_per_row(model)))
-
-
-class SamplingError(ValueError):
-    """A bad sampling setting, or no checkpoint to sample from; the message says what is valid."""
 
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -148,9 +146,7 @@ def _generate(
     idx = torch.full((num_samples, start + steps), BOUNDARY_ID, dtype=torch.long, device=device)
     if prefix:
         idx[:, 1:start] = torch.tensor(prefix, dtype=torch.long, device=device)
-    was_training = model.training
-    model.eval()  # no dropout while sampling: the same generator state gives the same rows
-    try:
+    with eval_mode(model):  # no dropout while sampling: the same generator state, the same rows
         cache = KVCache.for_model(model, num_samples) if use_cache and steps > 0 else None
         done = torch.zeros(num_samples, dtype=torch.bool, device=device)
         end = start  # columns filled so far
@@ -171,8 +167,6 @@ def _generate(
                 if bool(done.all()):  # one host sync per step: cheap next to a forward pass
                     break
         return idx[:, 1:end]
-    finally:
-        model.train(was_training)
 
 
 def continue_text(

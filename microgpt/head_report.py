@@ -21,8 +21,8 @@ class HeadReport:
     items: int  # rows analysed
     tokens: int  # real targets (characters + end tokens) over those rows
     loss: float  # with every head
-    importance: Tensor  # zero ablation: loss rise
-    mean_importance: Tensor  # mean ablation: loss rise
+    zero_importance: Tensor  # zero ablation (its output times 0): loss rise
+    mean_importance: Tensor  # mean ablation (its output replaced by its mean): loss rise
     entropy: Tensor  # nats, mean over real queries
     spread: Tensor  # entropy / log(keys seen), in [0, 1]
     offsets: Tensor  # (L, H, K): mean weight on offset 0, 1, ..., K-1
@@ -44,14 +44,11 @@ class HeadReport:
             "heads/prunable": float(self.prunable),
             "heads/prunable_fraction": self.prunable / (L * self.n_head),
         }
-        out.update(
-            {f"heads/layer{n}/importance_max": float(self.importance[n].max()) for n in range(L)}
-        )
+        zero = self.zero_importance
+        out.update({f"heads/layer{n}/importance_max": float(zero[n].max()) for n in range(L)})
         counts = self.role_counts()
         out.update({f"heads/role/{role}": float(counts[role]) for role in ROLES})
-        out.update(
-            {f"heads/layer{n}/importance_sum": float(self.importance[n].sum()) for n in range(L)}
-        )
+        out.update({f"heads/layer{n}/importance_sum": float(zero[n].sum()) for n in range(L)})
         for n in range(L):
             e = self.entropy[n]
             out[f"heads/layer{n}/entropy_min"] = float(e.min())
@@ -75,7 +72,7 @@ class HeadReport:
                 "spread": float(self.spread[layer, h]),
                 "start": float(self.start[layer, h]),
                 "offsets": self.offsets[layer, h].tolist(),
-                "importance": float(self.importance[layer, h]),
+                "zero_importance": float(self.zero_importance[layer, h]),
                 "mean_importance": float(self.mean_importance[layer, h]),
             }
             for layer in range(self.n_layer)
@@ -104,14 +101,15 @@ class HeadReport:
         """A table, one row per head (layer, head, role, score, entropy, importance), and a line
         on pruning."""
         lines = [
-            "| layer | head | role | score | entropy (nats) | importance (nats) | mean-ablated |",
+            "| layer | head | role | score | entropy (nats) | zero-ablated (nats) | "
+            "mean-ablated (nats) |",
             "|---:|---:|:---|---:|---:|---:|---:|",
         ]
         for layer in range(self.n_layer):
             for h in range(self.n_head):
                 lines.append(
                     f"| {layer} | {h} | {self.roles[layer][h]} | {self.scores[layer, h]:.2f} | "
-                    f"{self.entropy[layer, h]:.3f} | {self.importance[layer, h]:+.4f} | "
+                    f"{self.entropy[layer, h]:.3f} | {self.zero_importance[layer, h]:+.4f} | "
                     f"{self.mean_importance[layer, h]:+.4f} |"
                 )
         total = self.n_layer * self.n_head

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from microgpt.errors import DataError
+from microgpt.errors import DataError, decode_utf8
 from microgpt.text import IGNORE_ID
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
@@ -65,14 +65,7 @@ def read_items(path: str | Path) -> list[str]:
             f"set data.path=... to a text file with one item per line"
         )
     raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")  # -sig: a leading byte-order mark is not part of item 1
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise DataError(
-            f"data file {where} is not UTF-8 (first bad byte on line {line}); "
-            f"re-save it as UTF-8 or fix that line"
-        ) from None
+    text = decode_utf8(raw, where)
     if "\r" in text and "\n" not in text.strip():
         raise DataError(
             f"data file {where} separates its lines with carriage returns only (old Mac endings); "

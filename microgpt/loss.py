@@ -1,5 +1,6 @@
-"""Measuring the loss: over a whole split (`evaluate`), and the train loss of the steps between
-two log lines (`StepResult`, `LossWindow`)."""
+"""Measuring the loss: the mean per character over batches (`TokenMean`), over a whole split
+(`evaluate`), and the train loss of the steps between two log lines (`StepResult`,
+`LossWindow`)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,37 @@ import torch
 import torch.nn as nn
 
 from microgpt.lines import CharDataset
+from microgpt.model import eval_mode
+
+
+class TokenMean:
+    """The mean loss per real target (y >= 0) over batches: each batch's mean loss weighted by
+    its number of targets, summed in float64 on the CPU."""
+
+    def __init__(self):
+        self.total, self.count = torch.zeros((), dtype=torch.float64), 0
+
+    def add(self, loss: torch.Tensor, y: torch.Tensor) -> None:
+        """A batch's mean loss (0-dim) and its targets y (B, T), -1 at padding."""
+        n = int((y >= 0).sum())
+        self.total += loss.detach().double().cpu() * n
+        self.count += n
+
+    @property
+    def value(self) -> float:
+        return float(self.total / max(self.count, 1))
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: CharDataset, batch_size: int, autocast=None) -> float:
     """Mean negative log-likelihood per character in nats (end token included) over a split."""
-    was_training = model.training
-    model.eval()
-    total, count = torch.zeros((), dtype=torch.float64), 0
-    for x, y in dataset.iter_batches(batch_size):
-        n = int((y >= 0).sum())
-        with autocast() if autocast is not None else contextlib.nullcontext():
-            _, loss = model(x, y)
-        total += loss.double().cpu() * n
-        count += n
-    model.train(was_training)
-    return float(total / count)
+    mean = TokenMean()
+    with eval_mode(model):
+        for x, y in dataset.iter_batches(batch_size):
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                _, loss = model(x, y)
+            mean.add(loss, y)
+    return mean.value
 
 
 @dataclass
@@ -48,7 +64,19 @@ class LossWindow:
         state = state or {}
         self.loss = state.get("loss", 0.0)  # a sum of tensors while running: no device sync
         self.steps, self.tokens = state.get("steps", 0), state.get("tokens", 0)
-        self.time = time.perf_counter()
+        self.start_clock()
+
+    def start_clock(self) -> None:
+        """Time training from now: the tokens so far (a resumed window's) are not timed."""
+        self.time, self.paused, self.untimed = time.perf_counter(), 0.0, self.tokens
+
+    def exclude(self, seconds: float) -> None:
+        """Seconds spent on other work (evaluation, checkpoints, the head analysis)."""
+        self.paused += seconds
+
+    def tokens_per_sec(self, now: float) -> float:
+        """Training throughput since the clock started, the excluded time apart."""
+        return (self.tokens - self.untimed) / max(now - self.time - self.paused, 1e-9)
 
     def add(self, out: StepResult) -> None:
         self.loss, self.steps, self.tokens = (

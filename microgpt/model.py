@@ -12,7 +12,9 @@ with `attn_impl` and proven equal in tests/test_attention.py:
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -24,6 +26,18 @@ from microgpt.kv_cache import KVCache
 ATTN_IMPLS = ("loop", "batched", "sdpa")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "relu")
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """The model in eval mode (no dropout) while open, then back in the mode it was in: every
+    evaluation, analysis and sampling loop runs inside one."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def _divisors(n: int) -> list[int]:

@@ -12,18 +12,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from microgpt.checkpoint import (
-    RUN_ROOTS,
-    find_checkpoints,
-    load_checkpoint,
-    model_from_checkpoint,
-)
+from microgpt.checkpoint import load_checkpoint, model_from_checkpoint
 from microgpt.config import SampleConfig, load_config
 from microgpt.data import DataError, data_of_checkpoint
 from microgpt.distributed import pick_device
 from microgpt.files import write_text
 from microgpt.generate import SamplingError
 from microgpt.lines import Split
+from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
 from microgpt.samples import Samples, sample_names, sample_passages
 
 TRAIN_COMMAND = "python train.py heads=4"
@@ -58,38 +54,25 @@ class SampleResult:
 
 
 def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=None) -> Path:
-    """The checkpoint to sample from: `ckpt`; else `run`/checkpoints/best.pt (or last.pt); else the
-    best.pt (or last.pt) of the most recently written run under `roots` (outputs/, multirun/)."""
+    """The checkpoint to sample from: `ckpt`; else the default checkpoint of the run `run` names
+    (microgpt.runs.resolve: a run folder, its checkpoints/ folder or a checkpoint); else that of
+    the run written to most recently under `roots` (outputs/, multirun/)."""
     roots = RUN_ROOTS if roots is None else roots
     if ckpt is not None:
         return Path(ckpt).expanduser()  # load_checkpoint says what is wrong with it, if anything
     if run is not None:
-        folder = Path(run).expanduser()
-        if not folder.is_dir():
-            raise SamplingError(f"run={run}: folder {folder} does not exist")
-        for path in (
-            folder / "checkpoints" / "best.pt",
-            folder / "checkpoints" / "last.pt",
-            folder / "best.pt",
-            folder / "last.pt",
-        ):  # the run folder, or its checkpoints/
-            if path.is_file():
-                return path
-        inside = [p.parent.parent for p in find_checkpoints((folder,), "best.pt")]
-        hint = f"; it holds these runs: {', '.join(map(str, inside[:5]))}" if inside else ""
-        raise SamplingError(
-            f"run={run}: no checkpoints/best.pt or checkpoints/last.pt in {folder}{hint}"
-        )
-    found = find_checkpoints(roots, "best.pt") + find_checkpoints(roots, "last.pt")
-    if not found:
+        try:
+            return resolve(run)[1]
+        except RunFolderError as e:
+            raise SamplingError(f"run={run}: {e}") from None
+    latest = latest_checkpoint(roots)
+    if latest is None:
         where = " or ".join(f"{r}/" for r in roots)
         raise SamplingError(
             f"no checkpoint found: no run under {where} in {Path.cwd()} has checkpoints/best.pt or "
             f"last.pt. Train one first: {TRAIN_COMMAND} (or pass ckpt=PATH or run=FOLDER)"
         )
-    latest = max(found, key=lambda p: p.stat().st_mtime).parent  # the newest run's checkpoints/
-    best = latest / "best.pt"
-    return best if best.is_file() else latest / "last.pt"
+    return latest
 
 
 def check_out(out: str, checkpoint: Path, data_path: str | None = None) -> Path:

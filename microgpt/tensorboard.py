@@ -3,8 +3,9 @@
 - `TensorBoardLogger`: scalars, attention maps (per head and per layer), attention by relative
   offset, entropy, sampled items and one HParams row per run, written into the run's own folder.
   The images are drawn by microgpt.draw.
-- `log_heads`: what every head does (microgpt.heads.analyse) at a step, logged: summaries under
-  tags every run shares, per-head importance, a custom-scalars layout, offset profiles, a table.
+- `TensorBoardLogger.heads`: a head analysis (microgpt.head_analysis.analyse, which the trainer
+  runs) logged: summaries under tags every run shares, per-head importance, a custom-scalars
+  layout, offset profiles, a table.
 - `heads_layout`: that custom-scalars layout, one chart per layer.
 - `labels_for`: token ids -> map labels, the boundary token shown as BOUNDARY_LABEL ("<s>").
 - `sanitize_hparams`: a nested config -> values the HParams tab shows.
@@ -30,7 +31,7 @@ from torch.utils.tensorboard.summary import text as text_summary
 from microgpt.config import flatten
 from microgpt.draw import compose_layer, map_cell, render_heads, render_offset_profile
 from microgpt.files import write_text
-from microgpt.heads import ROLES, HeadReport, analyse
+from microgpt.head_report import ROLES, HeadReport
 from microgpt.tokenizer import BOUNDARY_ID
 
 # The boundary token's label on a map: not ".", which a data file may hold as a real character.
@@ -193,7 +194,7 @@ class TensorBoardLogger:
         self.scalars(step, summary)
         self.attention_entropy(step, report.entropy)
         importance = {
-            f"heads/layer{layer}/head{h}/importance": float(report.importance[layer, h])
+            f"heads/layer{layer}/head{h}/importance": float(report.zero_importance[layer, h])
             for layer in range(report.n_layer)
             for h in range(report.n_head)
         }
@@ -279,22 +280,3 @@ def heads_layout(n_layer: int) -> dict:
         "heads per role": ["Multiline", [rf"heads/role/({'|'.join(ROLES)})$"]],
     }
     return {"heads": both, "head importance": alone, "head summaries": summaries}
-
-
-@torch.no_grad()
-def log_heads(writer: TensorBoardLogger, step: int, model, probe_ids, labels, x, y) -> HeadReport:
-    """What each head does, at `step`: the probe's per-head attention maps (probe_ids: the
-    boundary token, then the probe item's ids) and the head analysis of validation rows x, y
-    (N, T) (microgpt.heads.analyse, written by TensorBoardLogger.heads), which it returns. The
-    model is put back in the mode it was in."""
-    was_training = model.training
-    model.eval()
-    try:
-        probe = torch.tensor([list(probe_ids)], device=x.device)  # (1, T)
-        _, _, attention = model(probe, return_attn=True)
-        writer.attention_maps(step, [a[0].float().cpu() for a in attention], labels)
-    finally:
-        model.train(was_training)
-    report = analyse(model, x, y)
-    writer.heads(step, report)
-    return report

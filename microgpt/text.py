@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from microgpt.errors import DataError
+from microgpt.errors import DataError, decode_utf8
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)  # train, val, test: contiguous, in this order
@@ -62,14 +62,7 @@ def read_text(path: str | Path) -> str:
             f"data file {where} holds NUL bytes: it looks binary, not text; "
             f"point data.path=... at a UTF-8 text file"
         )
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise DataError(
-            f"data file {where} is not UTF-8 (first bad byte on line {line}); "
-            f"re-save it as UTF-8 or fix that line"
-        ) from None
+    text = decode_utf8(raw, where)
     del raw
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = unicodedata.normalize("NFC", text)

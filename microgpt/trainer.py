@@ -14,6 +14,7 @@ returns the final metrics. `Trainer.train_step()` is one optimisation step, the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -27,9 +28,8 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from microgpt import distributed, report
+from microgpt import distributed, run_summary, runs
 from microgpt.checkpoint import (
-    CheckpointError,
     check_resumable,
     load_checkpoint,
     rng_state,
@@ -38,29 +38,16 @@ from microgpt.checkpoint import (
 )
 from microgpt.config import Config, ConfigError, check_memory, load_config
 from microgpt.data import DataError, load_data
-from microgpt.files import lock_folder, remove_leftovers, write_text
+from microgpt.files import remove_leftovers, sha256_file, write_text
+from microgpt.head_analysis import analyse, probe_attention
 from microgpt.loss import LossWindow, StepResult, evaluate
 from microgpt.model import GPT
 from microgpt.optim import WeightAverage, lr_at, make_optimizer
 from microgpt.samples import sample_for_run
 from microgpt.stopping import Interrupted, StopFlag, TrainingError
-from microgpt.tensorboard import TensorBoardLogger, labels_for, log_heads
+from microgpt.tensorboard import TensorBoardLogger, labels_for
 
 log = logging.getLogger("microgpt")
-
-
-def _resume_path(config: Config, out_dir: Path) -> Path | None:
-    resume = config.resume_requested
-    if resume is True:
-        path = out_dir / "checkpoints" / "last.pt"
-        if not path.exists():
-            raise CheckpointError(
-                f"resume=true but there is no run to resume: {path} does not exist (from the "
-                f"command line, resume=true continues the newest run under outputs/ or multirun/); "
-                f"pass resume=PATH to a checkpoint, or start a new run without resume"
-            )
-        return path
-    return Path(resume).expanduser() if resume else None
 
 
 class Trainer:
@@ -83,14 +70,11 @@ class Trainer:
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
 
-        self.resume_path = _resume_path(
-            c, self.out_dir
-        )  # before the data: a missing run fails fast
-        if self.resume_path is None and (self.out_dir / "checkpoints" / "last.pt").exists():
-            raise ConfigError(
-                f"{self.out_dir} already holds a run (checkpoints/last.pt); continue it with "
-                f"resume=true, or write the new run to another folder"
-            )
+        # before the data: a missing run, or a folder a new run may not use, fails fast
+        self.resume_path = runs.resume_checkpoint(c.resume_requested, self.out_dir)
+        if self.resume_path is None:  # rank 0 claims and writes the folder (see _open_run_folder)
+            distributed.run_on_main(lambda: runs.check_new(self.out_dir), self.dist)
+        self.run_id: str | None = None  # set when the folder is claimed (rank 0)
         if c.model.block_size:  # before the data are encoded into (N, block_size) tensors
             check_memory(
                 c.model_for_data(2, c.model.block_size), c.train.batch_size, self.device, True
@@ -101,6 +85,11 @@ class Trainer:
             c.data.format, c.data.prepare,
         )  # fmt: skip
         self.data_path, self.tokenizer, self.split = data.path, data.tokenizer, data.split
+        # the checkpoint names the data by one absolute path, and its content's hash
+        self.config = c = dataclasses.replace(
+            c, data=dataclasses.replace(c.data, path=str(Path(data.path).resolve()))
+        )
+        self.data_sha256 = sha256_file(data.path)
         self.datasets = data.datasets
         try:
             self.probe_ids = data.probe_ids(c.log.probe)
@@ -197,7 +186,8 @@ class Trainer:
             leave=False,
             file=sys.stderr,
         )
-        start, tokens_done = time.perf_counter(), 0
+        start, tokens_done, other_work = time.perf_counter(), 0, 0.0
+        self.window.start_clock()  # throughput counts training alone, not the set-up
         metrics: dict = dict(self.history)
         # off the CPU, float() waits for the GPU: check and agree on stopping every log_every steps
         check_every = 1 if self.device.type == "cpu" else c.train.log_every
@@ -212,36 +202,38 @@ class Trainer:
                     if self.step % c.train.log_every == 0 or final:
                         metrics.update(self._log_window(out, bar))
                     bar.update(1)
+                    # evaluation, checkpoints and the head analysis are not training: their time
+                    # is left out of tokens_per_sec (on a GPU, _log_window's float() just synced)
+                    busy = time.perf_counter()
                     if self.step % c.train.eval_every == 0 or final:
                         metrics.update(self._evaluate_and_save(metrics))
                     if c.train.save_every and self.step % c.train.save_every == 0:
                         distributed.run_on_main(lambda: self._save_snapshot(metrics), self.dist)
                     if self.is_main and (self.step % c.log.attn_every == 0 or final):
                         self._log_heads(self.step)
+                    spent = time.perf_counter() - busy
+                    other_work += spent
+                    self.window.exclude(spent)
                     asks = check_every == 1 or self.step % c.train.log_every == 0
                     if asks and not final and distributed.any_rank(stop.requested, self.dist):
                         self._interrupted(metrics, stop.signal_name)
         finally:
             bar.close()
-        return self._finish(metrics, time.perf_counter() - start, tokens_done)
+        return self._finish(metrics, time.perf_counter() - start, tokens_done, other_work)
 
     def _open_run_folder(self) -> None:
         """Claim the run folder, write config.yaml, open TensorBoard (rank 0)."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        if self.resumed_from is None:  # a run started in the same second stops here
-            try:
-                (self.out_dir / "checkpoints").mkdir()
-            except FileExistsError:
-                raise ConfigError(
-                    f"{self.out_dir} already holds a run (a checkpoints folder); continue it with "
-                    f"resume=true, or write the new run to another folder"
-                ) from None
-        lock_folder(self.out_dir)  # held until the process ends: one process per run folder
+        if self.resumed_from is None:  # one exclusive create: a run started alongside stops here
+            self.run_id = runs.claim_new(self.out_dir)
+        else:  # only into this run's own folder, or a new one
+            self.run_id = runs.claim_resume(self.out_dir, self.resumed_from, self.run_id)
+        runs.lock(self.out_dir)  # until the run ends (train's finally): one process per folder
+        (self.out_dir / "checkpoints").mkdir(exist_ok=True)
         remove_leftovers(self.out_dir / "checkpoints")  # .tmp files of saves killed mid-write
         # a resume keeps the run's config.yaml and writes its own beside it
         name = "config.yaml" if self.resumed_from is None else f"config.resume-step{self.step}.yaml"
         write_text(self.out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(self.config)))
-        log.info(report.summary(self))
+        log.info(run_summary.summary(self))
         log.info(f"run folder: {self.out_dir.resolve()}")
         if self.resumed_from is not None:
             log.info(f"resumed from {self.resumed_from} at step {self.step}")
@@ -257,7 +249,7 @@ class Trainer:
         w = self.window
         loss = distributed.sum_over_ranks(float(w.loss), self.dist) / w.steps
         now = time.perf_counter()  # after float(): the device has caught up
-        tps = w.tokens / max(now - w.time, 1e-9)
+        tps = w.tokens_per_sec(now)
         if self.is_main:
             scalars = {"loss/train": loss, "lr": out.lr, "grad_norm": float(out.grad_norm)}
             self.writer.scalars(self.step, {**scalars, "tokens_per_sec": tps})
@@ -303,6 +295,8 @@ class Trainer:
             "step": self.step,
             "metrics": dict(metrics),
             "split": self.split.to_dict(),
+            "run_id": self.run_id,
+            "data_sha256": self.data_sha256,
         }
 
     def _save_snapshot(self, metrics: dict) -> None:
@@ -356,15 +350,16 @@ class Trainer:
         self.step = ckpt["step"]
         self.history = {k: v for k, v in ckpt["metrics"].items() if k != "interrupted_at"}
         self.resumed_from = path
+        self.run_id = ckpt.get("run_id")  # None: written before run ids existed
 
     def _log_heads(self, step: int) -> None:
         """The probe's attention maps and the head analysis on validation items (rank 0)."""
         val = self.datasets["val"]
-        x, y = val.batch(torch.arange(min(len(val), self.config.log.entropy_items)))  # (N, T)
+        x, y = val.batch(torch.arange(min(len(val), self.config.log.head_items)))  # (N, T)
         probe = self.probe_ids
-        log_heads(
-            self.writer, step, self.eval_model, probe, labels_for(probe, self.tokenizer), x, y
-        )
+        maps = probe_attention(self.eval_model, probe)
+        self.writer.attention_maps(step, maps, labels_for(probe, self.tokenizer))
+        self.writer.heads(step, analyse(self.eval_model, x, y))
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
         """Validation loss on the whole split; best.pt if it improved; last.pt always."""
@@ -397,7 +392,7 @@ class Trainer:
         )
         return out
 
-    def _finish(self, metrics: dict, elapsed: float, tokens_done: int) -> dict:
+    def _finish(self, metrics: dict, elapsed: float, tokens_done: int, other_work: float) -> dict:
         metrics = {
             **metrics,
             "step": self.step,
@@ -406,24 +401,28 @@ class Trainer:
             "global_batch": self.global_batch,
             "run_dir": str(self.out_dir),
         }
-        if elapsed > 0 and tokens_done:
-            metrics["tokens_per_sec"] = tokens_done / elapsed
-        distributed.run_on_main(lambda: report.finish(self, metrics), self.dist)
+        if elapsed > other_work and tokens_done:  # training throughput, as logged
+            metrics["tokens_per_sec"] = tokens_done / (elapsed - other_work)
+        distributed.run_on_main(lambda: run_summary.finish(self, metrics), self.dist)
         return metrics
 
 
 def train(cfg) -> dict:
     """Train from a composed config (DictConfig, dict or Config) and return the final metrics."""
     config = load_config(cfg)
-    trainer = None
+    trainer, ended = None, False
     try:
         trainer = Trainer(config)
         metrics = trainer.run()
         # rank 0 still evaluates and writes after the last step: a rank that left the process
         # group meanwhile would abort gloo ("terminate called without an active exception")
         distributed.barrier()
+        ended = True
         return metrics
     finally:
-        if trainer is not None and trainer.writer is not None:
-            trainer.writer.close()
+        if trainer is not None:
+            if trainer.writer is not None:
+                trainer.writer.close()
+            # the lock goes with the run; after an error, what it made stays known for clean-up
+            runs.release(trainer.out_dir, forget=ended)
         distributed.teardown()

@@ -56,7 +56,7 @@ TINY = [
     "train.log_every=3",
     "train.num_samples=5",
     "log.attn_every=6",
-    "log.entropy_items=32",
+    "log.head_items=32",
     "optim.warmup_steps=2",
 ]
 

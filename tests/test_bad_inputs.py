@@ -24,6 +24,7 @@ from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.config import ConfigError
 from microgpt.data import DataError
 from microgpt.generate import SamplingError
+from microgpt.runs import RunFolderError
 from microgpt.sampling import sample_from_config
 from microgpt.trainer import TrainingError, train
 from tests.conftest import REPO, TINY, compose_config, make_names
@@ -232,8 +233,8 @@ CASES = [
     Case(
         "new-run-into-a-run-folder",
         lambda w: [],
-        ConfigError,
-        r"already holds a run .*resume=true",
+        RunFolderError,
+        r"already holds a run .*continue it with resume=",
         out="run",
     ),
     Case(
@@ -265,7 +266,7 @@ CASES = [
         r"no training state .*last\.pt",
         out="run",
     ),
-    Case("resume-with-no-run", lambda w: ["resume=true"], CheckpointError, r"no run to resume"),
+    Case("resume-with-no-run", lambda w: ["resume=true"], RunFolderError, r"no run to resume"),
     # bad checkpoints, interrupted writes
     Case(
         "truncated-checkpoint",
@@ -331,10 +332,10 @@ CASES = [
         out="run",
     ),
     Case(
-        "checkpoint-is-a-folder",
-        lambda w: [f"resume={w.run / 'checkpoints'}"],
-        CheckpointError,
-        r"is a folder",
+        "checkpoint-is-a-folder-without-a-run",
+        lambda w: [f"resume={w.run.parent}"],
+        RunFolderError,
+        r"is a folder that holds no run \(no checkpoints/last.pt\)",
         out="run",
     ),
 ]

@@ -7,7 +7,10 @@ import json
 import pytest
 from PIL import Image
 
+from microgpt.checkpoint import load_checkpoint, model_from_checkpoint
 from microgpt.compare import CompareError, find_runs, main, read_runs
+from microgpt.head_analysis import analyse
+from microgpt.lines import CharDataset
 from microgpt.trainer import train
 from tests.conftest import TINY, compose_config, make_names
 
@@ -85,15 +88,22 @@ def test_a_folder_without_runs_is_a_clear_error(tmp_path, capsys):
 
 
 def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
-    from microgpt.heads import ROLES
+    from microgpt.head_report import ROLES
     from microgpt.heads import main as heads_main
 
     root, _ = sweep
     runs = read_runs(root)
-    for r in runs:  # TINY: one layer; every head has one role; prunable is a head count
-        assert len(r.importance_max) == 1
-        assert sum(r.role_counts.values()) == r.heads
-        assert 0 <= r.prunable <= r.heads
+    for r in runs:  # the run's last analysis, made again from last.pt on the same rows
+        ckpt = load_checkpoint(r.path / "checkpoints" / "last.pt")
+        model, tok = model_from_checkpoint(ckpt)
+        val = CharDataset.from_items(ckpt["split"]["val"], tok, model.config.block_size)
+        items = ckpt["train_config"]["log"]["head_items"]
+        expected = analyse(model, val.X[:items], val.Y[:items])
+        assert r.role_counts == {role: float(n) for role, n in expected.role_counts().items()}
+        assert r.prunable == expected.prunable
+        assert r.importance_max == pytest.approx(
+            [float(expected.zero_importance[0].max())], abs=1e-6
+        )
     assert main([str(root), "--no-plot"]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[0].split()
@@ -104,18 +114,18 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     assert int(prunable) == runs[0].prunable
     assert float(importance) == pytest.approx(runs[0].importance_max[0], abs=1e-4)
 
-    # heads.json (the whole validation split) wins over the scalars
+    # the analysis of best.pt (the whole validation split) wins over the scalars
     assert heads_main([str(root / "heads=2")]) == 0
     capsys.readouterr()
-    data = json.loads((root / "heads=2" / "heads.json").read_text())
+    data = json.loads((root / "heads=2" / "heads-best.json").read_text())
     data["summaries"]["heads/prunable"] = 2.0
     data["summaries"]["heads/layer0/importance_max"] = 0.125
-    (root / "heads=2" / "heads.json").write_text(json.dumps(data))
+    (root / "heads=2" / "heads-best.json").write_text(json.dumps(data))
     try:
         two = read_runs(root)[1]
         assert two.prunable == 2 and two.importance_max == [0.125]
     finally:
-        (root / "heads=2" / "heads.json").unlink()
+        (root / "heads=2" / "heads-best.json").unlink()
 
 
 def test_runs_on_different_data_are_not_ranked_against_each_other(sweep, tmp_path, capsys):

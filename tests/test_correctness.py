@@ -282,5 +282,5 @@ def test_save_every_keeps_step_checkpoints_that_sample_and_heads_accept(tiny_cfg
     assert not torch.equal(first["model"]["lm_head.weight"], twelve["model"]["lm_head.weight"])
     result = run_sampling(ckpt=str(folder / "step-000004.pt"), num_samples=3, seed=0)
     assert len(result.names) == 3 and result.step == 4
-    report, run = analyse_checkpoint(folder / "step-000008.pt")
-    assert run == tmp_path / "run" and report.n_head == 2
+    report, run, _ = analyse_checkpoint(folder / "step-000008.pt")
+    assert run.path == tmp_path / "run" and report.n_head == 2

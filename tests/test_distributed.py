@@ -19,8 +19,9 @@ import torch
 
 from microgpt import distributed
 from microgpt.checkpoint import load_checkpoint
+from microgpt.config import load_config
 from microgpt.model import GPT, GPTConfig
-from microgpt.trainer import train
+from microgpt.trainer import Trainer, train
 from tests.conftest import REPO, TINY, compose_config, make_names
 
 # 2 ranks x PER_RANK against 1 process x 2 * PER_RANK, dropout off, the same seed and data order
@@ -250,13 +251,24 @@ def test_non_zero_ranks_write_no_hydra_files(clean_env):
 # importing torch.compile's machinery warns about torch.jit.script_method, in torch itself
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_training_on_cpu_saves_a_plain_checkpoint(tiny_cfg, tmp_path):
-    """train.compile=true end to end (needs a C++ compiler; about a minute on 2 CPU cores)."""
-    metrics = train(
-        tiny_cfg("train.compile=true", "train.max_steps=4", "train.eval_every=4", "device=cpu")
+    """train.compile=true end to end (needs a C++ compiler; about a minute on 2 CPU cores): the
+    checkpoint holds the plain GPT's keys (no `_orig_mod.` prefix) and the weights the compiled
+    wrapper trained (saving the wrapper's state_dict, or a copy it does not train, fails)."""
+    trainer = Trainer(
+        load_config(
+            tiny_cfg("train.compile=true", "train.max_steps=4", "train.eval_every=4", "device=cpu")
+        )
     )
+    assert trainer.train_model is not trainer.model  # the compiled wrapper trains
+    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    metrics = trainer.run()
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
-    assert metrics["step"] == 4 and not any(k.startswith("_orig_mod.") for k in ckpt["model"])
-    GPT(GPTConfig(**ckpt["model_config"])).load_state_dict(ckpt["model"])
+    assert metrics["step"] == 4
+    assert list(ckpt["model"]) == list(GPT(trainer.model_config).state_dict())
+    trained = trainer.train_model.state_dict()  # the wrapper's own keys: _orig_mod.<name>
+    assert set(trained) == {f"_orig_mod.{k}" for k in ckpt["model"]}
+    assert all(torch.equal(ckpt["model"][k], trained[f"_orig_mod.{k}"]) for k in ckpt["model"])
+    assert not all(torch.equal(ckpt["model"][k], start[k]) for k in start)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -295,10 +307,11 @@ def test_joblib_launcher_config_composes():
     assert cfg.hydra.launcher.n_jobs == 2
 
 
-def test_an_error_on_rank_0_alone_stops_every_rank_at_once(tmp_path):
-    """Rank 0 alone claims the run folder (an empty checkpoints/ is already there: another run's).
-    Its error must reach rank 1, which would otherwise wait in the next all-reduce for the
-    process group's 10-minute timeout; both ranks print the same one-line message."""
+def test_a_refused_run_folder_stops_every_rank_at_once(tmp_path):
+    """A run folder that holds another run (an empty checkpoints/ is already there) is refused
+    before any collective, so no rank waits for the process group's 10-minute timeout. Each rank
+    checks its command line, but torchrun ends the others when the first exits: only one
+    message is guaranteed (a busy machine showed rank 1 killed before it printed its own)."""
     data = tmp_path / "names.txt"
     data.write_text("\n".join(make_names()) + "\n")
     run = tmp_path / "run"
@@ -306,9 +319,10 @@ def test_an_error_on_rank_0_alone_stops_every_rank_at_once(tmp_path):
     settings = [*SETTINGS, f"train.batch_size={PER_RANK}", f"data.path={data}"]
     result = torchrun_train(tmp_path, *settings, f"hydra.run.dir={run}", ok=False, timeout=120)
     assert result.returncode != 0
-    message = "already holds a run (a checkpoints folder)"
-    assert result.stderr.count(message) == 2, result.stderr[-3000:]  # rank 0's and rank 1's
-    assert list((run / "checkpoints").iterdir()) == []  # nothing written into the other run
+    message = "already holds a run; continue it with resume="
+    assert result.stderr.count(message) >= 1, result.stderr[-3000:]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]  # nothing written there
+    assert list((run / "checkpoints").iterdir()) == []
 
 
 def test_ddp_resume_with_dropout_is_exact(tmp_path):

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 
 import pytest
 import torch
 
-from microgpt.heads import (
+from microgpt.head_analysis import (
     ROLES,
     analyse,
     batches_loss,
     importance,
     length_batches,
-    main,
     replaced_heads,
 )
+from microgpt.heads import main
 from microgpt.lines import encode_items
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
@@ -159,7 +158,7 @@ def test_forced_heads_get_their_roles(rows):
 
 
 def test_entropy_matches_attention_entropy(rows):
-    from microgpt.heads import attention_entropy
+    from microgpt.head_analysis import attention_entropy
 
     x, y, tok = rows
     model = random_model(tok)
@@ -180,10 +179,10 @@ def test_a_head_with_zero_wo_columns_has_importance_exactly_zero(rows):
     with torch.no_grad():
         model.blocks[1].attn.proj.weight[:, 2 * hd : 3 * hd] = 0.0
     report = analyse(model, x, y)
-    assert report.importance[1, 2] == 0.0 and report.mean_importance[1, 2] == 0.0
+    assert report.zero_importance[1, 2] == 0.0 and report.mean_importance[1, 2] == 0.0
     others = torch.ones(2, 4, dtype=torch.bool)
     others[1, 2] = False
-    assert (report.importance[others].abs() > 1e-4).all()
+    assert (report.zero_importance[others].abs() > 1e-4).all()
 
 
 def test_importance_agrees_across_implementations(rows):
@@ -191,11 +190,11 @@ def test_importance_agrees_across_implementations(rows):
     reference = random_model(tok, "loop")
     reports = {impl: analyse(same_weights(reference, impl), x, y) for impl in ATTN_IMPLS}
     for impl in ATTN_IMPLS[1:]:
-        for field in ("importance", "mean_importance", "offsets", "start", "spread"):
+        for field in ("zero_importance", "mean_importance", "offsets", "start", "spread"):
             a, b = getattr(reports["loop"], field), getattr(reports[impl], field)
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=f"{field} of {impl}")
         assert reports[impl].roles == reports["loop"].roles
-    assert reports["loop"].importance.abs().max() > 1e-3  # not trivially equal
+    assert reports["loop"].zero_importance.abs().max() > 1e-3  # not trivially equal
 
 
 def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
@@ -229,24 +228,45 @@ def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
     assert not model.blocks[layer].attn.proj._forward_pre_hooks  # hooks removed
 
 
-def test_pruning_curve_and_prunable(rows):
+def without_heads(model: GPT, heads) -> GPT:
+    """A copy of `model` whose heads (layer, head) are removed by zeroing their columns of W_O:
+    another mechanism than head_mask (test_head_mask_zero_equals_zero_wo_columns proves them
+    equal), so the expected curve does not repeat the code under test."""
+    other = copy.deepcopy(model)
+    hd = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        for layer, h in heads:
+            other.blocks[layer].attn.proj.weight[:, h * hd : (h + 1) * hd] = 0.0
+    return other
+
+
+def test_pruning_removes_heads_least_important_first_and_counts_the_prunable(rows):
+    """The pruning curve, rebuilt from whole-row losses of models with W_O columns zeroed: the
+    order is by single-head importance, each point removes one more head (cumulative), and
+    prunable is where the rise first reaches the tolerance. A wrong order, a mask that is not
+    cumulative or an off-by-one count fails."""
     x, y, tok = rows
     model = random_model(tok)
-    report = analyse(model, x, y, tolerance=0.01)
     L, H = 2, 4
-    assert len(report.pruning_order) == L * H and len(report.pruning_losses) == L * H + 1
-    assert sorted(report.pruning_order) == [(a, b) for a in range(L) for b in range(H)]
-    ranked = [float(report.importance[a, b]) for a, b in report.pruning_order]
-    assert ranked == sorted(ranked)  # least important first
-    assert report.pruning_losses[0] == report.loss
-    rises = [v - report.loss for v in report.pruning_losses[1:]]
-    k = report.prunable
-    assert all(r < 0.01 for r in rises[:k]) and (k == L * H or rises[k] >= 0.01)
-    # the curve's first point is the single least important head's ablation
-    first = report.pruning_order[0]
-    assert rises[0] == pytest.approx(float(report.importance[first]), abs=1e-9)
-    everything = analyse(model, x, y, tolerance=math.inf)
-    assert everything.prunable == L * H
+    heads = [(a, b) for a in range(L) for b in range(H)]
+    with torch.no_grad():
+        base = float(model(x, y)[1])
+        single = {k: float(without_heads(model, [k])(x, y)[1]) - base for k in heads}
+        order = sorted(heads, key=lambda k: single[k])
+        curve = [float(without_heads(model, order[:n])(x, y)[1]) for n in range(L * H + 1)]
+    rises = [loss - base for loss in curve[1:]]
+    assert len(set(single.values())) == L * H  # distinct: the order is well defined
+    tolerance = sorted(rises)[L * H // 2]  # a tolerance inside the curve: 0 < prunable < L*H
+    expected = next(n for n, rise in enumerate(rises) if rise >= tolerance)
+    assert 0 < expected < L * H
+
+    report = analyse(model, x, y, tolerance=tolerance)
+    assert report.pruning_order == order
+    assert report.pruning_losses == pytest.approx(curve, abs=1e-5)
+    assert report.prunable == expected
+    assert report.loss == pytest.approx(base, abs=1e-5)
+    for (a, b), value in single.items():
+        assert float(report.zero_importance[a, b]) == pytest.approx(value, abs=1e-5)
 
 
 def test_report_is_json_summaries_do_not_depend_on_head_count(rows):
@@ -274,21 +294,38 @@ def test_analyse_puts_the_model_back_in_its_mode(rows):
 # ----------------------------------------------------------------------------- the command
 
 
-def test_command_on_a_run_and_on_its_checkpoint(tiny_cfg, tmp_path, capsys):
+def test_command_on_a_run_and_on_its_checkpoints_names_each_analysis_after_its_checkpoint(
+    tiny_cfg, tmp_path, capsys
+):
+    """Analysing a step checkpoint never replaces the run's analysis (of best.pt): each analysis
+    is named after the checkpoint it analysed, and compare reads best.pt's."""
+    from microgpt.compare import read_runs
     from microgpt.trainer import train
 
-    train(tiny_cfg("train.num_samples=0"))
+    train(tiny_cfg("train.num_samples=0", "train.save_every=6"))
     run = tmp_path / "run"
     assert main([str(run)]) == 0
     out = capsys.readouterr().out
     assert "| layer | head | role |" in out and "Prunable:" in out
-    data = json.loads((run / "heads.json").read_text())
-    assert data["n_head"] == 2 and len(data["heads"]) == 2
-    assert data["checkpoint"].endswith("best.pt")
-    assert "| 0 | 1 |" in (run / "heads.md").read_text()
-    (run / "heads.json").unlink()
-    assert main([str(run / "checkpoints" / "last.pt")]) == 0  # written into the run folder
-    assert json.loads((run / "heads.json").read_text())["checkpoint"].endswith("last.pt")
+    best = json.loads((run / "heads-best.json").read_text())
+    assert best["n_head"] == 2 and len(best["heads"]) == 2
+    assert best["checkpoint"].endswith("best.pt")
+    assert "| 0 | 1 |" in (run / "heads-best.md").read_text()
+    kept = (run / "heads-best.json").read_bytes()
+    for checkpoint, name in (("last.pt", "heads-last"), ("step-000006.pt", "heads-step-000006")):
+        assert main([str(run / "checkpoints" / checkpoint)]) == 0  # into the run folder
+        assert json.loads((run / f"{name}.json").read_text())["checkpoint"].endswith(checkpoint)
+        assert (run / f"{name}.md").is_file()
+    assert (run / "heads-best.json").read_bytes() == kept
+    assert main([str(run / "checkpoints")]) == 0  # the checkpoints/ folder names the same run
+    assert json.loads((run / "heads-best.json").read_text())["checkpoint"] == best["checkpoint"]
+    capsys.readouterr()
+    # compare reports best.pt's analysis, whatever else was analysed last
+    step = json.loads((run / "heads-step-000006.json").read_text())
+    step["summaries"]["heads/prunable"] = 99.0
+    (run / "heads-step-000006.json").write_text(json.dumps(step))
+    (row,) = read_runs(run)
+    assert row.heads_summary == best["summaries"]
 
 
 def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
@@ -302,7 +339,7 @@ def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
 
 
 def test_a_role_needs_the_majority_of_the_attention():
-    from microgpt.heads import roles_of
+    from microgpt.head_analysis import roles_of
 
     offsets = torch.tensor([[[0.1, 0.6, 0.1, 0.1, 0.0], [0.2, 0.45, 0.1, 0.1, 0.0]]])  # (1, 2, 5)
     start = torch.tensor([[0.1, 0.15]])
@@ -310,3 +347,15 @@ def test_a_role_needs_the_majority_of_the_attention():
     roles, scores = roles_of(offsets, start, spread)
     assert roles == [["previous", "spread"]]  # 0.45 on the previous character is no majority
     torch.testing.assert_close(scores, torch.tensor([[0.6, 0.7]]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_importance_moves_the_rows_to_the_models_device(rows):
+    """issue 22, item 5: importance() (unlike analyse) ran a GPU model on CPU rows and crashed."""
+    x, y, tok = rows
+    model = random_model(tok)
+    on_cpu = importance(model, x, y)
+    for mode in ("zero", "mean"):
+        got = importance(model.cuda(), x, y, mode=mode)  # rows stay on the CPU
+        assert got.shape == (2, 4)
+    torch.testing.assert_close(importance(model, x, y), on_cpu, rtol=0, atol=1e-4)

@@ -7,6 +7,7 @@ function is found too: such imports are themselves refused.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from graphlib import CycleError, TopologicalSorter
@@ -56,15 +57,35 @@ def test_the_import_graph_has_no_cycle():
     assert order.index("model") < order.index("generate") < order.index("trainer")
 
 
-def test_the_layers_point_down():
+def documented_layers() -> list[str]:
+    """The modules in the order of the README's Layout list, lowest first."""
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("## Layout") :]
+    block = block[block.index("    microgpt/") : block.index("    conf/")]
+    return re.findall(r"^      (\w+)\.py", block, re.M)
+
+
+def test_every_import_points_down_the_documented_list():
+    """Each module imports only modules above it in the README's Layout list, and the list names
+    every module once: an edge such as heads -> checkpoint, or a module left out, fails."""
+    g, order = graph(), documented_layers()
+    assert sorted(order) == sorted(g), "the README's Layout list and microgpt/ differ"
+    assert len(order) == len(set(order))
+    upward = {
+        f"{module} -> {imported}"
+        for i, module in enumerate(order)
+        for imported in g[module] - set(order[:i])
+    }
+    assert not upward, f"imports that point up the layout: {sorted(upward)}"
+
+
+def test_the_core_knows_no_edge():
     g = graph()
     assert g["model"] == {"kv_cache"}
     assert g["kv_cache"] == set() and g["tokenizer"] == set() and g["files"] == set()
-    assert "model" not in g["data"] and "generate" not in g["model"]
-    edges = {"cli", "trainer", "tensorboard", "compare", "sampling"}  # nothing below needs these
-    for module in ("model", "generate", "checkpoint", "config", "data", "heads", "draw"):
-        if module in g:
-            assert not g[module] & edges, f"{module} imports {g[module] & edges}"
+    edges = {"cli", "startup_checks", "trainer", "tensorboard", "compare", "sampling", "heads"}
+    for module in ("model", "generate", "checkpoint", "runs", "config", "data", "head_analysis"):
+        assert not g[module] & edges, f"{module} imports {g[module] & edges}"
 
 
 def test_importing_the_model_imports_nothing_else_of_microgpt():
@@ -75,3 +96,18 @@ def test_importing_the_model_imports_nothing_else_of_microgpt():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['microgpt', 'microgpt.kv_cache', 'microgpt.model']"
+
+
+def test_no_block_of_six_lines_is_written_twice():
+    """The same six or more lines (comments and blank lines aside) in two places of microgpt/
+    is one rule written twice: say it once, in the module that owns it."""
+    seen: dict[tuple[str, ...], list[str]] = {}
+    for path in sorted(PACKAGE.glob("*.py")):
+        lines = [(n, line.strip()) for n, line in enumerate(path.read_text().splitlines(), 1)]
+        code = [(n, text) for n, text in lines if text and not text.startswith("#")]
+        for k in range(len(code) - 5):
+            block = tuple(text for _, text in code[k : k + 6])
+            if sum(map(len, block)) >= 120:  # closing brackets and short lines are no rule
+                seen.setdefault(block, []).append(f"{path.name}:{code[k][0]}")
+    repeated = [places for places in seen.values() if len(places) > 1]
+    assert not repeated, f"the same six lines in several places: {repeated}"

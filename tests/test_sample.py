@@ -260,7 +260,8 @@ def test_latest_run_is_the_newest_and_falls_back_to_last_pt(tmp_path, monkeypatc
     assert find_checkpoint() == new / "best.pt"
     assert find_checkpoint(run="outputs/a") == old / "best.pt"
     with pytest.raises(
-        SamplingError, match=r"run=multirun/x: no checkpoints/best.pt .*: multirun/x/heads=2"
+        SamplingError,
+        match=r"run=multirun/x: .* holds no checkpoints/best.pt .*: multirun/x/heads=2",
     ):
         find_checkpoint(run="multirun/x")  # a sweep folder: names the runs inside it
 
@@ -315,9 +316,14 @@ def test_missing_paths(tmp_path):
         CheckpointError, match=f"checkpoint {re.escape(str(tmp_path))}/nope.pt does not exist"
     ):
         run_sampling(ckpt=str(tmp_path / "nope.pt"))
-    with pytest.raises(SamplingError, match="run=.*folder .* does not exist"):
+    with pytest.raises(
+        SamplingError, match="run=.* does not exist; pass a run folder or a checkpoint file"
+    ):
         run_sampling(run=str(tmp_path / "nope"))
-    with pytest.raises(SamplingError, match="no checkpoints/best.pt or checkpoints/last.pt in"):
+    with pytest.raises(
+        SamplingError,
+        match="holds no checkpoints/best.pt or checkpoints/last.pt; pass a run folder",
+    ):
         run_sampling(run=str(tmp_path))
 
 

@@ -6,7 +6,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.draw import render_offset_profile
-from microgpt.heads import ROLES, attention_entropy
+from microgpt.head_analysis import ROLES, attention_entropy
 from microgpt.tensorboard import (
     BOUNDARY_LABEL,
     TensorBoardLogger,

@@ -333,7 +333,7 @@ def test_sample_without_the_text_file_still_samples_and_says_why(text_run, play_
 
 def test_the_head_analysis_runs_on_a_text_run(text_run, capsys):
     assert heads_main([str(text_run)]) == 0
-    assert (text_run / "heads.json").exists()
+    assert (text_run / "heads-best.json").exists()
     assert "| layer | head |" in capsys.readouterr().out
 
 

@@ -9,8 +9,10 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.compare import main as compare_main
 from microgpt.config import load_config
 from microgpt.data import DataError
+from microgpt.heads import main as heads_main
 from microgpt.trainer import lr_at, train
 from tests.conftest import REPO, TINY, compose_config
 
@@ -127,11 +129,26 @@ def test_item_too_long_for_an_explicit_block_size(tiny_cfg):
         train(tiny_cfg("model.block_size=4"))
 
 
-def test_multirun_names_job_folders_by_their_overrides(tmp_path, names_file):
-    sweep = tmp_path / "sweep"
-    cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
+def test_multirun_names_job_folders_by_their_overrides_and_the_readme_commands_take_them(
+    tmp_path, names_file, monkeypatch, capsys
+):
+    """A sweep's job folders are named heads=1, heads=2; the README's commands on them work as
+    written (issue 22: `sample.py run=multirun/<d>/<t>/heads=4` and `train.py resume=<job>` used
+    to exit 2 with "mismatched input '='")."""
+
+    def command(script, *args):
+        result = subprocess.run(
+            [sys.executable, str(REPO / script), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, (script, args, result.stderr[-2000:])
+        return result.stdout
+
+    command(
+        "train.py",
         "-m",
         "heads=1,2",
         *TINY[:1],
@@ -141,15 +158,25 @@ def test_multirun_names_job_folders_by_their_overrides(tmp_path, names_file):
         "train.eval_every=4",
         "train.num_samples=2",
         f"data.path={names_file}",
-        f"hydra.sweep.dir={sweep}",
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
+    )
+    (sweep,) = (tmp_path / "multirun").glob("*/*")  # multirun/<date>/<time>
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert jobs == ["heads=1", "heads=2"], jobs
     for job in jobs:
         assert (sweep / job / "checkpoints" / "best.pt").is_file()
         assert list((sweep / job).glob("events.out.tfevents.*"))
+    job = (sweep / "heads=2").relative_to(tmp_path)  # as a user types it: multirun/<d>/<t>/heads=2
+    out = command("sample.py", f"run={job}", "num_samples=3", "seed=0", "device=cpu")
+    assert out.startswith(f"checkpoint {job / 'checkpoints' / 'best.pt'} (step 4")
+    command("train.py", f"resume={job}", "train.max_steps=6")
+    assert load_checkpoint(tmp_path / job / "checkpoints" / "last.pt")["step"] == 6
+    # python -m microgpt.heads and microgpt.compare on the same folders (in this process: they
+    # take no Hydra overrides, so the '=' never reaches a grammar)
+    monkeypatch.chdir(tmp_path)
+    assert heads_main([str(job)]) == 0 and (tmp_path / job / "heads-best.json").is_file()
+    assert compare_main([str(sweep.relative_to(tmp_path))]) == 0
+    table = capsys.readouterr().out
+    assert "heads=1" in table and "val_loss.png" in table
 
 
 def test_cli_bad_setting_is_one_line_without_traceback(tmp_path):
@@ -166,8 +193,8 @@ def test_cli_bad_setting_is_one_line_without_traceback(tmp_path):
 
 def test_a_second_run_into_a_claimed_folder_is_refused(tiny_cfg, tmp_path):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # another run started in the same second
-    from microgpt.config import ConfigError
+    from microgpt.runs import RunFolderError
 
-    with pytest.raises(ConfigError, match="already holds a run"):
+    with pytest.raises(RunFolderError, match="already holds a run"):
         train(tiny_cfg())
     assert not list((tmp_path / "run").glob("events.out.tfevents.*"))

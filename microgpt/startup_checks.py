@@ -11,7 +11,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from microgpt import runs
 from microgpt.config import Config, ConfigError, SampleConfig, flatten, load_config, parse_resume
+from microgpt.errors import print_error
 from microgpt.generate import SamplingError
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
@@ -46,13 +48,9 @@ def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> Non
         return
     if errors:
         if len(errors) > 1:
-            print(
-                f"microgpt: error: {len(errors)} of the sweep's jobs have bad settings; "
-                f"none was started:",
-                file=sys.stderr,
-            )
+            print_error(f"{len(errors)} of the sweep's jobs have bad settings; none was started:")
         for e in errors:
-            print(f"microgpt: error: {e}", file=sys.stderr)
+            print_error(e)
         sys.exit(2)
 
 
@@ -189,7 +187,8 @@ def _explain(bad: _BadOverride, task: list[str], base, conf_dir: Path) -> str:
 
 
 def _run_folder_error(c: Config, job: list[str]) -> str | None:
-    """The run folder named on the command line: a file, or a folder that already holds a run."""
+    """The run folder named on the command line, for a new run: a file, a folder holding a run,
+    or one holding anything else (microgpt.runs.new_run_error), before Hydra writes there."""
     named = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in job if "=" in o}
     for key in ("hydra.run.dir", "out_dir"):
         if key not in named or (key == "out_dir" and c.out_dir == "."):
@@ -197,9 +196,8 @@ def _run_folder_error(c: Config, job: list[str]) -> str | None:
         folder = Path(named[key]).expanduser()
         if folder.exists() and not folder.is_dir():
             return f"{key}={named[key]} is an existing file, not a folder; name a new folder"
-        if not parse_resume(c.resume) and (folder / "checkpoints").is_dir():
-            return (
-                f"{folder} already holds a run (a checkpoints folder); continue it with "
-                f"resume={folder}, or write the new run to another folder"
-            )
+        if not parse_resume(c.resume):
+            error = runs.new_run_error(folder)
+            if error:
+                return error
     return None

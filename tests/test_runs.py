@@ -1,0 +1,312 @@
+"""microgpt.runs, the run folder: a run writes only into a folder it owns (claimed in one
+exclusive step, carrying a run id), its lock lasts as long as the run, commands agree on what a
+run folder is, and what a run logs as its throughput is training alone."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from microgpt import runs
+from microgpt.checkpoint import load_checkpoint
+from microgpt.cli import quote_values, remove_debris
+from microgpt.runs import RunFolderError
+from microgpt.tensorboard import read_metrics
+from microgpt.trainer import Trainer, train
+from tests.conftest import REPO, TINY, make_names
+
+
+def snapshot(folder: Path) -> dict:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def lock_is_free(folder: Path) -> bool:
+    """Whether a new open file description can take the folder's flock (another process, or
+    this one through another descriptor, holding it: False)."""
+    fd = os.open(folder / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# ------------------------------------------------------------------------- a run owns its folder
+
+
+def test_every_checkpoint_carries_the_run_id_of_its_folder(tiny_cfg, tmp_path):
+    train(tiny_cfg("train.num_samples=0", "train.save_every=6"))
+    run = runs.RunFolder(tmp_path / "run")
+    run_id = run.run_id()
+    assert run_id and len(run_id) > 12
+    for path in sorted(run.checkpoints.glob("*.pt")):  # best, last, step-000006, step-000012
+        assert load_checkpoint(path)["run_id"] == run_id, path.name
+
+
+def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_path):
+    """issue 21, case 1: resume=<A>/checkpoints/last.pt with B's folder used to exit 0 with B's
+    best.pt, last.pt and samples now A's."""
+    train(tiny_cfg("train.max_steps=6", out=tmp_path / "a"))
+    train(tiny_cfg("train.max_steps=6", out=tmp_path / "b"))
+    a, b = runs.RunFolder(tmp_path / "a"), runs.RunFolder(tmp_path / "b")
+    before = snapshot(b.path)
+    with pytest.raises(RunFolderError) as info:
+        train(tiny_cfg(f"resume={a.last}", "train.max_steps=12", out=b.path))
+    message = str(info.value)
+    assert a.run_id() in message and b.run_id() in message and "\n" not in message
+    assert f"resume={a.path}" in message  # what to do instead
+    assert snapshot(b.path) == before
+    assert remove_debris() is None and snapshot(b.path) == before
+    # into its own folder, or a new one, the resume goes on and keeps its run id
+    train(tiny_cfg(f"resume={a.last}", "train.max_steps=9", out=tmp_path / "c"))
+    c = runs.RunFolder(tmp_path / "c")
+    assert c.run_id() == a.run_id() == load_checkpoint(c.last)["run_id"]
+    train(tiny_cfg(f"resume={a.path}", "train.max_steps=9", out=a.path))
+    assert load_checkpoint(a.last)["step"] == 9
+
+
+@pytest.mark.parametrize("files", [["config.yaml"], ["samples.txt", "notes/x.md"]])
+def test_a_folder_that_is_not_a_run_is_never_written_over(tiny_cfg, tmp_path, files):
+    """issue 21, case 4: `hydra.run.dir=conf` replaced conf/config.yaml, and any folder's
+    config.yaml or samples.txt went the same way."""
+    folder = tmp_path / "conf"
+    for name in files:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(f"{name}: the user's own\n")
+    before = snapshot(folder)
+    with pytest.raises(RunFolderError, match=r"is not empty \(.*\) and holds no run"):
+        train(tiny_cfg(out=folder))
+    assert remove_debris() is None
+    assert snapshot(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(
+        {Path(f).parts[0] for f in files}
+    )
+
+
+def test_the_cli_refuses_a_folder_that_is_not_a_run_before_hydra_writes(tmp_path):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "config.yaml").write_text("defaults: []\n")
+    (tmp_path / "names.txt").write_text("\n".join(make_names()) + "\n")
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            *TINY,
+            "data.path=names.txt",
+            "hydra.run.dir=conf",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("microgpt: error: conf is not empty (config.yaml) and holds no run")
+    assert [p.name for p in conf.iterdir()] == ["config.yaml"]
+    assert (conf / "config.yaml").read_text() == "defaults: []\n"
+
+
+def test_of_two_claims_on_one_folder_one_wins_and_the_loser_removes_nothing(tmp_path):
+    """issue 21, case 2: the loser of a start-up race believed the folder was its own and its
+    clean-up removed the winner's. Here the winner is another process, which claims the folder
+    between this process's look at it and its own claim: the loser must leave every file."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "train.log").touch()  # what Hydra makes before the claim, in both processes
+    assert runs.new_run_error(folder) is None  # this process looks first: empty, a new run fits
+    winner = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from microgpt import runs; print(runs.claim_new({str(folder)!r}))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert winner.returncode == 0, winner.stderr
+    (folder / ".hydra").mkdir()  # the winner's files
+    (folder / ".hydra" / "config.yaml").write_text("the winner's\n")
+    before = snapshot(folder)
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        runs.claim_new(folder)
+    assert remove_debris() is None
+    assert snapshot(folder) == before
+    assert runs.RunFolder(folder).run_id() == winner.stdout.strip()
+
+
+@pytest.mark.slow
+def test_two_trainings_started_together_on_one_folder(tmp_path):
+    """The same race with the real train.py, twice at once: one run trains, the other is
+    refused in one line; neither removes the other's files nor ends in a traceback."""
+    (tmp_path / "names.txt").write_text("\n".join(make_names()) + "\n")
+    args = [
+        sys.executable,
+        str(REPO / "train.py"),
+        *TINY,
+        "train.max_steps=2",
+        "train.eval_every=2",
+        "train.num_samples=0",
+        "log.attn_every=1000",
+        "device=cpu",
+        "data.path=names.txt",
+        "hydra.run.dir=run",
+    ]
+    procs = [
+        subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    (err,) = [e for code, e in results if code == 2]
+    assert "already holds a run" in err and "Traceback" not in err, err
+    run = runs.RunFolder(tmp_path / "run")
+    assert load_checkpoint(run.last)["run_id"] == run.run_id()
+    assert (run.path / ".hydra" / "config.yaml").is_file()
+    assert not list(run.path.glob(".hydra-*")), "the refused run left its Hydra folder"
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+def test_the_lock_is_released_when_the_run_ends_whatever_the_ending(tiny_cfg, tmp_path):
+    """issue 22, item 3: the lock used to last until the process ended (a sweep's finished jobs
+    stayed locked) and leaked one file descriptor per run."""
+    fds = open_fds()
+    train(tiny_cfg(out=tmp_path / "one"))
+    assert lock_is_free(tmp_path / "one")
+    train(tiny_cfg(out=tmp_path / "two"))
+    assert lock_is_free(tmp_path / "two") and open_fds() == fds
+    with pytest.raises(Exception, match="non-finite"):  # an ending by error
+        train(tiny_cfg("optim.lr=1e30", "optim.grad_clip=0", out=tmp_path / "three"))
+    assert lock_is_free(tmp_path / "three")
+    remove_debris()
+
+
+# ------------------------------------------------------------------------- one idea of a run
+
+
+def test_a_run_folder_its_checkpoints_folder_and_a_checkpoint_name_one_run(tiny_cfg, tmp_path):
+    train(tiny_cfg("train.num_samples=0"))
+    run = runs.RunFolder(tmp_path / "run")
+    for given in (run.path, run.checkpoints, run.best):
+        folder, ckpt = runs.resolve(given)
+        assert folder.path == run.path and ckpt == run.best, given
+    folder, ckpt = runs.resolve(run.last)
+    assert folder.path == run.path and ckpt == run.last
+    assert runs.resume_checkpoint(str(run.path), ".") == run.last
+    assert runs.resume_checkpoint(str(run.checkpoints), ".") == run.last
+    assert run.analysis(run.best) == run.path / "heads-best.json"
+    assert run.analysis(run.snapshot(500), ".md") == run.path / "heads-step-000500.md"
+
+
+def test_the_checkpoint_names_its_data_by_an_absolute_path_and_its_hash(tmp_path, monkeypatch):
+    """issue 21, "a path means one thing": a relative data.path is stored resolved, with the
+    hash of the file's bytes, so every command reads the same file whatever its directory."""
+    data = tmp_path / "data" / "names.txt"
+    data.parent.mkdir()
+    data.write_text("\n".join(make_names()) + "\n")
+    monkeypatch.chdir(tmp_path)
+    from tests.conftest import compose_config
+
+    train(compose_config([*TINY, "data.path=data/names.txt", f"out_dir={tmp_path / 'run'}"]))
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
+    assert ckpt["train_config"]["data"]["path"] == str(data)
+    assert ckpt["data_sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------------------------- the command line
+
+
+def test_values_holding_an_equals_sign_are_quoted_for_hydra():
+    """issue 22, item 1: sweep job folders are named heads=4, and Hydra's grammar refuses an
+    unquoted '=' in a value (`run=multirun/d/t/heads=4` exited 2 with "mismatched input")."""
+    assert quote_values(["run=multirun/d/t/heads=4", "heads=4", "-m"]) == [
+        "run='multirun/d/t/heads=4'",
+        "heads=4",
+        "-m",
+    ]
+    assert quote_values(["resume=m/heads=4,seed=1/checkpoints/last.pt"]) == [
+        "resume='m/heads=4,seed=1/checkpoints/last.pt'"
+    ]
+    assert quote_values(["prefix='a=b'", "out=x'=y"]) == ["prefix='a=b'", 'out="x\'=y"']
+
+
+# ----------------------------------------------------------------------------- throughput
+
+
+def test_tokens_per_sec_counts_training_alone(tiny_cfg, tmp_path, monkeypatch):
+    """issue 22, item 4: the first window started in Trainer.__init__ and windows with an
+    evaluation counted it. With a clock that moves 1 ms per target token in a training step and
+    far more in set-up, evaluation, checkpoints and the head analysis, every logged throughput
+    is exactly 1,000 tokens/s."""
+    import microgpt.trainer as trainer_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def slow(fn, seconds):
+        def wrapped(*args, **kwargs):
+            clock[0] += seconds
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    step = Trainer.train_step
+
+    def timed_step(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        clock[0] += out.tokens / 1000
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", timed_step)
+    monkeypatch.setattr(trainer_module, "load_data", slow(trainer_module.load_data, 50.0))
+    for name, seconds in (
+        ("_evaluate_and_save", 30.0),
+        ("_log_heads", 20.0),
+        ("_save_snapshot", 9),
+    ):
+        monkeypatch.setattr(Trainer, name, slow(getattr(Trainer, name), seconds))
+    metrics = train(tiny_cfg("train.save_every=4", "train.num_samples=0"))
+    logged = [
+        line["tokens_per_sec"]
+        for line in read_metrics(tmp_path / "run" / "metrics.jsonl")
+        if "tokens_per_sec" in line
+    ]
+    assert len(logged) == 4  # steps 3, 6, 9, 12
+    assert logged == pytest.approx([1000.0] * 4, rel=1e-9)
+    assert metrics["tokens_per_sec"] == pytest.approx(1000.0, rel=1e-9)
+
+
+def test_a_checkpoint_from_before_the_rename_of_log_head_items_resumes(tiny_cfg, tmp_path):
+    """log.head_items was log.entropy_items: a last.pt that says so still resumes."""
+    from microgpt.checkpoint import save_checkpoint
+    from microgpt.cli import resume_settings
+
+    train(tiny_cfg("train.max_steps=6"))
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    ckpt = load_checkpoint(last)
+    ckpt["train_config"]["log"]["entropy_items"] = ckpt["train_config"]["log"].pop("head_items")
+    save_checkpoint(ckpt, last)
+    merged = resume_settings(tiny_cfg(f"resume={last}"))  # outside Hydra: the saved settings
+    assert merged.log.head_items == 32 and "entropy_items" not in merged.log
+    merged.train.max_steps = 9
+    assert train(merged)["step"] == 9
