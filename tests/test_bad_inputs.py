@@ -234,7 +234,7 @@ CASES = [
         "new-run-into-a-run-folder",
         lambda w: [],
         RunFolderError,
-        r"already holds a run.*continue it with resume=",
+        r"already holds a run; continue it with resume=",
         out="run",
     ),
     Case(

@@ -32,7 +32,8 @@ def test_quick_bench_writes_json_and_prints_table(tmp_path):
         "--out",
         str(out),
     ]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    # a generous limit: the quick run takes about a minute alone, several on a busy machine
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
 
     lines = done.stdout.splitlines()
@@ -77,3 +78,25 @@ def test_quick_bench_writes_json_and_prints_table(tmp_path):
         for k in ("MHA (n_kv_head=6)", "GQA (n_kv_head=2)", "MQA (n_kv_head=1)")
     )
     assert mha == 3 * gqa == 6 * mqa
+
+
+def test_bench_heads_writes_the_committed_figures_only_when_asked(tiny_cfg, tmp_path, monkeypatch):
+    """issue 22, item 7: bench/heads.py wrote docs/heads_bench.json by default, over the
+    committed figures; like bench/run.py, it does so only with --write-docs."""
+    import importlib.util
+
+    from microgpt.trainer import train
+
+    train(tiny_cfg("train.num_samples=0"))
+    spec = importlib.util.spec_from_file_location("bench_heads", REPO / "bench" / "heads.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    root = tmp_path / "repo"  # where the script's defaults point, instead of this repository
+    monkeypatch.setattr(bench, "REPO", root)
+    monkeypatch.setattr(bench, "DOCS_JSON", root / "docs" / "heads_bench.json", raising=False)
+    run = str(tmp_path / "run")
+    assert bench.main([run, "--repeat", "1"]) == 0
+    assert not (root / "docs" / "heads_bench.json").exists()
+    assert json.loads((root / "bench" / "heads.json").read_text())["items"] > 0
+    assert bench.main([run, "--repeat", "1", "--write-docs"]) == 0
+    assert (root / "docs" / "heads_bench.json").is_file()
