@@ -39,18 +39,20 @@ DOCS_JSON = REPO / "docs" / "heads_bench.json"
 
 
 def setting(run: str | None):
-    """(model, x, y, what): a run's model and validation rows, or the small preset's."""
+    """(model, x, y, tokenizer, what): a run's model and validation rows, or the small
+    preset's."""
     if run:
         _, path = resolve(run)
         ckpt = load_checkpoint(path)
         model, tokenizer = model_from_checkpoint(ckpt, "cpu", path)
         val = CharDataset.from_items(ckpt["split"]["val"], tokenizer, model.config.block_size)
-        return model, val.X, val.Y, str(path)
+        return model, val.X, val.Y, tokenizer, str(path)
     data = load_data(REPO / "data" / "names.txt", seed=1337)
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=data.block_size)
     val = data.datasets["val"]
-    return GPT(config).eval(), val.X, val.Y, "small preset, fresh weights, data/names.txt"
+    what = "small preset, fresh weights, data/names.txt"
+    return GPT(config).eval(), val.X, val.Y, data.tokenizer, what
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,13 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    model, x, y, what = setting(args.run)
+    model, x, y, tokenizer, what = setting(args.run)
     c = model.config
-    analyse(model, x, y)  # warm-up
+    analyse(model, x, y, tokenizer)  # warm-up
     times, report = [], None
     for _ in range(args.repeat):
         t0 = time.perf_counter()
-        report = analyse(model, x, y)
+        report = analyse(model, x, y, tokenizer)
         times.append(time.perf_counter() - t0)
     heads = c.n_layer * c.n_head
     result = {
@@ -77,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         "model": f"{c.n_layer} layers, {c.n_head} heads, n_embd {c.n_embd}, attn {c.attn_impl}",
         "items": report.items,
         "characters": report.tokens,
-        "forward_passes": 1 + 1 + 3 * heads,  # attention, baseline, zero, mean, pruning
+        # attention, baseline, zero, mean, per-position mean, pruning; one forward and backward
+        # (gradient); on the probe's repeated spans one pass and one per head
+        "forward_passes": 1 + 1 + 4 * heads,
+        "backward_passes": 1,
+        "probe_passes": 1 + heads,
         "seconds": {
             "median": statistics.median(times),
             "min": min(times),

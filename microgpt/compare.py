@@ -14,7 +14,10 @@ and checkpoint, and prints one row per run, sorted by head count:
 - entropy: each layer's attention entropy (nats) at the last logged step, the mean over its heads
 - prunable: heads that can be removed together for a validation loss rise < 0.01 nats;
   importance: each layer's largest single-head importance (the loss rise when it is ablated);
-  self, previous, ... spread: how many heads have each role (microgpt.head_analysis). From the
+  induction: the best prefix-matching score of any head on repeated random spans; repeat gain:
+  the loss on the first copy minus the loss on the repeat (nats); copying: the most copying
+  layer-0 head's OV score; named: heads with a role; then how many heads have each role that
+  some run has (mixed always; microgpt.head_analysis). From the
   analysis of the checkpoint the row reports (best.pt, else last.pt), where `python -m
   microgpt.heads RUN` wrote one (heads-best.json: the whole validation split), else from the
   last `heads/...` scalars the run logged (its first log.head_items validation items)
@@ -43,6 +46,14 @@ from microgpt.errors import print_error
 from microgpt.head_report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.tensorboard import METRICS_FILE, read_metrics
+
+# head summaries shown as columns: header -> (tag under heads/, format)
+SUMMARY_COLUMNS = {
+    "induction max": ("induction_max", ".2f"),  # the best prefix-matching score of any head
+    "repeat gain": ("repeat_loss_gain", ".3f"),  # first copy's loss - the repeat's, nats
+    "copying max": ("copying_max", ".2f"),  # the most copying layer-0 head's score
+    "named": ("named", ".0f"),  # heads with a role other than mixed
+}
 
 
 class CompareError(ValueError):
@@ -75,6 +86,11 @@ class RunSummary:
         while f"heads/layer{len(layers)}/importance_max" in self.heads_summary:
             layers.append(self.heads_summary[f"heads/layer{len(layers)}/importance_max"])
         return layers
+
+    def summary(self, name: str) -> float:
+        """A head summary (`heads/<name>`), nan when the run has none (or it did not apply)."""
+        value = self.heads_summary.get(f"heads/{name}", math.nan)
+        return math.nan if value is None else value
 
     @property
     def role_counts(self) -> dict[str, float]:
@@ -220,7 +236,13 @@ def format_table(runs: list[RunSummary]) -> str:
     n_imp = max((len(r.importance_max) for r in runs), default=0)
     header = ["run", "heads", "params", "best val", "test", "tok/s"]
     header += _layer_header("entropy", n_layers)
-    header += ["prunable", *_layer_header("importance", n_imp), *ROLES]
+    # the roles some run has (mixed always): 18 columns of zeros would hide the ones that count
+    roles = [
+        role
+        for role in ROLES
+        if role == "mixed" or any(r.role_counts[role] > 0 for r in runs)  # nan > 0 is False
+    ]
+    header += ["prunable", *_layer_header("importance", n_imp), *SUMMARY_COLUMNS, *roles]
     rows = []
     for r in runs:
         heads = (
@@ -240,7 +262,8 @@ def format_table(runs: list[RunSummary]) -> str:
         row.append(_num(r.prunable, ".0f"))
         imp = r.importance_max
         row += [_num(imp[i], ".4f") if i < len(imp) else "-" for i in range(n_imp)]
-        row += [_num(r.role_counts[role], ".0f") for role in ROLES]
+        row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
+        row += [_num(r.role_counts[role], ".0f") for role in roles]
         rows.append(row)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = []

@@ -45,11 +45,25 @@ def flatten(d, prefix: str = "") -> dict:
 
 
 @dataclass
+class RepeatsConfig:
+    """data.format=repeats: generated items in which a random span appears twice (the induction
+    experiment, microgpt.repeats); nothing is read or downloaded."""
+
+    chars: str = "abcdefghijklmnopqrstuvwxyz"  # the vocabulary
+    span: list[int] = field(default_factory=lambda: [2, 16])  # shortest and longest span
+    length: int = 32  # characters per item (the block is length + 1)
+    items: int = 100000  # items generated (then split train/val/test like lines)
+    seed: int = 0  # the generator's own seed
+
+
+@dataclass
 class DataConfig:
     name: str = "names"
     path: str = "data/names.txt"  # UTF-8; relative: from the cwd, then the repo
-    format: str = "lines"  # lines (one item per line) | text (one stream of characters)
+    # lines (one item per line) | text (one stream of characters) | repeats (generated items)
+    format: str = "lines"
     prepare: str | None = None  # the command that builds the file: named if it is missing
+    repeats: RepeatsConfig = field(default_factory=RepeatsConfig)  # format=repeats: the generator
 
 
 @dataclass
@@ -122,7 +136,21 @@ class Config:
         if self.data.format not in FORMATS:
             raise ConfigError(
                 f"data.format={self.data.format!r} is unknown; choose one of {list(FORMATS)} "
-                f"(lines: one item per line, like names; text: one stream, like a play)"
+                f"(lines: one item per line, like names; text: one stream, like a play; repeats: "
+                f"generated items where a random span repeats)"
+            )
+        r = self.data.repeats
+        if self.data.format == "repeats" and not (
+            len(r.span) == 2 and 1 <= r.span[0] <= r.span[1] and 2 * r.span[1] <= r.length
+        ):
+            raise ConfigError(
+                f"data.repeats.span={list(r.span)} must be [lo, hi] with 1 <= lo <= hi and two "
+                f"copies fitting data.repeats.length={r.length} (hi <= {r.length // 2})"
+            )
+        if self.data.format == "repeats" and (r.items < 3 or len(set(r.chars)) != len(r.chars)):
+            raise ConfigError(
+                f"data.repeats: items={r.items} must be at least 3 and chars={r.chars!r} "
+                f"distinct characters"
             )
         if t.save_every < 0:
             raise ConfigError(f"train.save_every={t.save_every} must be >= 0 (0 = off)")

@@ -5,6 +5,7 @@ writes a PNG. Arrays may be numpy arrays, lists or CPU tensors (read with np.asa
 - `render_attention` / `render_layer`: attention weights -> labelled heatmaps, rows = queries,
   columns = keys; a layer's heads in a grid of at most 4 per row, under a heading and a legend.
 - `render_offset_profile`: one layer's attention by relative offset, one row per head.
+- `render_table`: a table over the vocabulary (a layer-0 head's QK or OV circuit).
 - `plot_lines`: curves against step, with axes, round ticks and a legend, saved as a PNG.
 """
 
@@ -298,6 +299,22 @@ def render_offset_profile(
     heads = [f"head {h}" for h in range(p.shape[0])]
     offsets = [str(-k) for k in range(p.shape[1])] + ["start"]
     return _heatmap(values, heads, offsets, title, cell[0], cell[1], annotate=True)
+
+
+def visible(label: str) -> str:
+    """A token as a readable label: whitespace and control characters spelled out."""
+    return {" ": "sp", "\n": "\\n", "\t": "\\t"}.get(label, label if label.isprintable() else "?")
+
+
+def render_table(values, labels: Sequence[str], title: str | None = None, cell: int = 14):
+    """A (V, V) table over the vocabulary, values in [0, 1] (e.g. a layer-0 head's QK or OV
+    circuit, each row softmaxed) -> an (H, W, 3) uint8 heatmap, rows and columns labelled by the
+    tokens (whitespace spelled out)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 2 or v.shape != (len(labels), len(labels)):
+        raise ValueError(f"values must be ({len(labels)}, {len(labels)}), got shape {v.shape}")
+    names = [visible(label) for label in labels]
+    return _heatmap(v, names, names, title, cell, cell)
 
 
 # ----------------------------------------------------------------------------- line plots

@@ -1,40 +1,30 @@
 """What each attention head does (its role) and whether it matters (its importance).
 
 Plain functions over a GPT and validation rows x, y (N, T) from microgpt.data (y = -1 at padding);
-nothing here knows checkpoints, files, Hydra, TensorBoard or the terminal (the command
-`python -m microgpt.heads`, which analyses a run's checkpoint, is microgpt/heads.py).
+nothing here knows Hydra, TensorBoard or the terminal (the command is microgpt.heads).
 
-    report = analyse(model, x, y)     # a HeadReport: one forward pass with the attention, then
-    print(report.markdown())          # one per ablation; the model's mode is left as it was
-    report.summaries()                # {"heads/layer0/entropy_min": ..., "heads/prunable": ...}
+    report = analyse(model, x, y, tokenizer)   # a HeadReport; the model's mode is left as it was
+    print(report.markdown())                   # one row per head
+    report.summaries()                         # {"heads/induction_max": ..., "heads/prunable": ...}
 
-**Importance** of a head is the rise in mean loss per character (nats) when it is ablated: *zero*
-ablation multiplies its output by 0 before W_O (`GPT.forward(head_mask=...)`); *mean* ablation
-replaces its output by its mean over the real positions of the rows (a forward pre-hook on W_O,
-`attn.proj`, that works for every attention implementation). The *pruning curve* removes heads
-one at a time (zero ablation, cumulative), least important first by their single-head zero
-importance, computed once and not recomputed as heads go; `prunable` is how many go before the
-loss has risen by PRUNE_TOLERANCE (0.01 nats) or more.
+`analyse` runs, on the rows batched by length (padding skipped): one forward pass with the
+attention, for the patterns each head attends to and their lift over chance
+(microgpt.head_roles: positions, key classes, query-key relations; the role and score), and each
+head's mean output; a gradient pass (gradient importance); one pass per head and ablation (zero,
+mean, per-position mean: microgpt.head_circuits) and along the pruning curve, least important
+first by zero ablation (`prunable`: how many heads go before the loss has risen by
+PRUNE_TOLERANCE = 0.01 nats); the repeated-span probe of induction and copying on rows drawn
+from the model's own vocabulary (microgpt.repeats, with its own seed: the same rows at every
+step and in every run), with each head zeroed once more there; and the layer-0 QK/OV circuits
+through the embeddings, with their copying scores. Everything is vectorised: no Python loop
+over rows or positions.
 
-**Roles** come from the attention of every row, over its real queries (y >= 0), as the mean
-weight a head puts on:
+**spread**: a head's attention entropy over the i + 1 keys it may see divided by log(i + 1),
+so 0 is one key and 1 is uniform (queries i >= 1); `entropy` is the plain mean entropy in nats
+over every real query (as the attention_entropy/* scalars).
 
-- offset k (0 = itself, 1 = the previous character, 2 = two back, ...): measured on the queries
-  where the key k back is a character (query position i > k; for k = 0, i >= 1);
-- `start`, the boundary token at position 0: measured on the queries i >= 2. Position 0 is never
-  an offset: at i = 1 it is both the previous token and the start, so that query counts for
-  neither; the query at i = 0, which can only see itself, counts for no role;
-- `spread`: the attention's entropy over the i + 1 keys it may see divided by log(i + 1), so 0 is
-  one key and 1 is uniform (queries i >= 1).
-
-A head's role is the positional pattern that holds the majority of its attention: the largest of
-its `self`, `previous`, `two_back`, `three_back` (offsets 0..3) and `start` weights (ties go to the
-first in ROLES) when it is above DOMINANT (0.5), with that weight as its score. A head where no
-pattern holds the majority is `spread`, scored by its spread (near 1: uniform over what it sees;
-low: focused, but on different positions for different names, i.e. on content). Scores are in
-[0, 1]. `entropy` is the plain mean entropy in nats over every real query (as the
-attention_entropy/* scalars). Everything is vectorised: no Python loop over rows or positions.
-
+`python -m microgpt.heads RUN_FOLDER_OR_CHECKPOINT` (microgpt/heads.py) prints the table for the
+run's validation split and writes it beside the checkpoint's other analyses.
 """
 
 from __future__ import annotations
@@ -46,14 +36,48 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from microgpt.head_report import PRUNE_TOLERANCE, ROLES, HeadReport
-from microgpt.loss import TokenMean
+from microgpt.head_circuits import (
+    batches_loss,
+    gradient_importance,
+    keep_all,
+    layer0_circuits,
+    mean_importance,
+    model_heads,
+    pruning,
+    rank_correlation,
+    replaced_heads,
+    zero_importance,
+)
+from microgpt.head_report import PRUNE_TOLERANCE, ROLES, HeadReport, Probe
+from microgpt.head_roles import (
+    add_sums,
+    class_members,
+    pattern_sums,
+    patterns_of,
+    probe_rows,
+    probe_scores,
+    roles_of,
+    token_losses,
+)
 from microgpt.model import eval_mode
 
-OFFSET_ROLES = ROLES[:4]  # the role of a head that looks at offset k = 0, 1, 2, 3
-DOMINANT = 0.5  # a positional pattern is a head's role when it holds more than this weight
-OFFSETS = 8  # offsets 0..7 in a profile
+__all__ = [
+    "ROLES",
+    "HeadReport",
+    "HeadsError",
+    "analyse",
+    "attention_entropy",
+    "batches_loss",
+    "importance",
+    "length_batches",
+    "model_batches",
+    "probe_attention",
+    "replaced_heads",
+    "roles_of",
+]
+
 BATCH_SIZE = 256  # rows per forward pass
+BOUNDARY_LABEL = "<s>"  # the boundary token in the circuit tables
 
 
 class HeadsError(ValueError):
@@ -85,14 +109,19 @@ def model_batches(model, x: Tensor, y: Tensor, batch_size: int = BATCH_SIZE):
 
 
 @contextlib.contextmanager
-def _eval(model: nn.Module) -> Iterator[None]:
-    with eval_mode(model), torch.inference_mode():
+def _eval(model: nn.Module, inference: bool = True) -> Iterator[None]:
+    with eval_mode(model), torch.inference_mode() if inference else contextlib.nullcontext():
         yield
 
 
-def _heads(model) -> tuple[int, int, int]:
-    c = model.config
-    return c.n_layer, c.n_head, c.head_dim
+@torch.no_grad()
+def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
+    """One row's attention, per layer (H, T, T) float32 on the CPU: ids (T,) on the model's
+    device, in eval mode (the model is put back in its mode)."""
+    device = next(model.parameters()).device
+    with eval_mode(model):
+        _, _, attention = model(torch.tensor([list(ids)], device=device), return_attn=True)
+    return [a[0].float().cpu() for a in attention]  # (1, H, T, T) -> (H, T, T) per layer
 
 
 # ----------------------------------------------------------------------------- attention
@@ -116,50 +145,21 @@ def attention_entropy(attention: Sequence[Tensor], query_mask: Tensor) -> Tensor
     return torch.stack(rows).cpu()  # (L, H)
 
 
-def _role_sums(att: Tensor, real: Tensor, offsets: int) -> dict[str, Tensor]:
-    """One layer's attention att (B, H, T, T) over real queries (B, T) -> the sums and counts
-    of the role statistics (see the module's docstring), each summed over rows and positions."""
-    att = att.double()
-    T = att.shape[-1]
-    q = real.to(att.dtype)  # (B, T)
-    i = torch.arange(T, device=att.device)  # query (and key) positions
-    k = torch.arange(offsets, device=att.device)
-    w = torch.einsum("bhij,bi->hij", att, q)  # (H, T, T): weights summed over real queries
-    per_query = q.sum(dim=0)  # (T,) real queries at each position
-    # key j is k back from query i and is a character, not the boundary token at position 0
-    on_offset = ((i[:, None] - i[None, :])[..., None] == k) & (i[None, :, None] >= 1)  # (T, T, K)
-    offset_sum = w.flatten(1) @ on_offset.flatten(0, 1).to(w.dtype)  # (H, T*T) @ (T*T, K) -> (H, K)
-    offset_count = per_query @ (i[:, None] - k >= 1).to(w.dtype)  # (T,) @ (T, K) -> (K,)
-    ent = -torch.special.xlogy(att, att).sum(dim=-1)  # (B, H, T) nats
-    spread = ent[..., 1:] / torch.log(i[1:] + 1.0)  # (B, H, T-1): 1 = uniform over i + 1 keys
-    return {
-        "offsets": offset_sum,
-        "offsets_n": offset_count,
-        "start": w[:, 2:, 0].sum(dim=1),  # (H,) weight on position 0 from queries i >= 2
-        "start_n": per_query[2:].sum(),
-        "spread": torch.einsum("bht,bt->h", spread, q[:, 1:]),
-        "spread_n": per_query[1:].sum(),
-        "entropy": torch.einsum("bht,bt->h", ent, q),
-        "entropy_n": per_query.sum(),
-    }
-
-
-def _ratio(total: Tensor, count: Tensor) -> Tensor:
-    return total / count.clamp(min=1)  # no queries for a statistic (rows too short): 0
-
-
-def _first_pass(model, batches, offsets: int):
+def _first_pass(model, batches, members, chars, width: int):
     """One forward pass over the batches: the loss, each head's mean output (L, H, hd) over the
-    real positions (W_O's input), and the role statistics per layer."""
-    L, H, hd = _heads(model)
+    real positions (W_O's input) and at each position (L, H, width, hd), and the pattern sums
+    per layer (microgpt.head_roles.pattern_sums)."""
+    L, H, hd = model_heads(model)
+    C = model.config.n_embd
     state: dict = {}
-    out_sums = torch.zeros(L, model.config.n_embd, dtype=torch.float64)
+    out_sums = torch.zeros(L, width, C, dtype=torch.float64)  # per position
+    per_position = torch.zeros(width, dtype=torch.float64)  # real queries at each position
 
     def capture(layer):
         def hook(module, args):
             z = args[0]  # (B, T, C): the heads' outputs, head h at channels [h*hd, (h+1)*hd)
             real = state["real"].to(z.dtype)[..., None]  # (B, T, 1)
-            out_sums[layer] += (z * real).sum(dim=(0, 1)).double().cpu()
+            out_sums[layer, : z.shape[1]] += (z * real).sum(dim=0).double().cpu()  # (T, C)
 
         return hook
 
@@ -168,166 +168,137 @@ def _first_pass(model, batches, offsets: int):
         for layer, b in enumerate(model.blocks)
     ]
     sums: list[dict[str, Tensor]] = [{} for _ in range(L)]
-    mean = TokenMean()
+    total, count = 0.0, 0
     try:
         for x, y in batches:
             state["real"] = real = y >= 0  # (B, T)
             _, loss, attention = model(x, y, return_attn=True)
-            mean.add(loss, y)
+            n = int(real.sum())
+            total, count = total + float(loss) * n, count + n
+            per_position[: x.shape[1]] += real.sum(dim=0).double().cpu()
             for layer, att in enumerate(attention):
-                for key, value in _role_sums(att, real, offsets).items():
-                    sums[layer][key] = sums[layer].get(key, 0) + value.cpu()
+                add_sums(sums[layer], pattern_sums(att, x, real, members, chars))
     finally:
         for h in hooks:
             h.remove()
-    means = (out_sums / max(mean.count, 1)).view(L, H, hd)  # (L, C) -> (L, H, hd)
-    stats = {
-        name: torch.stack([_ratio(s[name], s[name + "_n"]) for s in sums])  # (L, H[, K])
-        for name in ("offsets", "start", "spread", "entropy")
-    }
-    return mean.value, means.float(), stats
+    means = (out_sums.sum(dim=1) / max(count, 1)).view(L, H, hd)  # (L, C) -> (L, H, hd)
+    at = out_sums / per_position.clamp(min=1)[None, :, None]  # (L, T, C)
+    at = at.view(L, width, H, hd).transpose(1, 2)  # (L, T, C) -> (L, H, T, hd)
+    return total / max(count, 1), means.float(), at.float(), sums
 
 
-def roles_of(offsets: Tensor, start: Tensor, spread: Tensor) -> tuple[list[list[str]], Tensor]:
-    """The role of each head and its score: offsets (L, H, K >= 4), start and spread (L, H)."""
-    patterns = torch.cat(
-        [offsets[..., : len(OFFSET_ROLES)], start[..., None]], dim=-1
-    )  # (L, H, 5): self, previous, two_back, three_back, start
-    best, which = patterns.max(dim=-1)  # the first of equal weights wins
-    dominant = best > DOMINANT
-    which = torch.where(dominant, which, ROLES.index("spread"))
-    roles = [[ROLES[r] for r in row] for row in which.tolist()]
-    return roles, torch.where(dominant, best, spread)
+def _ratio(total: Tensor, count: Tensor) -> Tensor:
+    return total / torch.as_tensor(count).clamp(min=1)  # no queries for a statistic: 0
 
 
 @torch.no_grad()
-def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
-    """One row's attention, per layer (H, T, T) float32 on the CPU: ids (T,) on the model's
-    device, in eval mode (the model is put back in its mode)."""
-    device = next(model.parameters()).device
-    with eval_mode(model):
-        _, _, attention = model(torch.tensor([list(ids)], device=device), return_attn=True)
-    return [a[0].float().cpu() for a in attention]  # (1, H, T, T) -> (H, T, T) per layer
+def run_probe(model, device) -> Probe | None:
+    """The repeated-span probe on `model` (in eval mode, under no_grad): per-head prefix matching
+    and duplicate scores, the loss on the first copy and the repeat, and the repeat's loss with
+    each head zeroed. None where the model's block is too short for a span of 2."""
+    c = model.config
+    rows = probe_rows(c.vocab_size, c.block_size)
+    if rows is None:
+        return None
+    x, y = rows.x.to(device), rows.y.to(device)
+    first, repeat = rows.first.to(device), rows.repeat.to(device)
 
+    def losses(head_mask=None) -> Tensor:
+        logits, _ = model(x, head_mask=head_mask)
+        return token_losses(logits, y)  # (B, T)
 
-# ----------------------------------------------------------------------------- ablation
-
-
-@contextlib.contextmanager
-def replaced_heads(model, replace: Tensor, values: Tensor) -> Iterator[None]:
-    """While open, each head where `replace` (L, H) is True outputs values[l, h] (hd,) at every
-    position instead of its own output: forward pre-hooks on each layer's W_O (`attn.proj`)."""
-    _, H, hd = _heads(model)
-    hooks = []
-    for layer, block in enumerate(model.blocks):
-        heads = replace[layer].nonzero().flatten().tolist()
-        if not heads:
-            continue
-
-        def hook(module, args, heads=heads, value=values[layer, heads]):
-            z = args[0].clone()  # (B, T, C)
-            z.view(*z.shape[:-1], H, hd)[..., heads, :] = value.to(z)  # (B, T, C) -> (B, T, H, hd)
-            return (z, *args[1:])
-
-        hooks.append(block.attn.proj.register_forward_pre_hook(hook))
-    try:
-        yield
-    finally:
-        for h in hooks:
-            h.remove()
-
-
-@torch.no_grad()
-def batches_loss(model, batches, head_mask: Tensor | None = None) -> float:
-    """Mean cross-entropy per real target over every batch (each batch weighted by its targets)."""
-    mean = TokenMean()
-    for x, y in batches:
-        mean.add(model(x, y, head_mask=head_mask)[1], y)
-    return mean.value
-
-
-def _keep_all(model, device) -> Tensor:
-    L, H, _ = _heads(model)
-    return torch.ones(L, H, device=device)
-
-
-def _zero_importance(model, batches, base: float) -> Tensor:
-    keep = _keep_all(model, batches[0][0].device)
-    L, H = keep.shape
-    out = torch.zeros(L, H, dtype=torch.float64)
+    logits, _, attention = model(x, return_attn=True)
+    per_token = token_losses(logits, y)
+    prefix, duplicate = probe_scores(attention, x, repeat)
+    L, H, _ = model_heads(model)
+    keep = keep_all(model, device)
+    ablated = torch.zeros(L, H, dtype=torch.float64)
     for layer, h in ((a, b) for a in range(L) for b in range(H)):
         mask = keep.clone()
         mask[layer, h] = 0.0
-        out[layer, h] = batches_loss(model, batches, mask) - base
-    return out
+        ablated[layer, h] = float(losses(mask)[repeat].mean())
+    return Probe(
+        rows=int(x.shape[0]),
+        span=int(rows.lengths.max()),
+        prefix=prefix,
+        duplicate=duplicate,
+        loss_first=float(per_token[first].mean()),
+        loss_repeat=float(per_token[repeat].mean()),
+        ablated=ablated,
+    )
 
 
-def _mean_importance(model, batches, base: float, means: Tensor) -> Tensor:
-    L, H, _ = _heads(model)
-    out = torch.zeros(L, H, dtype=torch.float64)
-    device = batches[0][0].device
-    for layer, h in ((a, b) for a in range(L) for b in range(H)):
-        replace = torch.zeros(L, H, dtype=torch.bool)
-        replace[layer, h] = True
-        with replaced_heads(model, replace, means.to(device)):
-            out[layer, h] = batches_loss(model, batches) - base
-    return out
-
-
-def _pruning(model, batches, base: float, importance: Tensor, tolerance: float):
-    """Heads removed one at a time in order of importance (computed once): (order, losses)."""
-    L, H = importance.shape
-    order = sorted(range(L * H), key=lambda k: (float(importance.flatten()[k]), k))
-    mask = _keep_all(model, batches[0][0].device)
-    losses = [base]
-    for k in order:
-        mask[k // H, k % H] = 0.0
-        losses.append(batches_loss(model, batches, mask))
-    rises = [loss - base for loss in losses[1:]]
-    prunable = next((n for n, rise in enumerate(rises) if rise >= tolerance), len(rises))
-    return [(k // H, k % H) for k in order], losses, prunable
+def char_counts(x: Tensor, y: Tensor, vocab_size: int) -> Tensor:
+    """(V,) how often each token id is a real target in the rows: their character frequencies."""
+    return torch.bincount(y[y >= 0].flatten().cpu(), minlength=vocab_size)[:vocab_size]
 
 
 def importance(model, x: Tensor, y: Tensor, mode: str = "zero") -> Tensor:
     """(L, H) float64: the rise in mean loss per character when each head alone is ablated,
-    "zero" (its output times 0) or "mean" (its output replaced by its mean over the rows)."""
-    if mode not in ("zero", "mean"):
-        raise ValueError(f"mode={mode!r}: choose 'zero' or 'mean'")
+    "zero" (its output times 0), "mean" (its output replaced by its mean over the rows),
+    "position" (by its mean at each position) or "gradient" (-d loss / d head_mask)."""
+    if mode not in ("zero", "mean", "position", "gradient"):
+        raise ValueError(f"mode={mode!r}: choose 'zero', 'mean', 'position' or 'gradient'")
     batches = model_batches(model, x, y)
+    if mode == "gradient":
+        with _eval(model, inference=False):
+            return gradient_importance(model, batches)
     with _eval(model):
-        base = batches_loss(model, batches, _keep_all(model, batches[0][0].device))
+        base = batches_loss(model, batches, keep_all(model, batches[0][0].device))
         if mode == "zero":
-            return _zero_importance(model, batches, base)
-        _, means, _ = _first_pass(model, batches, OFFSETS)
-        return _mean_importance(model, batches, base, means)
+            return zero_importance(model, batches, base)
+        _, means, at, _ = _first_pass(model, batches, {}, None, x.shape[1])
+        return mean_importance(model, batches, base, means if mode == "mean" else at)
 
 
 def analyse(
     model,
     x: Tensor,
     y: Tensor,
-    offsets: int = OFFSETS,
+    tokenizer=None,
+    counts: Tensor | None = None,
     tolerance: float = PRUNE_TOLERANCE,
     batch_size: int = BATCH_SIZE,
+    probe: bool = True,
 ) -> HeadReport:
-    """Roles, importance (zero and mean ablation) and the pruning curve of every head of `model`
-    on rows x, y (N, T). The model is run in eval mode and put back in the mode it was in."""
-    if offsets < len(OFFSET_ROLES):
-        raise ValueError(f"offsets={offsets}: the roles need at least {len(OFFSET_ROLES)}")
+    """Roles, importance and the pruning curve of every head of `model` on rows x, y (N, T), the
+    repeated-span probe (probe=False skips it) and the layer-0 circuits. tokenizer: for the key
+    classes that need the characters (vowels, whitespace...; without it only `boundary` and
+    `rare`) and the circuit tables' labels; counts (V,): each token's training frequency, for
+    `rare` (default: its frequency in these rows). The model is run in eval mode and put back in
+    the mode it was in."""
     if x.shape[0] == 0:
         raise HeadsError("no rows to analyse")
     t0 = time.perf_counter()
-    batches = model_batches(model, x, y, batch_size)
-    device = batches[0][0].device
+    device = next(model.parameters()).device
+    V = model.config.vocab_size
+    chars = "".join(tokenizer.chars) if tokenizer is not None else None
+    if counts is None:
+        counts = char_counts(x, y, V)
+    members = class_members(chars, V, counts)
+    batches = length_batches(x.to(device), y.to(device), batch_size)
     with _eval(model):
-        _, means, stats = _first_pass(model, batches, offsets)
+        _, means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # the baseline with an all-ones mask: the exact arithmetic of every ablated pass
-        base = batches_loss(model, batches, _keep_all(model, device))
-        zero = _zero_importance(model, batches, base)
-        mean = _mean_importance(model, batches, base, means)
-        order, losses, prunable = _pruning(model, batches, base, zero, tolerance)
-    roles, scores = roles_of(stats["offsets"], stats["start"], stats["spread"])
-    L, H, _ = _heads(model)
+        base = batches_loss(model, batches, keep_all(model, device))
+        zero = zero_importance(model, batches, base)
+        mean = mean_importance(model, batches, base, means)
+        position = mean_importance(model, batches, base, at)
+        order, losses, prunable = pruning(model, batches, base, zero, tolerance)
+        found = run_probe(model, device) if probe else None
+        qk, ov, copying = layer0_circuits(model)
+    with _eval(model, inference=False):
+        gradient = gradient_importance(model, batches)
+    mass, lift = patterns_of(sums)
+    roles, scores = roles_of(mass, lift)
+    stat = {
+        name: torch.stack([_ratio(s[name], s[name + "_n"]) for s in sums])  # (L, H[, K])
+        for name in ("offsets", "start", "spread", "entropy")
+    }
+    L, H, _ = model_heads(model)
+    labels = [BOUNDARY_LABEL] + (
+        list(chars) if chars is not None else [str(i) for i in range(1, V)]
+    )
     return HeadReport(
         n_layer=L,
         n_head=H,
@@ -336,15 +307,30 @@ def analyse(
         loss=base,
         zero_importance=zero,
         mean_importance=mean,
-        entropy=stats["entropy"],
-        spread=stats["spread"],
-        offsets=stats["offsets"],
-        start=stats["start"],
+        position_importance=position,
+        gradient=gradient,
+        entropy=stat["entropy"],
+        spread=stat["spread"],
+        offsets=stat["offsets"],
+        start=stat["start"],
+        mass=mass,
+        lift=lift,
         roles=roles,
         scores=scores,
         pruning_order=order,
         pruning_losses=losses,
         prunable=prunable,
+        probe=found,
+        qk=qk,
+        ov=ov,
+        copying=copying,
+        labels=labels,
+        correlations={
+            "gradient_vs_zero": rank_correlation(gradient, zero),
+            "gradient_vs_mean": rank_correlation(gradient, mean),
+            "zero_vs_mean": rank_correlation(zero, mean),
+            "zero_vs_position_mean": rank_correlation(zero, position),
+        },
         tolerance=tolerance,
         seconds=time.perf_counter() - t0,
     )

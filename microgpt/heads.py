@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from microgpt import runs
 from microgpt.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
@@ -29,6 +31,16 @@ from microgpt.head_report import HeadReport
 ANALYSIS_TARGETS = 16384  # the command analyses the first validation rows holding this many targets
 
 
+def training_counts(data) -> Tensor:
+    """(V,) how often each token occurs in a run's training data (microgpt.data.Data), for the
+    `rare` class: the training text's ids, or the characters of the training items."""
+    V = data.tokenizer.vocab_size
+    if data.train_ids is not None:
+        return torch.bincount(data.train_ids.flatten().cpu(), minlength=V)[:V]
+    seen = Counter("".join(data.split.train))
+    return torch.tensor([0] + [seen.get(c, 0) for c in data.tokenizer.chars])
+
+
 def analyse_checkpoint(
     path: str | Path, device: str = "cpu"
 ) -> tuple[HeadReport, runs.RunFolder, Path]:
@@ -36,17 +48,18 @@ def analyse_checkpoint(
     checkpoint (`path` is a run folder, its checkpoints/ folder or a checkpoint: runs.resolve)."""
     run, ckpt_path = runs.resolve(path)
     ckpt = load_checkpoint(ckpt_path)
-    model, _ = model_from_checkpoint(ckpt, device, ckpt_path)
+    model, tokenizer = model_from_checkpoint(ckpt, device, ckpt_path)
     if (
         not (ckpt.get("split") or {}).get("val")
         and (ckpt.get("split") or {}).get("format") != "text"
     ):
         raise HeadsError(f"{ckpt_path} stores no validation split to analyse the heads on")
-    val = data_of_checkpoint(ckpt, device).datasets["val"]  # names, or windows of a text run
+    data = data_of_checkpoint(ckpt, device)
+    val = data.datasets["val"]  # names, or windows of a text run
     x, y = val.batch(torch.arange(len(val)))  # (N, T) each
     keep = int(((y >= 0).sum(dim=1).cumsum(0) <= ANALYSIS_TARGETS).sum().clamp(min=1))
     x, y = x[:keep], y[:keep]  # every name; the first 128 windows of 128 characters of a text
-    report = analyse(model, x, y)
+    report = analyse(model, x, y, tokenizer, training_counts(data))
     report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.get("step")}
     return report, run, ckpt_path
 

@@ -78,6 +78,8 @@ def check_gpt_settings(values: dict, name=lambda field: field) -> None:
             f"key/value head is shared by n_head/n_kv_head query heads. Use {name('n_kv_head')} in "
             f"{_divisors(n_head)} (n_head = multi-head, 1 = multi-query)."
         )
+    if not isinstance(values.get("mlp", True), bool):
+        raise ValueError(f"{name('mlp')}={values['mlp']!r} must be true or false")
     dropout = values.get("dropout", 0.0)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"{name('dropout')}={dropout!r} must be in [0, 1)")
@@ -111,6 +113,7 @@ class GPTConfig:
     attn_impl: str = "sdpa"  # "loop" | "batched" | "sdpa"
     tie_weights: bool = False  # share the token embedding with the output head
     mlp_ratio: int = 4  # the MLP's hidden width is mlp_ratio * n_embd
+    mlp: bool = True  # false: attention-only blocks (no MLP, no second norm), as Elhage et al.
     name: str = "custom"  # a label only: the preset it came from (small, micro, base)
 
     def __post_init__(self):
@@ -132,8 +135,9 @@ def training_bytes(config: GPTConfig, batch_size: int) -> int:
     (float32; attention weights counted as if materialised)."""
     C, T, L, H = config.n_embd, config.block_size, config.n_layer, config.n_head
     params = config.vocab_size * C * (1 if config.tie_weights else 2) + T * C
-    params += L * (4 * C * C + 2 * config.mlp_ratio * C * C)
-    per_layer = batch_size * T * ((8 + 2 * config.mlp_ratio) * C + 2 * H * T)
+    ratio = config.mlp_ratio if config.mlp else 0
+    params += L * (4 * C * C + 2 * ratio * C * C)
+    per_layer = batch_size * T * ((8 + 2 * ratio) * C + 2 * H * T)
     logits = 3 * batch_size * T * config.vocab_size
     return 4 * (4 * params + L * per_layer + logits)
 
@@ -313,19 +317,24 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x)); with
+    config.mlp false, the attention alone (an attention-only transformer)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.norm1 = make_norm(config)
         self.attn = MultiHeadAttention(config)
-        self.norm2 = make_norm(config)
-        self.mlp = MLP(config)
+        if config.mlp:
+            self.norm2 = make_norm(config)
+            self.mlp = MLP(config)
+        else:
+            self.norm2 = self.mlp = None
 
     def forward(self, x, kv_cache=None, layer=0, return_attn=False, mask=None, head_mask=None):
         a, att = self.attn(self.norm1(x), kv_cache, layer, return_attn, mask, head_mask)
         x = x + a
-        x = x + self.mlp(self.norm2(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
         return x, att
 
 

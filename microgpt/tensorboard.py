@@ -29,7 +29,13 @@ from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
-from microgpt.draw import compose_layer, map_cell, render_heads, render_offset_profile
+from microgpt.draw import (
+    compose_layer,
+    map_cell,
+    render_heads,
+    render_offset_profile,
+    render_table,
+)
 from microgpt.files import write_text
 from microgpt.head_report import ROLES, HeadReport
 from microgpt.tokenizer import BOUNDARY_ID
@@ -183,28 +189,53 @@ class TensorBoardLogger:
         self.scalars(step, tags)
 
     def heads(self, step: int, report: HeadReport) -> None:
-        """A microgpt.heads report: its summaries (`heads/layer{l}/entropy_min|mean|max`,
-        `heads/layer{l}/importance_max|importance_sum`, `heads/prunable`, `heads/prunable_fraction`,
-        `heads/role/{role}` for every role in ROLES, zeros included: the same tags for any head
-        count), each head's entropy (`attention_entropy/layer{l}/head{h}`) and importance
-        (`heads/layer{l}/head{h}/importance`), the offset profiles (`heads/offsets/layer{l}`), the
-        table as text (`heads/table`) and, once per logger, the custom-scalars layout. The
-        summaries are kept in `last_head_summary`, which `hparams` adds to the run's metrics."""
+        """A microgpt.heads report: its summaries under `heads/` (HeadReport.summaries: the same
+        tags whatever the head count, nan where a measure does not apply), each head's entropy
+        (`attention_entropy/layer{l}/head{h}`) and its per-head numbers under their own prefix,
+        `per_head/layer{l}/head{h}/{importance,position_mean_importance,gradient_importance,
+        score,induction,duplicate,copying}`, so that per-head charts never mix with the
+        summaries; the offset profiles (`heads/offsets/layer{l}`), the layer-0 QK and OV tables
+        (`heads/qk/layer0`, `heads/ov/layer0`), the table as text (`heads/table`) and, once per
+        logger, the custom-scalars layout. The summaries are kept in `last_head_summary`, which
+        `hparams` adds to the run's metrics."""
         summary = report.summaries()
         self.scalars(step, summary)
         self.attention_entropy(step, report.entropy)
-        importance = {
-            f"heads/layer{layer}/head{h}/importance": float(report.zero_importance[layer, h])
+        per_head = {
+            f"per_head/layer{layer}/head{h}/{name}": float(values[layer, h])
+            for name, values in report.per_head().items()
             for layer in range(report.n_layer)
             for h in range(report.n_head)
         }
-        self.scalars(step, importance)
+        if report.copying is not None:
+            per_head.update(
+                {f"per_head/layer0/head{h}/copying": float(c) for h, c in enumerate(report.copying)}
+            )
+        self.scalars(step, per_head)
         self.offset_profiles(step, report.offsets, report.start)
+        if report.qk is not None:
+            self.circuits(step, report)
         self._text("heads/table", report.markdown(), step)
         if not self._layout_written:
             self.writer.add_custom_scalars(heads_layout(report.n_layer))
             self._layout_written = True
         self.last_head_summary = summary
+
+    def circuits(self, step: int, report: HeadReport) -> None:
+        """The layer-0 heads' QK and OV tables through the embeddings, each row softmaxed (QK:
+        where a query token's attention would go among key tokens; OV: which output tokens
+        attending to a key token favours), one panel per head: `heads/qk/layer0`,
+        `heads/ov/layer0`."""
+        for name, table, title in (
+            ("qk", report.qk, "query token looks for key token"),
+            ("ov", report.ov, "key token raises output token"),
+        ):
+            probs = torch.softmax(table.float(), dim=-1)  # (H, V, V), rows sum to 1
+            panels = [
+                render_table(_numpy(probs[h]), report.labels, f"head {h}: {title}")
+                for h in range(probs.shape[0])
+            ]
+            self._image(f"heads/{name}/layer0", compose_layer(panels, 0), step)
 
     def _text(self, tag: str, body: str, step: int) -> None:
         summary = text_summary(tag, body)
@@ -249,25 +280,33 @@ class TensorBoardLogger:
 def heads_layout(n_layer: int) -> dict:
     """The custom-scalars layout (SummaryWriter.add_custom_scalars): a "heads" category with one
     chart per layer holding every head's entropy and importance, a "head importance" category
-    with the importances alone (they are small beside entropies: here they get their own scale)
-    and a "head summaries" category. Regexes, not head numbers, so one layout serves every head
-    count and a sweep's layouts merge into one."""
+    with the importances alone (they are small beside entropies: here they get their own scale),
+    a "head induction" category (each head's prefix-matching score, per layer) and a "head
+    summaries" category. Regexes, not head numbers, so one layout serves every head count and a
+    sweep's layouts merge into one."""
 
     def entropy(layer: int) -> str:
         return rf"attention_entropy/layer{layer}/head\d+$"
 
-    def importance(layer: int) -> str:
-        return rf"heads/layer{layer}/head\d+/importance$"
+    def per_head(layer: int, name: str) -> str:
+        return rf"per_head/layer{layer}/head\d+/{name}$"
 
     both = {
         f"layer {n}: entropy and importance of each head": [
             "Multiline",
-            [entropy(n), importance(n)],
+            [entropy(n), per_head(n, "importance")],
         ]
         for n in range(n_layer)
     }
     alone = {
-        f"layer {n}: importance of each head (loss rise, nats)": ["Multiline", [importance(n)]]
+        f"layer {n}: importance of each head (loss rise, nats)": [
+            "Multiline",
+            [per_head(n, "importance")],
+        ]
+        for n in range(n_layer)
+    }
+    induction = {
+        f"layer {n}: prefix matching of each head": ["Multiline", [per_head(n, "induction")]]
         for n in range(n_layer)
     }
     summaries = {
@@ -278,5 +317,18 @@ def heads_layout(n_layer: int) -> dict:
         "importance max per layer": ["Multiline", [r"heads/layer\d+/importance_max$"]],
         "prunable heads": ["Multiline", [r"heads/prunable$"]],
         "heads per role": ["Multiline", [rf"heads/role/({'|'.join(ROLES)})$"]],
+        "induction and copying": [
+            "Multiline",
+            [r"heads/(induction_max|duplicate_max|copying_max)$"],
+        ],
+        "repeated spans: loss on the first copy and the repeat": [
+            "Multiline",
+            [r"heads/repeat_loss(_first|_gain)?$"],
+        ],
     }
-    return {"heads": both, "head importance": alone, "head summaries": summaries}
+    return {
+        "heads": both,
+        "head importance": alone,
+        "head induction": induction,
+        "head summaries": summaries,
+    }

@@ -82,7 +82,7 @@ class Trainer:
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
         self.data = data = load_data(
             c.data.path, c.seed, c.model.block_size, self.device, not c.train.compile,
-            c.data.format, c.data.prepare,
+            c.data.format, c.data.prepare, c.data.repeats,
         )  # fmt: skip
         self.data_path, self.tokenizer, self.split = data.path, data.tokenizer, data.split
         # the checkpoint names the data by one absolute path, and its content's hash
@@ -359,7 +359,7 @@ class Trainer:
         probe = self.probe_ids
         maps = probe_attention(self.eval_model, probe)
         self.writer.attention_maps(step, maps, labels_for(probe, self.tokenizer))
-        self.writer.heads(step, analyse(self.eval_model, x, y))
+        self.writer.heads(step, analyse(self.eval_model, x, y, self.tokenizer))
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
         """Validation loss on the whole split; best.pt if it improved; last.pt always."""

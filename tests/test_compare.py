@@ -106,11 +106,22 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
         )
     assert main([str(root), "--no-plot"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    header = lines[0].split()
-    assert header[-len(ROLES) - 3 :] == ["prunable", "importance", "L0", *ROLES]
+    header = lines[0].replace(" max", "_max").replace("repeat gain", "repeat_gain").split()
+    shown = header[header.index("named") + 1 :]  # the roles some run has, mixed always
+    assert "mixed" in shown and set(shown) <= set(ROLES)
+    assert header[-len(shown) - 7 :] == [
+        "prunable", "importance", "L0", "induction_max", "repeat_gain", "copying_max", "named",
+        *shown,
+    ]  # fmt: skip
     row = lines[1].split()  # heads=1
-    assert row[0] == "heads=1" and sum(int(c) for c in row[-len(ROLES) :]) == 1
-    prunable, importance = row[-len(ROLES) - 2 : -len(ROLES)]
+    assert row[0] == "heads=1" and sum(int(c) for c in row[-len(shown) :]) == 1
+    prunable, importance = row[-len(shown) - 6 : -len(shown) - 4]
+    induction, gain, copying, named = row[-len(shown) - 4 : -len(shown)]
+    assert float(induction) == pytest.approx(runs[0].summary("induction_max"), abs=0.01)
+    assert float(gain) == pytest.approx(runs[0].summary("repeat_loss_gain"), abs=0.001)
+    assert 0 <= float(copying) <= 1 and int(named) == 1 - int(
+        row[shown.index("mixed") - len(shown)]
+    )
     assert int(prunable) == runs[0].prunable
     assert float(importance) == pytest.approx(runs[0].importance_max[0], abs=1e-4)
 

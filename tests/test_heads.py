@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -140,14 +141,15 @@ def test_forced_heads_get_their_roles(rows):
     x, y, tok = rows
     model = forced_model(tok)
     report = analyse(model, x, y)
-    assert report.roles == [["previous", "start", "self", "two_back", "spread"]]
-    assert (report.scores > 0.95).all(), report.scores
-    assert report.scores[0, 4] == pytest.approx(1.0)  # uniform: entropy log(i + 1)
+    assert report.roles == [["previous", "start", "self", "two_back", "mixed"]]
+    assert (report.scores[0, :4] > 0.95).all(), report.scores
+    assert report.spread[0, 4] == pytest.approx(1.0)  # uniform: entropy log(i + 1)
+    assert report.scores[0, 4] == 0.0  # uniform: no pattern above chance
     assert report.offsets[0, 0, 1] > 0.95 and report.offsets[0, 0, 0] < 0.05  # previous, not self
     assert report.start[0, 1] > 0.95 and report.start[0, 0] < 0.05
     counts = report.role_counts()
-    assert counts == {"self": 1, "previous": 1, "two_back": 1, "three_back": 0, "start": 1,
-                      "spread": 1}  # fmt: skip
+    named = {k: v for k, v in counts.items() if v}
+    assert named == {"self": 1, "previous": 1, "two_back": 1, "start": 1, "mixed": 1}
     # the profile is the mean weight per offset over the queries where that key is a character
     _, _, att = model(x, return_attn=True)
     real = y >= 0
@@ -280,8 +282,9 @@ def test_report_is_json_summaries_do_not_depend_on_head_count(rows):
     assert len(data["heads"]) == 16 and data["pruning"]["prunable"] == eight.prunable
     assert data["summaries"] == pytest.approx(eight.summaries())
     table = eight.markdown().splitlines()
-    assert table[0].startswith("| layer | head | role | score | entropy")
-    assert len([line for line in table if line.startswith("| 1 |")]) == 8
+    assert table[0].startswith("| layer | head | role | score | lift | entropy")
+    head_rows = table[2 : 2 + 16]  # then the notes and the layer-0 circuits
+    assert len([line for line in head_rows if line.startswith("| 1 |")]) == 8
 
 
 def test_analyse_puts_the_model_back_in_its_mode(rows):
@@ -338,17 +341,6 @@ def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
         assert "Traceback" not in err
 
 
-def test_a_role_needs_the_majority_of_the_attention():
-    from microgpt.head_analysis import roles_of
-
-    offsets = torch.tensor([[[0.1, 0.6, 0.1, 0.1, 0.0], [0.2, 0.45, 0.1, 0.1, 0.0]]])  # (1, 2, 5)
-    start = torch.tensor([[0.1, 0.15]])
-    spread = torch.tensor([[0.4, 0.7]])
-    roles, scores = roles_of(offsets, start, spread)
-    assert roles == [["previous", "spread"]]  # 0.45 on the previous character is no majority
-    torch.testing.assert_close(scores, torch.tensor([[0.6, 0.7]]))
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_importance_moves_the_rows_to_the_models_device(rows):
     """issue 22, item 5: importance() (unlike analyse) ran a GPU model on CPU rows and crashed."""
@@ -359,3 +351,113 @@ def test_importance_moves_the_rows_to_the_models_device(rows):
         got = importance(model.cuda(), x, y, mode=mode)  # rows stay on the CPU
         assert got.shape == (2, 4)
     torch.testing.assert_close(importance(model, x, y), on_cpu, rtol=0, atol=1e-4)
+
+
+def test_a_role_needs_the_majority_of_the_attention_above_chance():
+    from microgpt.head_analysis import roles_of
+
+    mass = {
+        "previous": torch.tensor([[0.6, 0.45, 0.3]]),
+        "vowel": torch.tensor([[0.7, 0.2, 0.8]]),
+    }
+    lift = {"previous": torch.tensor([[5.0, 4.0, 3.0]]), "vowel": torch.tensor([[1.2, 0.5, 2.0]])}
+    roles, scores = roles_of(mass, lift)
+    # 0.7 on vowels at 1.2 times chance is no role; 0.45 on the previous character no majority
+    assert roles == [["previous", "mixed", "vowel"]]
+    torch.testing.assert_close(scores, torch.tensor([[0.6, 0.45, 0.8]], dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------- gradient, circuits
+
+
+def test_gradient_importance_of_a_head_with_zero_wo_is_zero(rows):
+    x, y, tok = rows
+    model = random_model(tok)
+    hd = model.config.head_dim
+    with torch.no_grad():
+        model.blocks[0].attn.proj.weight[:, hd : 2 * hd] = 0.0
+    grad = importance(model, x, y, mode="gradient")
+    assert grad[0, 1] == 0.0
+    others = torch.ones(2, 4, dtype=torch.bool)
+    others[0, 1] = False
+    assert (grad[others].abs() > 1e-6).all()
+    assert all(p.grad is None for p in model.parameters())  # the weights' .grad untouched
+    # the first-order estimate of a small ablation: scaling a head's mask by 1 - eps
+    layer, h, eps = 1, 2, 1e-3
+    mask = torch.ones(2, 4)
+    mask[layer, h] = 1 - eps
+    batches = length_batches(x, y)
+    rise = batches_loss(model, batches, mask) - batches_loss(model, batches, torch.ones(2, 4))
+    assert grad[layer, h] * eps == pytest.approx(rise, rel=0.05)
+
+
+def test_rank_correlation():
+    from microgpt.head_circuits import rank_correlation
+
+    a = torch.tensor([0.1, 0.5, 0.3, 0.9])
+    assert rank_correlation(a, a**3) == pytest.approx(1.0)
+    assert rank_correlation(a, -a) == pytest.approx(-1.0)
+    # ranks 1 2 3 4 against 1 3 2 4: 1 - 6 * 2 / (4 * 15) = 0.8
+    assert rank_correlation(torch.tensor([1.0, 2, 3, 4]), torch.tensor([1.0, 3, 2, 4])) == (
+        pytest.approx(0.8)
+    )
+    assert math.isnan(rank_correlation(a, torch.ones(4)))
+
+
+def test_position_mean_ablation_spares_heads_that_see_positions_only(rows):
+    """With every token embedded as 0, each head's output depends on its position alone: its
+    mean at each position is its output, and replacing it by that changes nothing, while its
+    mean over all positions does."""
+    x, y, tok = rows
+    model = random_model(tok)
+    with torch.no_grad():
+        model.wte.weight.zero_()
+    position = importance(model, x, y, mode="position")
+    mean = importance(model, x, y, mode="mean")
+    assert position.abs().max() < 1e-5
+    assert mean.abs().max() > 1e-3
+
+
+def test_layer0_circuits_match_a_hand_computation():
+    """V = 3 tokens, C = 4 channels, one head: wte rows of RMS 1 pass RMSNorm unchanged."""
+    from microgpt.head_circuits import layer0_circuits
+
+    model = GPT(GPTConfig(vocab_size=3, block_size=4, n_layer=1, n_embd=4, n_head=1,
+                          norm="rmsnorm"))  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.wte.weight.copy_(torch.tensor([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0]]))
+        w = model.blocks[0].attn.qkv.weight  # (12, 4)
+        w[0, 0] = 1.0  # q[0] = x[0]
+        w[4, 1] = 3.0  # k[0] = 3 x[1]
+        w[8, 2] = 1.0  # v[0] = x[2]
+        w[9, 0] = -1.0  # v[1] = -x[0]
+        model.blocks[0].attn.proj.weight[3, 0] = 1.0  # out[3] = v[0]
+        model.blocks[0].attn.proj.weight[2, 1] = 1.0  # out[2] = v[1]
+        model.lm_head.weight.copy_(torch.tensor([[0, 0, 0, 1.0], [0, 0, 1.0, 0], [0, 0, 0, 0]]))
+    qk, ov, copying = layer0_circuits(model)
+    # e_a = 2 one_hot(a): q(token 0) = 2, k(token 1) = 6; score 12 / sqrt(4) = 6, all else 0
+    expected_qk = torch.zeros(3, 3, dtype=torch.float64)
+    expected_qk[0, 1] = 6.0
+    torch.testing.assert_close(qk[0], expected_qk, rtol=1e-4, atol=1e-6)  # RMSNorm's eps
+    # token 2: v = (2, 0) -> out[3] = 2 -> logit of token 0 = 2; token 0: v = (0, -2) ->
+    # out[2] = -2 -> logit of token 1 = -2
+    expected_ov = torch.zeros(3, 3, dtype=torch.float64)
+    expected_ov[2, 0] = 2.0
+    expected_ov[0, 1] = -2.0
+    torch.testing.assert_close(ov[0], expected_ov, rtol=1e-4, atol=1e-6)
+    # [[0, -2, 0], [0, 0, 0], [2, 0, 0]] is nilpotent: every eigenvalue 0, no preference
+    assert copying[0] == 0.5
+    with torch.no_grad():  # a copying head: OV = diag(2, 2, 0), each token raises itself
+        w[8:12].zero_()
+        w[8, 0] = w[9, 1] = 1.0
+        model.blocks[0].attn.proj.weight.zero_()
+        model.blocks[0].attn.proj.weight[3, 0] = model.blocks[0].attn.proj.weight[2, 1] = 1.0
+    assert layer0_circuits(model)[2][0] == pytest.approx(1.0)
+    with torch.no_grad():  # diag(-2, 2, 0): half the eigenvalue mass positive
+        w[8, 0] = -1.0
+    assert layer0_circuits(model)[2][0] == pytest.approx(0.5)
+    with torch.no_grad():  # diag(-2, -2, 0): an anti-copying head
+        w[9, 1] = -1.0
+    assert layer0_circuits(model)[2][0] == pytest.approx(0.0, abs=1e-6)

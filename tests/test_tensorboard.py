@@ -203,18 +203,29 @@ def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
             "importance_sum",
         )
     }
-    expected |= {"heads/prunable", "heads/prunable_fraction"}
+    expected |= {"heads/prunable", "heads/prunable_fraction", "heads/named"}
     expected |= {f"heads/role/{role}" for role in ROLES}
+    expected |= {f"heads/{name}_max" for name in ("induction", "duplicate", "copying")}
+    expected |= {"heads/induction_ablation_max", "heads/gradient_vs_zero"}
+    expected |= {f"heads/repeat_loss{end}" for end in ("", "_first", "_gain")}
     assert tags[1] == tags[8] == expected
     acc = head_runs[8]
     assert [e.step for e in acc.Scalars("heads/prunable")] == [0, 6, 12]
     roles = sum(acc.Scalars(f"heads/role/{role}")[-1].value for role in ROLES)
     assert roles == 16  # every head of both layers has one role
-    assert {f"heads/layer{n}/head{h}/importance" for n in range(2) for h in range(8)} <= set(
-        acc.Tags()["scalars"]
-    )
+    per_head_tags = {t for t in acc.Tags()["scalars"] if t.startswith("per_head/")}
+    names = ("importance", "position_mean_importance", "gradient_importance", "score")
+    expected_per_head = {
+        f"per_head/layer{n}/head{h}/{name}" for n in range(2) for h in range(8) for name in names
+    }
+    expected_per_head |= {f"per_head/layer{n}/head{h}/{name}" for n in range(2) for h in range(8)
+                          for name in ("induction", "duplicate")}  # fmt: skip
+    expected_per_head |= {f"per_head/layer0/head{h}/copying" for h in range(8)}
+    assert per_head_tags == expected_per_head  # under their own prefix, apart from summaries
     for heads, acc in head_runs.items():
-        assert {"heads/offsets/layer0", "heads/offsets/layer1"} <= set(acc.Tags()["images"])
+        images = set(acc.Tags()["images"])
+        assert {"heads/offsets/layer0", "heads/offsets/layer1"} <= images
+        assert {"heads/qk/layer0", "heads/ov/layer0"} <= images
         table = acc.Tensors("heads/table")[-1].tensor_proto.string_val[0].decode()
         assert table.startswith("| layer | head | role |") and f"| 1 | {heads - 1} |" in table
 
@@ -241,7 +252,7 @@ def test_custom_scalars_layout_names_only_tags_the_run_writes(head_runs):
         layout = layout_pb2.Layout.FromString(events[0].tensor_proto.string_val[0])
         scalars = acc.Tags()["scalars"]
         charts = {c.title: c for cat in layout.category for c in cat.chart}
-        assert len(charts) == 2 * 2 + 4  # two per layer, and four summary charts
+        assert len(charts) == 3 * 2 + 6  # three per layer, and six summary charts
         for title, chart in charts.items():
             assert chart.WhichOneof("content") == "multiline", title
             for regex in chart.multiline.tag:

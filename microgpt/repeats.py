@@ -1,0 +1,125 @@
+"""Sequences of repeated random spans: the probe of induction and in-context copying, and the
+training data of the induction experiment (Elhage et al. 2021, Olsson et al. 2022).
+
+A row is the boundary token, a span of L random characters, then the same span again:
+
+    x = [0, s1, s2, ..., sL, s1, s2, ..., sL, 0...]    # then padding up to the block
+    y = [s1, s2, ..., sL, s1, s2, ..., sL, -1, -1...]  # the next token; -1 is ignored
+
+The first copy cannot be predicted (at best the loss is about ln of the characters left); in the
+repeat, from s2 on, each character is the one after the previous occurrence of the current one:
+an induction head (attend to the token after an earlier occurrence of this one, copy it) predicts
+it. The loss is compared on the same targets in both copies, s2..sL: the first copy's at
+positions 1..L-1, the repeat's at positions L+1..2L-1 (s1 of the repeat, at position L, is
+unpredictable and counted in neither).
+
+`repeated_spans` draws the characters of each span from the ids 1..vocab_size-1 (never the
+boundary), without replacement when L allows (so each character's earlier occurrence is unique),
+with a torch.Generator: the same seed gives the same rows, on any machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from microgpt.tokenizer import BOUNDARY_ID
+
+IGNORE_ID = -1  # a padded target, skipped by the loss
+
+
+@dataclass
+class Repeats:
+    """Rows of repeated spans: x, y (N, T) and, per row, where its two copies' comparable
+    targets are: first (N, T) and repeat (N, T) bool masks over the target positions."""
+
+    x: Tensor
+    y: Tensor
+    first: Tensor
+    repeat: Tensor
+    lengths: Tensor  # (N,) the span length L of each row
+
+
+def span_for(block_size: int) -> int:
+    """The longest span whose two copies and the boundary token fit `block_size` positions."""
+    return (block_size - 1) // 2
+
+
+def repeated_spans(
+    n: int,
+    vocab_size: int,
+    span: int | tuple[int, int],
+    generator: torch.Generator | None = None,
+    block_size: int | None = None,
+    distinct: bool = True,
+    fill: bool = False,
+) -> Repeats:
+    """n rows of a boundary token and a random span repeated twice.
+
+    span: L, or (lo, hi) for a length drawn uniformly in lo..hi per row. block_size: the row
+    width (default 2 * L_max + 1). distinct: a span's characters are all different when
+    L <= vocab_size - 1. fill: the two copies start after a random number of random characters
+    and the row is filled to its end with random characters (no padding), so that neither the
+    position nor the length of the span tells where the earlier copy is: the training rows of
+    the induction experiment.
+    """
+    lo, hi = (span, span) if isinstance(span, int) else span
+    chars = vocab_size - 1
+    if chars < 1:
+        raise ValueError(f"vocab_size={vocab_size}: repeated spans need at least one character")
+    if not 1 <= lo <= hi:
+        raise ValueError(f"span={span!r}: the span length must be at least 1 (lo <= hi)")
+    T = block_size if block_size is not None else 2 * hi + 1
+    if 2 * hi + 1 > T:
+        raise ValueError(
+            f"span={span!r} does not fit block_size={T}: two copies of {hi} characters and the "
+            f"boundary token need {2 * hi + 1}; use a span of at most {span_for(T)}"
+        )
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    if distinct and hi <= chars:
+        # the first hi ids of a random permutation of the characters, per row
+        keys = torch.rand(n, chars, generator=g)  # (N, chars)
+        spans = keys.argsort(dim=1)[:, :hi] + 1  # (N, hi) ids in 1..chars, all different
+    else:
+        spans = torch.randint(1, chars + 1, (n, hi), generator=g)  # (N, hi)
+    lengths = torch.randint(lo, hi + 1, (n,), generator=g)  # (N,)
+    pos = torch.arange(T)  # (T,)
+    L = lengths[:, None]  # (N, 1)
+    if fill:  # the span's first copy starts at 1 + P, P uniform in 0..T-1-2L
+        room = (T - 2 * lengths).clamp(min=1)  # (N,) choices of P
+        P = (torch.rand(n, generator=g) * room).long().clamp(max=room - 1)[:, None]  # (N, 1)
+    else:
+        P = torch.zeros_like(L)
+    rel = pos[None, :] - 1 - P  # (N, T): position within the two copies
+    # the copies hold span[rel mod L] at 0 <= rel < 2L; position 0 is the boundary token; the
+    # rest is padding (boundary) or, with fill, random characters
+    k = (rel.clamp(min=0) % L).clamp(max=hi - 1)  # (N, T) index into the span
+    copies = (rel >= 0) & (rel < 2 * L)  # (N, T)
+    if fill:
+        other = torch.randint(1, chars + 1, (n, T), generator=g)
+        other[:, 0] = BOUNDARY_ID
+        real = pos[None, :] >= 1
+    else:
+        other = torch.full((n, T), BOUNDARY_ID)
+        real = copies
+    x = torch.where(copies, spans.gather(1, k), other)  # (N, T)
+    y = torch.full_like(x, IGNORE_ID)
+    y[:, :-1] = torch.where(real[:, 1:], x[:, 1:], IGNORE_ID)  # the next token, then -1
+    first = (rel >= 0) & (rel <= L - 2)  # the queries whose targets are s2..sL, first copy
+    repeat = (rel >= L) & (rel <= 2 * L - 2)  # the same targets in the repeat
+    return Repeats(x, y, first, repeat, lengths)
+
+
+def repeat_items(n: int, chars: str, span: tuple[int, int], length: int, seed: int) -> list[str]:
+    """n strings of `length` characters from `chars`, each holding a random span of distinct
+    characters (length drawn in span = (lo, hi)) twice in a row, after a random number of
+    random characters and followed by more: the items of the induction experiment's data
+    (`data.format=repeats`). The same arguments give the same items."""
+    if len(set(chars)) != len(chars) or not chars:
+        raise ValueError(f"chars={chars!r} must be distinct characters, at least one")
+    g = torch.Generator().manual_seed(seed)
+    rows = repeated_spans(n, len(chars) + 1, span, g, block_size=length + 1, fill=True)
+    table = [""] + list(chars)  # id -> character; the rows' ids 1..len(chars)
+    return ["".join(table[i] for i in row) for row in rows.x[:, 1:].tolist()]
