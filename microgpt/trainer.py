@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import random
@@ -89,7 +91,12 @@ class Trainer:
         self.config = c = dataclasses.replace(
             c, data=dataclasses.replace(c.data, path=str(Path(data.path).resolve()))
         )
-        self.data_sha256 = sha256_file(data.path)
+        # generated items (data.format=repeats) have no file: the hash of the items stands in
+        self.data_sha256 = (
+            sha256_file(data.path)
+            if data.format != "repeats"
+            else hashlib.sha256(json.dumps(data.split.to_dict()).encode()).hexdigest()
+        )
         self.datasets = data.datasets
         try:
             self.probe_ids = data.probe_ids(c.log.probe)
