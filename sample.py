@@ -7,6 +7,7 @@ or multirun/. Hydra composes conf/sample.yaml with the command line (and writes 
 folder); microgpt.sampling.sample_from_config does the work and this prints what it returns.
 """
 
+import sys
 from pathlib import Path
 
 import hydra
@@ -21,8 +22,12 @@ cli.register()
 @hydra.main(version_base=None, config_path="conf", config_name="sample")
 def main(cfg: DictConfig) -> None:
     with cli.user_errors():
-        result = sample_from_config(cfg)
-    print("\n".join(result.lines), flush=True)
+        result = sample_from_config(cfg, progress=cli.Progress("sampled"))
+    if result.to_stdout:  # out=-: the items alone on standard output, the report on stderr
+        print("\n".join(result.lines), file=sys.stderr, flush=True)
+        print("\n".join(result.names), flush=True)
+    else:
+        print("\n".join(result.lines), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ A checkpoint is a dict of plain containers and tensors only, so it loads with
     step, metrics       the step it was written at, and {val_loss, best_val_loss, ...}
     split               {"train": [...], "val": [...], "test": [...]}: the items of each split
     resume              (last.pt) optimizer, schedule position, RNG states and data order
+    checksum            "sha256:<hex>" of everything above (tensors' bytes, dtypes and shapes,
+                        and every other value), checked at load: a flipped or zeroed byte is an
+                        error naming the file, never weights that load silently
 
 Writing goes to a temporary file in the same folder, which is flushed, fsynced and then moved
 over the old file with os.replace: a process killed at any moment leaves the previous
@@ -19,6 +22,7 @@ checkpoint whole.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import random
@@ -55,12 +59,55 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             return model
 
 
+def checksum(checkpoint: dict) -> str:
+    """ "sha256:<hex>" of a checkpoint's content, its own checksum left out: each tensor's dtype,
+    shape and bytes, every other value's repr, in key order (the same on any device)."""
+    h = hashlib.sha256()
+
+    def feed(x) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().to("cpu").contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, dict):
+            keys = sorted((k for k in x if x is not checkpoint or k != "checksum"), key=repr)
+            h.update(f"D{len(keys)}".encode())
+            for k in keys:
+                h.update(repr(k).encode())
+                feed(x[k])
+        elif isinstance(x, (list, tuple)):
+            h.update(f"L{len(x)}".encode())
+            for v in x:
+                feed(v)
+        else:
+            h.update(f"V{x!r}".encode())
+
+    feed(checkpoint)
+    return "sha256:" + h.hexdigest()
+
+
 def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
-    """Write `checkpoint` to `path` atomically: temporary file, flush, fsync, rename."""
+    """Write `checkpoint` with its checksum to `path` atomically: temporary file, flush, fsync,
+    rename. A failed write (a full or read-only disk) is a CheckpointError that says which
+    checkpoint of the run is still whole and how to resume from it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path) as f:
-        torch.save({"format": FORMAT, "version": VERSION, **checkpoint}, f)
+    full = {"format": FORMAT, "version": VERSION, **checkpoint}
+    full["checksum"] = checksum(full)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as f:
+            torch.save(full, f)
+    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
+        if isinstance(e, RuntimeError) and "write" not in str(e):
+            raise
+        last = path.parent / "last.pt"
+        kept = (
+            f"the last good checkpoint, {last}, is whole: free the space (or fix the "
+            f"permissions), then continue with python train.py resume={last}"
+            if last.is_file()  # an atomic write that failed left it as it was
+            else "no checkpoint of this run was written yet: free the space, then start again"
+        )
+        raise CheckpointError(f"cannot write {path}: {_why(e)}; {kept}") from None
     return path
 
 
@@ -73,12 +120,19 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
         raise CheckpointError(
             f"checkpoint {path} is a folder, not a file (use run=FOLDER to pick a run)"
         )
+    if not path.is_file():  # a FIFO would block the read below forever; a device never ends
+        raise CheckpointError(
+            f"checkpoint {path} is not a regular file (a device, FIFO or socket); name a .pt file"
+        )
     if path.stat().st_size == 0:
         raise CheckpointError(
             f"checkpoint {path} is empty (0 bytes): it was never written completely"
         )
-    with open(path, "rb") as f:
-        magic = f.read(4)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {_why(e)}") from None
     if (
         magic != ZIP_MAGIC
     ):  # torch.save writes a zip archive; anything else is not ours and is never unpickled
@@ -113,7 +167,18 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
             f"{path} was written by a newer microgpt (checkpoint version {ckpt['version']} > "
             f"{VERSION}); upgrade"
         )
+    if "checksum" in ckpt and ckpt["checksum"] != checksum(ckpt):
+        raise CheckpointError(
+            f"{path} is corrupt: its content does not match the checksum written with it (a "
+            f"changed, flipped or zeroed byte); use another checkpoint (best.pt or last.pt of "
+            f"the run, or an earlier step-N.pt)"
+        )
     return ckpt
+
+
+def _why(e: BaseException) -> str:
+    """An OSError's reason in words ("No space left on device"), else the first line."""
+    return getattr(e, "strerror", None) or _first_line(e)
 
 
 def _first_line(e: BaseException) -> str:

@@ -5,6 +5,7 @@ non-zero ranks, and the one place user errors are printed."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shlex
 import signal
@@ -23,6 +24,7 @@ from microgpt.config import (
 )
 from microgpt.data import DataError
 from microgpt.errors import print_error
+from microgpt.files import OutputRefused
 from microgpt.generate import SamplingError
 from microgpt.startup_checks import check_command_line
 from microgpt.trainer import Interrupted, TrainingError
@@ -206,10 +208,12 @@ def user_errors():
         SamplingError,
         TrainingError,
         runs.RunFolderError,
+        OutputRefused,
+        OSError,
     ) as e:
         removed = remove_debris(keep_failed_runs=isinstance(e, TrainingError))
         note = f" (removed the unused run folder {removed})" if removed else ""
-        print_error(f"{e}{note}")
+        print_error(f"{os_error_line(e) if isinstance(e, OSError) else e}{note}")
         sys.exit(2)
     except KeyboardInterrupt as e:  # args: (signal name, what happened), either may be missing
         signame = e.args[0] if e.args else "SIGINT"
@@ -226,6 +230,36 @@ def user_errors():
         print(f"microgpt: interrupted ({signame}): {what}", file=sys.stderr)
         code = signal.Signals[signame].value if signame in signal.Signals.__members__ else 2
         sys.exit(128 + code)
+
+
+class Progress:
+    """`microgpt: sampled 3,000 of 10,000 (30%)` on stderr, at most once a second and at the end,
+    for work that takes more than one step."""
+
+    def __init__(self, what: str, every: float = 1.0):
+        self.what, self.every, self.last, self.calls = what, every, -math.inf, 0
+
+    def __call__(self, done: int, total: int) -> None:
+        self.calls += 1
+        now = time.monotonic()
+        if done >= total and self.calls == 1:  # done in one step: nothing to show
+            return
+        if done < total and now - self.last < self.every:
+            return
+        self.last = now
+        print(f"microgpt: {self.what} {done:,} of {total:,} ({100 * done // total}%)",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
+def os_error_line(e: OSError) -> str:
+    """An operating-system failure in one line: what failed, on which file, and what to check."""
+    where = f" {e.filename}" if e.filename else ""
+    also = f" -> {e.filename2}" if getattr(e, "filename2", None) else ""
+    reason = e.strerror or str(e).splitlines()[0] if str(e) else type(e).__name__
+    return (
+        f"cannot use{where}{also}: {reason}; check that the path exists, is readable (and "
+        f"writable, for a run folder or out=) and that its disk has space"
+    )
 
 
 def resume_command(checkpoint) -> str:

@@ -37,12 +37,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 
 from microgpt import runs
 from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.draw import plot_lines
 from microgpt.errors import print_error
+from microgpt.files import OutputRefused, check_new_file
 from microgpt.head_report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.tensorboard import METRICS_FILE, read_metrics
@@ -121,7 +123,9 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     from its TensorBoard event files."""
     if (run / METRICS_FILE).is_file():
         out: dict[str, list[tuple[int, float]]] = {}
-        for line in read_metrics(run / METRICS_FILE):
+        for i, line in enumerate(read_metrics(run / METRICS_FILE), 1):
+            if not isinstance(line, dict) or not isinstance(line.get("step"), int):
+                raise CompareError(f"{METRICS_FILE}: record {i} is not a {{step: ..., tag: value}}")
             for tag, value in line.items():
                 if tag not in ("step", "time"):
                     out.setdefault(tag, []).append((line["step"], value))
@@ -141,11 +145,13 @@ def _from_checkpoint(run: Path) -> tuple[int | None, str]:
     """The parameters of the model in the run's checkpoint (tied weights counted once) and the
     data it was trained on ("path #hash of the split's items"), if there is a checkpoint."""
     folder = RunFolder(run)
+    problems = []
     for path in (folder.best, folder.last):
         if path.is_file():
             try:
                 ckpt = load_checkpoint(path)
-            except CheckpointError:
+            except CheckpointError as e:
+                problems.append(str(e))
                 continue
             seen, total = set(), 0
             for t in ckpt["model"].values():
@@ -156,6 +162,8 @@ def _from_checkpoint(run: Path) -> tuple[int | None, str]:
             split = json.dumps(ckpt.get("split"), sort_keys=True).encode()
             data = (ckpt.get("train_config") or {}).get("data", {}).get("path", "?")
             return total, f"{data} #{hashlib.sha256(split).hexdigest()[:8]}"
+    if problems:  # every checkpoint it has is damaged
+        raise CompareError(problems[0])
     return None, "?"
 
 
@@ -208,10 +216,34 @@ def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]]) -> di
 
 
 def read_runs(folder: str | Path) -> list[RunSummary]:
-    """Every run under `folder`, sorted by head count, then name."""
+    """Every readable run under `folder`, sorted by head count, then name."""
+    return read_sweep(folder)[0]
+
+
+# what a damaged run folder raises while it is read: each makes the run unreadable, not compare
+UNREADABLE = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSError)
+
+
+def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
+    """(every run under `folder` that can be read, sorted by head count then name; (name, why)
+    for each that cannot: a broken config.yaml, metrics.jsonl or checkpoint)."""
+    from omegaconf.errors import OmegaConfBaseException
+
     root = Path(folder)
-    runs = [read_run(run, root) for run in find_runs(root)]
-    return sorted(runs, key=lambda r: (r.heads if r.heads is not None else math.inf, r.name))
+    runs, unreadable = [], []
+    for run in find_runs(root):
+        try:
+            runs.append(read_run(run, root))
+        except (*UNREADABLE, OmegaConfBaseException, yaml.YAMLError) as e:
+            name = str(run.relative_to(root)) if run != root else run.name
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if isinstance(e, (OmegaConfBaseException, yaml.YAMLError)):
+                why = f"config.yaml: {why}"
+            elif isinstance(e, UnicodeDecodeError):
+                why = f"{METRICS_FILE} is not UTF-8 text"
+            unreadable.append((name, why))
+    runs.sort(key=lambda r: (r.heads if r.heads is not None else math.inf, r.name))
+    return runs, unreadable
 
 
 # ----------------------------------------------------------------------------- the table
@@ -333,15 +365,31 @@ def main(argv: list[str] | None = None) -> int:
         "--plot", help="where to write the validation loss PNG (default: FOLDER/val_loss.png)"
     )
     parser.add_argument("--no-plot", action="store_true", help="print the table only")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="let --plot replace an existing file"
+    )
     args = parser.parse_args(argv)
     try:
-        runs = read_runs(args.folder)
+        plot = None
+        if not args.no_plot:  # --plot names a new file; the default is compare's own, replaced
+            plot = Path(args.folder) / "val_loss.png"
+            if args.plot:
+                plot = check_new_file(args.plot, "--plot", args.overwrite, None, "--overwrite")
+        runs, unreadable = read_sweep(args.folder)
+        if not runs:
+            why = "; ".join(f"{name}: {reason}" for name, reason in unreadable)
+            raise CompareError(f"no run under {args.folder} can be read ({why})")
         print(format_table(runs))
-        if not args.no_plot:
-            out = plot_val_curves(runs, args.plot or Path(args.folder) / "val_loss.png")
+        for name, why in unreadable:
+            print(f"unreadable: {name} ({why})")
+        if plot is not None:
+            out = plot_val_curves(runs, plot)
             print(f"validation loss curves: {out}")
-    except CompareError as e:
+    except (CompareError, OutputRefused) as e:
         print_error(e)
+        return 2
+    except OSError as e:
+        print_error(f"cannot use {e.filename or args.folder}: {e.strerror or e}")
         return 2
     return 0
 

@@ -27,6 +27,9 @@ from microgpt.generate import check_sampling_args
 from microgpt.model import GPTConfig, check_gpt_settings, training_bytes
 
 DECAYS = ("cosine", "linear", "constant")
+MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
+MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
+SAMPLES_PER_SECOND = 5_000  # names a CPU samples per second with the small model, batched
 
 
 class ConfigError(ValueError):
@@ -171,6 +174,29 @@ class Config:
             )
         if not o.eps > 0:
             raise ConfigError(f"optim.eps={o.eps} must be > 0 (typical: 1e-8)")
+        if o.eps >= MAX_EPS:  # AdamW's step is lr * m / (sqrt(v) + eps), with |m|, sqrt(v) << 1
+            raise ConfigError(
+                f"optim.eps={o.eps} divides every update by at least {o.eps:g}: the weights "
+                f"would not move; use a small value (typical: 1e-8, at most {MAX_EPS:g})"
+            )
+        if o.warmup_steps > t.max_steps and not parse_resume(self.resume):  # else: the run's
+            raise ConfigError(
+                f"optim.warmup_steps={o.warmup_steps} is longer than the run (train.max_steps="
+                f"{t.max_steps}): the learning rate would never reach optim.lr; lower "
+                f"optim.warmup_steps or raise train.max_steps"
+            )
+        if t.num_samples > MAX_TRAIN_SAMPLES:
+            raise ConfigError(
+                f"train.num_samples={t.num_samples} would sample for about "
+                f"{t.num_samples / SAMPLES_PER_SECOND / 3600:,.1f} hours on a CPU after the last "
+                f"step, before the test loss is written; at most {MAX_TRAIN_SAMPLES:,} here: "
+                f"sample more afterwards with python sample.py num_samples=N out=FILE"
+            )
+        if self.model.vocab_size is not None:
+            raise ConfigError(
+                f"model.vocab_size={self.model.vocab_size}: the vocabulary comes from the data "
+                f"(every character of data.path), so this setting would be ignored; remove it"
+            )
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed={self.seed} must be in [0, 2**63)")
         if o.weight_decay < 0:
@@ -231,7 +257,8 @@ class SampleConfig:
     max_len: int | None = None
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
     use_cache: bool = True  # the KV cache; false recomputes the whole context (same items)
-    out: str | None = None  # also write the items to this file, one per line
+    out: str | None = None  # also write the items to this new file, one per line; - = stdout
+    overwrite: bool = False  # let out= replace an existing file (never a run's or the data)
     batch_size: int | None = None  # items sampled at once; null = up to 1,024
     ckpt: str | None = None  # a checkpoint file
     run: str | None = None  # a run folder: its checkpoints/best.pt, else last.pt
@@ -260,7 +287,7 @@ class SampleConfig:
             raise SamplingError(
                 f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})"
             )
-        if self.out is not None:
+        if self.out is not None and self.out != "-":  # -: standard output
             out = Path(self.out).expanduser()
             if self.out == "" or out.is_dir():
                 raise SamplingError(f"out={self.out!r} must be a file path, not a folder")

@@ -233,10 +233,12 @@ def sample_items(
     batch_size: int | None = None,
     use_cache: bool = True,
     max_len: int | None = None,
+    progress=None,
 ) -> list[str]:
     """Sample `num_samples` items (strings) from `model`, `batch_size` at a time, each starting with
     `prefix`. The same seed gives the same items, with or without the cache. max_len caps an item's
-    length (prefix included); by default it is what the block size allows."""
+    length (prefix included); by default it is what the block size allows. `progress(done,
+    total)`, if given, is called after each batch."""
     for name, value in (("num_samples", num_samples), ("batch_size", batch_size)):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
@@ -273,6 +275,8 @@ def sample_items(
                 model, n, prefix_ids, temperature, top_k, top_p, generator, use_cache, max_new, True
             )
             items.extend(tokenizer.decode(row) for row in rows.tolist())
+            if progress is not None:
+                progress(len(items), num_samples)
     return items
 
 

@@ -23,6 +23,7 @@ from torch import Tensor
 from microgpt import runs
 from microgpt.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from microgpt.data import DataError, data_of_checkpoint
+from microgpt.distributed import DEVICES, pick_device
 from microgpt.errors import print_error
 from microgpt.files import write_text
 from microgpt.head_analysis import HeadsError, analyse
@@ -73,15 +74,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="where to run the model (default: cpu)")
     args = parser.parse_args(argv)
     try:
-        report, run, ckpt_path = analyse_checkpoint(args.run, args.device)
+        if args.device not in DEVICES:
+            raise HeadsError(f"--device={args.device} is unknown; choose one of {list(DEVICES)}")
+        device = str(pick_device(args.device, HeadsError))
+        report, run, ckpt_path = analyse_checkpoint(args.run, device)
     except (HeadsError, CheckpointError, DataError, runs.RunFolderError) as e:
         print_error(e)
+        return 2
+    except OSError as e:
+        print_error(f"cannot read {e.filename or args.run}: {e.strerror or e}")
         return 2
     text = report.markdown()
     print(text)
     json_path, md_path = run.analysis(ckpt_path, ".json"), run.analysis(ckpt_path, ".md")
-    write_text(json_path, json.dumps(report.to_dict(), indent=1) + "\n")
-    write_text(md_path, f"# Heads of {ckpt_path}\n\n{text}\n")
+    for path, content in (
+        (json_path, json.dumps(report.to_dict(), indent=1) + "\n"),
+        (md_path, f"# Heads of {ckpt_path}\n\n{text}\n"),
+    ):
+        try:
+            write_text(path, content)
+        except OSError as e:  # a read-only run: the analysis above stands, its file is not written
+            print_error(f"cannot write {path}: {e.strerror or e}")
+            return 2
     print(f"wrote {json_path} and {md_path} ({report.seconds:.1f} s)")
     return 0
 

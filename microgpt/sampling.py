@@ -12,17 +12,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from microgpt.checkpoint import load_checkpoint, model_from_checkpoint
 from microgpt.config import SampleConfig, load_config
-from microgpt.data import DataError, data_of_checkpoint
-from microgpt.distributed import pick_device
-from microgpt.files import write_text
+from microgpt.data import DataError, data_of_checkpoint, resolve_data_path
+from microgpt.distributed import available_memory, gib, pick_device
+from microgpt.files import STDOUT, OutputRefused, check_new_file, create_text
 from microgpt.generate import SamplingError
 from microgpt.lines import Split
 from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
-from microgpt.samples import Samples, sample_names, sample_passages
+from microgpt.samples import PASSAGE_LENGTH, Samples, sample_names, sample_passages
 
 TRAIN_COMMAND = "python train.py heads=4"
+PROJECT = Path(__file__).resolve().parent.parent  # where relative data paths are also tried
 NAMES, PASSAGES = 20, 3  # num_samples=null: names of a lines run, passages of a text run
 
 
@@ -39,6 +42,7 @@ class SampleResult:
     seconds: float  # sampling only, without loading
     header: str = ""
     lines: list[str] = field(default_factory=list)  # header, one line per item, summary
+    to_stdout: bool = False  # out=-: the items alone go to standard output, the report to stderr
 
     @property
     def summary(self) -> str:
@@ -75,53 +79,82 @@ def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=None)
     return latest
 
 
-def check_out(out: str, checkpoint: Path, data_path: str | None = None) -> Path:
-    """The file `out=` may write: a new path, or an existing regular text file that is not part of
-    a run. Refused: the checkpoint itself, anything in a run's checkpoints/ or a run folder's own
-    files, the run's data file, a device, FIFO or other non-regular file, and a file that is not
-    UTF-8 text (a checkpoint, an image...). A symlink is followed: its target is what is checked
-    and written. Returns the path to write."""
-    target = Path(os.path.realpath(Path(out).expanduser()))
-    if target == Path(os.path.realpath(checkpoint)):
-        raise SamplingError(f"out={out} is the checkpoint being sampled from; write elsewhere")
-    if target.parent.name == "checkpoints":
-        raise SamplingError(f"out={out} is inside a run's checkpoints/ folder; write elsewhere")
-    if data_path and target == Path(os.path.realpath(Path(data_path).expanduser())):
-        raise SamplingError(f"out={out} is the data file the model was trained on; write elsewhere")
-    if not target.exists():
-        return target
-    if not target.is_file():
-        raise SamplingError(
-            f"out={out} is not a regular file (a device, FIFO or socket); out= writes only to "
-            f"regular files or new paths"
-        )
-    if (target.parent / "checkpoints").is_dir():
-        raise SamplingError(
-            f"out={out} is a file of the run folder {target.parent}; write elsewhere"
-        )
-    with open(target, "rb") as f:
-        head = f.read(1 << 16)
+def check_out(
+    out: str,
+    checkpoint: Path,
+    data_path: str | None = None,
+    overwrite: bool = False,
+    items: set[str] | None = None,
+) -> Path | None:
+    """The file `out=` may write (microgpt.files.check_new_file: a new file, or an existing one
+    with overwrite=true; never a device, a run folder's file or a config file), never the
+    checkpoint sampled from nor the run's data file, wherever a relative data path was resolved
+    from, nor any file that lists every item of the run's split (`items`): the data, found by
+    content. out=- is standard output: None."""
+    if out == STDOUT:
+        return None
+    protected = {checkpoint: "the checkpoint being sampled from"}
+    if data_path:
+        for candidate in data_candidates(data_path):
+            protected[candidate] = "the data file the model was trained on"
     try:
-        head.decode("utf-8")
-        text = b"\0" not in head
-    except UnicodeDecodeError as e:
-        text = e.start > len(head) - 4  # a character cut at the end of what was read
-    if not text:
+        target = check_new_file(out, "out", overwrite, protected)
+    except OutputRefused as e:
+        raise SamplingError(str(e)) from None
+    if items and target.exists() and _holds_items(target, items):
         raise SamplingError(
-            f"out={out} exists and is not a text file of names; refusing to overwrite it "
-            f"(remove it first, or write elsewhere)"
+            f"out={out} holds every item of the model's train/val/test split: it is the data the "
+            f"model was trained on (or a copy); out= never replaces it: write elsewhere"
         )
     return target
 
 
-def write_lines(path: str | os.PathLike, lines: list[str]) -> Path:
-    """Write lines to `path` atomically: an error leaves the old file."""
-    return write_text(Path(path).expanduser(), "".join(line + "\n" for line in lines))
+def _holds_items(path: Path, items: set[str]) -> bool:
+    """Whether the file at `path` lists every one of `items`, one per line (a data file)."""
+    if path.stat().st_size > 1 << 30:
+        return True  # too big to read for the check: not a file of sampled names either
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    return items <= {line.strip() for line in lines}
 
 
-def sample_from_config(cfg) -> SampleResult:
+def data_candidates(data_path: str) -> list[Path]:
+    """Every file a checkpoint's data.path may have meant: as given, from the working directory,
+    and from the project (relative paths are tried from both, microgpt.data.resolve_data_path)."""
+    p = Path(data_path).expanduser()
+    if p.is_absolute():
+        return [p]
+    return [Path.cwd() / p, resolve_data_path(data_path), PROJECT / p]
+
+
+def write_lines(path: str | os.PathLike, lines: list[str], overwrite: bool = False) -> Path:
+    """Write lines to `path` atomically, as a new file unless overwrite: an error leaves the old
+    file."""
+    return create_text(Path(path).expanduser(), "".join(line + "\n" for line in lines), overwrite)
+
+
+# what one sampled item costs in memory until it is printed: the string (about 50 bytes and its
+# characters), its place in the lists, its (item, where) mark and its printed line
+ITEM_BYTES = 200
+
+
+def check_items_fit(num_samples: int, length: int) -> None:
+    """Refuse, before sampling, a number of items of up to `length` characters that this
+    machine's memory cannot hold."""
+    need = num_samples * (ITEM_BYTES + 3 * length)
+    free = available_memory(torch.device("cpu"))
+    if free is not None and need > free // 2:
+        fits = max(1, free // 2 // (ITEM_BYTES + 3 * length))
+        raise SamplingError(
+            f"num_samples={num_samples} would hold about {gib(need)} of items in memory, more "
+            f"than half of the {gib(free)} available; sample at most {fits:,} at a time (repeat "
+            f"with other seeds for more)"
+        )
+
+
+def sample_from_config(cfg, progress=None) -> SampleResult:
     """Everything `python sample.py` does but printing: validate, find and load the checkpoint,
-    sample, mark each item, and write `out` if asked. Returns a SampleResult."""
+    sample, mark each item, and write `out` if asked. Returns a SampleResult. `progress(done,
+    total)` is called after each batch of names."""
     c = load_config(
         cfg, SampleConfig
     )  # every setting that does not need the model, before any loading
@@ -129,24 +162,30 @@ def sample_from_config(cfg) -> SampleResult:
     path = find_checkpoint(c.ckpt, c.run)
     ckpt = load_checkpoint(path, map_location="cpu")
     data_path = (ckpt.get("train_config") or {}).get("data", {}).get("path")
-    out = check_out(c.out, path, data_path) if c.out is not None else None
-    model, tokenizer = model_from_checkpoint(ckpt, device=device, path=path)
+    text_run = ((ckpt.get("train_config") or {}).get("data") or {}).get("format") == "text"
     try:
         split = Split.from_dict(ckpt["split"]) if "split" in ckpt else None
     except DataError:
         split = None
+    lists = ("train", "val", "test") if not text_run else ()  # a text run's split: no items
+    items = {i for name in lists for i in getattr(split, name, None) or []}
+    out = check_out(c.out, path, data_path, c.overwrite, items) if c.out is not None else None
+    model, tokenizer = model_from_checkpoint(ckpt, device=device, path=path)
+    count = c.num_samples if c.num_samples is not None else (PASSAGES if text_run else NAMES)
+    length = (c.max_len or PASSAGE_LENGTH) if text_run else model.config.block_size
+    check_items_fit(count, length)
     seed = c.seed if c.seed is not None else int.from_bytes(os.urandom(4), "little")
-    text_run = ((ckpt.get("train_config") or {}).get("data") or {}).get("format") == "text"
 
     start = time.perf_counter()
     try:
         if text_run:
             shown, notes = _passages(ckpt, model, tokenizer, c, seed)
         else:
-            shown, notes = _names(model, tokenizer, split, c, seed), []
-    except KeyboardInterrupt:
+            shown, notes = _names(model, tokenizer, split, c, seed, progress), []
+    except KeyboardInterrupt as e:
+        signame = e.args[0] if e.args else "SIGINT"
         where = f"; nothing was written to out={c.out}" if c.out is not None else ""
-        raise KeyboardInterrupt("SIGINT", f"sampling stopped, the items were discarded{where}")
+        raise KeyboardInterrupt(signame, f"sampling stopped, the items were discarded{where}")
     seconds = time.perf_counter() - start
     names, marked = shown.items, shown.marked or []
 
@@ -160,9 +199,14 @@ def sample_from_config(cfg) -> SampleResult:
     )
     if split is None and not text_run:
         header += " [no data split in this checkpoint: every item is marked new]"
-    if c.out is not None:
+    if out is not None:
         try:
-            write_lines(out, shown.lines[:-1] if text_run else names)
+            write_lines(out, shown.lines[:-1] if text_run else names, c.overwrite)
+        except FileExistsError:
+            raise SamplingError(
+                f"out={c.out} was created by something else while sampling; it is kept, and "
+                f"nothing was written: name a new file"
+            ) from None
         except OSError as e:
             raise SamplingError(f"cannot write out={c.out}: {e.strerror or e}") from None
     return SampleResult(
@@ -175,6 +219,7 @@ def sample_from_config(cfg) -> SampleResult:
         seconds=seconds,
         header=header,
         lines=[header, *notes, *shown.lines],
+        to_stdout=c.out == STDOUT,
     )
 
 
@@ -183,7 +228,7 @@ def run_sampling(**settings) -> SampleResult:
     return sample_from_config(SampleConfig(**settings))
 
 
-def _names(model, tokenizer, split, c: SampleConfig, seed: int) -> Samples:
+def _names(model, tokenizer, split, c: SampleConfig, seed: int, progress=None) -> Samples:
     return sample_names(
         model,
         tokenizer,
@@ -197,6 +242,7 @@ def _names(model, tokenizer, split, c: SampleConfig, seed: int) -> Samples:
         batch_size=c.batch_size,
         use_cache=c.use_cache,
         max_len=c.max_len,
+        progress=progress,
     )
 
 

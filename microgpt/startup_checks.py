@@ -4,8 +4,11 @@ wrong types, `--heads=4`), and a new run refused where a run already is."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,7 +16,9 @@ from omegaconf import OmegaConf
 
 from microgpt import runs
 from microgpt.config import Config, ConfigError, SampleConfig, flatten, load_config, parse_resume
+from microgpt.data import resolve_data_path
 from microgpt.errors import print_error
+from microgpt.files import SYSTEM_ROOTS
 from microgpt.generate import SamplingError
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
@@ -78,13 +83,26 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
             continue
         overrides.append(arg)
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    parser = OverridesParser.create()
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException as e:
+        parsed = parser.parse_overrides(overrides)
+    except HydraException:
         if full_error:
             raise _LeaveToHydra from None
-        bad = _first(e).replace("Error parsing override", "cannot read the setting")
-        return [f"{bad}; settings are written key=value, e.g. heads=4"]
+        for override in overrides:  # name the one that cannot be read
+            try:
+                parser.parse_overrides([override])
+            except HydraException as one:
+                e = one
+                break
+        else:
+            override = None
+        why = _first(e).replace("Error parsing override", "").strip(" '")
+        where = f"{override}: " if override else ""
+        return [
+            f"{where}cannot read the setting ({why}); settings are written key=value, e.g. "
+            f"heads=4, and a value with '=' or spaces in quotes: run='multirun/x/heads=4'"
+        ]
     if multirun:
         try:
             jobs = BasicSweeper.split_arguments(parsed, None)[0]
@@ -95,16 +113,26 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
     else:
         jobs = [overrides]
     sweep_keys = {o.get_key_element() for o in parsed if o.is_sweep_override()}
-    errors = []
+    errors, seen = [], {}
     for job in jobs:
-        message = _job_error(list(job), conf_dir, config_name, full_error)
+        message, settings = _job_error(list(job), conf_dir, config_name, full_error)
+        swept = ",".join(o for o in job if o.split("=", 1)[0] in sweep_keys)
         if message:
-            swept = [o for o in job if o.split("=", 1)[0] in sweep_keys]
-            errors.append(f"job {','.join(swept)}: {message}" if len(jobs) > 1 else message)
+            errors.append(f"job {swept}: {message}" if len(jobs) > 1 else message)
+        elif settings in seen:  # two jobs that would train the same run, into one folder
+            return [
+                f"jobs {seen[settings]} and {swept} are the same run (the sweep lists it twice); "
+                f"list each value once"
+            ]
+        elif settings is not None:
+            seen[settings] = swept
     return errors
 
 
-def _job_error(job: list[str], conf_dir: Path, config_name: str, full_error: bool) -> str | None:
+def _job_error(
+    job: list[str], conf_dir: Path, config_name: str, full_error: bool
+) -> tuple[str | None, str | None]:
+    """(what is wrong with this job, or None; its validated settings as text, to find twins)."""
     from hydra import compose, initialize_config_dir
 
     schema, error = (
@@ -113,23 +141,75 @@ def _job_error(job: list[str], conf_dir: Path, config_name: str, full_error: boo
     task = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/", "override hydra"))]
     if schema is Config and not any(o.split("=", 1)[0] == "out_dir" for o in task):
         task.append("out_dir=.")  # ${hydra:...} does not resolve under compose()
-    base = None
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
-            groups = [o for o in task if o.split("=", 1)[0].lstrip("+~") in GROUPS]
-            base = _compose(compose, config_name, groups)
+    with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
+        try:
             cfg = _compose(compose, config_name, task)
-    except _BadOverride as e:
-        if full_error:
-            raise _LeaveToHydra from None
-        return _explain(e, task, base, conf_dir)
+        except _BadOverride as e:
+            if full_error:
+                raise _LeaveToHydra from None
+            groups = [o for o in task if o.split("=", 1)[0].lstrip("+~") in GROUPS]
+            try:  # the settings there are, to name the closest (composed only when needed)
+                base = _compose(compose, config_name, groups)
+            except _BadOverride:
+                base = None
+            return _explain(e, task, base, conf_dir), None
+    added = _added_key_error(task, schema)
+    if added:
+        return added, None
     try:
         c = load_config(cfg, schema)
     except error as e:
-        return str(e)
+        return str(e), None
+    settings = json.dumps(dataclasses.asdict(c), sort_keys=True, default=str)
     if schema is Config:
-        return _run_folder_error(c, job)
+        return _both_heads_error(job) or _data_error(c, job) or _run_folder_error(c, job), settings
+    return None, settings
+
+
+def _added_key_error(task: list[str], schema: type) -> str | None:
+    """`+key=value` adds a key: one the schema does not have would be ignored, so it is refused
+    like any unknown setting (the schema's own keys may be added: `+heads=4` is heads=4)."""
+    known = list(flatten(dataclasses.asdict(schema())))
+    for override in task:
+        key = override.split("=", 1)[0]
+        bare = key.lstrip("+")
+        if not key.startswith("+") or bare in GROUPS or bare.split(".")[0] == "hydra":
+            continue
+        if bare in known or any(k.startswith(bare + ".") for k in known):
+            continue
+        close = difflib.get_close_matches(bare, known, n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}=...?" if close else "; see conf/ for the settings"
+        return f"{override}: unknown setting {bare} (+ adds a key, and no schema has it){hint}"
     return None
+
+
+def _both_heads_error(job: list[str]) -> str | None:
+    """heads=N sets model.n_head: both given and different, one would be silently dropped."""
+    named = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in job if "=" in o}
+    if "heads" in named and "model.n_head" in named and named["heads"] != named["model.n_head"]:
+        return (
+            f"heads={named['heads']} and model.n_head={named['model.n_head']} name the same "
+            f"setting with different values; give one of them"
+        )
+    return None
+
+
+def _data_error(c: Config, job: list[str]) -> str | None:
+    """The data file of every job, before job 0 starts: it exists and is a regular file (a FIFO
+    would block the read, a device would never end)."""
+    named = any(o.split("=", 1)[0].lstrip("+") == "data.path" for o in job)
+    if parse_resume(c.resume) and not named:
+        return None  # a resume trains on the checkpoint's data
+    path = resolve_data_path(c.data.path)
+    where = Path(os.path.abspath(path))
+    fix = "point data.path=... at a text file"
+    if path.is_file():
+        return None
+    if not path.exists():
+        return f"no data file at {where} (data.path={c.data.path}); {fix}"
+    if path.is_dir():
+        return f"data.path={c.data.path}: {where} is a folder, not a file; {fix}"
+    return f"data.path={c.data.path}: {where} is not a regular file (a device or FIFO); {fix}"
 
 
 class _BadOverride(Exception):
@@ -187,9 +267,15 @@ def _explain(bad: _BadOverride, task: list[str], base, conf_dir: Path) -> str:
 
 
 def _run_folder_error(c: Config, job: list[str]) -> str | None:
-    """The run folder named on the command line, for a new run: a file, a folder holding a run,
-    or one holding anything else (microgpt.runs.new_run_error), before Hydra writes there."""
+    """The run folder named on the command line, for a new run: a file, a place nothing can be
+    written, a folder holding a run, or one holding anything else (microgpt.runs.new_run_error),
+    before Hydra writes there."""
     named = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in job if "=" in o}
+    checked = [k for k in ("hydra.run.dir", "hydra.sweep.dir") if k in named] or ["hydra.run.dir"]
+    for key in checked:  # not named: outputs/ in the working directory
+        error = _unwritable(key, named.get(key, "outputs"))
+        if error:
+            return error
     for key in ("hydra.run.dir", "out_dir"):
         if key not in named or (key == "out_dir" and c.out_dir == "."):
             continue
@@ -200,4 +286,38 @@ def _run_folder_error(c: Config, job: list[str]) -> str | None:
             error = runs.new_run_error(folder)
             if error:
                 return error
+    return None
+
+
+MIN_FREE = 16 * 2**20  # a run folder's disk needs room for a few checkpoints at the least
+
+
+def _unwritable(key: str, value: str) -> str | None:
+    """Why a run folder cannot be made at `value`: under /proc, /dev or /sys, inside a file, on a
+    read-only disk or one without room; None if it can."""
+    folder = Path(os.path.abspath(Path(value).expanduser()))
+    if any(str(folder) == r or str(folder).startswith(r + os.sep) for r in SYSTEM_ROOTS):
+        return (
+            f"{key}={value} is under /{folder.parts[1]}, the system's files, not a disk; name a "
+            f"folder on a disk"
+        )
+    existing = next(p for p in (folder, *folder.parents) if os.path.lexists(p))
+    if existing == folder and not folder.is_dir():
+        return f"{key}={value} is an existing file, not a folder; name a new folder"
+    if not existing.is_dir():
+        return f"{key}={value} is inside {existing}, which is a file, not a folder; name a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return (
+            f"{key}={value}: cannot write in {existing} (a read-only disk or no permission); "
+            f"name a folder you can write"
+        )
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return None
+    if free < MIN_FREE:
+        return (
+            f"{key}={value}: the disk of {existing} is full ({free // 2**20} MiB free); free some "
+            f"space or name a folder on another disk"
+        )
     return None

@@ -66,21 +66,18 @@ def world(tmp_path_factory):
     return root
 
 
-def test_sample_out_never_overwrites_a_checkpoint_a_run_file_a_device_or_a_binary_file(
+def test_sample_out_never_overwrites_a_checkpoint_a_run_file_a_device_or_an_existing_file(
     world, tmp_path
 ):
     run_dir, best = world / "run", world / "run" / "checkpoints" / "best.pt"
     binary = tmp_path / "photo.bin"
     binary.write_bytes(bytes(range(256)))
     cases = [
-        (best, f"out={best} is the checkpoint being sampled from; write elsewhere"),
-        (
-            run_dir / "checkpoints" / "last.pt",
-            "is inside a run's checkpoints/ folder; write elsewhere",
-        ),
-        (run_dir / "config.yaml", f"is a file of the run folder {run_dir}; write elsewhere"),
-        ("/dev/null", "out=/dev/null is not a regular file (a device, FIFO or socket)"),
-        (binary, f"out={binary} exists and is not a text file of names; refusing to overwrite it"),
+        (best, f"out={best} is the checkpoint being sampled from; out= never replaces it"),
+        (run_dir / "checkpoints" / "last.pt", f"is inside the run folder {run_dir}, which only"),
+        (run_dir / "config.yaml", f"is inside the run folder {run_dir}, which only its run writes"),
+        ("/dev/null", "out=/dev/null is a device or system path, not a file to write"),
+        (binary, f"out={binary} already exists; out= writes a new file: add overwrite=true"),
     ]
     before, outside = snapshot(world), binary.read_bytes()
     for out, message in cases:
@@ -98,6 +95,12 @@ def test_sample_out_follows_a_symlink_and_rewrites_a_file_of_names(world, tmp_pa
     link.symlink_to(target)
     best = world / "run" / "checkpoints" / "best.pt"
     r = sample_three(best, link, cwd=tmp_path)
+    assert r.returncode == 2 and "add overwrite=true" in r.stderr, r.stderr
+    assert target.read_text() == "old\nnames\n"
+    r = run(
+        "sample.py", f"ckpt={best}", f"out={link}", "overwrite=true", "device=cpu", "seed=0",
+        "num_samples=3", cwd=tmp_path,
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert link.is_symlink() and len(target.read_text().splitlines()) == 3
 
@@ -135,6 +138,12 @@ def test_sample_settings_are_refused_in_one_line(world, tmp_path, args, code, fi
 def test_a_hand_edited_checkpoint_gives_one_line(world, tmp_path):
     ckpt = torch.load(world / "run" / "checkpoints" / "best.pt", weights_only=True)
     bad_metrics = tmp_path / "metrics.pt"
+    torch.save({**ckpt, "metrics": [1, 2]}, bad_metrics)  # its checksum no longer matches
+    r = run(
+        "sample.py", f"ckpt={bad_metrics}", "device=cpu", "seed=0", "num_samples=2", cwd=tmp_path
+    )
+    assert r.returncode == 2 and f"{bad_metrics} is corrupt: its content does not" in r.stderr
+    ckpt.pop("checksum")  # an edit that owns up to it drops the checksum, as README says
     torch.save({**ckpt, "metrics": [1, 2]}, bad_metrics)
     r = run(
         "sample.py", f"ckpt={bad_metrics}", "device=cpu", "seed=0", "num_samples=2", cwd=tmp_path

@@ -80,6 +80,12 @@ def test_typo_in_a_key_is_refused_by_the_schema():
         (["device=tpu"], r"device='tpu' is unknown"),
         (["optim.eps=-1"], r"optim.eps=-1.0 must be > 0"),
         (["seed=-5"], r"seed=-5 must be in \[0, 2\*\*63\)"),
+        # settings that can only train nothing, or would be ignored, are refused with why
+        (["optim.eps=1e300"], r"optim.eps=1e\+300 divides every update .* would not move"),
+        (["optim.eps=1.0"], r"optim.eps=1.0 divides every update"),
+        (["optim.warmup_steps=10", "train.max_steps=9"], r"warmup_steps=10 is longer than the"),
+        (["train.num_samples=1000000000"], r"train.num_samples=1000000000 would sample for abo"),
+        (["model.vocab_size=50"], r"model.vocab_size=50: the vocabulary comes from the data"),
     ],
 )
 def test_bad_settings_stop_with_a_clear_message(overrides, message):

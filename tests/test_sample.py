@@ -241,7 +241,7 @@ def test_out_file_is_written_and_an_error_leaves_it_alone(best, tmp_path):
     r = sample(best, num_samples=5, seed=0, out=str(out))
     assert out.read_text() == "".join(n + "\n" for n in r.names)
     with pytest.raises(SamplingError):
-        sample(best, num_samples=5, prefix="Q", out=str(out))
+        sample(best, num_samples=5, prefix="Q", out=str(out), overwrite=True)
     assert out.read_text() == "".join(n + "\n" for n in r.names)
     assert [p.name for p in tmp_path.iterdir()] == ["names.txt"]  # no temporary files left
 
