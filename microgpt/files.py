@@ -110,11 +110,12 @@ class OutputRefused(ValueError):
 
 
 def is_run_folder(folder: str | os.PathLike) -> bool:
-    """A folder a run wrote: Hydra's .hydra/config.yaml, or a checkpoints/ folder beside a
-    config.yaml."""
+    """A folder a run wrote: its claim (run.json, microgpt.runs), Hydra's .hydra/config.yaml, or
+    (a run from before claims) a checkpoints/ folder beside a config.yaml."""
     folder = Path(folder)
-    hydra = (folder / ".hydra" / "config.yaml").is_file()
-    return hydra or ((folder / "checkpoints").is_dir() and (folder / "config.yaml").is_file())
+    if (folder / "run.json").is_file() or (folder / ".hydra" / "config.yaml").is_file():
+        return True
+    return (folder / "checkpoints").is_dir() and (folder / "config.yaml").is_file()
 
 
 def run_folder_of(path: str | os.PathLike) -> Path | None:

@@ -56,7 +56,7 @@ def _exit_code(e: SystemExit) -> int:
 
 @contextlib.contextmanager
 def _restored_process_state(cwd: Path, argv: list[str]):
-    from microgpt import cli
+    from microgpt import runs
 
     old_cwd, old_argv, old_env = os.getcwd(), sys.argv, dict(os.environ)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -72,7 +72,8 @@ def _restored_process_state(cwd: Path, argv: list[str]):
         os.environ.update(old_env)
         for s, h in handlers.items():
             signal.signal(s, h)
-        cli.CLAIMED.clear()
+        for folder in list(runs._OWNED):  # what a command held: a test process lives on
+            runs.release(folder)
         import logging
 
         for h in list(logging.root.handlers):  # Hydra's handlers, on train.log and the console

@@ -41,9 +41,6 @@ S = ["device=cpu", "seed=0", "num_samples=3"]  # sample.py
 BEST = "runs/a/checkpoints/best.pt"
 LAST = "runs/a/checkpoints/last.pt"
 
-# issue 21's cases 1, 2 and 4 (a run owns its folder) are fixed on the `runs` branch
-NEEDS_RUNS = "needs the `runs` branch (microgpt/runs.py: one idea of a run folder), not yet on main"
-
 
 class EvilPickle:
     def __reduce__(self):
@@ -389,30 +386,24 @@ CHECKPOINTS = [
         "hydra.run.dir=runs/b",
         "train.max_steps=6",
         message=r"runs/b .*holds a(nother)? run",
-        needs=NEEDS_RUNS,
     ),  # fmt: skip
     # issue 21, case 4: a folder that is not a run (conf/) is never written over
     train(
         "run-dir-conf",
         "hydra.run.dir=conf",
         message=r"conf .*not a run folder|not empty",
-        needs=NEEDS_RUNS,
     ),  # fmt: skip
     train(
         "run-dir-conf-model",
         "hydra.run.dir=conf/model",
         message=r"not a run folder|not empty",
-        needs=NEEDS_RUNS,
     ),  # fmt: skip
     train(
         "run-dir-data",
         "hydra.run.dir=data",
         message=r"not a run folder|not empty",
-        needs=NEEDS_RUNS,
     ),  # fmt: skip
-    train(
-        "run-dir-out", "hydra.run.dir=out", message=r"not a run folder|not empty", needs=NEEDS_RUNS
-    ),  # fmt: skip
+    train("run-dir-out", "hydra.run.dir=out", message=r"not a run folder|not empty"),  # fmt: skip
     # every OS failure is one line: a run folder where nothing can be written
     train("run-dir-under-proc", "hydra.run.dir=/proc/microgpt-run", message=r"/proc/microgpt-run"),
     train("run-dir-under-dev-null", "hydra.run.dir=/dev/null/run", message=r"/dev/null"),
@@ -548,7 +539,7 @@ SAMPLING = [
     sample("use-cache-text", f"ckpt={BEST}", "use_cache=maybe", message=r"use_cache"),
     sample("no-runs-anywhere", message=r"no checkpoint found", cwd="sub"),
     sample("sweep-job-by-run", "run='multirun/sweep/heads=1'", message=r"of 3 new", code=0),
-    sample("sweep-job-unquoted", "run=multirun/sweep/heads=1", message=r"in quotes"),
+    sample("sweep-job-unquoted", "run=multirun/sweep/heads=1", message=r"of 3 new", code=0),
 ]
 
 # ----------------------------------------------------------------------------- heads, compare
@@ -873,7 +864,6 @@ def test_long_sampling_shows_progress(sandbox):
     assert progress and "3,000 of 3,000" in progress[-1], r.stderr
 
 
-@pytest.mark.skip(reason=NEEDS_RUNS)
 @pytest.mark.slow
 def test_two_runs_started_together_on_one_folder_never_delete_each_other(sandbox, tmp_path):
     """issue 21, case 2: the one that loses the claim removes nothing it did not create."""
