@@ -29,7 +29,7 @@ from microgpt.model import GPTConfig, check_gpt_settings, training_bytes
 DECAYS = ("cosine", "linear", "constant")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
 MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
-SAMPLES_PER_SECOND = 5_000  # names a CPU samples per second with the small model, batched
+SAMPLES_PER_SECOND = 5_000  # small model, batched: 1,000 names in 0.165 s (docs/benchmarks.md)
 
 
 class ConfigError(ValueError):
