@@ -159,6 +159,7 @@ RESUMABLE_CHANGES = (
     "data.prepare",
     "log.",
     "device",
+    "threads",
     "out_dir",
     "resume",
 )
