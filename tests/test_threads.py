@@ -135,3 +135,11 @@ def test_usable_cores_follows_the_affinity(monkeypatch):
         pytest.skip("no sched_getaffinity on this platform")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5})
     assert threads.usable_cores() == 3
+
+
+def test_the_heads_command_refuses_a_bad_thread_count(capsys):
+    from microgpt.heads import main
+
+    assert main(["no-such-run", "--threads", "0"]) == 2  # refused before looking for the run
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--threads=0 must be auto" in err
