@@ -25,11 +25,13 @@ from bench.common import REPO, figure, make_trainer, step
 RUN = REPO / "bench" / "run.py"
 TRAIN = REPO / "train.py"
 
-# name -> (threads setting, OMP_WAIT_POLICY or None for OpenMP's own default, what it is)
+# name -> (threads setting, the wait's environment, what it is). GNU OpenMP's own default (no
+# OMP_WAIT_POLICY) spins 300,000 times before it sleeps; microgpt leaves a GOMP_SPINCOUNT alone.
 CASES = {
-    "auto": ("auto", "PASSIVE", "threads=auto, idle threads sleep (the default)"),
-    "spin": ("auto", None, "every core, OpenMP's default wait (spins): before issue 20"),
-    "one": (1, "PASSIVE", "threads=1"),
+    "auto": ("auto", {"OMP_WAIT_POLICY": "PASSIVE"}, "threads=auto, idle threads sleep (default)"),
+    "spin": ("auto", {"GOMP_SPINCOUNT": "300000"}, "every core, OpenMP's default spin: before"),
+    "brief": ("auto", {"GOMP_SPINCOUNT": "10000"}, "every core, a short spin, then sleep"),
+    "one": (1, {"OMP_WAIT_POLICY": "PASSIVE"}, "threads=1"),
 }
 
 
@@ -50,18 +52,15 @@ def step_child(spec: dict, args) -> None:
     print(json.dumps({"steps": steps, "seconds": seconds, "steps_per_s": steps / seconds}))
 
 
-def child_env(policy: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
-    if policy is not None:
-        env["OMP_WAIT_POLICY"] = policy
-    else:  # OpenMP's default; microgpt would otherwise set PASSIVE
-        env["OMP_WAIT_POLICY"] = ""
-    return env
+def child_env(wait: dict) -> dict:
+    """This process's environment without thread or wait settings, plus the case's wait."""
+    drop = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, **wait}
 
 
 def run_together(n: int, case: str, args) -> list[float]:
     """Start n children, wait until all are ready, say go to all, return each one's steps/s."""
-    threads, policy, _ = CASES[case]
+    threads, wait, _ = CASES[case]
     spec = {"threads": threads, "seconds": args.pair_seconds, "warmup": 3 if args.quick else 10}
     cmd = [sys.executable, str(RUN), "--step-child", json.dumps(spec), "--device", "cpu"]
     procs = [
@@ -72,7 +71,7 @@ def run_together(n: int, case: str, args) -> list[float]:
             stderr=subprocess.PIPE,
             text=True,
             cwd=REPO,
-            env=child_env(policy),
+            env=child_env(wait),
         )
         for _ in range(n)
     ]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import tempfile
 import time
@@ -33,8 +32,7 @@ if __name__ == "__main__":  # `python bench/run.py` puts bench/, not the reposit
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
     sys.path.insert(0, str(REPO))
 
-# as microgpt/__init__.py does, before torch loads OpenMP (which reads it once)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import microgpt  # noqa: E402, F401, I001 -- sets OMP_WAIT_POLICY before torch loads OpenMP
 
 import torch  # noqa: E402
 

@@ -14,10 +14,11 @@ each when two such processes run at once (issue 20). So every command has a `thr
 - `threads=N` asks for N, whatever the environment says.
 
 The other half is the wait policy: `microgpt/__init__.py` sets OMP_WAIT_POLICY=PASSIVE (idle
-threads sleep rather than spin) unless it is set already. OpenMP reads it once, when torch loads
-it, so it must be in the environment before `import torch`: importing any microgpt module first
-does that, and launched jobs inherit it. `export OMP_WAIT_POLICY=ACTIVE` puts spinning back (faster
-on a machine that runs nothing else; see docs/benchmarks.md, "Threads").
+threads sleep rather than spin) unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set already. OpenMP
+reads them once, when torch loads it, so they must be in the environment before `import torch`:
+importing any microgpt module first does that, and launched jobs inherit it. `export
+OMP_WAIT_POLICY=ACTIVE` (spin) or `GOMP_SPINCOUNT=N` (spin N times, then sleep) choose otherwise;
+`bench/run.py --only threads` measures them alone and two at once (docs/benchmarks.md).
 """
 
 from __future__ import annotations

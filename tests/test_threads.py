@@ -117,12 +117,21 @@ def test_sweep_size_counts_the_jobs():
     assert cli.sweep_size([]) == 1
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, "PASSIVE"),
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"),
+        ({"GOMP_SPINCOUNT": "10000"}, "unset"),  # a spin count chosen: OpenMP's policy stays
+    ],
+)
 def test_importing_microgpt_sets_a_sleeping_wait_policy_unless_one_is_set(given, expected):
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if given:
-        env["OMP_WAIT_POLICY"] = given
-    code = "import os, sys, microgpt; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+    drop = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    env = {**{k: v for k, v in os.environ.items() if k not in drop}, **given}
+    code = (
+        "import os, sys, microgpt; "
+        "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), 'torch' in sys.modules)"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
     )
