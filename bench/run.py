@@ -247,6 +247,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     g.add_argument("--seeds", default=None, help="default 1337,1,2 (1337 with --quick)")
     g.add_argument(
+        "--row-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Hydra override added to every row (repeatable), e.g. optim.weight_decay=0.3",
+    )
+    g.add_argument(
         "--cost-rounds", type=int, default=None, help="alternations per cost (7; 2 with --quick)"
     )
     g.add_argument(

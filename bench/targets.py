@@ -92,10 +92,14 @@ QUICK = (
 
 
 def rows_for(args) -> list[Row]:
-    chosen = [r for r in ROWS if r.key in args.rows]
-    if args.quick:
-        return [Row(**{**r.__dict__, "overrides": (*r.overrides, *QUICK)}) for r in chosen]
-    return chosen
+    """The rows asked for (--rows), each with --row-override appended (a recipe change to try on
+    every row, e.g. optim.weight_decay=0.3), and shrunk with --quick."""
+    extra = (*args.row_override, *(QUICK if args.quick else ()))
+    return [
+        Row(**{**r.__dict__, "overrides": (*r.overrides, *extra)})
+        for r in ROWS
+        if r.key in args.rows
+    ]
 
 
 def losses(row: Row, data: list[str], args, tmp: Path) -> list[float]:
