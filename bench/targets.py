@@ -87,7 +87,7 @@ QUICK = (
     "train.eval_every=2",
     "train.num_samples=0",
     "log.attn_every=4",
-    "log.entropy_items=8",
+    "log.head_items=8",
 )
 
 
