@@ -83,10 +83,15 @@ _runs = 0
 
 def run_overrides(args, tmp: Path) -> list[str]:
     """The overrides every bench run takes: the device, a fresh out_dir under tmp, no progress
-    bar."""
+    bar, the thread count (--threads, else auto)."""
     global _runs
     _runs += 1
-    return [f"device={args.device}", f"out_dir={tmp / f'run{_runs}'}", "train.progress=false"]
+    return [
+        f"device={args.device}",
+        f"out_dir={tmp / f'run{_runs}'}",
+        "train.progress=false",
+        f"threads={args.threads or 'auto'}",  # the Trainer applies it (microgpt/threads.py)
+    ]
 
 
 def make_trainer(overrides, args, tmp: Path) -> Trainer:

@@ -1,7 +1,7 @@
-"""Benchmarks: training throughput, time to quality, sampling, memory, MFU and the microgpt.py
-setting.
+"""Benchmarks: training throughput, time to quality, sampling, memory, MFU, the microgpt.py
+setting, the targets of issue 20 (loss at a budget, cost as a ratio) and threads under load.
 
-    python bench/run.py          # everything: 20-30 minutes on 2 CPU cores
+    python bench/run.py          # everything: about 2 hours on 2 CPU cores (targets: most of it)
     python bench/run.py --quick  # tiny sizes, under a minute: a smoke test, not a measurement
     python bench/run.py --only throughput,mfu --threads 2 --out bench/results.json --write-docs
 
@@ -11,9 +11,9 @@ docs/benchmarks.md says what each section measures and how; `--write-docs` puts 
 into it.
 
 One module a section (bench/throughput.py, quality.py, sampling.py, memory.py, mfu.py,
-microgpt_setting.py), their shared helpers in bench/common.py; this file holds the command line
-and the output. The training step timed is microgpt.trainer.Trainer.train_step, the one
-Trainer.run takes; decoding is microgpt.generate's.
+microgpt_setting.py, targets.py with cost.py, pair.py), their shared helpers in bench/common.py;
+this file holds the command line and the output. The training step timed is
+microgpt.trainer.Trainer.train_step, the one Trainer.run takes; decoding is microgpt.generate's.
 """
 
 from __future__ import annotations
@@ -32,19 +32,33 @@ if __name__ == "__main__":  # `python bench/run.py` puts bench/, not the reposit
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
     sys.path.insert(0, str(REPO))
 
+import microgpt  # noqa: E402, F401, I001 -- sets OMP_WAIT_POLICY before torch loads OpenMP
+
 import torch  # noqa: E402
 
 from bench.common import error_figure, git_commit, machine_info  # noqa: E402
 from bench.memory import memory_child, run_memory  # noqa: E402
 from bench.mfu import run_mfu  # noqa: E402
 from bench.microgpt_setting import run_microgpt  # noqa: E402
+from bench.pair import CASES, run_pair, step_child  # noqa: E402
 from bench.quality import run_time_to_quality  # noqa: E402
 from bench.sampling import run_sampling  # noqa: E402
+from bench.targets import ROWS, format_targets, run_targets  # noqa: E402
 from bench.throughput import run_throughput  # noqa: E402
 from microgpt.distributed import DEVICES, pick_device  # noqa: E402
 from microgpt.model import ATTN_IMPLS  # noqa: E402
+from microgpt.threads import set_threads  # noqa: E402
 
-SECTIONS = ("throughput", "time_to_quality", "sampling", "memory", "mfu", "microgpt")
+SECTIONS = (
+    "throughput",
+    "time_to_quality",
+    "sampling",
+    "memory",
+    "mfu",
+    "microgpt",
+    "targets",
+    "threads",
+)
 PRESETS = ("micro", "small", "base")
 DOCS = REPO / "docs" / "benchmarks.md"
 DOCS_START, DOCS_END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -54,6 +68,8 @@ RUNNERS = {
     "sampling": run_sampling,
     "memory": run_memory,
     "microgpt": run_microgpt,
+    "targets": run_targets,
+    "threads": run_pair,
 }
 
 # ----------------------------------------------------------------------------- output
@@ -225,7 +241,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     g = p.add_argument_group("memory and MFU")
     g.add_argument("--memory-steps", type=int, default=None, help="default 200 (20 with --quick)")
     g.add_argument("--matmul-sizes", default=None, help="default 1024,2048 (256,512 with --quick)")
+    g = p.add_argument_group("targets (issue 20)")
+    g.add_argument(
+        "--rows", default=",".join(r.key for r in ROWS), help="which rows of the targets table"
+    )
+    g.add_argument("--seeds", default=None, help="default 1337,1,2 (1337 with --quick)")
+    g.add_argument(
+        "--row-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Hydra override added to every row (repeatable), e.g. optim.weight_decay=0.3",
+    )
+    g.add_argument(
+        "--cost-rounds", type=int, default=None, help="alternations per cost (7; 2 with --quick)"
+    )
+    g.add_argument(
+        "--cost-block-s", type=float, default=None, help="seconds per timed block (1; 0.05 quick)"
+    )
+    g = p.add_argument_group("threads under load")
+    g.add_argument("--pair-cases", default=None, help=f"of {list(CASES)} (all; auto with --quick)")
+    g.add_argument("--pair-seconds", type=float, default=None, help="timed window (5; 0.3 quick)")
+    g.add_argument(
+        "--sweep-steps", type=int, default=None, help="steps per sweep job (500; 0 = no sweep)"
+    )
     p.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--step-child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
 
     q = a.quick
@@ -248,10 +289,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         int(n) for n in (a.matmul_sizes or ("256,512" if q else "1024,2048")).split(",")
     ]
     a.only = [s.strip() for s in a.only.split(",") if s.strip()]
+    a.rows = [r.strip() for r in a.rows.split(",") if r.strip()]
+    a.seeds = [int(s) for s in (a.seeds or ("1337" if q else "1337,1,2")).split(",")]
+    a.cost_rounds = a.cost_rounds or (2 if q else 7)
+    a.cost_block_s = a.cost_block_s or (0.05 if q else 1.0)
+    a.pair_cases = (a.pair_cases or ("auto" if q else ",".join(CASES))).split(",")
+    a.pair_seconds = a.pair_seconds or (0.3 if q else 5.0)
+    a.sweep_steps = a.sweep_steps if a.sweep_steps is not None else (0 if q else 500)
     for name, values, known in (
         ("--only", a.only, SECTIONS),
         ("--impls", a.impls, ATTN_IMPLS),
         ("--presets", a.presets, PRESETS),
+        ("--rows", a.rows, [r.key for r in ROWS]),
+        ("--pair-cases", a.pair_cases, list(CASES)),
     ):
         unknown = [v for v in values if v not in known]
         if unknown:
@@ -261,8 +311,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.step_child is not None:
+        step_child(json.loads(args.step_child), args)
+        return None
+    set_threads(args.threads or "auto")  # as the Trainers built here will (bench/common.py)
     if args.memory_child is not None:
         memory_child(args)
         return None
@@ -297,6 +349,8 @@ def main(argv=None) -> dict | None:
             body["info"]["section_s"] = time.perf_counter() - t0
             results["sections"][section] = body
     print(format_table(results))
+    if "targets" in results["sections"]:
+        print("\nThe targets of issue 20 (docs/benchmarks.md):\n" + format_targets(results))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")

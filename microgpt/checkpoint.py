@@ -224,6 +224,7 @@ RESUMABLE_CHANGES = (
     "data.prepare",
     "log.",
     "device",
+    "threads",
     "out_dir",
     "resume",
 )

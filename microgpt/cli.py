@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from microgpt import runs
@@ -27,6 +28,7 @@ from microgpt.errors import print_error
 from microgpt.files import OutputRefused
 from microgpt.generate import SamplingError
 from microgpt.startup_checks import check_command_line
+from microgpt.threads import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
 from microgpt.trainer import Interrupted, TrainingError
 
 RESOLVERS = {}  # filled below: the names conf/config.yaml calls
@@ -129,6 +131,33 @@ def job_dir(task_overrides, job_num) -> str:
     )
     name = ",".join(chosen).replace("/", "_").replace(os.sep, "_")
     return name[:200] if name else str(job_num)
+
+
+def sweep_size(task_overrides) -> int:
+    """How many jobs a `-m` command line's overrides make (heads=1,2,4,8 -> 4)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([str(o) for o in task_overrides])
+    return len(BasicSweeper.split_arguments(parsed, None)[0])
+
+
+class ShareCores(Callback):
+    """hydra.callbacks.share_cores in conf/config.yaml: before a parallel sweep on one machine
+    (`hydra/launcher=joblib`) starts its jobs, give each job its share of the cores: the cores
+    divided by the jobs that run at once, written into OMP_NUM_THREADS, which the launcher's worker
+    processes inherit (and `threads=auto` then takes; see microgpt/threads.py). An OMP_NUM_THREADS
+    the user set stays. Other launchers run one job at a time here, or on machines of their own."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        launcher = config.hydra.launcher
+        if "joblib" not in str(launcher.get("_target_", "")) or env_threads(os.environ):
+            return
+        cores = usable_cores()
+        at_once = jobs_at_once(
+            int(launcher.get("n_jobs") or -1), sweep_size(config.hydra.overrides.task), cores
+        )
+        os.environ[THREADS_ENV] = str(share(cores, at_once))
 
 
 def output_subdir(resume) -> str:

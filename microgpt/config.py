@@ -25,6 +25,7 @@ from microgpt.distributed import DEVICES, PRECISIONS, available_memory, gib
 from microgpt.errors import SamplingError
 from microgpt.generate import check_sampling_args
 from microgpt.model import GPTConfig, check_gpt_settings, training_bytes
+from microgpt.threads import ThreadsError, check_threads
 
 DECAYS = ("cosine", "linear", "constant")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
@@ -117,6 +118,7 @@ class Config:
     heads: int | None = None  # sets model.n_head (load_config applies it); null = the preset's
     seed: int = 1337
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
+    threads: Any = "auto"  # CPU threads: auto (usable cores / jobs at once) | N (microgpt.threads)
     out_dir: str = "."  # the run folder; conf/config.yaml points it at Hydra's output dir
     resume: Any = False  # false | true (the run folder's checkpoints/last.pt) | a checkpoint path
 
@@ -215,6 +217,10 @@ class Config:
             )
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r} is unknown; choose one of {list(DEVICES)}")
+        try:
+            check_threads(self.threads)
+        except ThreadsError as e:
+            raise ConfigError(str(e)) from None
         if not isinstance(self.resume, (bool, str)) or self.resume == "":
             raise ConfigError(
                 f"resume={self.resume!r} must be false, true, or the path of a checkpoint"
@@ -256,6 +262,7 @@ class SampleConfig:
     # the characters added to the prefix (null = 300)
     max_len: int | None = None
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
+    threads: Any = "auto"  # CPU threads: auto (usable cores / jobs at once) | N (microgpt.threads)
     use_cache: bool = True  # the KV cache; false recomputes the whole context (same items)
     out: str | None = None  # also write the items to this new file, one per line; - = stdout
     overwrite: bool = False  # let out= replace an existing file (never a run's or the data)
@@ -283,6 +290,10 @@ class SampleConfig:
             raise SamplingError(f"max_len={self.max_len} must be at least 1 (or null)")
         if self.device not in DEVICES:
             raise SamplingError(f"device={self.device!r} is unknown; choose one of {list(DEVICES)}")
+        try:
+            check_threads(self.threads)
+        except ThreadsError as e:
+            raise SamplingError(str(e)) from None
         if self.ckpt is not None and self.run is not None:
             raise SamplingError(
                 f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})"

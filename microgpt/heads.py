@@ -28,6 +28,7 @@ from microgpt.errors import print_error
 from microgpt.files import write_text
 from microgpt.head_analysis import HeadsError, analyse
 from microgpt.head_report import HeadReport
+from microgpt.threads import ThreadsError, check_threads, set_threads
 
 ANALYSIS_TARGETS = 16384  # the command analyses the first validation rows holding this many targets
 
@@ -72,7 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("run", help="a run folder (outputs/<date>/<time>) or a checkpoint file")
     parser.add_argument("--device", default="cpu", help="where to run the model (default: cpu)")
+    parser.add_argument(
+        "--threads",
+        default="auto",
+        help="CPU threads: auto (the cores this process may use, or OMP_NUM_THREADS) or a number",
+    )
     args = parser.parse_args(argv)
+    threads = int(args.threads) if args.threads.isdigit() else args.threads
+    try:
+        check_threads(threads, "--threads")
+    except ThreadsError as e:
+        print_error(e)
+        return 2
+    set_threads(threads)
     try:
         if args.device not in DEVICES:
             raise HeadsError(f"--device={args.device} is unknown; choose one of {list(DEVICES)}")

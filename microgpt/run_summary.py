@@ -31,7 +31,8 @@ def summary(trainer) -> str:
         f"{trainer.tokenizer.vocab_size}, block {m.block_size} | {c.train.max_steps} steps x "
         f"batch {trainer.global_batch}{ranks}, lr {c.optim.lr:g} ({c.optim.warmup_steps} warmup, "
         f"{c.optim.decay}) | device {trainer.device}{precision}"
-        f"{' compiled' if c.train.compile else ''} | seed {c.seed}"
+        f"{' compiled' if c.train.compile else ''}, {trainer.threads} "
+        f"thread{'s' if trainer.threads > 1 else ''} | seed {c.seed}"
     )
 
 

@@ -23,6 +23,7 @@ from microgpt.generate import SamplingError
 from microgpt.lines import Split
 from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
 from microgpt.samples import PASSAGE_LENGTH, Samples, sample_names, sample_passages
+from microgpt.threads import set_threads
 
 TRAIN_COMMAND = "python train.py heads=4"
 PROJECT = Path(__file__).resolve().parent.parent  # where relative data paths are also tried
@@ -159,6 +160,7 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
         cfg, SampleConfig
     )  # every setting that does not need the model, before any loading
     device = pick_device(c.device, SamplingError)
+    set_threads(c.threads)
     path = find_checkpoint(c.ckpt, c.run)
     ckpt = load_checkpoint(path, map_location="cpu")
     data_path = (ckpt.get("train_config") or {}).get("data", {}).get("path")

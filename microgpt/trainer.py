@@ -48,6 +48,7 @@ from microgpt.optim import WeightAverage, lr_at, make_optimizer
 from microgpt.samples import sample_for_run
 from microgpt.stopping import Interrupted, StopFlag, TrainingError
 from microgpt.tensorboard import TensorBoardLogger, labels_for
+from microgpt.threads import set_threads
 
 log = logging.getLogger("microgpt")
 
@@ -59,6 +60,7 @@ class Trainer:
         self.config = c = config
         self.out_dir = Path(c.out_dir).expanduser()
         self.device = distributed.pick_device(c.device, ConfigError)
+        self.threads = set_threads(c.threads)  # before any work: see microgpt/threads.py
         self.dist = distributed.setup(self.device.type)
         if self.dist.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", distributed.cuda_index(self.dist))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -16,7 +17,9 @@ CONF = REPO / "conf"
 
 register()
 # The test models are tiny: one thread is faster than two fighting over small matmuls, and it keeps
-# the suite's time steady on a busy 2-core machine.
+# the suite's time steady on a busy 2-core machine. The environment says so too, so that
+# `threads=auto` (microgpt/threads.py) in the trainer keeps one thread.
+os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 

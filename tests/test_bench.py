@@ -100,3 +100,29 @@ def test_bench_heads_writes_the_committed_figures_only_when_asked(tiny_cfg, tmp_
     assert json.loads((root / "bench" / "heads.json").read_text())["items"] > 0
     assert bench.main([run, "--repeat", "1", "--write-docs"]) == 0
     assert (root / "docs" / "heads_bench.json").is_file()
+
+
+def test_quick_targets_and_threads_sections_write_json(tmp_path):
+    """The issue-20 sections (bench/targets.py, cost.py, pair.py) on tiny settings: each names row
+    is trained on both names files, its cost is measured as a ratio, the pair case runs two step
+    processes at once, and the targets table is printed. Timings are not checked."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(REPO / "bench" / "run.py"), "--quick", "--only", "targets,threads"]
+    cmd += ["--rows", "names", "--threads", "1", "--device", "cpu", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert list(r["sections"]) == ["targets", "threads"]
+    targets = r["sections"]["targets"]
+    figs = targets["figures"]
+    for case in ("names: test loss", "names [names-1980s]: test loss"):
+        assert figs[case]["n"] == 1 and 0 < figs[case]["median"] < 10, case  # one seed: 1337
+    cost = targets["info"]["rows"]["names"]
+    assert len(cost["ratios"]) == 2 and cost["run_cost"] > 0  # --quick: 2 rounds
+    assert all(len(x["loadavg"]) == 3 for x in cost["loads"]) and isinstance(cost["busy"], bool)
+    pair = r["sections"]["threads"]["figures"]
+    assert pair["auto: steps/s each, two at once"]["n"] == 2  # both processes of the pair
+    assert pair["auto: two at once / alone, each"]["median"] > 0
+    assert "The targets of issue 20" in done.stdout
+    table = done.stdout.split("The targets of issue 20")[1]
+    assert "python train.py heads=4" in table and "the same on names-1980s" in table

@@ -1,0 +1,180 @@
+"""7. Targets (issue 20): each recipe's loss at its budget over several seeds, and its cost as a
+ratio to today's default run.
+
+A row is a recipe (Hydra overrides), the loss it is judged on, its target and its budget in units
+of today's default run. Its loss is exact whatever the machine's load: `train()` runs the recipe
+whole once per seed (the seed also draws the split). Its cost is bench/cost.py's ratio. The
+names rows run again on data/names-1980s.txt, which no tuning saw (reported, no target).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.common import compose, error_figure, figure, run_overrides
+from bench.cost import cost_ratio
+from microgpt.trainer import train
+
+SECOND_NAMES = "data=names-1980s"
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str  # --rows picks rows by it
+    recipe: str  # as the issue's table names it
+    overrides: tuple[str, ...]
+    metric: str  # a key of train()'s metrics
+    target: float  # the loss to reach (median over seeds), at most
+    budget: float | None  # the cost allowed, in default runs; None: a budget in characters
+    today: str  # where we started
+    second_file: bool = False  # also run on data/names-1980s.txt
+    notes: str = field(default="")
+
+
+ROWS = (
+    Row(
+        "names",
+        "python train.py heads=4 (names, the default)",
+        ("heads=4",),
+        "test_loss",
+        1.94,
+        1.0,
+        "1.975",
+        second_file=True,
+    ),
+    Row(
+        "long",
+        "experiment=long (names)",
+        ("experiment=long",),
+        "test_loss",
+        1.87,
+        6.5,
+        "1.93",
+        second_file=True,
+    ),
+    Row(
+        "nanogpt",
+        "text, nanoGPT's CPU budget (2,000 steps x 12 x 64 characters)",
+        (
+            "experiment=shakespeare",
+            "train.max_steps=2000",
+            "train.batch_size=12",
+            "model.block_size=64",
+        ),
+        "best_val_loss",
+        1.75,
+        None,
+        "nanoGPT: val 1.88 on its own Shakespeare",
+        notes="the budget is the characters trained on (1.54M), not the time",
+    ),
+    Row(
+        "text",
+        "experiment=shakespeare (the text recipe)",
+        ("experiment=shakespeare",),
+        "best_val_loss",
+        1.60,
+        3.5,
+        "-",
+    ),
+)
+
+# --quick: the same rows, each shrunk to a few steps of a tiny model (a smoke test, not a result)
+QUICK = (
+    "model.n_layer=1",
+    "model.n_embd=16",
+    "train.max_steps=4",
+    "train.eval_every=2",
+    "train.num_samples=0",
+    "log.attn_every=4",
+    "log.head_items=8",
+)
+
+
+def rows_for(args) -> list[Row]:
+    """The rows asked for (--rows), each with --row-override appended (a recipe change to try on
+    every row, e.g. optim.weight_decay=0.3), and shrunk with --quick."""
+    extra = (*args.row_override, *(QUICK if args.quick else ()))
+    return [
+        Row(**{**r.__dict__, "overrides": (*r.overrides, *extra)})
+        for r in ROWS
+        if r.key in args.rows
+    ]
+
+
+def losses(row: Row, data: list[str], args, tmp: Path) -> list[float]:
+    """The row's loss for each seed: train() run whole, as python train.py would."""
+    out = []
+    for seed in args.seeds:
+        cfg = compose([*row.overrides, *data, f"seed={seed}", *run_overrides(args, tmp)])
+        out.append(float(train(cfg)[row.metric]))
+    return out
+
+
+def run_targets(args, device, tmp: Path) -> dict:
+    figures, info = {}, {"seeds": list(args.seeds), "rows": {}}
+    for row in rows_for(args):
+        files = [("", [])] + ([(" [names-1980s]", [SECOND_NAMES])] if row.second_file else [])
+        for suffix, data in files:
+            name = f"{row.key}{suffix}: {row.metric.replace('_', ' ')}"
+            try:
+                values = losses(row, data, args, tmp)
+                target = None if suffix or args.quick else ("<=", row.target)
+                figures[name] = figure(values, "nats", target, seeds=list(args.seeds))
+            except Exception as e:  # noqa: BLE001 -- a row that cannot run (no text mode yet)
+                figures[name] = error_figure(e, "nats")
+        try:
+            cost = cost_ratio(row.overrides, args, tmp, args.cost_rounds, args.cost_block_s)
+            target = None if row.budget is None or args.quick else ("<=", row.budget)
+            figures[f"{row.key}: cost (default runs)"] = figure(
+                [cost["run_cost"]], "runs", target, busy=cost["busy"]
+            )
+            figures[f"{row.key}: step / default step"] = figure(
+                cost["ratios"], "x", busy=cost["busy"]
+            )
+            figures[f"{row.key}: training time"] = figure(
+                [cost["recipe_train_s"]], "s", busy=cost["busy"], loads=cost["loads"]
+            )
+            info["rows"][row.key] = {"recipe": row.recipe, "overrides": row.overrides, **cost}
+        except Exception as e:  # noqa: BLE001
+            figures[f"{row.key}: cost (default runs)"] = error_figure(e, "runs")
+    info["method"] = (
+        "loss: train() run whole per seed (exact, load-independent); cost: the recipe's "
+        "training step alternated with the default step (python train.py heads=4) in one "
+        "process, the median ratio of --cost-rounds rounds, times the ratio of their steps; "
+        "evaluations excluded. busy = other work ran while timing (bench/cost.py)"
+    )
+    return {"figures": figures, "info": info}
+
+
+def format_targets(results: dict) -> str:
+    """The issue's table: each row's budget and target against what was measured."""
+    body = results["sections"].get("targets")
+    if not body:
+        return ""
+    figs = body["figures"]
+
+    def show(name: str, digits: int) -> str:
+        f = figs.get(name)
+        if f is None:
+            return "-"
+        if "error" in f:
+            return "error: " + f["error"][:50]
+        spread = "" if f["n"] < 2 else f" ({f['min']:.{digits}f}-{f['max']:.{digits}f})"
+        mark = " busy" if f.get("busy") else ""
+        return f"{f['median']:.{digits}f}{spread}{mark}"
+
+    lines = ["recipe | budget | cost | target | loss (median, min-max) | today"]
+    for row in ROWS:
+        if f"{row.key}: cost (default runs)" not in figs:
+            continue
+        loss = f"{row.key}: {row.metric.replace('_', ' ')}"
+        budget = "same characters" if row.budget is None else f"<= {row.budget:g}"
+        lines.append(
+            f"{row.recipe} | {budget} | {show(f'{row.key}: cost (default runs)', 2)} | "
+            f"<= {row.target:g} | {show(loss, 4)} | {row.today}"
+        )
+        if row.second_file:
+            second = show(loss.replace(":", " [names-1980s]:", 1), 4)
+            lines.append(f"  the same on names-1980s | | | | {second} |")
+    return "\n".join(lines)
