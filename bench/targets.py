@@ -84,6 +84,7 @@ QUICK = (
     "model.n_layer=1",
     "model.n_embd=16",
     "train.max_steps=4",
+    "optim.warmup_steps=1",  # a warmup longer than the run is refused
     "train.eval_every=2",
     "train.num_samples=0",
     "log.attn_every=4",
