@@ -282,7 +282,9 @@ def _run_folder_error(c: Config, job: list[str]) -> str | None:
         folder = Path(named[key]).expanduser()
         if folder.exists() and not folder.is_dir():
             return f"{key}={named[key]} is an existing file, not a folder; name a new folder"
-        if not parse_resume(c.resume):
+        # under torchrun, rank 0 checks and claims the folder and the other ranks join it: one of
+        # them checking after rank 0's claim would find "a run" there (its own)
+        if not parse_resume(c.resume) and os.environ.get("RANK", "0") == "0":
             error = runs.new_run_error(folder)
             if error:
                 return error
