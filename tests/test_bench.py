@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 SECTIONS = ["throughput", "sampling", "memory"]
@@ -102,6 +104,7 @@ def test_bench_heads_writes_the_committed_figures_only_when_asked(tiny_cfg, tmp_
     assert (root / "docs" / "heads_bench.json").is_file()
 
 
+@pytest.mark.slow  # about 30 s: two quick trainings, a cost ratio and the pair case
 def test_quick_targets_and_threads_sections_write_json(tmp_path):
     """The issue-20 sections (bench/targets.py, cost.py, pair.py) on tiny settings: each names row
     is trained on both names files, its cost is measured as a ratio, the pair case runs two step
