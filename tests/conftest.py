@@ -11,6 +11,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from microgpt.cli import register
+from microgpt.lines import encode_items
+from microgpt.tokenizer import CharTokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -40,6 +42,18 @@ def make_names(n: int = 300, seed: int = 0) -> list[str]:
             "".join(rng.choice(cons) + rng.choice(vows) for _ in range(k))[: rng.randint(2, 8)]
         )
     return sorted(names)
+
+
+BLOCK = 8  # the block size of the `rows` fixture
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """Names of 1..7 characters as (x, y) rows of block size 8, and their tokenizer."""
+    names = [n for n in make_names(200, seed=3) if len(n) < BLOCK]
+    tok = CharTokenizer.from_items(names)
+    x, y = encode_items(names, tok, BLOCK)  # (N, 8) each
+    return x, y, tok
 
 
 @pytest.fixture

@@ -15,21 +15,11 @@ from microgpt.head_roles import (
     relation_masks,
     roles_of,
 )
-from microgpt.lines import encode_items
 from microgpt.model import GPT, GPTConfig
 from microgpt.repeats import repeated_spans, span_for
 from microgpt.tokenizer import CharTokenizer
-from tests.conftest import make_names
 
 BLOCK = 8
-
-
-@pytest.fixture(scope="module")
-def rows():
-    names = [n for n in make_names(200, seed=3) if len(n) < BLOCK]
-    tok = CharTokenizer.from_items(names)
-    x, y = encode_items(names, tok, BLOCK)  # (N, 8) each
-    return x, y, tok
 
 
 def describe(attention, x, y, tok):

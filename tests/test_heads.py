@@ -18,21 +18,9 @@ from microgpt.head_analysis import (
     replaced_heads,
 )
 from microgpt.heads import main
-from microgpt.lines import encode_items
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
-from microgpt.tokenizer import CharTokenizer
-from tests.conftest import make_names
 
 BLOCK = 8
-
-
-@pytest.fixture(scope="module")
-def rows():
-    """Names of 1..7 characters as (x, y) rows of block size 8, and their tokenizer."""
-    names = [n for n in make_names(200, seed=3) if len(n) < BLOCK]
-    tok = CharTokenizer.from_items(names)
-    x, y = encode_items(names, tok, BLOCK)  # (N, 8) each
-    return x, y, tok
 
 
 def random_model(tok, impl="sdpa", n_head=4, n_layer=2, seed=0, **kw) -> GPT:
