@@ -1,6 +1,6 @@
 """Train a character-level GPT: python train.py [heads=4] [model=small] [key=value ...]
 
-Hydra composes conf/config.yaml with the command line; microgpt.trainer.train does the work.
+Hydra composes conf/config.yaml with the command line; microgpt.train.trainer.train does the work.
 microgpt.cli checks every setting first (every job of a -m sweep), so a bad one stops the command
 in one line before any folder is made. `resume=true|RUN_FOLDER|CHECKPOINT` takes the run's own
 settings from its checkpoint.
@@ -12,7 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 from microgpt import cli
-from microgpt.trainer import train
+from microgpt.train.trainer import train
 
 cli.register()
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from microgpt.config import load_config
-from microgpt.trainer import StepResult, Trainer
+from microgpt.train.trainer import StepResult, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = REPO / "data" / "names.txt"

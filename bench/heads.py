@@ -1,4 +1,4 @@
-"""How long the head analysis takes: microgpt.head_analysis.analyse on a validation split.
+"""How long the head analysis takes: microgpt.heads.analyse.analyse on a validation split.
 
     python bench/heads.py [RUN_FOLDER_OR_CHECKPOINT] [--repeat 5] [--json bench/heads.json]
     python bench/heads.py --write-docs      # also replace the committed docs/heads_bench.json
@@ -27,12 +27,12 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
-from microgpt.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from microgpt.data import load_data  # noqa: E402
-from microgpt.head_analysis import analyse  # noqa: E402
-from microgpt.lines import CharDataset  # noqa: E402
+from microgpt.data.dataset import load_data  # noqa: E402
+from microgpt.data.lines import CharDataset  # noqa: E402
+from microgpt.heads.analyse import analyse  # noqa: E402
 from microgpt.model import GPT, GPTConfig  # noqa: E402
 from microgpt.runs import resolve  # noqa: E402
+from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 
 TARGET_S = 5.0
 DOCS_JSON = REPO / "docs" / "heads_bench.json"

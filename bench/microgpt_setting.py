@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from bench.common import compose, figure, run_overrides
-from microgpt.trainer import train
+from microgpt.train.trainer import train
 
 
 def run_microgpt(args, device, tmp: Path) -> dict:
@@ -24,7 +24,7 @@ def run_microgpt(args, device, tmp: Path) -> dict:
         "test loss": figure(test, "nats"),
     }
     info = {
-        "what": "microgpt.trainer.train(compose(['experiment=microgpt'])): 1,000 steps of the "
+        "what": "train(compose(['experiment=microgpt'])): 1,000 steps of the "
         "micro preset at batch 1, with set-up, evaluation, checkpoints and TensorBoard logging "
         "(train.num_samples=0)",
         "reference": "Karpathy's microgpt.py: 379 s for the same 1,000 steps on this machine",

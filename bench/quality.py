@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from bench.common import figure, make_trainer, step, sync
-from microgpt.loss import evaluate
+from microgpt.train.loss import evaluate
 
 THRESHOLDS = ((2.10, None), (2.00, 90.0), (1.95, 600.0))  # (test loss, target seconds)
 

@@ -13,7 +13,8 @@ into it.
 One module a section (bench/throughput.py, quality.py, sampling.py, memory.py, mfu.py,
 microgpt_setting.py, targets.py with cost.py, pair.py), their shared helpers in bench/common.py;
 this file holds the command line and the output. The training step timed is
-microgpt.trainer.Trainer.train_step, the one Trainer.run takes; decoding is microgpt.generate's.
+microgpt.train.trainer.Trainer.train_step, the one Trainer.run takes; decoding is
+microgpt.sample.generate.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ from bench.quality import run_time_to_quality  # noqa: E402
 from bench.sampling import run_sampling  # noqa: E402
 from bench.targets import ROWS, format_targets, run_targets  # noqa: E402
 from bench.throughput import run_throughput  # noqa: E402
-from microgpt.distributed import DEVICES, pick_device  # noqa: E402
+from microgpt.system import DEVICES, pick_device  # noqa: E402
 from microgpt.model import ATTN_IMPLS  # noqa: E402
-from microgpt.threads import set_threads  # noqa: E402
+from microgpt.system import set_threads  # noqa: E402
 
 SECTIONS = (
     "throughput",

@@ -1,5 +1,6 @@
-"""3. Sampling: names from the small preset (microgpt.generate.sample_items) and long contexts
-decoded by the base preset (microgpt.generate.generate, every row filled to its length)."""
+"""3. Sampling: names from the small preset (microgpt.sample.generate.sample_items) and long
+contexts decoded by the base preset (microgpt.sample.generate.generate, every row filled to
+its length)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ from pathlib import Path
 import torch
 
 from bench.common import figure, make_trainer, preset_model_config, step, sync
-from microgpt.generate import generate, sample_items
-from microgpt.loss import evaluate
 from microgpt.model import GPT
+from microgpt.sample.generate import generate, sample_items
+from microgpt.train.loss import evaluate
 
 
 def sampling_model(args, device: torch.device, tmp: Path):
     """The small preset: from --ckpt, or trained here for --sample-train-steps steps."""
     if args.ckpt:
-        from microgpt.checkpoint import load_checkpoint, model_from_checkpoint
+        from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
 
         model, tok = model_from_checkpoint(
             load_checkpoint(args.ckpt), device=device, path=args.ckpt

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bench.common import compose, error_figure, figure, run_overrides
 from bench.cost import cost_ratio
-from microgpt.trainer import train
+from microgpt.train.trainer import train
 
 SECOND_NAMES = "data=names-1980s"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from bench.common import NAMES, error_figure, figure, make_trainer, matmul_params, step, sync
-from microgpt.lines import read_items
-from microgpt.trainer import Trainer
+from microgpt.data.lines import read_items
+from microgpt.train.trainer import Trainer
 
 BASE_LINE = 255  # base's block is 256: one boundary token + at most 255 characters
 

@@ -17,19 +17,19 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from microgpt import runs
-from microgpt.checkpoint import CheckpointError, load_checkpoint
 from microgpt.config import (
     ConfigError,
     parse_resume,
     register_configs,
 )
-from microgpt.data import DataError
+from microgpt.data.dataset import DataError
 from microgpt.errors import print_error
 from microgpt.files import OutputRefused
-from microgpt.generate import SamplingError
+from microgpt.sample.generate import SamplingError
 from microgpt.startup_checks import check_command_line
-from microgpt.threads import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
-from microgpt.trainer import Interrupted, TrainingError
+from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
+from microgpt.train.checkpoint import CheckpointError, load_checkpoint
+from microgpt.train.trainer import Interrupted, TrainingError
 
 RESOLVERS = {}  # filled below: the names conf/config.yaml calls
 

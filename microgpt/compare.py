@@ -17,13 +17,13 @@ and checkpoint, and prints one row per run, sorted by head count:
   induction: the best prefix-matching score of any head on repeated random spans; repeat gain:
   the loss on the first copy minus the loss on the repeat (nats); copying: the most copying
   layer-0 head's OV score; named: heads with a role; then how many heads have each role that
-  some run has (mixed always; microgpt.head_analysis). From the
+  some run has (mixed always; microgpt.heads.analyse). From the
   analysis of the checkpoint the row reports (best.pt, else last.pt), where `python -m
   microgpt.heads RUN` wrote one (heads-best.json: the whole validation split), else from the
   last `heads/...` scalars the run logged (its first log.head_items validation items)
 
 It also draws the validation loss curves, one per run labelled by head count, into a PNG
-(`<folder>/val_loss.png` unless --plot says where), with microgpt.draw.
+(`<folder>/val_loss.png` unless --plot says where), with microgpt.viz.draw.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ import yaml
 from omegaconf import OmegaConf
 
 from microgpt import runs
-from microgpt.checkpoint import CheckpointError, load_checkpoint
-from microgpt.draw import plot_lines
 from microgpt.errors import print_error
 from microgpt.files import OutputRefused, check_new_file
-from microgpt.head_report import ROLES
+from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
-from microgpt.tensorboard import METRICS_FILE, read_metrics
+from microgpt.train.checkpoint import CheckpointError, load_checkpoint
+from microgpt.viz.draw import plot_lines
+from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)
 SUMMARY_COLUMNS = {

@@ -20,12 +20,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from microgpt.data import FORMATS
-from microgpt.distributed import DEVICES, PRECISIONS, available_memory, gib
+from microgpt.data.dataset import FORMATS
 from microgpt.errors import SamplingError
-from microgpt.generate import check_sampling_args
 from microgpt.model import GPTConfig, check_gpt_settings, training_bytes
-from microgpt.threads import ThreadsError, check_threads
+from microgpt.sample.generate import check_sampling_args
+from microgpt.system import DEVICES, PRECISIONS, ThreadsError, available_memory, check_threads, gib
 
 DECAYS = ("cosine", "linear", "constant")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
@@ -51,7 +50,7 @@ def flatten(d, prefix: str = "") -> dict:
 @dataclass
 class RepeatsConfig:
     """data.format=repeats: generated items in which a random span appears twice (the induction
-    experiment, microgpt.repeats); nothing is read or downloaded."""
+    experiment, microgpt.data.repeats); nothing is read or downloaded."""
 
     chars: str = "abcdefghijklmnopqrstuvwxyz"  # the vocabulary
     span: list[int] = field(default_factory=lambda: [2, 16])  # shortest and longest span
@@ -118,7 +117,7 @@ class Config:
     heads: int | None = None  # sets model.n_head (load_config applies it); null = the preset's
     seed: int = 1337
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
-    threads: Any = "auto"  # CPU threads: auto (usable cores / jobs at once) | N (microgpt.threads)
+    threads: Any = "auto"  # CPU threads: auto (usable cores / jobs at once) | N (microgpt.system)
     out_dir: str = "."  # the run folder; conf/config.yaml points it at Hydra's output dir
     resume: Any = False  # false | true (the run folder's checkpoints/last.pt) | a checkpoint path
 
@@ -262,7 +261,7 @@ class SampleConfig:
     # the characters added to the prefix (null = 300)
     max_len: int | None = None
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
-    threads: Any = "auto"  # CPU threads: auto (usable cores / jobs at once) | N (microgpt.threads)
+    threads: Any = "auto"  # CPU threads: auto (usable cores / jobs at once) | N (microgpt.system)
     use_cache: bool = True  # the KV cache; false recomputes the whole context (same items)
     out: str | None = None  # also write the items to this new file, one per line; - = stdout
     overwrite: bool = False  # let out= replace an existing file (never a run's or the data)

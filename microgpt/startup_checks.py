@@ -16,10 +16,10 @@ from omegaconf import OmegaConf
 
 from microgpt import runs
 from microgpt.config import Config, ConfigError, SampleConfig, flatten, load_config, parse_resume
-from microgpt.data import resolve_data_path
+from microgpt.data.dataset import resolve_data_path
 from microgpt.errors import print_error
 from microgpt.files import SYSTEM_ROOTS
-from microgpt.generate import SamplingError
+from microgpt.sample.generate import SamplingError
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
 INFO_FLAGS = {

@@ -11,7 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from microgpt.cli import register
-from microgpt.lines import encode_items
+from microgpt.data.lines import encode_items
 from microgpt.tokenizer import CharTokenizer
 
 REPO = Path(__file__).resolve().parent.parent

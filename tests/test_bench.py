@@ -87,7 +87,7 @@ def test_bench_heads_writes_the_committed_figures_only_when_asked(tiny_cfg, tmp_
     committed figures; like bench/run.py, it does so only with --write-docs."""
     import importlib.util
 
-    from microgpt.trainer import train
+    from microgpt.train.trainer import train
 
     train(tiny_cfg("train.num_samples=0"))
     spec = importlib.util.spec_from_file_location("bench_heads", REPO / "bench" / "heads.py")

@@ -15,7 +15,7 @@ import torch
 
 from microgpt.config import load_config
 from microgpt.model import GPT, GPTConfig
-from microgpt.trainer import Trainer
+from microgpt.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # bench/ is a package at the repository root, not an installed one

@@ -7,11 +7,11 @@ import json
 import pytest
 from PIL import Image
 
-from microgpt.checkpoint import load_checkpoint, model_from_checkpoint
 from microgpt.compare import CompareError, find_runs, main, read_runs
-from microgpt.head_analysis import analyse
-from microgpt.lines import CharDataset
-from microgpt.trainer import train
+from microgpt.data.lines import CharDataset
+from microgpt.heads.analyse import analyse
+from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.train.trainer import train
 from tests.conftest import TINY, compose_config, make_names
 
 
@@ -88,8 +88,8 @@ def test_a_folder_without_runs_is_a_clear_error(tmp_path, capsys):
 
 
 def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
-    from microgpt.head_report import ROLES
-    from microgpt.heads import main as heads_main
+    from microgpt.heads.command import main as heads_main
+    from microgpt.heads.report import ROLES
 
     root, _ = sweep
     runs = read_runs(root)

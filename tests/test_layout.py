@@ -1,7 +1,8 @@
-"""The package's shape: every import points down, and the model stands alone.
+"""The package's shape: docs/architecture.md's map matches the tree, every import points down its
+layers, and the model stands alone.
 
-The import graph is read from the source (ast), so a cycle hidden by an import inside a
-function is found too: such imports are themselves refused.
+The import graph is read from the source (ast), so a cycle hidden by an import inside a function
+is found too: such imports are themselves refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from tests.conftest import REPO
 PACKAGE = REPO / "microgpt"
 
 
-def sibling_imports(path) -> tuple[set[str], list[str]]:
+def module_name(path) -> str:
+    """microgpt/heads/roles.py -> heads.roles"""
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+
+
+def modules() -> list:
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if p.name != "__init__.py"]
+
+
+def imports(path) -> tuple[set[str], list[str]]:
     """(the microgpt modules `path` imports at its top level, the ones it imports elsewhere)."""
     tree = ast.parse(path.read_text())
     top, nested = set(), []
@@ -25,27 +35,39 @@ def sibling_imports(path) -> tuple[set[str], list[str]]:
     for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("microgpt"):
-            if node.module == "microgpt":  # from microgpt import distributed
-                names = [f"microgpt.{a.name}" for a in node.names]
+            package = node.module.removeprefix("microgpt").lstrip(".")
+            if package in ("", "data", "heads", "sample", "train", "viz"):  # from microgpt import x
+                names = [f"{package}.{a.name}".lstrip(".") for a in node.names]
             else:
-                names = [node.module]
+                names = [package]
         elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names if a.name.startswith("microgpt.")]
+            names = [
+                a.name.removeprefix("microgpt.")
+                for a in node.names
+                if a.name.startswith("microgpt.")
+            ]
         if not names:
             continue
         if id(node) in top_nodes:
-            top.update(n.split(".")[1] for n in names)
+            top.update(names)
         else:
-            nested.append(f"{path.name}:{node.lineno}")
+            nested.append(f"{module_name(path)}:{node.lineno}")
     return top, nested
 
 
 def graph() -> dict[str, set[str]]:
-    return {p.stem: sibling_imports(p)[0] for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    return {module_name(p): imports(p)[0] for p in modules()}
 
 
-def test_no_module_imports_a_sibling_inside_a_function():
-    nested = [where for p in PACKAGE.glob("*.py") for where in sibling_imports(p)[1]]
+def documented_layers() -> list[tuple[str, list[str]]]:
+    """docs/architecture.md's map: (layer, its modules), lowest first."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^    layer (\w+):\s+(.+)$", text, re.M)
+    return [(layer, [f[:-3].replace("/", ".") for f in files.split()]) for layer, files in rows]
+
+
+def test_no_module_imports_another_inside_a_function():
+    nested = [where for p in modules() for where in imports(p)[1]]
     assert nested == [], f"imports of microgpt modules inside functions: {nested}"
 
 
@@ -54,38 +76,45 @@ def test_the_import_graph_has_no_cycle():
         order = list(TopologicalSorter(graph()).static_order())
     except CycleError as e:
         raise AssertionError(f"import cycle: {e.args[1]}") from None
-    assert order.index("model") < order.index("generate") < order.index("trainer")
+    assert order.index("model") < order.index("sample.generate") < order.index("train.trainer")
 
 
-def documented_layers() -> list[str]:
-    """The modules in the order of the README's Layout list, lowest first."""
-    readme = (REPO / "README.md").read_text()
-    block = readme[readme.index("## Layout") :]
-    block = block[block.index("    microgpt/") : block.index("    conf/")]
-    return re.findall(r"^      (\w+)\.py", block, re.M)
+def test_the_map_names_every_module_once():
+    documented = [m for _, ms in documented_layers() for m in ms]
+    assert len(documented) == len(set(documented)), "a module is in two layers"
+    assert sorted(documented) == sorted(graph()), "docs/architecture.md's map and microgpt/ differ"
 
 
-def test_every_import_points_down_the_documented_list():
-    """Each module imports only modules above it in the README's Layout list, and the list names
-    every module once: an edge such as heads -> checkpoint, or a module left out, fails."""
-    g, order = graph(), documented_layers()
-    assert sorted(order) == sorted(g), "the README's Layout list and microgpt/ differ"
-    assert len(order) == len(set(order))
-    upward = {
+def test_every_import_points_down_the_layers():
+    """A module imports only its own layer and the layers before it on the map: an edge such as
+    heads -> train.checkpoint (outside heads/command.py), or config -> viz, fails."""
+    layer_of = {m: i for i, (_, ms) in enumerate(documented_layers()) for m in ms}
+    g = graph()
+    upward = sorted(
         f"{module} -> {imported}"
-        for i, module in enumerate(order)
-        for imported in g[module] - set(order[:i])
-    }
-    assert not upward, f"imports that point up the layout: {sorted(upward)}"
+        for module, imported_ in g.items()
+        for imported in imported_
+        if layer_of[imported] > layer_of[module]
+    )
+    assert not upward, f"imports that point up the layers: {upward}"
 
 
 def test_the_core_knows_no_edge():
     g = graph()
     assert g["model"] == {"kv_cache"}
-    assert g["kv_cache"] == set() and g["tokenizer"] == set() and g["files"] == set()
-    edges = {"cli", "startup_checks", "trainer", "tensorboard", "compare", "sampling", "heads"}
-    for module in ("model", "generate", "checkpoint", "runs", "config", "data", "head_analysis"):
-        assert not g[module] & edges, f"{module} imports {g[module] & edges}"
+    for module in ("kv_cache", "tokenizer", "files", "errors", "system", "runs"):
+        assert g[module] == set(), f"{module} imports {g[module]}"
+    edges = dict(documented_layers())["edges"]
+    for module, imported in g.items():
+        if module not in edges:
+            assert not imported & set(edges), f"{module} imports the edge {imported & set(edges)}"
+
+
+def test_the_model_module_reads_top_to_bottom():
+    """model.py's first nn.Module comes within its first 60 lines, as in nanoGPT's."""
+    lines = (PACKAGE / "model.py").read_text().splitlines()
+    first = next(n for n, line in enumerate(lines, 1) if re.match(r"class \w+\(nn\.Module\)", line))
+    assert first <= 60, f"model.py's first nn.Module is at line {first}"
 
 
 def test_importing_the_model_imports_nothing_else_of_microgpt():
@@ -98,16 +127,21 @@ def test_importing_the_model_imports_nothing_else_of_microgpt():
     assert out.stdout.strip() == "['microgpt', 'microgpt.kv_cache', 'microgpt.model']"
 
 
+def test_no_library_file_is_over_400_lines():
+    long = {module_name(p): n for p in modules() if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"files over 400 lines: {long}"
+
+
 def test_no_block_of_six_lines_is_written_twice():
     """The same six or more lines (comments and blank lines aside) in two places of microgpt/
     is one rule written twice: say it once, in the module that owns it."""
     seen: dict[tuple[str, ...], list[str]] = {}
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in modules():
         lines = [(n, line.strip()) for n, line in enumerate(path.read_text().splitlines(), 1)]
         code = [(n, text) for n, text in lines if text and not text.startswith("#")]
         for k in range(len(code) - 5):
             block = tuple(text for _, text in code[k : k + 6])
             if sum(map(len, block)) >= 120:  # closing brackets and short lines are no rule
-                seen.setdefault(block, []).append(f"{path.name}:{code[k][0]}")
+                seen.setdefault(block, []).append(f"{module_name(path)}:{code[k][0]}")
     repeated = [places for places in seen.values() if len(places) > 1]
     assert not repeated, f"the same six lines in several places: {repeated}"

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from microgpt import runs
-from microgpt.checkpoint import load_checkpoint
 from microgpt.cli import quote_values, remove_debris
 from microgpt.runs import RunFolderError
-from microgpt.tensorboard import read_metrics
-from microgpt.trainer import Trainer, train
+from microgpt.train.checkpoint import load_checkpoint
+from microgpt.train.trainer import Trainer, train
+from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import REPO, TINY, make_names
 
 
@@ -258,7 +258,7 @@ def test_tokens_per_sec_counts_training_alone(tiny_cfg, tmp_path, monkeypatch):
     evaluation counted it. With a clock that moves 1 ms per target token in a training step and
     far more in set-up, evaluation, checkpoints and the head analysis, every logged throughput
     is exactly 1,000 tokens/s."""
-    import microgpt.trainer as trainer_module
+    import microgpt.train.trainer as trainer_module
 
     clock = [1000.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
@@ -298,8 +298,8 @@ def test_tokens_per_sec_counts_training_alone(tiny_cfg, tmp_path, monkeypatch):
 
 def test_a_checkpoint_from_before_the_rename_of_log_head_items_resumes(tiny_cfg, tmp_path):
     """log.head_items was log.entropy_items: a last.pt that says so still resumes."""
-    from microgpt.checkpoint import save_checkpoint
     from microgpt.cli import resume_settings
+    from microgpt.train.checkpoint import save_checkpoint
 
     train(tiny_cfg("train.max_steps=6"))
     last = tmp_path / "run" / "checkpoints" / "last.pt"

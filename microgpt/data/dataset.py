@@ -1,0 +1,204 @@
+"""The data of a run: a file in one of two formats, or generated items -> checked, split
+train/val/test, batched.
+
+`load_data(path, seed, block_size, device, format=...)` returns a `Data`, the one thing the trainer
+asks for batches (`Data.train_batches(...).next(rank, batch_size)`) and evaluation sets
+(`Data.datasets["val"]`, `["test"]`), whatever the format:
+
+- `lines` (the default, names): one item per line, shuffled into splits (microgpt.data.lines);
+- `text`: one stream of characters, split into contiguous slices and cut into windows
+  (microgpt.data.text);
+- `repeats`: no file: items in which a random span repeats, generated with their own seed
+  (microgpt.data.repeats, the induction experiment), then split and batched as lines.
+
+`data_of_checkpoint(ckpt)` rebuilds the evaluation data of a finished run, for sampling and the
+head analysis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from microgpt.data import text
+from microgpt.data.lines import (
+    SPLIT_NAMES,
+    CharDataset,
+    ItemBatches,
+    Split,
+    block_size_for,
+    check_fits,
+    read_items,
+    split_items,
+)
+from microgpt.data.repeats import repeat_items
+from microgpt.data.text import TextSplit, TextWindows, WindowBatches
+from microgpt.errors import DataError
+from microgpt.tokenizer import CharTokenizer
+
+FORMATS = ("lines", "text", "repeats")  # one item per line | one stream | generated items
+
+__all__ = ["FORMATS", "Data", "DataError", "data_of_checkpoint", "load_data", "resolve_data_path"]
+
+
+# ----------------------------------------------------------------------------- one call
+
+
+def resolve_data_path(path: str) -> Path:
+    """A relative path is tried from the working directory, then from the repository root."""
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.exists():
+        return p
+    repo_root = Path(__file__).resolve().parent.parent
+    return repo_root / p if (repo_root / p).exists() else p
+
+
+@dataclass
+class Data:
+    """What a run trains on, whatever the format: the file, its tokenizer, its split, the
+    evaluation sets ("val", "test": `iter_batches` and `batch` for evaluate() and the head
+    analysis) and, through `train_batches`, the training batches. The trainer asks nothing else."""
+
+    path: Path
+    format: str
+    tokenizer: CharTokenizer
+    split: Split | TextSplit
+    block_size: int
+    datasets: dict[str, CharDataset | TextWindows]
+    train_ids: Tensor | None = None  # text: the training slice, for batches and memorisation
+
+    def train_batches(
+        self, global_batch: int, seed: int, group_by_length: int = 0
+    ) -> ItemBatches | WindowBatches:
+        if self.format == "text":
+            device = self.datasets["val"].device
+            return WindowBatches(self.train_ids, self.block_size, global_batch, seed, device)
+        return ItemBatches(self.datasets["train"], global_batch, seed, group_by_length)
+
+    @cached_property
+    def verbatim_index(self) -> text.VerbatimIndex | None:
+        """text: an index of the training text, for memorisation (built on first use)."""
+        if self.train_ids is None:
+            return None
+        return text.VerbatimIndex(self.train_ids, self.tokenizer.vocab_size)
+
+    def describe(self) -> str:
+        """e.g. "25,910 train / 1,000 val / 1,000 test items"."""
+        if isinstance(self.split, TextSplit):
+            return self.split.describe()
+        s = self.split
+        return f"{len(s.train):,} train / {len(s.val):,} val / {len(s.test):,} test items"
+
+    def probe_ids(self, probe: str | None) -> list[int]:
+        """The ids whose attention is drawn: `probe` (log.probe), else a fixed validation item
+        (lines: the first, after the boundary token) or passage (text: PROBE_LENGTH characters
+        from the start of a line)."""
+        if probe is None and self.format == "text":
+            newline = self.tokenizer.stoi.get("\n")
+            length = min(text.PROBE_LENGTH, self.block_size)
+            return text.probe_passage(self.datasets["val"].ids, length, newline).tolist()
+        probe = probe if probe is not None else self.split.val[0]
+        unknown = self.tokenizer.unknown_chars(probe)
+        if unknown:
+            raise DataError(
+                f"log.probe={probe!r} has characters the vocabulary does not know: "
+                f"{''.join(unknown)!r}; use characters of the data or log.probe=null"
+            )
+        start = [] if self.format == "text" else [self.tokenizer.boundary_id]
+        ids = start + self.tokenizer.encode(probe)
+        if len(ids) > self.block_size:
+            raise DataError(
+                f"log.probe={probe!r} has {len(probe)} characters but the model reads at most "
+                f"{self.block_size - len(start)}; shorten it or set log.probe=null"
+            )
+        return ids
+
+
+def load_data(
+    path: str | Path,
+    seed: int,
+    block_size: int | None = None,
+    device: str | torch.device = "cpu",
+    trim: bool = True,
+    format: str = "lines",
+    prepare: str | None = None,
+    repeats=None,
+) -> Data:
+    """A data file in `format` -> its tokenizer, checked split and evaluation sets on `device`.
+
+    lines: one item per line, shuffled into splits by `seed`; block_size None is the longest item
+    + 1 and a smaller one is a DataError naming the item. text: one stream of characters, split
+    into contiguous slices (text.SPLIT_FRACTIONS); block_size None is text.DEFAULT_BLOCK_SIZE.
+    repeats: items generated by microgpt.data.repeats.repeat_items with the settings `repeats` (a
+    config.RepeatsConfig; `path` is a label only), then as lines.
+    `prepare`: the command that builds a missing file (data.prepare), named in the error."""
+    if format not in FORMATS:
+        raise DataError(f"data.format={format!r} is unknown; choose one of {list(FORMATS)}")
+    if format == "repeats":
+        r = repeats
+        if r is None:
+            raise DataError("data.format=repeats needs its data.repeats settings (config.py)")
+        items = repeat_items(r.items, r.chars, tuple(r.span), r.length, r.seed)
+        path = Path(path)
+    else:
+        path = resolve_data_path(str(path))
+        if prepare and not path.exists():
+            raise DataError(f"no data file at {path.resolve()}; build it first: {prepare}")
+        if format == "text":
+            return _load_text(path, block_size or text.DEFAULT_BLOCK_SIZE, device)
+        items = read_items(path)
+    block_size = block_size or block_size_for(items)
+    check_fits(items, block_size, str(path))
+    tokenizer = CharTokenizer.from_items(items)
+    split = split_items(items, seed)
+    datasets = {
+        name: CharDataset.from_items(getattr(split, name), tokenizer, block_size, device, trim)
+        for name in SPLIT_NAMES
+    }
+    return Data(path, format, tokenizer, split, block_size, datasets)
+
+
+def _load_text(path: Path, block_size: int, device) -> Data:
+    content = text.read_text(path)
+    split = TextSplit.of(len(content), text.text_digest(content), block_size, str(path))
+    tokenizer = CharTokenizer.from_items([content])
+    ids = text.encode_text(content, tokenizer)
+    del content
+    datasets = {
+        name: TextWindows(split.part(ids, name), block_size, device) for name in ("val", "test")
+    }
+    return Data(path, "text", tokenizer, split, block_size, datasets, split.part(ids, "train"))
+
+
+def data_of_checkpoint(ckpt: dict, device: str | torch.device = "cpu") -> Data:
+    """The evaluation data of the run that wrote `ckpt` (a loaded checkpoint): lines from the split
+    stored in it; text re-read from the run's data file and checked against the stored digest (a
+    DataError says the file is missing or changed, and what to do)."""
+    from_ckpt = CharTokenizer.from_dict(ckpt["tokenizer"])
+    block_size = int(ckpt["model_config"]["block_size"])
+    data_config = (ckpt.get("train_config") or {}).get("data") or {}
+    stored = ckpt.get("split")
+    if data_config.get("format", "lines") != "text":
+        split = Split.from_dict(stored)
+        datasets = {
+            name: CharDataset.from_items(getattr(split, name), from_ckpt, block_size, device)
+            for name in ("val", "test")
+        }
+        return Data(
+            Path(data_config.get("path", "")), "lines", from_ckpt, split, block_size, datasets
+        )
+    path = data_config.get("path")
+    try:
+        data = load_data(path, 0, block_size, device, format="text")
+    except DataError as e:
+        raise DataError(f"the run's text is needed and cannot be read: {e}") from None
+    if data.split.to_dict() != stored or data.tokenizer != from_ckpt:
+        raise DataError(
+            f"{data.path} no longer holds the text this run was trained on (its content differs); "
+            f"restore the file the run used"
+        )
+    return data

@@ -1,0 +1,202 @@
+"""Whether a head matters (importance) and what it reads and writes (its layer-0 circuits).
+
+Plain functions on a GPT and batches of rows (x, y) (microgpt.heads.analyse.length_batches);
+losses are mean nats per real target (y >= 0), each batch weighted by its targets.
+
+**Importance** of a head is the rise in loss when it alone is ablated:
+
+- zero: its output times 0 before W_O (`GPT.forward(head_mask=...)`);
+- mean: its output replaced by its mean over every real position of the rows;
+- position mean: its output at position t replaced by its mean at t over the rows with a real
+  query there (the ablation that is fair to a positional head, whose output depends on t);
+- gradient (Michel et al. 2019): minus the derivative of the loss with respect to the head's
+  head_mask entry at 1, from one backward pass for all heads: the first-order estimate of the zero
+  ablation's rise (`head_mask` scales the output linearly, so d loss / d mask is the change the
+  head's output makes to the loss, to first order).
+
+Mean replacements are forward pre-hooks on each layer's W_O (`attn.proj`): they work for every
+attention implementation.
+
+**Circuits at layer 0**, through the embeddings (Elhage et al. 2021), for each layer-0 head h
+with e_a = norm1(wte[a]) the attention's input for token a (position embeddings left out):
+
+- QK[a, b] = (e_a W_Q^h) . (e_b W_K^h) / sqrt(hd): the score a query token a gives a key token b;
+- OV[b, c] = lm_head(W_O^h (e_b W_V^h))[c]: how much attending to token b raises the logit of
+  token c, on the direct path to the output (the final norm and later layers left out);
+- copying: the share of the OV matrix's eigenvalue mass that is positive, sum(max(Re l, 0)) /
+  sum(|l|): 1 for a head whose OV circuit raises the token it reads (a copying head), about 0.5
+  for none, 0 for one that lowers it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+
+def model_heads(model) -> tuple[int, int, int]:
+    c = model.config
+    return c.n_layer, c.n_head, c.head_dim
+
+
+def keep_all(model, device) -> Tensor:
+    L, H, _ = model_heads(model)
+    return torch.ones(L, H, device=device)
+
+
+# ----------------------------------------------------------------------------- ablation
+
+
+@contextlib.contextmanager
+def replaced_heads(model, replace: Tensor, values: Tensor) -> Iterator[None]:
+    """While open, each head where `replace` (L, H) is True outputs values[l, h] instead of its
+    own output: (L, H, hd) the same at every position, or (L, H, T, hd) one per position (a batch
+    of width T' <= T takes the first T'). Forward pre-hooks on each layer's W_O (`attn.proj`)."""
+    _, H, hd = model_heads(model)
+    hooks = []
+    for layer, block in enumerate(model.blocks):
+        heads = replace[layer].nonzero().flatten().tolist()
+        if not heads:
+            continue
+
+        def hook(module, args, heads=heads, value=values[layer, heads]):
+            z = args[0].clone()  # (B, T, C)
+            v = value if value.dim() == 2 else value[:, : z.shape[1]].transpose(0, 1)
+            z.view(*z.shape[:-1], H, hd)[..., heads, :] = v.to(z)  # (B, T, C) -> (B, T, H, hd)
+            return (z, *args[1:])
+
+        hooks.append(block.attn.proj.register_forward_pre_hook(hook))
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@torch.no_grad()
+def batches_loss(model, batches, head_mask: Tensor | None = None) -> float:
+    """Mean cross-entropy per real target over every batch (each batch weighted by its targets)."""
+    total, count = 0.0, 0
+    for x, y in batches:
+        _, loss = model(x, y, head_mask=head_mask)
+        n = int((y >= 0).sum())
+        total, count = total + float(loss) * n, count + n
+    return total / max(count, 1)
+
+
+def zero_importance(model, batches, base: float) -> Tensor:
+    keep = keep_all(model, batches[0][0].device)
+    L, H = keep.shape
+    out = torch.zeros(L, H, dtype=torch.float64)
+    for layer, h in ((a, b) for a in range(L) for b in range(H)):
+        mask = keep.clone()
+        mask[layer, h] = 0.0
+        out[layer, h] = batches_loss(model, batches, mask) - base
+    return out
+
+
+def mean_importance(model, batches, base: float, means: Tensor) -> Tensor:
+    """means: (L, H, hd) for the mean ablation, (L, H, T, hd) for the per-position one."""
+    L, H, _ = model_heads(model)
+    out = torch.zeros(L, H, dtype=torch.float64)
+    device = batches[0][0].device
+    for layer, h in ((a, b) for a in range(L) for b in range(H)):
+        replace = torch.zeros(L, H, dtype=torch.bool)
+        replace[layer, h] = True
+        with replaced_heads(model, replace, means.to(device)):
+            out[layer, h] = batches_loss(model, batches) - base
+    return out
+
+
+def gradient_importance(model, batches) -> Tensor:
+    """(L, H) float64: -d loss / d head_mask at all ones, the loss being the mean over every
+    batch's real targets; one backward pass per batch, the gradients of all heads at once. The
+    parameters' .grad are left untouched. Call outside torch.inference_mode."""
+    mask = keep_all(model, batches[0][0].device).requires_grad_(True)
+    total = sum(int((y >= 0).sum()) for _, y in batches)
+    grad = torch.zeros_like(mask)
+    with torch.enable_grad():
+        for x, y in batches:
+            _, loss = model(x, y, head_mask=mask)
+            n = int((y >= 0).sum())
+            if n:
+                grad += torch.autograd.grad(loss * (n / total), mask)[0]
+    return (-grad).double().cpu()
+
+
+def pruning(model, batches, base: float, importance: Tensor, tolerance: float):
+    """Heads removed one at a time in order of importance (computed once): (order, losses,
+    prunable), prunable = how many go before the loss has risen by `tolerance` or more."""
+    L, H = importance.shape
+    order = sorted(range(L * H), key=lambda k: (float(importance.flatten()[k]), k))
+    mask = keep_all(model, batches[0][0].device)
+    losses = [base]
+    for k in order:
+        mask[k // H, k % H] = 0.0
+        losses.append(batches_loss(model, batches, mask))
+    rises = [loss - base for loss in losses[1:]]
+    prunable = next((n for n, rise in enumerate(rises) if rise >= tolerance), len(rises))
+    return [(k // H, k % H) for k in order], losses, prunable
+
+
+def rank_correlation(a: Tensor, b: Tensor) -> float:
+    """Spearman's rank correlation of two equal-size tensors (ties get their mean rank); nan when
+    either is constant or has fewer than 2 values."""
+    a, b = a.flatten().double(), b.flatten().double()
+    if a.numel() < 2:
+        return math.nan
+
+    def ranks(v: Tensor) -> Tensor:
+        order = torch.argsort(v, stable=True)
+        r = torch.empty_like(v)
+        r[order] = torch.arange(len(v), dtype=v.dtype)
+        for value in v.unique():  # ties: their mean rank
+            same = v == value
+            r[same] = r[same].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = float(ra.norm() * rb.norm())
+    return float((ra * rb).sum()) / denom if denom > 0 else math.nan
+
+
+# ----------------------------------------------------------------------------- circuits
+
+
+@torch.no_grad()
+def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
+    """The layer-0 heads' QK (H, V, V) [query token, key token] and OV (H, V, V) [key token,
+    output token] tables through the embeddings, and their copying scores (H,); float64, CPU.
+    See the module's docstring."""
+    _, H, hd = model_heads(model)
+    block = model.blocks[0]
+    C = model.config.n_embd
+    kv_dim = block.attn.kv_dim
+    group = block.attn.group
+    e = block.norm1(model.wte.weight)  # (V, C): the attention's input for each token
+    q, k, v = block.attn.qkv(e).split([C, kv_dim, kv_dim], dim=1)  # (V, C), 2 x (V, kv_dim)
+    wo = block.attn.proj.weight  # (C, C): column block h is head h's W_O
+    wu = model.lm_head.weight  # (V, C)
+    qk, ov, copying = [], [], []
+    for h in range(H):
+        g = h // group  # the key/value head it reads
+        q_h = q[:, h * hd : (h + 1) * hd]  # (V, hd)
+        k_h = k[:, g * hd : (g + 1) * hd]  # (V, hd)
+        v_h = v[:, g * hd : (g + 1) * hd]  # (V, hd)
+        qk.append(q_h @ k_h.T / math.sqrt(hd))  # (V, V)
+        written = v_h @ wo[:, h * hd : (h + 1) * hd].T  # (V, hd) @ (hd, C) -> (V, C)
+        table = (written @ wu.T).double()  # (V, C) @ (C, V) -> (V, V): [key token, output token]
+        ov.append(table)
+        eig = torch.linalg.eigvals(table)  # the circuit's eigenvalues (complex)
+        mass = eig.abs().sum()
+        copying.append(eig.real.clamp(min=0).sum() / mass if mass > 0 else torch.tensor(0.5))
+    return (
+        torch.stack(qk).double().cpu(),
+        torch.stack(ov).cpu(),
+        torch.stack(copying).double().cpu(),
+    )

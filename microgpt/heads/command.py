@@ -1,0 +1,116 @@
+"""`python -m microgpt.heads RUN`: what each head of a trained run does, and whether it matters.
+
+    python -m microgpt.heads outputs/<date>/<time>                     # its best.pt, else last.pt
+    python -m microgpt.heads outputs/<date>/<time>/checkpoints/step-000500.pt
+
+Analyses the checkpoint on the validation split stored in it (microgpt.heads.analyse), prints a
+row per head, and writes the analysis into the run folder named after the checkpoint
+(microgpt.runs: heads-best.json and heads-best.md for best.pt, heads-step-000500.json for
+step-000500.pt, ...), so an analysis never replaces another checkpoint's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from microgpt import runs
+from microgpt.data.dataset import DataError, data_of_checkpoint
+from microgpt.errors import print_error
+from microgpt.files import write_text
+from microgpt.heads.analyse import HeadsError, analyse
+from microgpt.heads.report import HeadReport
+from microgpt.system import DEVICES, ThreadsError, check_threads, pick_device, set_threads
+from microgpt.train.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+
+ANALYSIS_TARGETS = 16384  # the command analyses the first validation rows holding this many targets
+
+
+def training_counts(data) -> Tensor:
+    """(V,) how often each token occurs in a run's training data (microgpt.data.Data), for the
+    `rare` class: the training text's ids, or the characters of the training items."""
+    V = data.tokenizer.vocab_size
+    if data.train_ids is not None:
+        return torch.bincount(data.train_ids.flatten().cpu(), minlength=V)[:V]
+    seen = Counter("".join(data.split.train))
+    return torch.tensor([0] + [seen.get(c, 0) for c in data.tokenizer.chars])
+
+
+def analyse_checkpoint(
+    path: str | Path, device: str = "cpu"
+) -> tuple[HeadReport, runs.RunFolder, Path]:
+    """The report of a run's checkpoint on the validation split stored in it, the run, and the
+    checkpoint (`path` is a run folder, its checkpoints/ folder or a checkpoint: runs.resolve)."""
+    run, ckpt_path = runs.resolve(path)
+    ckpt = load_checkpoint(ckpt_path)
+    model, tokenizer = model_from_checkpoint(ckpt, device, ckpt_path)
+    if (
+        not (ckpt.get("split") or {}).get("val")
+        and (ckpt.get("split") or {}).get("format") != "text"
+    ):
+        raise HeadsError(f"{ckpt_path} stores no validation split to analyse the heads on")
+    data = data_of_checkpoint(ckpt, device)
+    val = data.datasets["val"]  # names, or windows of a text run
+    x, y = val.batch(torch.arange(len(val)))  # (N, T) each
+    keep = int(((y >= 0).sum(dim=1).cumsum(0) <= ANALYSIS_TARGETS).sum().clamp(min=1))
+    x, y = x[:keep], y[:keep]  # every name; the first 128 windows of 128 characters of a text
+    report = analyse(model, x, y, tokenizer, training_counts(data))
+    report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.get("step")}
+    return report, run, ckpt_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m microgpt.heads",
+        description="What each head of a trained run does, and whether it matters.",
+    )
+    parser.add_argument("run", help="a run folder (outputs/<date>/<time>) or a checkpoint file")
+    parser.add_argument("--device", default="cpu", help="where to run the model (default: cpu)")
+    parser.add_argument(
+        "--threads",
+        default="auto",
+        help="CPU threads: auto (the cores this process may use, or OMP_NUM_THREADS) or a number",
+    )
+    args = parser.parse_args(argv)
+    threads = int(args.threads) if args.threads.isdigit() else args.threads
+    try:
+        check_threads(threads, "--threads")
+    except ThreadsError as e:
+        print_error(e)
+        return 2
+    set_threads(threads)
+    try:
+        if args.device not in DEVICES:
+            raise HeadsError(f"--device={args.device} is unknown; choose one of {list(DEVICES)}")
+        device = str(pick_device(args.device, HeadsError))
+        report, run, ckpt_path = analyse_checkpoint(args.run, device)
+    except (HeadsError, CheckpointError, DataError, runs.RunFolderError) as e:
+        print_error(e)
+        return 2
+    except OSError as e:
+        print_error(f"cannot read {e.filename or args.run}: {e.strerror or e}")
+        return 2
+    text = report.markdown()
+    print(text)
+    json_path, md_path = run.analysis(ckpt_path, ".json"), run.analysis(ckpt_path, ".md")
+    for path, content in (
+        (json_path, json.dumps(report.to_dict(), indent=1) + "\n"),
+        (md_path, f"# Heads of {ckpt_path}\n\n{text}\n"),
+    ):
+        try:
+            write_text(path, content)
+        except OSError as e:  # a read-only run: the analysis above stands, its file is not written
+            print_error(f"cannot write {path}: {e.strerror or e}")
+            return 2
+    print(f"wrote {json_path} and {md_path} ({report.seconds:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""What the head analysis found, as one object: per-head tensors, roles, the patterns behind them,
+importance four ways, the induction probe, layer-0 circuits, the pruning curve, the summaries that
+read the same whatever the head count, JSON and markdown."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+POSITIONAL = ("self", "previous", "two_back", "three_back", "start")
+CLASSES = ("boundary", "vowel", "consonant", "capital", "space", "newline", "punctuation", "rare")
+CORRELATIONS = ("gradient_vs_zero", "gradient_vs_mean", "zero_vs_mean", "zero_vs_position_mean")
+RELATIONS = ("duplicate", "induction", "line_start", "word_start")
+ROLES = (*POSITIONAL, *CLASSES, *RELATIONS, "mixed")  # the patterns, in order of precedence
+PRUNE_TOLERANCE = 0.01  # nats: the loss rise a pruned model may have
+MIN_MASS = 0.5  # a pattern names a head when it holds at least this share of its attention...
+MIN_LIFT = 1.5  # ...and at least this many times what uniform attention would put there
+RARE_FRACTION = 0.2  # the `rare` class: the least frequent fifth of the characters
+
+
+@dataclass
+class Probe:
+    """The repeated-span probe (microgpt.data.repeats): rows of a boundary token, a random span of
+    `span` characters and the span again. Tensors (L, H)."""
+
+    rows: int
+    span: int
+    prefix: Tensor  # mean attention of repeat queries on the key after the earlier occurrence
+    duplicate: Tensor  # ... on the earlier occurrence itself
+    loss_first: float  # on s2..sL of the first copy (unpredictable: about ln of the characters)
+    loss_repeat: float  # on the same targets in the repeat
+    ablated: Tensor  # the repeat's loss with the head zeroed
+
+    @property
+    def gain(self) -> float:
+        return self.loss_first - self.loss_repeat
+
+    def to_dict(self) -> dict:
+        return {
+            "rows": self.rows,
+            "span": self.span,
+            "loss_first": self.loss_first,
+            "loss_repeat": self.loss_repeat,
+            "gain": self.gain,
+        }
+
+
+@dataclass
+class HeadReport:
+    """What every head of a model does on some rows, and whether it matters. Tensors are (L, H)
+    unless said, float64 on the CPU; losses are mean nats per character."""
+
+    n_layer: int
+    n_head: int
+    items: int  # rows analysed
+    tokens: int  # real targets (characters + end tokens) over those rows
+    loss: float  # with every head
+    zero_importance: Tensor  # zero ablation (its output times 0): loss rise
+    mean_importance: Tensor  # mean ablation (one mean per head): loss rise
+    position_importance: Tensor  # mean ablation with one mean per position: loss rise
+    gradient: Tensor  # -d loss / d head_mask: the first-order estimate of `zero_importance`
+    entropy: Tensor  # nats, mean over real queries
+    spread: Tensor  # entropy / log(keys seen), in [0, 1]
+    offsets: Tensor  # (L, H, K): mean weight on offset 0, 1, ..., K-1
+    start: Tensor  # mean weight on the boundary token at position 0
+    mass: dict[str, Tensor]  # pattern -> mean attention weight on its keys (microgpt.heads.roles)
+    lift: dict[str, Tensor]  # pattern -> that weight / what uniform attention puts there
+    roles: list[list[str]]  # [layer][head], one of ROLES
+    scores: Tensor  # the mass of the role's pattern (mixed: the largest above-chance mass)
+    pruning_order: list[tuple[int, int]]  # (layer, head), least important first
+    pruning_losses: list[float]  # loss with the first k heads removed, k = 0..L*H
+    prunable: int  # heads that can go with a loss rise < tolerance
+    probe: Probe | None = None  # None where the block is too short for a span of 2
+    qk: Tensor | None = None  # (H, V, V) layer 0: [query token, key token] scores
+    ov: Tensor | None = None  # (H, V, V) layer 0: [key token, output token] logit rises
+    copying: Tensor | None = None  # (H,) layer 0: share of positive OV eigenvalue mass
+    labels: list[str] = field(default_factory=list)  # the V tokens, for the circuit tables
+    # Spearman rank correlations of the importance measures over the heads: gradient_vs_zero,
+    # gradient_vs_mean, zero_vs_mean, zero_vs_position_mean (nan where one is constant)
+    correlations: dict[str, float] = field(default_factory=dict)
+    tolerance: float = PRUNE_TOLERANCE
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def summaries(self) -> dict[str, float]:
+        """Numbers that do not depend on the head count, under tags every run shares, the most
+        telling first (the HParams tab shows its metric columns in this order). Every tag is
+        written whatever the model (nan where a measure does not apply)."""
+        L = self.n_layer
+        nan = math.nan
+        out = {
+            "heads/prunable": float(self.prunable),
+            "heads/prunable_fraction": self.prunable / (L * self.n_head),
+        }
+        p = self.probe
+        out["heads/induction_max"] = float(p.prefix.max()) if p else nan
+        out["heads/duplicate_max"] = float(p.duplicate.max()) if p else nan
+        out["heads/repeat_loss_first"] = p.loss_first if p else nan
+        out["heads/repeat_loss"] = p.loss_repeat if p else nan
+        out["heads/repeat_loss_gain"] = p.gain if p else nan
+        out["heads/induction_ablation_max"] = float((p.ablated - p.loss_repeat).max()) if p else nan
+        out["heads/copying_max"] = float(self.copying.max()) if self.copying is not None else nan
+        out.update(
+            {
+                f"heads/layer{n}/importance_max": float(self.zero_importance[n].max())
+                for n in range(L)
+            }
+        )
+        counts = self.role_counts()
+        out.update({f"heads/role/{role}": float(counts[role]) for role in ROLES})
+        out["heads/named"] = float(sum(counts.values()) - counts["mixed"])
+        out.update(
+            {
+                f"heads/layer{n}/importance_sum": float(self.zero_importance[n].sum())
+                for n in range(L)
+            }
+        )
+        for n in range(L):
+            e = self.entropy[n]
+            out[f"heads/layer{n}/entropy_min"] = float(e.min())
+            out[f"heads/layer{n}/entropy_mean"] = float(e.mean())
+            out[f"heads/layer{n}/entropy_max"] = float(e.max())
+        out["heads/gradient_vs_zero"] = self.correlations.get("gradient_vs_zero", nan)
+        return out
+
+    def role_counts(self) -> dict[str, int]:
+        flat = [r for row in self.roles for r in row]
+        return {role: flat.count(role) for role in ROLES}
+
+    def per_head(self) -> dict[str, Tensor]:
+        """The per-head numbers TensorBoard plots, {name: (L, H)}."""
+        out = {
+            "importance": self.zero_importance,
+            "position_mean_importance": self.position_importance,
+            "gradient_importance": self.gradient,
+            "score": self.scores,
+        }
+        if self.probe is not None:
+            out["induction"] = self.probe.prefix
+            out["duplicate"] = self.probe.duplicate
+        return out
+
+    def to_dict(self) -> dict:
+        """Plain lists and numbers (JSON): the fields, the per-head rows and the summaries."""
+
+        def number(x) -> float | None:
+            x = float(x)
+            return None if math.isnan(x) else x
+
+        heads = []
+        for layer in range(self.n_layer):
+            for h in range(self.n_head):
+                row = {
+                    "layer": layer,
+                    "head": h,
+                    "role": self.roles[layer][h],
+                    "score": float(self.scores[layer, h]),
+                    "patterns": {
+                        name: {
+                            "mass": float(self.mass[name][layer, h]),
+                            "lift": float(self.lift[name][layer, h]),
+                        }
+                        for name in self.mass
+                    },
+                    "entropy": float(self.entropy[layer, h]),
+                    "spread": float(self.spread[layer, h]),
+                    "start": float(self.start[layer, h]),
+                    "offsets": self.offsets[layer, h].tolist(),
+                    "zero_importance": float(self.zero_importance[layer, h]),
+                    "mean_importance": float(self.mean_importance[layer, h]),
+                    "position_mean_importance": float(self.position_importance[layer, h]),
+                    "gradient_importance": float(self.gradient[layer, h]),
+                }
+                if self.probe is not None:
+                    row["induction"] = float(self.probe.prefix[layer, h])
+                    row["duplicate"] = float(self.probe.duplicate[layer, h])
+                    row["repeat_loss_ablated"] = float(self.probe.ablated[layer, h])
+                if layer == 0 and self.copying is not None:
+                    row["copying"] = float(self.copying[h])
+                heads.append(row)
+        out = {
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "items": self.items,
+            "tokens": self.tokens,
+            "loss": self.loss,
+            "roles": list(ROLES),
+            "thresholds": thresholds(),
+            "heads": heads,
+            "correlations": {k: number(v) for k, v in self.correlations.items()},
+            "probe": self.probe.to_dict() if self.probe is not None else None,
+            "pruning": {
+                "order": [list(p) for p in self.pruning_order],
+                "losses": list(self.pruning_losses),
+                "tolerance": self.tolerance,
+                "prunable": self.prunable,
+            },
+            "summaries": {k: number(v) for k, v in self.summaries().items()},
+            "seconds": self.seconds,
+            **self.extra,
+        }
+        if self.qk is not None:
+            out["layer0_circuits"] = {
+                "tokens": list(self.labels),
+                "qk": [[[round(v, 4) for v in r] for r in t] for t in self.qk.tolist()],
+                "ov": [[[round(v, 4) for v in r] for r in t] for t in self.ov.tolist()],
+            }
+        return out
+
+    def markdown(self) -> str:
+        """A table, one row per head, then lines on the importance measures, the probe and
+        pruning; then the layer-0 circuits, when the report has them."""
+        probe = self.probe
+        lines = [
+            "| layer | head | role | score | lift | entropy (nats) | zero-ablated | "
+            "mean-ablated (per position) | gradient | prefix match | copying |",
+            "|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for layer in range(self.n_layer):
+            for h in range(self.n_head):
+                role = self.roles[layer][h]
+                lift = self.lift[role][layer, h] if role in self.lift else math.nan
+                copying = self.copying[h] if layer == 0 and self.copying is not None else None
+                lines.append(
+                    f"| {layer} | {h} | {role} | {self.scores[layer, h]:.2f} | "
+                    f"{'-' if math.isnan(lift) else f'{lift:.1f}'} | "
+                    f"{self.entropy[layer, h]:.3f} | {self.zero_importance[layer, h]:+.4f} | "
+                    f"{self.position_importance[layer, h]:+.4f} | {self.gradient[layer, h]:+.4f} | "
+                    f"{'-' if probe is None else f'{probe.prefix[layer, h]:.2f}'} | "
+                    f"{'-' if copying is None else f'{copying:.2f}'} |"
+                )
+        total = self.n_layer * self.n_head
+        gone = ", ".join(f"L{a}H{b}" for a, b in self.pruning_order[: self.prunable]) or "none"
+        corr = {k: self.correlations.get(k, math.nan) for k in CORRELATIONS}
+        lines.append(
+            f"\nLoss {self.loss:.4f} nats/char over {self.items:,} items ({self.tokens:,} "
+            f"characters). Prunable: {self.prunable} of {total} heads removed together raise it "
+            f"by < {self.tolerance:g} nats ({gone})."
+        )
+        lines.append(
+            f"Role: a pattern holding mass >= {thresholds()['min_mass']} of the attention at "
+            f"lift >= {thresholds()['min_lift']} (times uniform attention); score = the role's "
+            f"mass (mixed: the largest above-chance mass). Importance = loss rise (nats) when the "
+            f"head is zeroed, or replaced by its mean at each position; gradient = -d loss / d "
+            f"head_mask. Rank correlation (Spearman) of gradient and zero ablation "
+            f"{corr['gradient_vs_zero']:.2f}, zero and mean ablation {corr['zero_vs_mean']:.2f}, "
+            f"zero and per-position mean {corr['zero_vs_position_mean']:.2f}."
+        )
+        if probe is not None:
+            best = divmod(int(probe.prefix.argmax()), self.n_head)
+            lines.append(
+                f"Repeated spans ({probe.rows} rows of a random {probe.span}-character span "
+                f"twice): loss {probe.loss_first:.3f} on the first copy, {probe.loss_repeat:.3f} "
+                f"on the repeat (gain {probe.gain:.3f} nats); best prefix matching "
+                f"L{best[0]}H{best[1]} {float(probe.prefix.max()):.2f}, which zeroed brings the "
+                f"repeat's loss to {float(probe.ablated[best]):.3f}."
+            )
+        if self.qk is not None:
+            lines.append("\n" + self.circuits_markdown())
+        return "\n".join(lines)
+
+    def circuits_markdown(self) -> str:
+        """For each token, what each layer-0 head's query looks for most (the key token with the
+        largest QK score) and what attending to it raises most (the output token with the largest
+        OV logit)."""
+        H = self.qk.shape[0]
+        head = " | ".join(f"L0H{h} looks for | L0H{h} raises" for h in range(H))
+        lines = [
+            "Layer-0 circuits through the embeddings: for each token, the key token each head's "
+            "query scores highest (QK) and the output token that attending to it raises most "
+            "(OV).",
+            "",
+            f"| token | {head} |",
+            "|:---|" + "---|" * (2 * H),
+        ]
+        looks = self.qk.argmax(dim=2)  # (H, V)
+        raises = self.ov.argmax(dim=2)  # (H, V)
+        for t, label in enumerate(self.labels):
+            cells = " | ".join(
+                f"{_cell(self.labels[looks[h, t]])} | {_cell(self.labels[raises[h, t]])}"
+                for h in range(H)
+            )
+            lines.append(f"| {_cell(label)} | {cells} |")
+        return "\n".join(lines)
+
+
+def _cell(label: str) -> str:
+    """A token as a markdown table cell: whitespace and pipes made visible."""
+    return {"\n": "\\n", " ": "␣", "\t": "\\t", "|": "\\|"}.get(label, label)
+
+
+def thresholds() -> dict[str, float]:
+    return {"min_mass": MIN_MASS, "min_lift": MIN_LIFT, "rare_fraction": RARE_FRACTION}

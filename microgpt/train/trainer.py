@@ -1,0 +1,438 @@
+"""The training loop: data, model, AdamW with warmup and decay, evaluation, checkpoints, logging.
+
+`train(cfg)` takes a composed config (a DictConfig from Hydra, a dict, or a `Config`), runs, and
+returns the final metrics. `Trainer.train_step()` is one optimisation step, the one that
+`run()` and the benchmarks take. Everything a run writes goes under `cfg.out_dir`:
+
+    config.yaml               the resolved config
+    events.out.tfevents.*     TensorBoard: scalars, per-head attention maps, samples, hparams
+    checkpoints/best.pt       the best validation loss so far
+    checkpoints/last.pt       the latest state, with what an exact resume needs
+    samples.txt               the names sampled at the end, marked new or found in a split
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from microgpt import runs, system
+from microgpt.config import Config, ConfigError, check_memory, load_config
+from microgpt.data.dataset import DataError, load_data
+from microgpt.files import remove_leftovers, sha256_file, write_text
+from microgpt.heads.analyse import analyse, probe_attention
+from microgpt.model import GPT
+from microgpt.sample.report import sample_for_run
+from microgpt.system import set_threads
+from microgpt.train import summary
+from microgpt.train.checkpoint import (
+    check_resumable,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from microgpt.train.loss import LossWindow, StepResult, evaluate
+from microgpt.train.optim import WeightAverage, lr_at, make_optimizer
+from microgpt.train.stopping import Interrupted, StopFlag, TrainingError
+from microgpt.viz.tensorboard import TensorBoardLogger, labels_for
+
+log = logging.getLogger("microgpt")
+
+
+class Trainer:
+    """One training run. Built from a validated Config; `run()` returns the final metrics."""
+
+    def __init__(self, config: Config):
+        self.config = c = config
+        self.out_dir = Path(c.out_dir).expanduser()
+        self.device = system.pick_device(c.device, ConfigError)
+        self.threads = set_threads(c.threads)  # before any work: see microgpt/threads.py
+        self.dist = system.setup(self.device.type)
+        if self.dist.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", system.cuda_index(self.dist))
+        self.is_main = self.dist.is_main
+        if self.dist.enabled:  # rank 0's folder is the run's, even where another node made its own
+            own = self.out_dir
+            self.out_dir = Path(system.broadcast_from_main(str(self.out_dir), self.dist))
+            if own.resolve() != self.out_dir.resolve():
+                with contextlib.suppress(OSError):
+                    own.rmdir()  # empty: non-zero ranks write nothing there (see microgpt.cli)
+        if self.device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
+
+        # before the data: a missing run, or a folder a new run may not use, fails fast
+        self.resume_path = runs.resume_checkpoint(c.resume_requested, self.out_dir)
+        if self.resume_path is None:  # rank 0 claims and writes the folder (see _open_run_folder)
+            system.run_on_main(lambda: runs.check_new(self.out_dir), self.dist)
+        self.run_id: str | None = None  # set when the folder is claimed (rank 0)
+        if c.model.block_size:  # before the data are encoded into (N, block_size) tensors
+            check_memory(
+                c.model_for_data(2, c.model.block_size), c.train.batch_size, self.device, True
+            )
+        # compiled graphs want fixed shapes: no trimming of batches to their longest item
+        self.data = data = load_data(
+            c.data.path, c.seed, c.model.block_size, self.device, not c.train.compile,
+            c.data.format, c.data.prepare, c.data.repeats,
+        )  # fmt: skip
+        self.data_path, self.tokenizer, self.split = data.path, data.tokenizer, data.split
+        # the checkpoint names the data by one absolute path, and its content's hash
+        self.config = c = dataclasses.replace(
+            c, data=dataclasses.replace(c.data, path=str(Path(data.path).resolve()))
+        )
+        # generated items (data.format=repeats) have no file: the hash of the items stands in
+        self.data_sha256 = (
+            sha256_file(data.path)
+            if data.format != "repeats"
+            else hashlib.sha256(json.dumps(data.split.to_dict()).encode()).hexdigest()
+        )
+        self.datasets = data.datasets
+        try:
+            self.probe_ids = data.probe_ids(c.log.probe)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+
+        torch.manual_seed(c.seed)
+        random.seed(c.seed)
+        self.model_config = c.model_for_data(self.tokenizer.vocab_size, data.block_size)
+        check_memory(self.model_config, c.train.batch_size, self.device, c.model.block_size)
+        self.model = GPT(self.model_config).to(self.device)
+        # DDP first, then compile: the order PyTorch documents (the compiler splits the graph at
+        # DDP's gradient buckets). Checkpoints always hold self.model, the plain GPT.
+        self.train_model: nn.Module = self.model
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = DDP(self.model, device_ids=ids)
+            torch.manual_seed(c.seed + self.dist.rank)  # each rank its own dropout stream
+        if c.train.compile:
+            self.train_model = torch.compile(self.train_model)
+        self.optimizer = make_optimizer(self.model, c, self.device)
+        self.ema = WeightAverage(self.model, c.train.ema) if c.train.ema > 0 else None
+        # what is evaluated, sampled and kept as best.pt: the averaged weights, if any
+        self.eval_model = self.ema.model if self.ema is not None else self.model
+        self.precision = system.pick_precision(c.train.precision, self.device, ConfigError)
+        # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.global_batch = c.train.batch_size * self.dist.world_size
+        self.batches = data.train_batches(self.global_batch, c.seed, c.train.group_by_length)
+        self.step = 0
+        self.best_val_loss = math.inf
+        self.history: dict[str, float] = {}
+        self.window = LossWindow()
+        self.resumed_from: Path | None = None
+        if self.resume_path is not None:
+            self._load_resume(self.resume_path)
+        self.writer: TensorBoardLogger | None = None
+
+    def autocast(self):
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    # ---- one step
+
+    def train_step(self, check: bool = True) -> StepResult:
+        """One optimisation step on the sampler's next global batch (this rank's share of it).
+        check=False skips reading the loss and gradient norm (a device sync) for finiteness."""
+        c = self.config
+        lr = lr_at(self.step, c)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        # (B, T) each: this rank's share of the global batch, and the targets in each
+        x, y, n_mine, n_global = self.batches.next(self.dist.rank, c.train.batch_size)
+        with self.autocast():
+            _, loss = self.train_model(x, y)
+        # the mean over the global batch's characters, whatever their split between ranks
+        # (DDP averages gradients over ranks, hence the world_size factor)
+        self.scaler.scale(loss * (n_mine * self.dist.world_size / n_global)).backward()
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients (no-op unless fp16)
+        max_norm = c.optim.grad_clip if c.optim.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        # grad_norm comes from the all-reduced gradients, so every rank decides alike; under
+        # fp16 an overflowing gradient is normal: the scaler skips the step and lowers the scale
+        scaled = self.scaler.is_enabled()
+        if check and not (
+            (scaled or math.isfinite(float(grad_norm)))
+            and (self.dist.enabled or math.isfinite(float(loss.detach())))
+        ):
+            self._diverged(float(loss.detach()), float(grad_norm), lr)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model, self.step)
+        self.step += 1
+        share = loss.detach() * (n_mine / n_global)  # summed over ranks: the global batch's loss
+        return StepResult(share, grad_norm, lr, n_global, x.numel())
+
+    # ---- the loop
+
+    def run(self) -> dict:
+        c = self.config
+        system.run_on_main(self._open_run_folder, self.dist)
+        progress = c.train.progress if c.train.progress is not None else sys.stderr.isatty()
+        bar = tqdm(
+            total=c.train.max_steps,
+            initial=self.step,
+            disable=not (progress and self.is_main),
+            dynamic_ncols=True,
+            leave=False,
+            file=sys.stderr,
+        )
+        start, tokens_done, other_work = time.perf_counter(), 0, 0.0
+        self.window.start_clock()  # throughput counts training alone, not the set-up
+        metrics: dict = dict(self.history)
+        # off the CPU, float() waits for the GPU: check and agree on stopping every log_every steps
+        check_every = 1 if self.device.type == "cpu" else c.train.log_every
+        try:
+            with StopFlag() as stop, logging_redirect_tqdm(loggers=[logging.root]):
+                self.model.train()
+                while self.step < c.train.max_steps:
+                    out = self.train_step(check=(self.step + 1) % check_every == 0)
+                    tokens_done += out.tokens
+                    self.window.add(out)
+                    final = self.step == c.train.max_steps
+                    if self.step % c.train.log_every == 0 or final:
+                        metrics.update(self._log_window(out, bar))
+                    bar.update(1)
+                    # evaluation, checkpoints and the head analysis are not training: their time
+                    # is left out of tokens_per_sec (on a GPU, _log_window's float() just synced)
+                    busy = time.perf_counter()
+                    if self.step % c.train.eval_every == 0 or final:
+                        metrics.update(self._evaluate_and_save(metrics))
+                    if c.train.save_every and self.step % c.train.save_every == 0:
+                        system.run_on_main(lambda: self._save_snapshot(metrics), self.dist)
+                    if self.is_main and (self.step % c.log.attn_every == 0 or final):
+                        self._log_heads(self.step)
+                    spent = time.perf_counter() - busy
+                    other_work += spent
+                    self.window.exclude(spent)
+                    asks = check_every == 1 or self.step % c.train.log_every == 0
+                    if asks and not final and system.any_rank(stop.requested, self.dist):
+                        self._interrupted(metrics, stop.signal_name)
+        finally:
+            bar.close()
+        return self._finish(metrics, time.perf_counter() - start, tokens_done, other_work)
+
+    def _open_run_folder(self) -> None:
+        """Claim the run folder, write config.yaml, open TensorBoard (rank 0)."""
+        if self.resumed_from is None:  # one exclusive create: a run started alongside stops here
+            self.run_id = runs.claim_new(self.out_dir)
+        else:  # only into this run's own folder, or a new one
+            self.run_id = runs.claim_resume(self.out_dir, self.resumed_from, self.run_id)
+        runs.lock(self.out_dir)  # until the run ends (train's finally): one process per folder
+        (self.out_dir / "checkpoints").mkdir(exist_ok=True)
+        remove_leftovers(self.out_dir / "checkpoints")  # .tmp files of saves killed mid-write
+        # a resume keeps the run's config.yaml and writes its own beside it
+        name = "config.yaml" if self.resumed_from is None else f"config.resume-step{self.step}.yaml"
+        write_text(self.out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(self.config)))
+        log.info(summary.summary(self))
+        log.info(f"run folder: {self.out_dir.resolve()}")
+        if self.resumed_from is not None:
+            log.info(f"resumed from {self.resumed_from} at step {self.step}")
+        # the checkpoint holds step k's state, so points up to k stand; later ones (written after
+        # the checkpoint by a run that was killed) are dropped and written again from k + 1
+        purge = self.step + 1 if self.resumed_from else None
+        self.writer = TensorBoardLogger(self.out_dir, purge_step=purge)
+        if self.step == 0:
+            self._log_heads(0)
+
+    def _log_window(self, out: StepResult, bar) -> dict:
+        """The train loss over the window, summed over ranks; scalars and the bar (rank 0)."""
+        w = self.window
+        loss = system.sum_over_ranks(float(w.loss), self.dist) / w.steps
+        now = time.perf_counter()  # after float(): the device has caught up
+        tps = w.tokens_per_sec(now)
+        if self.is_main:
+            scalars = {"loss/train": loss, "lr": out.lr, "grad_norm": float(out.grad_norm)}
+            self.writer.scalars(self.step, {**scalars, "tokens_per_sec": tps})
+            bar.set_postfix_str(
+                f"loss {loss:.4f} lr {out.lr:.2e} {tps / 1000:.1f}k tok/s", refresh=False
+            )
+        self.window = LossWindow()
+        return {"train_loss": loss, "tokens_per_sec": tps}
+
+    def _interrupted(self, metrics: dict, signal_name: str) -> None:
+        self._save_last({**metrics, "interrupted_at": self.step})
+        last = self.out_dir / "checkpoints" / "last.pt"
+        raise Interrupted(
+            f"{signal_name or 'signal'} received: stopped at step {self.step} of "
+            f"{self.config.train.max_steps} and wrote {last}; to continue: "
+            f"python train.py resume={last}",
+            checkpoint=last,
+        )
+
+    def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
+        last = self.out_dir / "checkpoints" / "last.pt"
+        kept = (
+            f"the last good checkpoint, {last}, is kept"
+            if last.exists()
+            else "no checkpoint was written yet"
+        )
+        what = what or ("loss" if not math.isfinite(loss) else "gradient")
+        step = self.step if what == "validation loss" else self.step + 1
+        raise TrainingError(
+            f"non-finite {what} at step {step} (loss {loss}, grad norm {grad_norm}, lr {lr:.3g}): "
+            f"the run diverged and was stopped; {kept}. Try a lower optim.lr, gradient clipping "
+            f"(optim.grad_clip=1.0) or a longer optim.warmup_steps"
+        )
+
+    # ---- evaluation, checkpoints, logging
+
+    def _checkpoint(self, metrics: dict, model: nn.Module | None = None) -> dict:
+        return {
+            "model": (model or self.model).state_dict(),
+            "model_config": self.model_config.to_dict(),
+            "tokenizer": self.tokenizer.to_dict(),
+            "train_config": self.config.to_dict(),
+            "step": self.step,
+            "metrics": dict(metrics),
+            "split": self.split.to_dict(),
+            "run_id": self.run_id,
+            "data_sha256": self.data_sha256,
+        }
+
+    def _save_snapshot(self, metrics: dict) -> None:
+        """checkpoints/step-NNNNNN.pt: the weights (averaged, with train.ema) and what describes
+        them, no optimizer: for sample.py ckpt= and python -m microgpt.heads at this step."""
+        path = self.out_dir / "checkpoints" / f"step-{self.step:06d}.pt"
+        save_checkpoint(self._checkpoint(metrics, self.eval_model), path)
+
+    def _save_last(self, metrics: dict) -> None:
+        """last.pt with the resume state; every rank calls it (each rank's RNG and loss window)."""
+        ranks = system.gather_objects(
+            {"rng": rng_state(), "window": self.window.state_dict()}, self.dist
+        )
+        resume = {
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.batches.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "rng": ranks[0]["rng"],  # what a resume on another number of ranks would use
+            "ranks": ranks,
+            "best_val_loss": self.best_val_loss,
+            "world_size": self.dist.world_size,
+        }
+
+        def save():
+            last = self.out_dir / "checkpoints" / "last.pt"
+            save_checkpoint({**self._checkpoint(metrics), "resume": resume}, last)
+
+        system.run_on_main(save, self.dist)
+
+    def _load_resume(self, path: Path) -> None:
+        # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
+        # state are copied to the device by load_state_dict
+        ckpt = load_checkpoint(path, map_location="cpu")
+        check_resumable(ckpt, self._checkpoint({}), path, self.global_batch, self.dist.world_size)
+        r = ckpt["resume"]
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(r["optimizer"])
+        self.batches.load_state_dict(r["sampler"])
+        if self.ema is not None and r.get("ema") is not None:
+            self.ema.load_state_dict(r["ema"])
+        if r.get("scaler"):
+            self.scaler.load_state_dict(r["scaler"])
+        per_rank = r.get("ranks")
+        if per_rank and len(per_rank) == self.dist.world_size:
+            set_rng_state(per_rank[self.dist.rank]["rng"])
+            self.window = LossWindow(per_rank[self.dist.rank]["window"])
+        else:
+            set_rng_state(r["rng"])
+        self.best_val_loss = r["best_val_loss"]
+        self.step = ckpt["step"]
+        self.history = {k: v for k, v in ckpt["metrics"].items() if k != "interrupted_at"}
+        self.resumed_from = path
+        self.run_id = ckpt.get("run_id")  # None: written before run ids existed
+
+    def _log_heads(self, step: int) -> None:
+        """The probe's attention maps and the head analysis on validation items (rank 0)."""
+        val = self.datasets["val"]
+        x, y = val.batch(torch.arange(min(len(val), self.config.log.head_items)))  # (N, T)
+        probe = self.probe_ids
+        maps = probe_attention(self.eval_model, probe)
+        self.writer.attention_maps(step, maps, labels_for(probe, self.tokenizer))
+        self.writer.heads(step, analyse(self.eval_model, x, y, self.tokenizer))
+
+    def _evaluate_and_save(self, metrics: dict) -> dict:
+        """Validation loss on the whole split; best.pt if it improved; last.pt always."""
+        out = system.run_on_main(lambda: self._evaluate_and_save_best(metrics), self.dist)
+        out = out or {}
+        self._save_last({**metrics, **out})
+        if self.is_main:
+            self.writer.flush()
+        return out
+
+    def _evaluate_and_save_best(self, metrics: dict) -> dict:
+        c = self.config
+        val_loss = evaluate(
+            self.eval_model, self.datasets["val"], c.train.eval_batch_size, self.autocast
+        )
+        if not math.isfinite(val_loss):  # off the CPU the loss is checked every log_every steps
+            self._diverged(val_loss, math.nan, lr_at(self.step - 1, c), what="validation loss")
+        improved = val_loss < self.best_val_loss
+        self.best_val_loss = min(self.best_val_loss, val_loss)
+        out = {"val_loss": val_loss, "best_val_loss": self.best_val_loss, "step": self.step}
+        self.writer.scalars(self.step, {"loss/val": val_loss})
+        shown = sample_for_run(self.eval_model, self.data, None, seed=c.seed + self.step)
+        self.writer.samples(self.step, shown.lines)
+        if improved:
+            best = self.out_dir / "checkpoints" / "best.pt"
+            save_checkpoint(self._checkpoint({**metrics, **out}, self.eval_model), best)
+        train_part = f", train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
+        log.info(
+            f"step {self.step}: val loss {val_loss:.4f} (best {self.best_val_loss:.4f}){train_part}"
+        )
+        return out
+
+    def _finish(self, metrics: dict, elapsed: float, tokens_done: int, other_work: float) -> dict:
+        metrics = {
+            **metrics,
+            "step": self.step,
+            "params": self.model.num_params(),
+            "elapsed_s": elapsed,
+            "global_batch": self.global_batch,
+            "run_dir": str(self.out_dir),
+        }
+        if elapsed > other_work and tokens_done:  # training throughput, as logged
+            metrics["tokens_per_sec"] = tokens_done / (elapsed - other_work)
+        system.run_on_main(lambda: summary.finish(self, metrics), self.dist)
+        return metrics
+
+
+def train(cfg) -> dict:
+    """Train from a composed config (DictConfig, dict or Config) and return the final metrics."""
+    config = load_config(cfg)
+    trainer, ended = None, False
+    try:
+        trainer = Trainer(config)
+        metrics = trainer.run()
+        # rank 0 still evaluates and writes after the last step: a rank that left the process
+        # group meanwhile would abort gloo ("terminate called without an active exception")
+        system.barrier()
+        ended = True
+        return metrics
+    finally:
+        if trainer is not None:
+            if trainer.writer is not None:
+                trainer.writer.close()
+            # the lock goes with the run; after an error, what it made stays known for clean-up
+            runs.release(trainer.out_dir, forget=ended)
+        system.teardown()

@@ -1,0 +1,3 @@
+"""What is drawn and logged: the attention maps and plots (draw), the TensorBoard logger
+(tensorboard).
+"""

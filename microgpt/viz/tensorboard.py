@@ -1,0 +1,334 @@
+"""The TensorBoard logger of a training run, and the small helpers it needs.
+
+- `TensorBoardLogger`: scalars, attention maps (per head and per layer), attention by relative
+  offset, entropy, sampled items and one HParams row per run, written into the run's own folder.
+  The images are drawn by microgpt.viz.draw.
+- `TensorBoardLogger.heads`: a head analysis (microgpt.heads.analyse.analyse, which the trainer
+  runs) logged: summaries under tags every run shares, per-head importance, a custom-scalars
+  layout, offset profiles, a table.
+- `heads_layout`: that custom-scalars layout, one chart per layer.
+- `labels_for`: token ids -> map labels, the boundary token shown as BOUNDARY_LABEL ("<s>").
+- `sanitize_hparams`: a nested config -> values the HParams tab shows.
+
+Tags are the same in every run (`attention/layer0/head1`, ...) so runs line up side by side. The
+image tab keeps 10 images per tag unless TensorBoard starts with `--samples_per_plugin images=N`.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summaries
+from torch.utils.tensorboard.summary import text as text_summary
+
+from microgpt.config import flatten
+from microgpt.files import write_text
+from microgpt.heads.report import ROLES, HeadReport
+from microgpt.tokenizer import BOUNDARY_ID
+from microgpt.viz.draw import (
+    compose_layer,
+    map_cell,
+    render_heads,
+    render_offset_profile,
+    render_table,
+)
+
+# The boundary token's label on a map: not ".", which a data file may hold as a real character.
+BOUNDARY_LABEL = "<s>"
+
+
+# Characters with no ink, labelled so that a map of a passage shows its spaces and line ends.
+VISIBLE = {" ": "·", "\n": "\\n", "\t": "\\t"}
+
+
+def labels_for(ids: Sequence[int], tokenizer) -> list[str]:
+    """Token ids -> the characters to label a map with; the boundary token is BOUNDARY_LABEL, a
+    space "·" and a line end "\\n"."""
+    return [
+        BOUNDARY_LABEL if int(i) == BOUNDARY_ID else VISIBLE.get(c, c)
+        for i in ids
+        for c in [tokenizer.itos.get(int(i), "?")]
+    ]
+
+
+def _numpy(x) -> np.ndarray:
+    """A tensor (any device, dtype, grad) or array -> float64 numpy."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+# ----------------------------------------------------------------------------- hparams
+
+
+def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
+    """Nested dicts flattened to dotted keys; values made types the HParams tab shows:
+    numbers stay numbers, bools become "true"/"false", None "none", anything else its str()."""
+    out = {}
+    for k, v in flatten(hparams).items():
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        if isinstance(v, np.generic):
+            v = v.item()
+        if v is None:
+            v = "none"
+        elif isinstance(v, bool):
+            v = "true" if v else "false"  # torch's hparams() would store a bool as the number 1/0
+        elif isinstance(v, numbers.Integral):
+            v = int(v)
+        elif isinstance(v, numbers.Real):
+            v = float(v)
+        elif not isinstance(v, str):
+            v = str(v)
+        out[str(k)] = v
+    return out
+
+
+def _metric_value(v) -> float:
+    if isinstance(v, torch.Tensor):
+        return float(v.item())
+    return float("nan") if v is None else float(v)
+
+
+# ----------------------------------------------------------------------------- the logger
+
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The objects of a metrics.jsonl, in order; a last line cut short by a crash is skipped."""
+    lines = []
+    for text in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            lines.append(json.loads(text))
+        except ValueError:
+            continue
+    return lines
+
+
+class TensorBoardLogger:
+    """A SummaryWriter on one run's folder, with one method for each thing the trainer logs."""
+
+    def __init__(self, log_dir: str | Path, purge_step: int | None = None):
+        """purge_step: a resumed run passes its step, and TensorBoard drops the earlier run's
+        points at steps >= purge_step (they are replaced by the resumed run's)."""
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
+        # every scalar also goes, one JSON object per call, to metrics.jsonl: written as it goes,
+        # so a crash loses at most the last line; a resume drops the lines it will write again
+        self.metrics_path = self.log_dir / METRICS_FILE
+        if purge_step is not None and self.metrics_path.exists():
+            kept = [line for line in read_metrics(self.metrics_path) if line["step"] < purge_step]
+            write_text(self.metrics_path, "".join(json.dumps(line) + "\n" for line in kept))
+        self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
+        self.last_head_summary: dict[str, float] = {}  # HParams metrics too (see hparams)
+        self._layout_written = False
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """{tag: value}, e.g. {"loss/train": 2.1, "lr": 1e-3}; None values are skipped. Every
+        scalar of the run goes through here: to TensorBoard and a line of metrics.jsonl."""
+        line = {"step": step, "time": time.time()}
+        for tag, value in values.items():
+            if value is None:
+                continue
+            if isinstance(value, torch.Tensor):
+                value = value.item()
+            self.writer.add_scalar(tag, float(value), step)
+            line[tag] = float(value)
+        self.metrics_file.write(json.dumps(line) + "\n")
+        self.metrics_file.flush()
+
+    def attention_maps(
+        self, step: int, attention: Sequence[torch.Tensor], labels: Sequence[str]
+    ) -> None:
+        """One probe item's attention, per layer (H, T, Tk) (a leading batch dim of 1 is dropped),
+        with the Tk input tokens as labels. Writes `attention/layer{l}/head{h}` for each head and
+        `attention/layer{l}` with the layer's heads in a grid."""
+        for layer, att in enumerate(attention):
+            w = _numpy(att)
+            if w.ndim == 4 and w.shape[0] == 1:
+                w = w[0]
+            if w.ndim != 3:
+                raise ValueError(f"layer {layer} attention must be (H, T, Tk), got {w.shape}")
+            T, Tk = w.shape[1:]
+            # with Tk > T (a cached prefix) the queries are the last T keys
+            mask = np.tri(T, Tk, k=Tk - T, dtype=bool)  # (T, Tk) True where query i sees key j
+            heads = render_heads(w, labels[Tk - T :], labels, cell=map_cell(Tk), mask=mask)
+            for h, img in enumerate(heads):
+                self._image(f"attention/layer{layer}/head{h}", img, step)
+            self._image(f"attention/layer{layer}", compose_layer(heads, layer), step)
+
+    def offset_profiles(self, step: int, profiles: Sequence, starts: Sequence) -> None:
+        """Attention by relative offset, per layer: profiles[l] (H, K) the weight on offsets
+        0, -1, ..., -(K-1), starts[l] (H,) the weight on the boundary token at position 0.
+        Writes `heads/offsets/layer{l}`, one row per head."""
+        for layer, (profile, start) in enumerate(zip(profiles, starts, strict=True)):
+            img = render_offset_profile(_numpy(profile), _numpy(start), f"layer {layer}")
+            self._image(f"heads/offsets/layer{layer}", img, step)
+
+    def _image(self, tag: str, img: np.ndarray, step: int) -> None:
+        self.writer.add_image(tag, img, step, dataformats="HWC")
+
+    def attention_entropy(self, step: int, entropy: torch.Tensor) -> None:
+        """(L, H) entropies -> scalars `attention_entropy/layer{l}/head{h}`."""
+        e = _numpy(entropy)
+        tags = {
+            f"attention_entropy/layer{layer}/head{h}": float(e[layer, h])
+            for layer in range(e.shape[0])
+            for h in range(e.shape[1])
+        }
+        self.scalars(step, tags)
+
+    def heads(self, step: int, report: HeadReport) -> None:
+        """A microgpt.heads report: its summaries under `heads/` (HeadReport.summaries: the same
+        tags whatever the head count, nan where a measure does not apply), each head's entropy
+        (`attention_entropy/layer{l}/head{h}`) and its per-head numbers under their own prefix,
+        `per_head/layer{l}/head{h}/{importance,position_mean_importance,gradient_importance,
+        score,induction,duplicate,copying}`, so that per-head charts never mix with the
+        summaries; the offset profiles (`heads/offsets/layer{l}`), the layer-0 QK and OV tables
+        (`heads/qk/layer0`, `heads/ov/layer0`), the table as text (`heads/table`) and, once per
+        logger, the custom-scalars layout. The summaries are kept in `last_head_summary`, which
+        `hparams` adds to the run's metrics."""
+        summary = report.summaries()
+        self.scalars(step, summary)
+        self.attention_entropy(step, report.entropy)
+        per_head = {
+            f"per_head/layer{layer}/head{h}/{name}": float(values[layer, h])
+            for name, values in report.per_head().items()
+            for layer in range(report.n_layer)
+            for h in range(report.n_head)
+        }
+        if report.copying is not None:
+            per_head.update(
+                {f"per_head/layer0/head{h}/copying": float(c) for h, c in enumerate(report.copying)}
+            )
+        self.scalars(step, per_head)
+        self.offset_profiles(step, report.offsets, report.start)
+        if report.qk is not None:
+            self.circuits(step, report)
+        self._text("heads/table", report.markdown(), step)
+        if not self._layout_written:
+            self.writer.add_custom_scalars(heads_layout(report.n_layer))
+            self._layout_written = True
+        self.last_head_summary = summary
+
+    def circuits(self, step: int, report: HeadReport) -> None:
+        """The layer-0 heads' QK and OV tables through the embeddings, each row softmaxed (QK:
+        where a query token's attention would go among key tokens; OV: which output tokens
+        attending to a key token favours), one panel per head: `heads/qk/layer0`,
+        `heads/ov/layer0`."""
+        for name, table, title in (
+            ("qk", report.qk, "query token looks for key token"),
+            ("ov", report.ov, "key token raises output token"),
+        ):
+            probs = torch.softmax(table.float(), dim=-1)  # (H, V, V), rows sum to 1
+            panels = [
+                render_table(_numpy(probs[h]), report.labels, f"head {h}: {title}")
+                for h in range(probs.shape[0])
+            ]
+            self._image(f"heads/{name}/layer0", compose_layer(panels, 0), step)
+
+    def _text(self, tag: str, body: str, step: int) -> None:
+        summary = text_summary(tag, body)
+        summary.value[0].tag = tag  # add_text would name it "<tag>/text_summary"
+        self.writer.file_writer.add_summary(summary, step)
+
+    def samples(self, step: int, lines: Sequence[str]) -> None:
+        """Sampled items, one per line, as the text summary "samples". Each line is indented
+        four spaces: a Markdown code block, so lines never merge and nothing is read as markup."""
+        body = "\n".join("    " + line for line in lines) if lines else "(no samples)"
+        self._text("samples", body, step)
+
+    def hparams(
+        self, hparams: Mapping, metrics: Mapping[str, float], step: int | None = None
+    ) -> None:
+        """One row in the HParams tab for this run: written into the run's own folder (not the
+        subfolder `SummaryWriter.add_hparams` makes). `metrics` ({"hparams/best_val_loss": 1.9})
+        are also written as scalars, which is where the HParams tab reads their values. The last
+        head summaries (`heads`) join the metrics; their scalars are written already."""
+        hp = sanitize_hparams(hparams)
+        metric_values = {str(k): _metric_value(v) for k, v in metrics.items()}
+        all_metrics = {**metric_values, **self.last_head_summary}
+        for summary in hparams_summaries(hp, all_metrics):  # experiment, session start, end
+            self.writer.file_writer.add_summary(summary)
+        self.scalars(step if step is not None else 0, metric_values)
+        self.writer.flush()
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+        self.metrics_file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def heads_layout(n_layer: int) -> dict:
+    """The custom-scalars layout (SummaryWriter.add_custom_scalars): a "heads" category with one
+    chart per layer holding every head's entropy and importance, a "head importance" category
+    with the importances alone (they are small beside entropies: here they get their own scale),
+    a "head induction" category (each head's prefix-matching score, per layer) and a "head
+    summaries" category. Regexes, not head numbers, so one layout serves every head count and a
+    sweep's layouts merge into one."""
+
+    def entropy(layer: int) -> str:
+        return rf"attention_entropy/layer{layer}/head\d+$"
+
+    def per_head(layer: int, name: str) -> str:
+        return rf"per_head/layer{layer}/head\d+/{name}$"
+
+    both = {
+        f"layer {n}: entropy and importance of each head": [
+            "Multiline",
+            [entropy(n), per_head(n, "importance")],
+        ]
+        for n in range(n_layer)
+    }
+    alone = {
+        f"layer {n}: importance of each head (loss rise, nats)": [
+            "Multiline",
+            [per_head(n, "importance")],
+        ]
+        for n in range(n_layer)
+    }
+    induction = {
+        f"layer {n}: prefix matching of each head": ["Multiline", [per_head(n, "induction")]]
+        for n in range(n_layer)
+    }
+    summaries = {
+        "entropy min/mean/max per layer": [
+            "Multiline",
+            [r"heads/layer\d+/entropy_(min|mean|max)$"],
+        ],
+        "importance max per layer": ["Multiline", [r"heads/layer\d+/importance_max$"]],
+        "prunable heads": ["Multiline", [r"heads/prunable$"]],
+        "heads per role": ["Multiline", [rf"heads/role/({'|'.join(ROLES)})$"]],
+        "induction and copying": [
+            "Multiline",
+            [r"heads/(induction_max|duplicate_max|copying_max)$"],
+        ],
+        "repeated spans: loss on the first copy and the repeat": [
+            "Multiline",
+            [r"heads/repeat_loss(_first|_gain)?$"],
+        ],
+    }
+    return {
+        "heads": both,
+        "head importance": alone,
+        "head induction": induction,
+        "head summaries": summaries,
+    }

@@ -1,0 +1,286 @@
+"""Correctness where no test looked before: resume state on the CPU, precision, memory bounds,
+data normalisation, and empty samples. Each test names the bug it guards against."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+import torch
+
+import microgpt.train.checkpoint
+from microgpt import system
+from microgpt.config import ConfigError, load_config
+from microgpt.data.dataset import DataError, load_data
+from microgpt.data.lines import read_items
+from microgpt.model import GPT, GPTConfig
+from microgpt.sample.generate import (
+    CACHE_BUDGET,
+    DEFAULT_BATCH,
+    SamplingError,
+    default_batch,
+    format_marked,
+    mark_items,
+    sample_items,
+)
+from microgpt.tokenizer import CharTokenizer
+from microgpt.train.loss import evaluate
+from microgpt.train.trainer import Trainer
+from tests.conftest import compose_config
+
+# ----------------------------------------------------------------------------- resume on a GPU
+
+
+# loading CPU weights into the meta model is a no-op, which torch says once per parameter
+@pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter:UserWarning")
+def test_resume_state_is_loaded_on_the_cpu_whatever_the_device(tiny_cfg, monkeypatch):
+    """Bug: last.pt was loaded with map_location=<the training device>, so on CUDA the saved RNG
+    states landed on the GPU and torch.set_rng_state raised a TypeError. Without a GPU, the
+    resumed run here trains on the meta device, as unusable for an RNG state as CUDA: the
+    resume must restore CPU byte tensors and never ask torch.load for another device."""
+    Trainer(load_config(tiny_cfg("device=cpu", "train.max_steps=3", "train.num_samples=0"))).run()
+    locations, restored = [], []
+    real_load, real_set = torch.load, torch.set_rng_state
+
+    def recording_load(path, map_location=None, **kw):
+        locations.append(str(map_location))
+        return real_load(path, map_location=map_location, **kw)
+
+    monkeypatch.setattr(microgpt.train.checkpoint.torch, "load", recording_load)
+    monkeypatch.setattr(torch, "set_rng_state", lambda s: (restored.append(s), real_set(s)))
+    monkeypatch.setattr(system, "pick_device", lambda name, error=None: torch.device("meta"))
+    cfg = tiny_cfg("device=cpu", "train.max_steps=4", "train.num_samples=0", "resume=true")
+    trainer = Trainer(load_config(cfg))
+    assert trainer.device.type == "meta" and trainer.step == 3
+    assert locations == ["cpu"]
+    assert restored and all(s.device.type == "cpu" and s.dtype == torch.uint8 for s in restored)
+
+
+def test_set_rng_state_takes_states_of_any_dtype_and_device_type_kept_as_bytes():
+    state = microgpt.train.checkpoint.rng_state()
+    as_long = {**state, "torch": state["torch"].long()}  # what a careless copy might leave
+    microgpt.train.checkpoint.set_rng_state(as_long)
+    assert torch.equal(torch.get_rng_state(), state["torch"])
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+@pytest.mark.parametrize(
+    "device,bf16,setting,expected",
+    [
+        ("cpu", True, "auto", "fp32"),
+        ("cuda", True, "auto", "bf16"),
+        ("cuda", False, "auto", "fp16"),  # T4, V100
+        ("cuda", True, "fp16", "fp16"),
+        ("cpu", True, "bf16", "bf16"),
+        ("cuda", True, "fp32", "fp32"),
+    ],
+)
+def test_precision_choice(monkeypatch, device, bf16, setting, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+    assert system.pick_precision(setting, torch.device(device)) == expected
+
+
+def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Tesla T4")
+    with pytest.raises(
+        ConfigError, match=r"Tesla T4 has no bf16 support; use train.precision=fp16"
+    ):
+        system.pick_precision("bf16", torch.device("cuda"), ConfigError)
+
+
+def test_unknown_precision_is_refused():
+    with pytest.raises(ConfigError, match=r"train.precision='fp8' is unknown"):
+        load_config(compose_config(["train.precision=fp8", "out_dir=."]))
+
+
+def test_fp16_scaler_state_resumes_exactly(tiny_cfg, tmp_path):
+    """fp16 autocast on the CPU with a gradient scaler: stopped after 4 of 8 steps and resumed,
+    the scaler's state and the weights equal those of the uninterrupted run."""
+    fp16 = ("device=cpu", "train.precision=fp16", "train.num_samples=0", "train.eval_every=4")
+    whole = Trainer(load_config(tiny_cfg(*fp16, "train.max_steps=8", out=tmp_path / "whole")))
+    whole.run()
+    assert whole.scaler.is_enabled() and whole.scaler.get_scale() > 1
+    first = Trainer(load_config(tiny_cfg(*fp16, "train.max_steps=4", out=tmp_path / "split")))
+    first.run()
+    split = tiny_cfg(*fp16, "train.max_steps=8", "resume=true", out=tmp_path / "split")
+    second = Trainer(load_config(split))
+    # the resume restores the scaler as step 4 left it
+    assert second.scaler.state_dict() == first.scaler.state_dict()
+    assert second.scaler.state_dict()["_growth_tracker"] == 4
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_one_causal_mask_for_all_layers_and_no_block_sized_buffers():
+    """Bug: every layer registered its own block_size x block_size mask (1.6 GB for a 20,000-
+    character line over 4 layers). Now no buffer depends on block_size."""
+    model = GPT(GPTConfig(block_size=4096, n_layer=4))
+    assert sum(b.numel() for b in model.buffers()) == 0
+
+
+def test_default_sampling_batch_is_bounded_by_the_cache_budget():
+    small = GPT(GPTConfig(block_size=16))
+    assert default_batch(small, 5000) == DEFAULT_BATCH
+    long = GPT(GPTConfig(block_size=8192, n_layer=4, n_embd=64))
+    per_row = 2 * 4 * 4 * 8192 * 16 * 4  # keys + values, layers, heads, positions, hd, float32
+    assert default_batch(long, 5000) == CACHE_BUDGET // per_row < DEFAULT_BATCH
+
+
+def test_a_sampling_batch_no_memory_holds_is_refused():
+    model = GPT(GPTConfig(block_size=16))
+    tok = CharTokenizer("abcdefghijklmnopqrstuvwxyz")
+    with pytest.raises(SamplingError, match=r"batch_size=\d+ needs a KV cache of .* GiB free"):
+        sample_items(model, tok, 10**12, batch_size=10**12)
+
+
+def test_a_model_no_memory_holds_is_refused_before_allocating(tiny_cfg):
+    with pytest.raises(ConfigError, match=r"model.block_size=1000000000 .* needs about .* GiB"):
+        Trainer(load_config(tiny_cfg("device=cpu", "model.block_size=1000000000")))
+    with pytest.raises(ConfigError, match=r"train.batch_size=1000000000 needs about"):
+        Trainer(load_config(tiny_cfg("device=cpu", "train.batch_size=1000000000")))
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_nfc_and_nfd_spellings_are_one_item(tmp_path):
+    """Bug: the composed and decomposed forms of "zoë" both survived de-duplication and could
+    land one in train and one in test."""
+    nfc, nfd = unicodedata.normalize("NFC", "zoë"), unicodedata.normalize("NFD", "zoë")
+    assert nfc != nfd
+    path = tmp_path / "names.txt"
+    path.write_text(f"{nfc}\n{nfd}\nanna\nbob\ncarl\n", encoding="utf-8")
+    assert read_items(path) == [nfc, "anna", "bob", "carl"]
+
+
+def test_block_size_zero_is_refused(tmp_path):
+    """Bug: model.block_size=0 was silently taken as "from the data"."""
+    with pytest.raises(ConfigError, match=r"model.block_size=0 must be a positive integer"):
+        load_config(compose_config(["model.block_size=0", "out_dir=."]))
+
+
+def test_carriage_return_only_files_are_refused(tmp_path):
+    path = tmp_path / "names.txt"
+    path.write_bytes(b"anna\rbob\rcarl\rdave\r")
+    with pytest.raises(DataError, match=r"carriage returns only"):
+        read_items(path)
+
+
+def test_a_long_item_is_named_by_its_number_and_first_characters(tmp_path):
+    path = tmp_path / "names.txt"
+    path.write_text("anna\nbob\ncarl\n" + "x" * 20_000 + "\n")
+    with pytest.raises(DataError) as e:
+        load_data(path, seed=0, block_size=16)
+    message = str(e.value)
+    assert "item 4 ('xxxxxxxxxx" in message and len(message) < 400
+
+
+def test_a_pipe_as_data_is_refused_not_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "names.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match=r"not a regular file"):
+        read_items(fifo)
+
+
+# ----------------------------------------------------------------------------- samples
+
+
+def test_an_empty_sample_is_reported_as_empty_and_not_as_new():
+    """Bug: an item that ended at once (the boundary first) was counted as a new name."""
+    marked = mark_items(["", "anna", "zed"], None)
+    assert marked == [("", "empty"), ("anna", "new"), ("zed", "new")]
+    assert format_marked(marked)[-1] == "2 of 3 new, 2 unique, 1 empty"
+
+
+# ----------------------------------------------------------------------------- weight averaging
+
+
+def test_weight_average_is_evaluated_kept_as_best_and_resumes_exactly(tiny_cfg, tmp_path):
+    """train.ema: the average (not the trained weights) is what is evaluated and what best.pt
+    holds; a resume restores the average too, so stopping after 4 of 8 steps changes nothing."""
+    from microgpt.train.checkpoint import load_checkpoint
+
+    ema = ("device=cpu", "train.ema=0.9", "train.num_samples=0", "train.eval_every=4")
+    ema += ("optim.decay=constant", "optim.warmup_steps=0")  # the same schedule for 4 or 8 steps
+    whole = Trainer(load_config(tiny_cfg(*ema, "train.max_steps=8", out=tmp_path / "whole")))
+    metrics = whole.run()
+    averaged = whole.ema.state_dict()
+    assert not torch.equal(whole.model.state_dict()["lm_head.weight"], averaged["lm_head.weight"])
+    best = load_checkpoint(tmp_path / "whole" / "checkpoints" / "best.pt")
+    if best["step"] == 8:  # the last evaluation was the best: best.pt is the final average
+        assert torch.equal(best["model"]["lm_head.weight"], averaged["lm_head.weight"])
+    assert metrics["val_loss"] == pytest.approx(
+        evaluate(whole.ema.model, whole.datasets["val"], 1000), abs=1e-6
+    )
+    Trainer(load_config(tiny_cfg(*ema, "train.max_steps=4", out=tmp_path / "split"))).run()
+    resumed = tiny_cfg(*ema, "train.max_steps=8", "resume=true", out=tmp_path / "split")
+    second = Trainer(load_config(resumed))
+    second.run()
+    for k, v in averaged.items():
+        assert torch.equal(v, second.ema.state_dict()[k]), k
+
+
+# ------------------------------------------------------------------------- resume across versions
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_and_the_data_may_move(
+    tiny_cfg, tmp_path, names_file
+):
+    """A checkpoint written before train.ema existed holds no such key: it counts as the default.
+    The same data at another path is the same data (its items and split are compared)."""
+    from microgpt.train.checkpoint import load_checkpoint, save_checkpoint
+
+    Trainer(load_config(tiny_cfg("device=cpu", "train.max_steps=3", "train.num_samples=0"))).run()
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    old = load_checkpoint(last)
+    del old["train_config"]["train"]["ema"]
+    save_checkpoint(old, last)
+    moved = tmp_path / "elsewhere.txt"
+    moved.write_bytes(names_file.read_bytes())
+    cfg = tiny_cfg("device=cpu", "train.max_steps=5", "resume=true", f"data.path={moved}")
+    trainer = Trainer(load_config(cfg))
+    assert trainer.step == 3
+    names = names_file.read_text().split()
+    moved.write_text("\n".join(names[1:]) + "\n")  # other data at that path: refused
+    with pytest.raises(ConfigError, match=r"no longer holds the data the run was trained on"):
+        Trainer(load_config(cfg))
+
+
+def test_sampling_builds_no_autograd_graph():
+    """Bug: sample_items called the decoding loop without no_grad, so every step recorded a
+    graph (25% slower one name at a time)."""
+    model = GPT(GPTConfig(block_size=8))
+    recorded = []
+    model.lm_head.register_forward_hook(lambda mod, inp, out: recorded.append(out.requires_grad))
+    sample_items(model, CharTokenizer("abcdefghijklmnopqrstuvwxyz"), 3, seed=0, batch_size=1)
+    assert recorded and not any(recorded)
+
+
+# ---------------------------------------------------------------- checkpoints along the way
+
+
+def test_save_every_keeps_step_checkpoints_that_sample_and_heads_accept(tiny_cfg, tmp_path):
+    from microgpt.heads.command import analyse_checkpoint
+    from microgpt.sample.command import run_sampling
+    from microgpt.train.checkpoint import load_checkpoint
+
+    Trainer(load_config(tiny_cfg("device=cpu", "train.save_every=4", "train.num_samples=0"))).run()
+    folder = tmp_path / "run" / "checkpoints"
+    steps = sorted(p.name for p in folder.glob("step-*.pt"))
+    assert steps == ["step-000004.pt", "step-000008.pt", "step-000012.pt"]
+    first = load_checkpoint(folder / "step-000004.pt")
+    assert first["step"] == 4 and "resume" not in first  # weights and config, no optimizer
+    last = load_checkpoint(folder / "last.pt")
+    twelve = load_checkpoint(folder / "step-000012.pt")
+    assert all(torch.equal(twelve["model"][k], last["model"][k]) for k in last["model"])
+    assert not torch.equal(first["model"]["lm_head.weight"], twelve["model"]["lm_head.weight"])
+    result = run_sampling(ckpt=str(folder / "step-000004.pt"), num_samples=3, seed=0)
+    assert len(result.names) == 3 and result.step == 4
+    report, run, _ = analyse_checkpoint(folder / "step-000008.pt")
+    assert run.path == tmp_path / "run" and report.n_head == 2

@@ -1,0 +1,88 @@
+"""Checkpoints prove their integrity: a checksum of everything in them is written with them and
+checked at load, and a save that fails (a full or read-only disk) says which checkpoint is whole
+and how to resume from it."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+import torch
+
+from microgpt.train import checkpoint as ckpt_module
+from microgpt.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+
+def _checkpoint() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "model": {"w": torch.randn(64, 64, generator=g), "b": torch.zeros(64)},
+        "model_config": {"n_layer": 1},
+        "tokenizer": {"chars": "abc"},
+        "step": 7,
+        "metrics": {"val_loss": 2.5},
+    }
+
+
+def _tensor_bytes_at(data: bytes, tensor: torch.Tensor) -> int:
+    """Where a tensor's bytes lie in the saved file (found by content, not by torch's layout)."""
+    raw = tensor.numpy().tobytes()
+    at = data.find(raw)
+    assert at > 0
+    return at
+
+
+def test_a_checkpoint_loads_back_whole_with_its_checksum(tmp_path):
+    path = save_checkpoint(_checkpoint(), tmp_path / "best.pt")
+    loaded = load_checkpoint(path)
+    assert loaded["checksum"].startswith("sha256:") and len(loaded["checksum"]) == 71
+    assert torch.equal(loaded["model"]["w"], _checkpoint()["model"]["w"])
+
+
+@pytest.mark.parametrize("damage", ["flip", "zero"])
+def test_a_flipped_or_zeroed_byte_of_the_weights_is_one_line_naming_the_file(tmp_path, damage):
+    path = save_checkpoint(_checkpoint(), tmp_path / "best.pt")
+    data = bytearray(path.read_bytes())
+    at = _tensor_bytes_at(bytes(data), _checkpoint()["model"]["w"]) + 1000
+    if damage == "flip":
+        data[at] ^= 0x04  # one bit of one weight
+    else:
+        data[at : at + 512] = bytes(512)  # a zeroed block, as a bad sector leaves
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{path} is corrupt")
+    assert "checksum" in message
+
+
+def test_a_checkpoint_written_before_checksums_still_loads(tmp_path):
+    path = tmp_path / "old.pt"
+    torch.save({"format": "microgpt-checkpoint", "version": 1, **_checkpoint()}, path)
+    assert load_checkpoint(path)["step"] == 7
+
+
+def test_a_failed_save_keeps_the_last_checkpoint_and_says_how_to_resume(tmp_path, monkeypatch):
+    last = save_checkpoint(_checkpoint(), tmp_path / "checkpoints" / "last.pt")
+    before = last.read_bytes()
+
+    def full_disk(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt_module, "atomic_write", full_disk)
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(_checkpoint(), last)
+    message = str(info.value)
+    assert message.startswith(f"cannot write {last}: No space left on device")
+    assert f"python train.py resume={last}" in message and "\n" not in message
+    assert last.read_bytes() == before
+    with pytest.raises(CheckpointError, match="no checkpoint of this run was written yet"):
+        save_checkpoint(_checkpoint(), tmp_path / "other" / "checkpoints" / "best.pt")
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.pt")
+    with pytest.raises(CheckpointError, match="is not a regular file"):
+        load_checkpoint(tmp_path / "fifo.pt")

@@ -1,0 +1,463 @@
+"""Reliability: exact resume, crash-safe checkpoints, Ctrl-C and SIGTERM, divergence, safe
+loading."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.tensorboard import SummaryWriter
+
+from microgpt.config import ConfigError, load_config
+from microgpt.runs import find_checkpoints
+from microgpt.train.checkpoint import CheckpointError, load_checkpoint
+from microgpt.train.trainer import Interrupted, Trainer, TrainingError
+from microgpt.viz.tensorboard import read_metrics
+from tests.conftest import REPO, TINY
+
+# dropout > 0, so that restoring the RNG state matters; the train loss logged as the mean of 3
+# steps, so that a stop after step 5 falls inside a window (steps 4-6)
+EXACT = [
+    "device=cpu",
+    "model.dropout=0.2",
+    "train.max_steps=8",
+    "train.eval_every=3",
+    "train.log_every=3",
+    "train.num_samples=0",
+    "log.attn_every=1000",
+]
+
+
+def run_trainer(cfg, on_step=None) -> tuple[Trainer, list[float], BaseException | None]:
+    """Drive a Trainer as train() does, recording each training step's loss; on_step(n) runs after
+    the n-th forward pass of this process (1, 2, ...), e.g. to send a signal mid-run."""
+    trainer = Trainer(load_config(cfg))
+    forward, losses = trainer.train_model, []
+
+    def recording(x, y):
+        logits, loss = forward(x, y)
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(len(losses))
+        return logits, loss
+
+    trainer.train_model = recording
+    stopped = None
+    try:
+        trainer.run()
+    except (Interrupted, KeyboardInterrupt, TrainingError) as e:
+        stopped = e
+    finally:
+        if trainer.writer is not None:
+            trainer.writer.close()
+    return trainer, losses, stopped
+
+
+def sigint_at(n: int, times: int = 1):
+    def on_step(step):
+        if step == n:
+            for _ in range(times):
+                os.kill(os.getpid(), signal.SIGINT)
+
+    return on_step
+
+
+def scalar_steps(run: Path, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def fingerprint(path: Path) -> tuple[str, int]:
+    return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
+
+
+# ----------------------------------------------------------------------------- exact resume
+
+
+def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tmp_path):
+    """Stopped by SIGINT after step 5 of 8, then resumed: the same loss at every step and the same
+    final weights, bit for bit, as one uninterrupted run; TensorBoard's loss/train has each step
+    once."""
+    whole, whole_losses, stopped = run_trainer(tiny_cfg(*EXACT, out=tmp_path / "whole"))
+    assert stopped is None and len(whole_losses) == 8
+
+    run = tmp_path / "split"
+    first, first_losses, stopped = run_trainer(tiny_cfg(*EXACT, out=run), on_step=sigint_at(5))
+    assert isinstance(stopped, Interrupted) and "resume=" in str(stopped)
+    assert first.step == 5 and load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 5
+    # a run killed after its last checkpoint leaves points past it; the resumed run must replace
+    # them
+    with SummaryWriter(str(run)) as stale:
+        for step in (6, 7):
+            stale.add_scalar("loss/train", 99.0, step)
+    with open(run / "metrics.jsonl", "a") as f:  # and the same points in metrics.jsonl
+        f.writelines(f'{{"step": {step}, "loss/train": 99.0}}\n' for step in (6, 7))
+    # event files are read in name order: <seconds>.<host>.<pid>.<writer number>, and within one
+    # second writer 10 sorts before writer 9; a new second keeps the resumed run's file last
+    time.sleep(1.1)
+    second, second_losses, stopped = run_trainer(tiny_cfg(*EXACT, "resume=true", out=run))
+    assert stopped is None and second.step == 8
+    assert first_losses + second_losses == whole_losses  # every step's loss, exactly
+    a, b = whole.model.state_dict(), second.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["model"]["lm_head.weight"].equal(
+        a["lm_head.weight"]
+    )
+
+    points = scalar_steps(run, "loss/train")
+    assert [s for s, _ in points] == [3, 6, 8]  # strictly increasing, none twice, none missing
+    # the window of steps 4-6 was cut by the stop: its mean is still the uninterrupted run's
+    assert [v for _, v in points] == [v for _, v in scalar_steps(tmp_path / "whole", "loss/train")]
+    assert points[1][1] == pytest.approx(sum(whole_losses[3:6]) / 3, rel=1e-6)
+
+    # metrics.jsonl, like TensorBoard, holds each step once and the uninterrupted run's values
+    def train_lines(folder):
+        lines = read_metrics(folder / "metrics.jsonl")
+        return [(d["step"], d["loss/train"]) for d in lines if "loss/train" in d]
+
+    assert train_lines(run) == train_lines(tmp_path / "whole") == [(s, v) for s, v in points]
+    assert [s for s, _ in scalar_steps(run, "loss/val")] == [3, 6, 8]
+
+
+def test_sigterm_finishes_the_step_and_writes_a_resumable_last_pt(tiny_cfg, tmp_path):
+    run = tmp_path / "run"
+    cfg = tiny_cfg(
+        "device=cpu", "train.max_steps=4", "train.eval_every=100", "train.num_samples=0", out=run
+    )
+
+    def on_step(n):
+        if n == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    _, losses, stopped = run_trainer(cfg, on_step=on_step)
+    assert isinstance(stopped, Interrupted) and str(stopped).startswith(
+        "SIGTERM received: stopped at step 2 of 4"
+    )
+    assert stopped.checkpoint == run / "checkpoints" / "last.pt" and len(losses) == 2
+    ckpt = load_checkpoint(stopped.checkpoint)
+    assert ckpt["step"] == 2 and "resume" in ckpt and "interrupted_at" in ckpt["metrics"]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handlers are put back
+
+
+def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(tiny_cfg, tmp_path):
+    run = tmp_path / "run"
+    cfg = tiny_cfg(
+        "device=cpu", "train.max_steps=10", "train.eval_every=4", "train.num_samples=0", out=run
+    )
+    trainer, losses, stopped = run_trainer(cfg, on_step=sigint_at(6, times=2))
+    assert (
+        isinstance(stopped, KeyboardInterrupt) and len(losses) == 6 and trainer.step == 5
+    )  # step 6 unfinished
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")  # the one written at step 4, whole
+    assert ckpt["step"] == 4 and "resume" in ckpt
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name not in ("best.pt", "last.pt")]
+
+
+def test_non_finite_loss_stops_with_advice_and_keeps_the_last_good_checkpoint(tiny_cfg, tmp_path):
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.pt"
+    seen = {}
+    trainer = Trainer(
+        load_config(
+            tiny_cfg(
+                "device=cpu",
+                "train.max_steps=10",
+                "train.eval_every=4",
+                "train.num_samples=0",
+                out=run,
+            )
+        )
+    )
+    forward = trainer.train_model
+
+    def poisoned(x, y):  # step 6 of 10 goes wrong, after last.pt was written at step 4
+        logits, loss = forward(x, y)
+        if trainer.step == 5:
+            seen["last.pt"] = fingerprint(last)
+            return logits, loss * float("nan")
+        return logits, loss
+
+    trainer.train_model = poisoned
+    try:
+        with pytest.raises(TrainingError) as info:
+            trainer.run()
+    finally:
+        trainer.writer.close()
+    message = str(info.value)
+    for part in ("non-finite loss at step 6", "lr ", "optim.lr", "optim.grad_clip", str(last)):
+        assert part in message, part
+    assert fingerprint(last) == seen["last.pt"]
+    ckpt = load_checkpoint(last)
+    assert ckpt["step"] == 4 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+# ----------------------------------------------------------------------------- crash-safe writes
+
+# A helper process: saves a checkpoint once, then for each line on stdin forks a child that saves
+# checkpoints to the same path without end (each one whole: every tensor holds its save's number)
+# and prints the child's pid; the test kills the child with SIGKILL. Nothing has started a thread
+# before the fork (one intra-op thread), so forking is safe.
+SAVER = r"""
+import os, sys, torch
+torch.set_num_threads(1)  # no OpenMP thread pool: a forked child could deadlock on it
+from microgpt.train.checkpoint import save_checkpoint
+path = sys.argv[1]
+shapes = [(4096, 64), (64, 4096), (512, 64)] * 4  # about 4 MB of float32, a small model's size
+def save(n):
+    model = {f"w{i}": torch.full(s, float(n)) for i, s in enumerate(shapes)}
+    save_checkpoint({"model": model, "model_config": {}, "tokenizer": {}, "step": n}, path)
+save(0)
+print("ready", flush=True)
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        n = int(line)
+        while True:
+            n += 1
+            save(n)
+    print(pid, flush=True)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_sigkill_at_random_moments_while_saving_leaves_a_loadable_checkpoint(tmp_path):
+    path = tmp_path / "run" / "checkpoints" / "last.pt"
+    helper = subprocess.Popen(
+        [sys.executable, "-c", SAVER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    rng = random.Random(0)
+    try:
+        assert helper.stdout.readline().strip() == "ready"
+        last_step, mid_write = 0, 0
+        for i in range(10):
+            helper.stdin.write(
+                f"{(i + 1) * 100_000}\n"
+            )  # child i numbers its saves from here (exact in float32)
+            helper.stdin.flush()
+            pid = int(helper.stdout.readline())
+            if i % 2:  # wait until a temporary file is being written, then kill
+                deadline = time.monotonic() + 120  # generous: a busy machine saves slowly
+                while (
+                    not any(p.suffix == ".tmp" for p in path.parent.iterdir())
+                    and time.monotonic() < deadline
+                ):
+                    pass
+            else:
+                time.sleep(rng.uniform(0.0, 0.3))
+            mid_write += any(p.suffix == ".tmp" for p in path.parent.iterdir())
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)  # the helper reaps it
+            ckpt = load_checkpoint(path)  # always whole: one save's tensors, every one of them
+            values = {float(t[0, 0]) for t in ckpt["model"].values()}
+            assert values == {float(ckpt["step"])}, values
+            assert all(bool((t == ckpt["step"]).all()) for t in ckpt["model"].values())
+            assert ckpt["step"] >= last_step  # never an older one than what a reader already saw
+            last_step = ckpt["step"]
+        assert mid_write >= 5  # at least the kills timed to land mid-write did
+    finally:
+        helper.stdin.close()
+        helper.wait(timeout=30)
+    # leftover temporary files are never taken for checkpoints
+    assert find_checkpoints(roots=(str(tmp_path),), name="last.pt") == [path]
+    leftovers = [p for p in path.parent.iterdir() if p != path]
+    assert all(p.name.startswith(".last.pt.") and p.suffix == ".tmp" for p in leftovers)
+
+
+# ----------------------------------------------------------------------------- safe loading
+
+
+class RunsCode:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle"])
+def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_does_not_run(tmp_path, writer):
+    live = tmp_path / "plain-pickle-runs-it"
+    pickle.loads(pickle.dumps(RunsCode(live)))
+    assert live.exists()  # the payload is live: a plain unpickler runs it
+    marker = tmp_path / "code-ran"
+    payload = {
+        "format": "microgpt-checkpoint",
+        "version": 1,
+        "model": {},
+        "model_config": {},
+        "tokenizer": {},
+        "hook": RunsCode(marker),
+    }
+    path = tmp_path / "evil.pt"
+    if writer == "torch.save":
+        torch.save(payload, path)
+    else:
+        path.write_bytes(pickle.dumps(payload))
+    # refused before unpickling (not torch.save's zip) or by the weights-only unpickler
+    with pytest.raises(
+        CheckpointError, match="refused to load .*could run code|not a microgpt checkpoint"
+    ):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_pyproject_requires_a_torch_without_known_weights_only_bypass():
+    tomllib = pytest.importorskip("tomllib")
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    (torch_req,) = [d for d in deps if re.match(r"torch\b", d)]
+    low = re.fullmatch(r"torch\s*>=\s*(\d+)\.(\d+)(\.\d+)?(\s*,\s*<.*)?", torch_req)
+    assert low and (int(low[1]), int(low[2])) >= (2, 6), torch_req  # no weights_only bypass
+    sources = [p for p in (REPO / "microgpt").glob("*.py")] + list(REPO.glob("*.py"))
+    for source in sources:
+        for line in source.read_text().splitlines():
+            if "torch.load(" in line and not line.lstrip().startswith(("#", '"', "`")):
+                assert "weights_only=True" in line, f"{source.name}: {line.strip()}"
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def cli(args, cwd, timeout=300, **kwargs):
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        **kwargs,
+    )
+
+
+def test_cli_sigint_writes_last_pt_then_resume_true_continues_the_same_run_folder(
+    tmp_path, names_file
+):
+    """Ctrl-C: exit 130 with the command that resumes; `resume=true` picks the run up in its
+    folder."""
+    settings = [
+        *TINY,
+        f"data.path={names_file}",
+        "device=cpu",
+        "train.num_samples=0",
+        "train.log_every=1",
+        "train.eval_every=5",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *settings, "train.max_steps=100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 300  # generous: a busy machine starts slowly
+        while not list(tmp_path.glob("outputs/*/*/checkpoints/last.pt")):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr and "SIGINT received: stopped at step" in stderr
+    runs = list(tmp_path.glob("outputs/*/*"))
+    assert len(runs) == 1
+    last = runs[0] / "checkpoints" / "last.pt"
+    command = stderr.strip().splitlines()[-1]
+    assert (
+        command.startswith("microgpt: resume with: python train.py ")
+        and f"resume={last}" in command
+    )
+    stopped_at = load_checkpoint(last)["step"]
+
+    result = cli([*settings, f"train.max_steps={stopped_at + 3}", "resume=true"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert list(tmp_path.glob("outputs/*/*")) == runs  # the same folder, no new one
+    assert load_checkpoint(last)["step"] == stopped_at + 3
+    steps = [s for s, _ in scalar_steps(runs[0], "loss/train")]
+    assert steps == list(range(1, stopped_at + 4))
+
+    nothing = tmp_path / "elsewhere"
+    nothing.mkdir()
+    result = cli(["resume=true"], cwd=nothing)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "no run to resume" in result.stderr and "resume=PATH" in result.stderr
+    assert not list(nothing.glob("outputs/**/*.pt"))
+
+
+def test_resume_with_other_model_settings_names_the_differing_keys(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("device=cpu", "train.max_steps=4", "train.eval_every=2", "train.num_samples=0")
+    run_trainer(cfg)
+    # settings that may change on resume: max_steps, eval_every, logging
+    Trainer(
+        load_config(
+            tiny_cfg(
+                "device=cpu",
+                "train.max_steps=8",
+                "train.eval_every=3",
+                "train.log_every=1",
+                "log.attn_every=2",
+                "train.num_samples=0",
+                "resume=true",
+            )
+        )
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"heads: 2 in the checkpoint, 4 now.*model\.n_head: 2 in the checkpoint, "
+        r"4 now",
+    ) as info:
+        Trainer(
+            load_config(
+                tiny_cfg(
+                    "device=cpu",
+                    "train.max_steps=8",
+                    "train.num_samples=0",
+                    "heads=4",
+                    "resume=true",
+                )
+            )
+        )
+    differing = str(info.value).split("settings differ from the checkpoint's (")[1].split(")")[0]
+    # heads, model.n_head and the n_kv_head that follows it (null = n_head), nothing else
+    assert differing.count(" in the checkpoint") == 3 and "model.n_kv_head: 2" in differing
+    assert json.dumps(str(info.value)).count("\\n") == 0  # one line
+
+
+def test_run_dir_resolver_continues_the_run_being_resumed(tmp_path, monkeypatch):
+    """hydra.run.dir under resume: the newest run's folder, the checkpoint's run folder, else a
+    new one."""
+    from microgpt.cli import run_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert run_dir(True, "outputs/new") == "outputs/new"  # nothing to resume: train() then says so
+    for name, age in (("old", 100), ("newer", 0)):
+        last = tmp_path / "outputs" / "day" / name / "checkpoints" / "last.pt"
+        last.parent.mkdir(parents=True)
+        last.write_bytes(b"x")
+        os.utime(last, (time.time() - age, time.time() - age))
+    (tmp_path / "outputs" / "day" / "newer" / "checkpoints" / ".last.pt.x.tmp").write_bytes(b"x")
+    assert Path(run_dir(True, "outputs/new")) == Path("outputs/day/newer")
+    assert Path(run_dir("true", "outputs/new")) == Path("outputs/day/newer")
+    assert run_dir("outputs/day/old/checkpoints/last.pt", "outputs/new") == "outputs/day/old"
+    assert run_dir(False, "outputs/new") == "outputs/new"

@@ -1,0 +1,451 @@
+"""microgpt.heads and GPT.forward(head_mask=...): roles, importance, pruning, the command."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+from microgpt.heads.analyse import (
+    ROLES,
+    analyse,
+    batches_loss,
+    importance,
+    length_batches,
+    replaced_heads,
+)
+from microgpt.heads.command import main
+from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
+
+BLOCK = 8
+
+
+def random_model(tok, impl="sdpa", n_head=4, n_layer=2, seed=0, **kw) -> GPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        vocab_size=tok.vocab_size,
+        block_size=BLOCK,
+        n_layer=n_layer,
+        n_embd=16,
+        n_head=n_head,
+        attn_impl=impl,
+        **kw,
+    )
+    model = GPT(config)
+    with torch.no_grad():  # the default init gives near-uniform attention: make heads differ
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() > 1 else 1.0)
+    return model.eval()
+
+
+def same_weights(model: GPT, impl: str) -> GPT:
+    other = GPT(GPTConfig(**{**model.config.to_dict(), "attn_impl": impl}))
+    other.load_state_dict(model.state_dict())
+    return other.eval()
+
+
+# ----------------------------------------------------------------------------- head_mask
+
+
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+@pytest.mark.parametrize("n_kv_head", [None, 2])
+def test_head_mask_zero_equals_zero_wo_columns(rows, impl, n_kv_head):
+    x, _, tok = rows
+    model = random_model(tok, impl, n_kv_head=n_kv_head)
+    L, H, hd = 2, 4, model.config.head_dim
+    for layer, h in [(0, 1), (1, 3)]:
+        mask = torch.ones(L, H)
+        mask[layer, h] = 0.0
+        masked, _ = model(x, head_mask=mask)
+        cut = copy.deepcopy(model)
+        with torch.no_grad():
+            cut.blocks[layer].attn.proj.weight[:, h * hd : (h + 1) * hd] = 0.0
+        expected, _ = cut(x)
+        torch.testing.assert_close(masked, expected, rtol=0, atol=1e-5)
+        assert not torch.allclose(masked, model(x)[0], atol=1e-3)  # the head mattered
+
+
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+def test_head_mask_of_ones_or_none_changes_nothing(rows, impl):
+    x, y, tok = rows
+    model = random_model(tok, impl)
+    plain, loss = model(x, y)
+    ones, loss_ones = model(x, y, head_mask=torch.ones(2, 4))
+    assert torch.equal(plain, ones) and torch.equal(loss, loss_ones)
+    with pytest.raises(ValueError, match="head_mask has shape"):
+        model(x, head_mask=torch.ones(4, 2))
+
+
+def test_head_mask_is_equal_across_implementations(rows):
+    x, _, tok = rows
+    mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 0.0]])
+    reference = random_model(tok, "loop")
+    expected, _ = reference(x, head_mask=mask)
+    for impl in ATTN_IMPLS[1:]:
+        got, _ = same_weights(reference, impl)(x, head_mask=mask)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- roles
+
+
+def forced_model(tok, beta: float = 2.0) -> GPT:
+    """One layer, five heads of 8 channels, each made to look where its name says: the token
+    embedding is 0 and position i's embedding is the unit vector e_i (RMSNorm scales it), so
+    q_i . k_j is large exactly where head h's Q reads the position its role names."""
+    C, hd = 40, 8
+    model = GPT(
+        GPTConfig(
+            vocab_size=tok.vocab_size,
+            block_size=BLOCK,
+            n_layer=1,
+            n_embd=C,
+            n_head=5,
+            norm="rmsnorm",
+        )
+    )
+    with torch.no_grad():
+        model.wte.weight.zero_()
+        model.wpe.weight.zero_()
+        model.wpe.weight[:, :BLOCK] = torch.eye(BLOCK)  # position i -> e_i
+        w = model.blocks[0].attn.qkv.weight  # (3C, C): rows [0, C) Q, [C, 2C) K, [2C, 3C) V
+        w[: 2 * C].zero_()
+        shift = {0: 1, 1: None, 2: 0, 3: 2, 4: "uniform"}  # q_i = e_{i - shift}
+        for h, s in shift.items():
+            q, k = w[h * hd : (h + 1) * hd], w[C + h * hd : C + (h + 1) * hd]  # (hd, C) each
+            k[:, :BLOCK] = torch.eye(BLOCK)  # k_j = e_j
+            if s is None:  # start: q_i = e_0 whatever i
+                q[0, :BLOCK] = beta
+            elif s != "uniform":  # q[c] = x[c + s]: q_i = e_{i - s}
+                q[:, :BLOCK] = beta * torch.eye(BLOCK).roll(s, dims=1)
+                q[:, :s] = 0.0
+    return model.eval()
+
+
+def test_forced_heads_get_their_roles(rows):
+    x, y, tok = rows
+    model = forced_model(tok)
+    report = analyse(model, x, y)
+    assert report.roles == [["previous", "start", "self", "two_back", "mixed"]]
+    assert (report.scores[0, :4] > 0.95).all(), report.scores
+    assert report.spread[0, 4] == pytest.approx(1.0)  # uniform: entropy log(i + 1)
+    assert report.scores[0, 4] == 0.0  # uniform: no pattern above chance
+    assert report.offsets[0, 0, 1] > 0.95 and report.offsets[0, 0, 0] < 0.05  # previous, not self
+    assert report.start[0, 1] > 0.95 and report.start[0, 0] < 0.05
+    counts = report.role_counts()
+    named = {k: v for k, v in counts.items() if v}
+    assert named == {"self": 1, "previous": 1, "two_back": 1, "start": 1, "mixed": 1}
+    # the profile is the mean weight per offset over the queries where that key is a character
+    _, _, att = model(x, return_attn=True)
+    real = y >= 0
+    i = torch.arange(BLOCK)
+    previous = att[0][:, 0, i[2:], i[2:] - 1]  # (N, T-2): head 0, queries i >= 2, key i - 1
+    expected = previous[real[:, 2:]].mean()
+    assert report.offsets[0, 0, 1] == pytest.approx(float(expected), abs=1e-6)
+
+
+def test_entropy_matches_attention_entropy(rows):
+    from microgpt.heads.analyse import attention_entropy
+
+    x, y, tok = rows
+    model = random_model(tok)
+    _, _, att = model(x, return_attn=True)
+    report = analyse(model, x, y)
+    torch.testing.assert_close(report.entropy.float(), attention_entropy(att, y >= 0))
+    assert ((report.spread >= 0) & (report.spread <= 1 + 1e-9)).all()
+    assert ((report.scores >= 0) & (report.scores <= 1 + 1e-9)).all()
+
+
+# ----------------------------------------------------------------------------- importance
+
+
+def test_a_head_with_zero_wo_columns_has_importance_exactly_zero(rows):
+    x, y, tok = rows
+    model = random_model(tok)
+    hd = model.config.head_dim
+    with torch.no_grad():
+        model.blocks[1].attn.proj.weight[:, 2 * hd : 3 * hd] = 0.0
+    report = analyse(model, x, y)
+    assert report.zero_importance[1, 2] == 0.0 and report.mean_importance[1, 2] == 0.0
+    others = torch.ones(2, 4, dtype=torch.bool)
+    others[1, 2] = False
+    assert (report.zero_importance[others].abs() > 1e-4).all()
+
+
+def test_importance_agrees_across_implementations(rows):
+    x, y, tok = rows
+    reference = random_model(tok, "loop")
+    reports = {impl: analyse(same_weights(reference, impl), x, y) for impl in ATTN_IMPLS}
+    for impl in ATTN_IMPLS[1:]:
+        for field in ("zero_importance", "mean_importance", "offsets", "start", "spread"):
+            a, b = getattr(reports["loop"], field), getattr(reports[impl], field)
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=f"{field} of {impl}")
+        assert reports[impl].roles == reports["loop"].roles
+    assert reports["loop"].zero_importance.abs().max() > 1e-3  # not trivially equal
+
+
+def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
+    """Mean-ablating head h = zero its W_O columns and add W_O[:, h] @ mean_h to W_O's bias."""
+    x, y, tok = rows
+    model = random_model(tok, bias=True)
+    hd, layer, h = model.config.head_dim, 0, 1
+    captured = []
+    proj = model.blocks[layer].attn.proj
+    hook = proj.register_forward_pre_hook(lambda m, args: captured.append(args[0]))
+    model(x)
+    hook.remove()
+    z = captured[0][..., h * hd : (h + 1) * hd]  # (N, T, hd): the head's output
+    mean = z[y >= 0].mean(dim=0).detach()  # over the real positions
+    folded = copy.deepcopy(model)
+    with torch.no_grad():
+        w = folded.blocks[layer].attn.proj
+        w.bias += w.weight[:, h * hd : (h + 1) * hd] @ mean
+        w.weight[:, h * hd : (h + 1) * hd] = 0.0
+    batches = length_batches(x, y)
+    expected = batches_loss(folded, batches) - batches_loss(model, batches)
+    got = importance(model, x, y, mode="mean")
+    assert got[layer, h] == pytest.approx(expected, abs=1e-5)
+    # the hook itself: replacing every head by a constant gives the same logits as the fold
+    values = torch.zeros(2, 4, hd)
+    values[layer, h] = mean
+    replace = torch.zeros(2, 4, dtype=torch.bool)
+    replace[layer, h] = True
+    with torch.no_grad(), replaced_heads(model, replace, values):
+        torch.testing.assert_close(model(x)[0], folded(x)[0], rtol=0, atol=1e-5)
+    assert not model.blocks[layer].attn.proj._forward_pre_hooks  # hooks removed
+
+
+def without_heads(model: GPT, heads) -> GPT:
+    """A copy of `model` whose heads (layer, head) are removed by zeroing their columns of W_O:
+    another mechanism than head_mask (test_head_mask_zero_equals_zero_wo_columns proves them
+    equal), so the expected curve does not repeat the code under test."""
+    other = copy.deepcopy(model)
+    hd = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        for layer, h in heads:
+            other.blocks[layer].attn.proj.weight[:, h * hd : (h + 1) * hd] = 0.0
+    return other
+
+
+def test_pruning_removes_heads_least_important_first_and_counts_the_prunable(rows):
+    """The pruning curve, rebuilt from whole-row losses of models with W_O columns zeroed: the
+    order is by single-head importance, each point removes one more head (cumulative), and
+    prunable is where the rise first reaches the tolerance. A wrong order, a mask that is not
+    cumulative or an off-by-one count fails."""
+    x, y, tok = rows
+    model = random_model(tok)
+    L, H = 2, 4
+    heads = [(a, b) for a in range(L) for b in range(H)]
+    with torch.no_grad():
+        base = float(model(x, y)[1])
+        single = {k: float(without_heads(model, [k])(x, y)[1]) - base for k in heads}
+        order = sorted(heads, key=lambda k: single[k])
+        curve = [float(without_heads(model, order[:n])(x, y)[1]) for n in range(L * H + 1)]
+    rises = [loss - base for loss in curve[1:]]
+    assert len(set(single.values())) == L * H  # distinct: the order is well defined
+    tolerance = sorted(rises)[L * H // 2]  # a tolerance inside the curve: 0 < prunable < L*H
+    expected = next(n for n, rise in enumerate(rises) if rise >= tolerance)
+    assert 0 < expected < L * H
+
+    report = analyse(model, x, y, tolerance=tolerance)
+    assert report.pruning_order == order
+    assert report.pruning_losses == pytest.approx(curve, abs=1e-5)
+    assert report.prunable == expected
+    assert report.loss == pytest.approx(base, abs=1e-5)
+    for (a, b), value in single.items():
+        assert float(report.zero_importance[a, b]) == pytest.approx(value, abs=1e-5)
+
+
+def test_report_is_json_summaries_do_not_depend_on_head_count(rows):
+    x, y, tok = rows
+    one = analyse(random_model(tok, n_head=1), x, y)
+    eight = analyse(random_model(tok, n_head=8), x, y)
+    assert one.summaries().keys() == eight.summaries().keys()
+    assert {f"heads/role/{r}" for r in ROLES} <= set(one.summaries())
+    assert sum(eight.role_counts().values()) == 16
+    data = json.loads(json.dumps(eight.to_dict()))
+    assert len(data["heads"]) == 16 and data["pruning"]["prunable"] == eight.prunable
+    assert data["summaries"] == pytest.approx(eight.summaries())
+    table = eight.markdown().splitlines()
+    assert table[0].startswith("| layer | head | role | score | lift | entropy")
+    head_rows = table[2 : 2 + 16]  # then the notes and the layer-0 circuits
+    assert len([line for line in head_rows if line.startswith("| 1 |")]) == 8
+
+
+def test_analyse_puts_the_model_back_in_its_mode(rows):
+    x, y, tok = rows
+    model = random_model(tok).train()
+    analyse(model, x, y)
+    assert model.training
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_command_on_a_run_and_on_its_checkpoints_names_each_analysis_after_its_checkpoint(
+    tiny_cfg, tmp_path, capsys
+):
+    """Analysing a step checkpoint never replaces the run's analysis (of best.pt): each analysis
+    is named after the checkpoint it analysed, and compare reads best.pt's."""
+    from microgpt.compare import read_runs
+    from microgpt.train.trainer import train
+
+    train(tiny_cfg("train.num_samples=0", "train.save_every=6"))
+    run = tmp_path / "run"
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "| layer | head | role |" in out and "Prunable:" in out
+    best = json.loads((run / "heads-best.json").read_text())
+    assert best["n_head"] == 2 and len(best["heads"]) == 2
+    assert best["checkpoint"].endswith("best.pt")
+    assert "| 0 | 1 |" in (run / "heads-best.md").read_text()
+    kept = (run / "heads-best.json").read_bytes()
+    for checkpoint, name in (("last.pt", "heads-last"), ("step-000006.pt", "heads-step-000006")):
+        assert main([str(run / "checkpoints" / checkpoint)]) == 0  # into the run folder
+        assert json.loads((run / f"{name}.json").read_text())["checkpoint"].endswith(checkpoint)
+        assert (run / f"{name}.md").is_file()
+    assert (run / "heads-best.json").read_bytes() == kept
+    assert main([str(run / "checkpoints")]) == 0  # the checkpoints/ folder names the same run
+    assert json.loads((run / "heads-best.json").read_text())["checkpoint"] == best["checkpoint"]
+    capsys.readouterr()
+    # compare reports best.pt's analysis, whatever else was analysed last
+    step = json.loads((run / "heads-step-000006.json").read_text())
+    step["summaries"]["heads/prunable"] = 99.0
+    (run / "heads-step-000006.json").write_text(json.dumps(step))
+    (row,) = read_runs(run)
+    assert row.heads_summary == best["summaries"]
+
+
+def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    for path in ("missing", "empty", "junk.pt"):
+        assert main([str(tmp_path / path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("microgpt: error: ") and len(err.strip().splitlines()) == 1, err
+        assert "Traceback" not in err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_importance_moves_the_rows_to_the_models_device(rows):
+    """issue 22, item 5: importance() (unlike analyse) ran a GPU model on CPU rows and crashed."""
+    x, y, tok = rows
+    model = random_model(tok)
+    on_cpu = importance(model, x, y)
+    for mode in ("zero", "mean"):
+        got = importance(model.cuda(), x, y, mode=mode)  # rows stay on the CPU
+        assert got.shape == (2, 4)
+    torch.testing.assert_close(importance(model, x, y), on_cpu, rtol=0, atol=1e-4)
+
+
+def test_a_role_needs_the_majority_of_the_attention_above_chance():
+    from microgpt.heads.analyse import roles_of
+
+    mass = {
+        "previous": torch.tensor([[0.6, 0.45, 0.3]]),
+        "vowel": torch.tensor([[0.7, 0.2, 0.8]]),
+    }
+    lift = {"previous": torch.tensor([[5.0, 4.0, 3.0]]), "vowel": torch.tensor([[1.2, 0.5, 2.0]])}
+    roles, scores = roles_of(mass, lift)
+    # 0.7 on vowels at 1.2 times chance is no role; 0.45 on the previous character no majority
+    assert roles == [["previous", "mixed", "vowel"]]
+    torch.testing.assert_close(scores, torch.tensor([[0.6, 0.45, 0.8]], dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------- gradient, circuits
+
+
+def test_gradient_importance_of_a_head_with_zero_wo_is_zero(rows):
+    x, y, tok = rows
+    model = random_model(tok)
+    hd = model.config.head_dim
+    with torch.no_grad():
+        model.blocks[0].attn.proj.weight[:, hd : 2 * hd] = 0.0
+    grad = importance(model, x, y, mode="gradient")
+    assert grad[0, 1] == 0.0
+    others = torch.ones(2, 4, dtype=torch.bool)
+    others[0, 1] = False
+    assert (grad[others].abs() > 1e-6).all()
+    assert all(p.grad is None for p in model.parameters())  # the weights' .grad untouched
+    # the first-order estimate of a small ablation: scaling a head's mask by 1 - eps
+    layer, h, eps = 1, 2, 1e-3
+    mask = torch.ones(2, 4)
+    mask[layer, h] = 1 - eps
+    batches = length_batches(x, y)
+    rise = batches_loss(model, batches, mask) - batches_loss(model, batches, torch.ones(2, 4))
+    assert grad[layer, h] * eps == pytest.approx(rise, rel=0.05)
+
+
+def test_rank_correlation():
+    from microgpt.heads.circuits import rank_correlation
+
+    a = torch.tensor([0.1, 0.5, 0.3, 0.9])
+    assert rank_correlation(a, a**3) == pytest.approx(1.0)
+    assert rank_correlation(a, -a) == pytest.approx(-1.0)
+    # ranks 1 2 3 4 against 1 3 2 4: 1 - 6 * 2 / (4 * 15) = 0.8
+    assert rank_correlation(torch.tensor([1.0, 2, 3, 4]), torch.tensor([1.0, 3, 2, 4])) == (
+        pytest.approx(0.8)
+    )
+    assert math.isnan(rank_correlation(a, torch.ones(4)))
+
+
+def test_position_mean_ablation_spares_heads_that_see_positions_only(rows):
+    """With every token embedded as 0, each head's output depends on its position alone: its
+    mean at each position is its output, and replacing it by that changes nothing, while its
+    mean over all positions does."""
+    x, y, tok = rows
+    model = random_model(tok)
+    with torch.no_grad():
+        model.wte.weight.zero_()
+    position = importance(model, x, y, mode="position")
+    mean = importance(model, x, y, mode="mean")
+    assert position.abs().max() < 1e-5
+    assert mean.abs().max() > 1e-3
+
+
+def test_layer0_circuits_match_a_hand_computation():
+    """V = 3 tokens, C = 4 channels, one head: wte rows of RMS 1 pass RMSNorm unchanged."""
+    from microgpt.heads.circuits import layer0_circuits
+
+    model = GPT(GPTConfig(vocab_size=3, block_size=4, n_layer=1, n_embd=4, n_head=1,
+                          norm="rmsnorm"))  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.wte.weight.copy_(torch.tensor([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0]]))
+        w = model.blocks[0].attn.qkv.weight  # (12, 4)
+        w[0, 0] = 1.0  # q[0] = x[0]
+        w[4, 1] = 3.0  # k[0] = 3 x[1]
+        w[8, 2] = 1.0  # v[0] = x[2]
+        w[9, 0] = -1.0  # v[1] = -x[0]
+        model.blocks[0].attn.proj.weight[3, 0] = 1.0  # out[3] = v[0]
+        model.blocks[0].attn.proj.weight[2, 1] = 1.0  # out[2] = v[1]
+        model.lm_head.weight.copy_(torch.tensor([[0, 0, 0, 1.0], [0, 0, 1.0, 0], [0, 0, 0, 0]]))
+    qk, ov, copying = layer0_circuits(model)
+    # e_a = 2 one_hot(a): q(token 0) = 2, k(token 1) = 6; score 12 / sqrt(4) = 6, all else 0
+    expected_qk = torch.zeros(3, 3, dtype=torch.float64)
+    expected_qk[0, 1] = 6.0
+    torch.testing.assert_close(qk[0], expected_qk, rtol=1e-4, atol=1e-6)  # RMSNorm's eps
+    # token 2: v = (2, 0) -> out[3] = 2 -> logit of token 0 = 2; token 0: v = (0, -2) ->
+    # out[2] = -2 -> logit of token 1 = -2
+    expected_ov = torch.zeros(3, 3, dtype=torch.float64)
+    expected_ov[2, 0] = 2.0
+    expected_ov[0, 1] = -2.0
+    torch.testing.assert_close(ov[0], expected_ov, rtol=1e-4, atol=1e-6)
+    # [[0, -2, 0], [0, 0, 0], [2, 0, 0]] is nilpotent: every eigenvalue 0, no preference
+    assert copying[0] == 0.5
+    with torch.no_grad():  # a copying head: OV = diag(2, 2, 0), each token raises itself
+        w[8:12].zero_()
+        w[8, 0] = w[9, 1] = 1.0
+        model.blocks[0].attn.proj.weight.zero_()
+        model.blocks[0].attn.proj.weight[3, 0] = model.blocks[0].attn.proj.weight[2, 1] = 1.0
+    assert layer0_circuits(model)[2][0] == pytest.approx(1.0)
+    with torch.no_grad():  # diag(-2, 2, 0): half the eigenvalue mass positive
+        w[8, 0] = -1.0
+    assert layer0_circuits(model)[2][0] == pytest.approx(0.5)
+    with torch.no_grad():  # diag(-2, -2, 0): an anti-copying head
+        w[9, 1] = -1.0
+    assert layer0_circuits(model)[2][0] == pytest.approx(0.0, abs=1e-6)

@@ -1,0 +1,336 @@
+"""Choosing the next token (sample_next) and sampling items from a model (GPT.generate)."""
+
+import re
+
+import pytest
+import torch
+
+from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
+from microgpt.sample.generate import check_sampling_args, generate, sample_next
+from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
+
+# ---------------------------------------------------------------- sample_next
+
+# A hand-made distribution over 6 tokens, in a shuffled order so that "most likely" is not "first".
+PROBS = torch.tensor([0.05, 0.30, 0.02, 0.50, 0.10, 0.03])
+ORDER = [3, 1, 4, 0, 5, 2]  # tokens from most to least likely
+
+
+def draws(n=4000, seed=0, **kw):
+    logits = PROBS.log().repeat(n, 1)  # (n, V): n independent rows
+    return sample_next(logits, generator=torch.Generator().manual_seed(seed), **kw)
+
+
+def test_temperature_zero_is_argmax():
+    logits = torch.randn(5, 9, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sample_next(logits, temperature=0), logits.argmax(-1))
+    # ignores top_k / top_p and the generator
+    assert torch.equal(sample_next(logits, 0, top_k=3, top_p=0.5), logits.argmax(-1))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_top_k_keeps_only_the_k_most_likely(k):
+    out = draws(top_k=k)
+    assert set(out.tolist()) == set(ORDER[:k])  # all of them show up, and nothing else
+
+
+def test_top_k_at_least_vocab_keeps_everything():
+    assert set(draws(top_k=6).tolist()) == set(range(6))
+    assert set(draws(top_k=100).tolist()) == set(range(6))
+
+
+@pytest.mark.parametrize(
+    "top_p,nucleus",
+    [
+        (0.3, [3]),
+        (0.45, [3]),
+        (0.7, [3, 1]),
+        (0.85, [3, 1, 4]),
+        (0.93, [3, 1, 4, 0]),
+        (0.97, [3, 1, 4, 0, 5]),
+        (1.0, ORDER),
+    ],
+)
+def test_top_p_keeps_the_smallest_nucleus(top_p, nucleus):
+    """The smallest set of most likely tokens whose probability reaches top_p."""
+    assert set(draws(top_p=top_p).tolist()) == set(nucleus)
+
+
+@pytest.mark.parametrize("top_p,nucleus", [(0.5, {0}), (0.75, {0, 1}), (0.875, {0, 1, 2})])
+def test_top_p_exactly_reached_stops_there(top_p, nucleus):
+    """A set whose probability equals top_p is enough: the next token is not added.
+
+    Dyadic probabilities survive log -> softmax exactly in fp32, so the sums hit top_p exactly.
+    """
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.125])
+    assert torch.equal(probs.log().softmax(-1), probs)
+    out = sample_next(
+        probs.log().repeat(2000, 1), top_p=top_p, generator=torch.Generator().manual_seed(0)
+    )
+    assert set(out.tolist()) == nucleus
+
+
+def test_top_p_renormalises_within_the_nucleus():
+    out = draws(n=20000, top_p=0.7)  # nucleus {3: 0.5, 1: 0.3}
+    freq3 = (out == 3).float().mean().item()
+    assert abs(freq3 - 0.5 / 0.8) < 0.02
+
+
+def test_sampling_follows_the_distribution():
+    out = draws(n=20000)
+    freq = torch.bincount(out, minlength=6).float() / 20000
+    torch.testing.assert_close(freq, PROBS, atol=0.015, rtol=0)
+
+
+def test_top_k_then_top_p():
+    # top_k=3 keeps {3, 1, 4} renormalised to {0.556, 0.333, 0.111}; top_p=0.6 then keeps {3, 1}
+    assert set(draws(top_k=3, top_p=0.6).tolist()) == {3, 1}
+
+
+def test_rows_are_cut_independently():
+    logits = torch.stack([PROBS.log(), PROBS.flip(0).log()]).repeat(2000, 1)  # alternating rows
+    out = sample_next(logits, top_k=1, generator=torch.Generator().manual_seed(0))
+    assert set(out[0::2].tolist()) == {3} and set(out[1::2].tolist()) == {2}
+
+
+def test_temperature_sharpens_and_flattens():
+    """Logits divided by the temperature: p_i^(1/t), renormalised."""
+    for t in (0.25, 1.0, 4.0):
+        expected = (PROBS ** (1 / t) / (PROBS ** (1 / t)).sum())[3].item()
+        freq = (draws(n=8000, temperature=t) == 3).float().mean().item()
+        assert abs(freq - expected) < 0.02, (t, freq, expected)
+
+
+def test_fixed_generator_is_reproducible():
+    a = draws(seed=123, temperature=0.8, top_k=4, top_p=0.9)
+    b = draws(seed=123, temperature=0.8, top_k=4, top_p=0.9)
+    assert torch.equal(a, b) and a.shape == (4000,)
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        ({"temperature": -0.5}, "temperature=-0.5 must be >= 0"),
+        ({"temperature": float("nan")}, "temperature=nan must be >= 0"),
+        ({"top_k": 0}, "top_k=0 must be an integer >= 1"),
+        ({"top_k": 2.5}, "top_k=2.5 must be an integer >= 1"),
+        ({"top_k": True}, "top_k=True must be an integer >= 1"),
+        ({"top_p": 0.0}, "top_p=0.0 must be in (0, 1]"),
+        ({"top_p": 1.5}, "top_p=1.5 must be in (0, 1]"),
+    ],
+)
+def test_bad_sampling_args_raise(kw, msg):
+    args = {"temperature": 1.0, "top_k": None, "top_p": None} | kw
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        check_sampling_args(**args)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        generate(model(), **args)  # checked where they enter, once (sample_next trusts them)
+
+
+# ---------------------------------------------------------------- GPT.generate
+
+TOK = CharTokenizer("abcdefghij")  # vocab 11: boundary + 10 characters
+
+
+def model(impl="sdpa", n_kv_head=None, seed=0, block_size=10):
+    cfg = GPTConfig(
+        vocab_size=TOK.vocab_size,
+        block_size=block_size,
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        n_kv_head=n_kv_head,
+        attn_impl=impl,
+    )
+    m = GPT(cfg).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # peaky distributions, so rows differ in length and some end early
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return m
+
+
+def gen(m, seed=0, **kw):
+    return generate(m, generator=torch.Generator().manual_seed(seed), **kw)
+
+
+SETTINGS = [
+    {"temperature": 1.0},
+    {"temperature": 0.7, "top_k": 3},
+    {"temperature": 1.3, "top_p": 0.8},
+    {"temperature": 0.9, "top_k": 5, "top_p": 0.9},
+    {"temperature": 0},
+]
+
+
+@pytest.mark.parametrize("prefix", [None, "ab"])
+@pytest.mark.parametrize(
+    "settings", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items())
+)
+@pytest.mark.parametrize("impl,n_kv_head", [("sdpa", None), ("loop", 2), ("batched", 1)])
+def test_same_items_with_and_without_cache(impl, n_kv_head, settings, prefix):
+    m = model(impl, n_kv_head)
+    pre = TOK.encode(prefix) if prefix else None
+    cached = gen(m, num_samples=16, prefix=pre, use_cache=True, **settings)
+    uncached = gen(m, num_samples=16, prefix=pre, use_cache=False, **settings)
+    assert torch.equal(cached, uncached)
+
+
+def test_generated_items_vary_in_length():
+    """The cache test above is not trivial: rows end at different steps."""
+    out = gen(model(), num_samples=32)
+    lengths = {len(TOK.decode(row)) for row in out}
+    assert len(lengths) >= 3
+
+
+def test_greedy_is_deterministic():
+    m = model()
+    a = generate(m, num_samples=4, temperature=0)  # no generator needed
+    b = gen(m, seed=99, num_samples=4, temperature=0)
+    assert torch.equal(a, b)
+    assert (a == a[0]).all()  # every row is the same argmax path
+
+
+def test_top_k_one_equals_greedy():
+    m = model()
+    greedy = generate(m, num_samples=3, temperature=0)
+    for seed in range(3):
+        assert torch.equal(gen(m, seed=seed, num_samples=3, top_k=1), greedy)
+        assert torch.equal(gen(m, seed=seed, num_samples=3, temperature=2.0, top_k=1), greedy)
+
+
+def test_greedy_follows_full_forward_argmax():
+    m = model()
+    out = generate(m, num_samples=1, temperature=0)[0]
+    ctx = torch.tensor([[BOUNDARY_ID]])
+    for tok in out.tolist():
+        expected = m(ctx)[0][0, -1].argmax().item()
+        assert tok == expected
+        if tok == BOUNDARY_ID:
+            break
+        ctx = torch.cat([ctx, torch.tensor([[tok]])], dim=1)
+
+
+@pytest.mark.parametrize("prefix", ["a", "jih", "abcdefghi"])
+def test_prefix_is_honoured(prefix):
+    pre = TOK.encode(prefix)
+    out = gen(model(), num_samples=8, prefix=pre)
+    assert out.shape[0] == 8
+    assert (out[:, : len(pre)] == torch.tensor(pre)).all()  # every row starts with it
+    assert all(TOK.decode(row).startswith(prefix) for row in out)
+
+
+def test_output_shape_and_boundary_padding():
+    m = model()
+    out = gen(m, num_samples=32)
+    assert out.dim() == 2 and out.shape[0] == 32 and out.shape[1] <= m.config.block_size
+    assert out.dtype == torch.long
+    for row in out.tolist():  # after a row's first boundary token, only boundary tokens
+        if BOUNDARY_ID in row:
+            first = row.index(BOUNDARY_ID)
+            assert all(t == BOUNDARY_ID for t in row[first:])
+
+
+def biased(m, boundary_logit):
+    """Add boundary_logit to the boundary token's logit at every position."""
+
+    def hook(module, inputs, out):
+        out = out.clone()
+        out[..., BOUNDARY_ID] += boundary_logit
+        return out
+
+    m.lm_head.register_forward_hook(hook)
+    return m
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_rows_stop_at_block_size(use_cache):
+    m = biased(model(block_size=7), -1e4)  # the boundary token is never sampled
+    out = gen(m, num_samples=5, use_cache=use_cache)
+    # training items hold at most block_size - 1 = 6 characters: so do sampled ones, which can
+    # then be encoded into a block again (boundary + 6 characters = 7 positions)
+    assert out.shape == (5, 6)
+    assert (out != BOUNDARY_ID).all()
+    out = gen(m, num_samples=5, prefix=TOK.encode("abc"), use_cache=use_cache)
+    assert out.shape == (5, 6)
+    out = gen(m, num_samples=5, max_new_tokens=2, use_cache=use_cache)
+    assert out.shape == (5, 2)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_rows_stop_at_boundary(use_cache):
+    m = biased(model(), 1e4)  # the boundary token is always sampled
+    out = gen(m, num_samples=4, use_cache=use_cache)
+    assert out.shape == (4, 1) and (out == BOUNDARY_ID).all()  # empty items; sampling stops
+    pre = TOK.encode("cab")
+    out = gen(m, num_samples=4, prefix=pre, use_cache=use_cache)
+    assert out.tolist() == [[*pre, BOUNDARY_ID]] * 4
+    assert TOK.decode(out[0]) == "cab"
+
+
+def test_prefix_with_unknown_characters_raises():
+    with pytest.raises(ValueError, match=re.escape("'xy'")) as e:
+        TOK.encode("axby")
+    assert "Known characters: 'abcdefghij'" in str(e.value)
+
+
+def test_prefix_as_long_as_block_size_raises():
+    m = model(block_size=6)
+    with pytest.raises(
+        ValueError,
+        match=r"prefix of 6 characters is longer than this model's items: block_size is 6",
+    ):
+        generate(m, prefix=TOK.encode("abcdef"))
+    assert gen(m, prefix=TOK.encode("abcd")).shape[1] == 5  # room for one more character
+    assert gen(m, prefix=TOK.encode("abcde")).tolist() == [TOK.encode("abcde")]  # a whole item
+
+
+def test_prefix_ids_must_be_characters():
+    with pytest.raises(ValueError, match=r"prefix ids must be characters, in 1..10"):
+        generate(model(), prefix=[1, BOUNDARY_ID])
+    with pytest.raises(ValueError, match=r"prefix ids must be characters"):
+        generate(model(), prefix=[11])
+
+
+@pytest.mark.parametrize("n", [0, -2])
+def test_num_samples_below_one_raises(n):
+    with pytest.raises(ValueError, match=rf"num_samples={n} must be an integer >= 1"):
+        generate(model(), num_samples=n)
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        ({"temperature": -1.0}, "temperature=-1.0 must be >= 0"),
+        ({"top_k": 0}, "top_k=0"),
+        ({"top_p": 2.0}, "top_p=2.0 must be in (0, 1]"),
+    ],
+)
+def test_generate_rejects_bad_sampling_args(kw, msg):
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        generate(model(), **kw)
+
+
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+def test_impls_sample_the_same_items(impl):
+    ref = model("loop")
+    m = model(impl)
+    m.load_state_dict(ref.state_dict())
+    assert torch.equal(
+        gen(m, num_samples=16, temperature=0.8), gen(ref, num_samples=16, temperature=0.8)
+    )
+
+
+def test_a_tiny_temperature_samples_the_argmax_instead_of_overflowing():
+    logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, -1.0, 0.25]])
+    out = sample_next(logits, temperature=1e-40, generator=torch.Generator().manual_seed(0))
+    assert out.tolist() == [1, 0]
+
+
+def test_generate_in_training_mode_is_deterministic_and_keeps_the_mode():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_embd=16, n_head=2, dropout=0.5))
+    model.train()
+    rows = [generate(model, 6, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert torch.equal(rows[0], rows[1])  # dropout is off while sampling
+    assert model.training

@@ -1,0 +1,350 @@
+"""sample.py and the library behind it: finding the checkpoint, sampling settings, marks, errors.
+
+One tiny model is trained once for the module (a second or two); a few tests run sample.py as a
+subprocess, as a user would, and the rest call microgpt.sample.command directly to stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from microgpt.config import SampleConfig, load_config
+from microgpt.sample.command import find_checkpoint, run_sampling
+from microgpt.sample.generate import SamplingError
+from microgpt.train.checkpoint import CheckpointError, load_checkpoint
+from microgpt.train.trainer import train
+from tests.conftest import REPO, TINY, compose_config, make_names
+
+SAMPLE_PY = str(REPO / "sample.py")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A folder holding outputs/run1/checkpoints/{best,last}.pt of a tiny model, as train.py
+    leaves it."""
+    root = tmp_path_factory.mktemp("sample")
+    names = root / "names.txt"
+    names.write_text("\n".join(make_names(200)) + "\n")
+    run = root / "outputs" / "run1"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(
+        1
+    )  # a model this small trains faster on one thread, and far faster on busy cores
+    try:
+        train(
+            compose_config(
+                [
+                    *TINY,
+                    f"data.path={names}",
+                    f"out_dir={run}",
+                    "train.max_steps=20",
+                    "train.eval_every=10",
+                    "train.num_samples=0",
+                    "log.attn_every=20",
+                ]
+            )
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert (run / "checkpoints" / "best.pt").is_file()
+    return root
+
+
+@pytest.fixture(scope="module")
+def best(trained) -> Path:
+    return trained / "outputs" / "run1" / "checkpoints" / "best.pt"
+
+
+def sample_cli(*args, cwd) -> subprocess.CompletedProcess:
+    return sample_clis([args], cwd)[0]
+
+
+def sample_clis(arg_lists, cwd) -> list[subprocess.CompletedProcess]:
+    """Run `python sample.py ARGS` once per argument list, side by side (most of each is
+    importing torch)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, SAMPLE_PY, *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in arg_lists
+    ]
+    results = []
+    for args, p in zip(arg_lists, procs):
+        out, err = p.communicate(timeout=120)
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return results
+
+
+def names_of(stdout: str) -> list[str]:
+    """The items of sample.py's output: between the checkpoint line and the summary line."""
+    lines = stdout.splitlines()
+    assert lines[0].startswith("checkpoint ") and re.fullmatch(
+        r"\d+ of \d+ new, \d+ unique(, \d+ empty)?", lines[-1]
+    )
+    return [re.sub(r"\s+\((new|in train|in val|in test)\)$", "", line) for line in lines[1:-1]]
+
+
+def sample(best, **kw):
+    return run_sampling(ckpt=str(best), device="cpu", **kw)
+
+
+# ------------------------------------------------------------------------- sample.py, end to end
+
+
+def test_latest_run_is_found_without_arguments_and_no_files_are_written(trained):
+    before = sorted(p.relative_to(trained) for p in trained.rglob("*"))
+    r = sample_cli(cwd=trained)
+    assert r.returncode == 0, r.stderr
+    header = r.stdout.splitlines()[0]
+    assert header.startswith(
+        f"checkpoint {Path('outputs/run1/checkpoints/best.pt')} (step 20, val loss "
+    )
+    assert len(names_of(r.stdout)) == 20
+    assert re.fullmatch(r"\d+ of 20 new, \d+ unique(, \d+ empty)?", r.stdout.splitlines()[-1])
+    assert (
+        sorted(p.relative_to(trained) for p in trained.rglob("*")) == before
+    )  # no outputs/, .hydra/, *.log
+
+
+def test_ckpt_and_run_pick_the_same_checkpoint_and_a_seed_repeats(trained, best, tmp_path):
+    out = tmp_path / "names.txt"
+    settings = ["num_samples=12", "seed=7", "prefix=b", "temperature=0.9"]
+    by_ckpt, by_run = sample_clis(
+        [[f"ckpt={best}", *settings, f"out={out}"], [f"run={best.parent.parent}", *settings]],
+        cwd=tmp_path,
+    )
+    assert by_ckpt.returncode == 0 and by_run.returncode == 0, by_ckpt.stderr + by_run.stderr
+    assert by_ckpt.stdout == by_run.stdout  # the same file, the same seed: the same names
+    assert f"checkpoint {best} (step 20" in by_ckpt.stdout
+    names = names_of(by_ckpt.stdout)
+    assert len(names) == 12 and all(n.startswith("b") for n in names)
+    assert out.read_text().splitlines() == names  # out=: the names, one per line
+    assert [p.name for p in tmp_path.iterdir()] == ["names.txt"]
+
+
+def test_no_checkpoint_anywhere_says_how_to_train_one(tmp_path):
+    r = sample_cli("num_samples=3", cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("microgpt: error: no checkpoint found") and r.stderr.count("\n") == 1
+    assert "python train.py heads=4" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_malicious_checkpoint_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "PWNED"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "evil.pt"
+    torch.save(
+        {"format": "microgpt-checkpoint", "model": Evil(), "model_config": {}, "tokenizer": {}},
+        path,
+    )
+    r = sample_cli(f"ckpt={path}", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"microgpt: error: refused to load {path}")
+    assert "Traceback" not in r.stderr and not marker.exists()
+
+
+# ----------------------------------------------------------------------------- the config
+
+
+def test_sample_yaml_mirrors_the_schema_and_writes_nothing():
+    assert load_config_sample(compose_config(config_name="sample")) == SampleConfig()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        h = compose(config_name="sample", return_hydra_config=True).hydra
+    assert h.output_subdir is None and h.run.dir == "." and h.job.chdir is False
+    assert "handlers" not in h.job_logging and h.job_logging.root is None  # no sample.log
+
+
+def test_typo_in_a_key_is_refused_by_the_schema():
+    with pytest.raises(ConfigCompositionException, match="temprature"):
+        compose_config(["temprature=0.5"], config_name="sample")
+
+
+def test_composed_overrides_reach_the_sampler():
+    cfg = load_config_sample(
+        compose_config(["num_samples=3", "top_k=5", "prefix=ab", "seed=1"], config_name="sample")
+    )
+    assert (cfg.num_samples, cfg.top_k, cfg.prefix, cfg.seed) == (3, 5, "ab", 1)
+
+
+# ----------------------------------------------------------------------------- sampling settings
+
+
+def test_same_seed_same_names_and_another_seed_others(best):
+    a, b, c = (sample(best, num_samples=30, seed=s).names for s in (3, 3, 4))
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"temperature": 0.7, "top_k": 4},
+        {"temperature": 1.2, "top_p": 0.8, "prefix": "ka"},
+        {"temperature": 0},
+        {"max_len": 3, "batch_size": 7},
+    ],
+)
+def test_cache_on_and_off_give_the_same_names(best, settings):
+    on = sample(best, num_samples=25, seed=5, use_cache=True, **settings)
+    off = sample(best, num_samples=25, seed=5, use_cache=False, **settings)
+    assert on.names == off.names and on.lines == off.lines
+
+
+def test_greedy_is_deterministic_and_top_k_1_is_greedy(best):
+    greedy = sample(best, num_samples=4, temperature=0).names  # random seeds
+    assert greedy == sample(best, num_samples=4, temperature=0).names
+    assert len(set(greedy)) == 1
+    assert sample(best, num_samples=4, top_k=1, seed=9).names == greedy
+    assert sample(best, num_samples=4, top_k=1, temperature=2.0).names == greedy
+
+
+def test_prefix_max_len_and_batches(best):
+    r = sample(best, num_samples=23, prefix="ma", max_len=4, batch_size=5, seed=0)
+    assert len(r.names) == 23 and all(n.startswith("ma") and len(n) <= 4 for n in r.names)
+
+
+def test_each_name_is_marked_with_its_split(best):
+    lists = load_checkpoint(best)["split"]  # the plain lists: no Split.where in the expectation
+    r = sample(best, num_samples=200, seed=1, temperature=0.5)
+    assert [n for n, _ in r.marked] == r.names
+    for name, where in r.marked:
+        found = [s for s in ("train", "val", "test") if name in lists[s]]
+        assert where == ("empty" if name == "" else found[0] if found else "new")
+    assert {w for _, w in r.marked} - {"new"}, "a trained model repeats some training names"
+    new = sum(1 for n in r.names if n and not any(n in lists[s] for s in ("train", "val", "test")))
+    unique, empty = len(set(r.names) - {""}), r.names.count("")
+    assert r.summary == f"{new} of 200 new, {unique} unique" + (f", {empty} empty" if empty else "")
+    assert len(r.lines) == 202 and r.lines[0] == r.header
+
+
+def test_out_file_is_written_and_an_error_leaves_it_alone(best, tmp_path):
+    out = tmp_path / "names.txt"
+    r = sample(best, num_samples=5, seed=0, out=str(out))
+    assert out.read_text() == "".join(n + "\n" for n in r.names)
+    with pytest.raises(SamplingError):
+        sample(best, num_samples=5, prefix="Q", out=str(out), overwrite=True)
+    assert out.read_text() == "".join(n + "\n" for n in r.names)
+    assert [p.name for p in tmp_path.iterdir()] == ["names.txt"]  # no temporary files left
+
+
+def test_latest_run_is_the_newest_and_falls_back_to_last_pt(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    old, new = Path("outputs/a/checkpoints"), Path("multirun/x/heads=2/checkpoints")
+    for folder in (old, new):
+        folder.mkdir(parents=True)
+        (folder / "last.pt").touch()
+    (old / "best.pt").touch()
+    os.utime(old / "best.pt", (time.time() - 100,) * 2)
+    os.utime(old / "last.pt", (time.time() - 100,) * 2)
+    assert find_checkpoint() == new / "last.pt"  # the newest run has no best.pt yet
+    (new / "best.pt").touch()
+    assert find_checkpoint() == new / "best.pt"
+    assert find_checkpoint(run="outputs/a") == old / "best.pt"
+    with pytest.raises(
+        SamplingError,
+        match=r"run=multirun/x: .* holds no checkpoints/best.pt .*: multirun/x/heads=2",
+    ):
+        find_checkpoint(run="multirun/x")  # a sweep folder: names the runs inside it
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"temperature": -1.0}, "temperature=-1.0 must be >= 0"),
+        ({"top_p": 0.0}, "top_p=0.0 must be in (0, 1]"),
+        ({"top_p": 1.5}, "top_p=1.5 must be in (0, 1]"),
+        ({"top_k": 0}, "top_k=0 must be an integer >= 1"),
+        ({"num_samples": 0}, "num_samples=0 must be at least 1"),
+        ({"batch_size": 0}, "batch_size=0 must be at least 1"),
+        ({"max_len": 0}, "max_len=0 must be at least 1"),
+        (
+            {"device": "tpu"},
+            "device='tpu' is unknown; choose one of ['auto', 'cpu', 'cuda', 'mps']",
+        ),
+        ({"run": "somewhere"}, "give ckpt=PATH or run=FOLDER, not both"),
+    ],
+)
+def test_bad_settings_are_named_before_anything_is_loaded(settings, message):
+    with pytest.raises(SamplingError, match=re.escape(message)):
+        run_sampling(ckpt="/does/not/exist.pt", **settings)  # the setting is reported, not the file
+
+
+def test_prefix_the_model_cannot_take(best):
+    with pytest.raises(
+        SamplingError,
+        match=r"prefix 'aQ!' has characters the vocabulary does not know: 'Q!' \('Q', '!'\)\. "
+        r"Known characters: 'abc",
+    ):
+        sample(best, prefix="aQ!")
+    block = load_checkpoint(best)["model_config"]["block_size"]
+    with pytest.raises(
+        SamplingError,
+        match=rf"prefix of {block} characters is longer than this model's items: block_size is "
+        rf"{block} \(1 boundary token \+ at most {block - 1} characters\)",
+    ):
+        sample(best, prefix="a" * block)
+    assert len(sample(best, prefix="a" * (block - 1), num_samples=2).names[0]) == block - 1
+    # a names run's max_len counts the prefix (a text run's counts the new characters)
+    with pytest.raises(SamplingError, match=re.escape("max_len=3 must be longer than the prefix")):
+        sample(best, prefix="abc", max_len=3)
+
+
+def test_missing_paths(tmp_path):
+    with pytest.raises(
+        CheckpointError, match=f"checkpoint {re.escape(str(tmp_path))}/nope.pt does not exist"
+    ):
+        run_sampling(ckpt=str(tmp_path / "nope.pt"))
+    with pytest.raises(
+        SamplingError, match="run=.* does not exist; pass a run folder or a checkpoint file"
+    ):
+        run_sampling(run=str(tmp_path / "nope"))
+    with pytest.raises(
+        SamplingError,
+        match="holds no checkpoints/best.pt or checkpoints/last.pt; pass a run folder",
+    ):
+        run_sampling(run=str(tmp_path))
+
+
+def test_files_that_are_not_checkpoints_give_one_line_errors(best, tmp_path):
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(best.read_bytes()[: best.stat().st_size // 2])
+    noise = tmp_path / "noise.pt"
+    noise.write_bytes(os.urandom(5000))
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(3)}, other)
+    cases = {
+        truncated: "is truncated or corrupt",
+        noise: "is not a microgpt checkpoint",
+        other: "is not a microgpt checkpoint",
+        tmp_path: "is a folder, not a file",
+    }
+    for path, message in cases.items():
+        with pytest.raises(CheckpointError) as e:
+            run_sampling(ckpt=str(path))
+        assert str(path) in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+
+
+def load_config_sample(cfg):
+    return load_config(cfg, SampleConfig)

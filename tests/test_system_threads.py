@@ -1,0 +1,154 @@
+"""The choice of CPU threads (microgpt/system.py): the setting, the environment, a parallel sweep's
+share of the cores, and the wait policy set before torch loads OpenMP. No timing here: how the
+choice behaves under load is bench/run.py's `threads` section."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from microgpt import cli, system
+from microgpt.config import ConfigError, SampleConfig, load_config
+from microgpt.sample.generate import SamplingError
+from microgpt.system import ThreadsError, check_threads, choose_threads, jobs_at_once, share
+from microgpt.train.trainer import Trainer
+from tests.conftest import CONF, REPO
+
+
+@pytest.mark.parametrize(
+    ("setting", "environ", "expected"),
+    [
+        ("auto", {}, 8),  # every usable core
+        ("auto", {"OMP_NUM_THREADS": "3"}, 3),  # a launcher's share, or the user's choice
+        ("auto", {"OMP_NUM_THREADS": "2,1"}, 2),  # OpenMP's nested form: the first level
+        ("auto", {"OMP_NUM_THREADS": "0"}, 8),  # not a count: ignored
+        ("auto", {"OMP_NUM_THREADS": "many"}, 8),
+        (2, {"OMP_NUM_THREADS": "5"}, 2),  # threads=N wins over everything
+        (12, {}, 12),  # more than the cores, if asked
+    ],
+)
+def test_choose_threads(setting, environ, expected):
+    assert choose_threads(setting, 8, environ) == expected
+
+
+@pytest.mark.parametrize("bad", [0, -1, "two", 1.5, True, None, ""])
+def test_a_bad_threads_setting_is_refused_by_name(bad):
+    with pytest.raises(ThreadsError, match=r"threads=.* must be auto .* or a whole number"):
+        check_threads(bad)
+
+
+@pytest.mark.parametrize(
+    ("n_jobs", "jobs", "cores", "at_once"),
+    [
+        (-1, 4, 16, 4),  # joblib's default n_jobs: a worker per core, but only 4 jobs
+        (-1, 4, 2, 2),  # 2 cores: 2 workers for 4 jobs
+        (-2, 10, 8, 7),  # joblib: n_jobs < 0 is cores + 1 + n_jobs
+        (3, 10, 2, 3),  # more workers than cores, as asked
+        (8, 1, 16, 1),  # one job runs alone
+        (-20, 4, 8, 1),  # never fewer than one
+    ],
+)
+def test_jobs_at_once_reads_n_jobs_as_joblib_does(n_jobs, jobs, cores, at_once):
+    assert jobs_at_once(n_jobs, jobs, cores) == at_once
+
+
+@pytest.mark.parametrize(("cores", "jobs", "each"), [(16, 4, 4), (16, 3, 5), (2, 2, 1), (2, 3, 1)])
+def test_each_job_gets_its_share_of_the_cores(cores, jobs, each):
+    assert share(cores, jobs) == each
+
+
+def test_threads_setting_is_checked_at_start_up(tiny_cfg):
+    with pytest.raises(ConfigError, match="threads=0 must be auto"):
+        load_config(tiny_cfg("threads=0"))
+    with pytest.raises(SamplingError, match="threads='x' must be auto"):
+        load_config({"threads": "x"}, SampleConfig)
+    assert load_config(tiny_cfg("threads=3")).threads == 3
+    assert load_config(tiny_cfg()).threads == "auto"
+
+
+def test_the_trainer_applies_the_setting_and_says_so(tiny_cfg, monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        trainer = Trainer(load_config(tiny_cfg("threads=3")))
+        assert trainer.threads == torch.get_num_threads() == 3
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        trainer = Trainer(load_config(tiny_cfg()))  # auto: the environment's share
+        assert trainer.threads == torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def hydra_config(overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_a_parallel_sweep_gives_each_job_its_share(monkeypatch):
+    """The callback conf/config.yaml names runs in the process that launches the sweep and writes
+    the share into the environment its workers inherit."""
+    cfg = hydra_config(["hydra/launcher=joblib"])
+    cfg.hydra.overrides.task = ["heads=1,2,4,8", "seed=1,2"]  # what Hydra passes: 8 jobs
+    (callback,) = cfg.hydra.callbacks.values()
+    assert callback._target_ == "microgpt.cli.ShareCores"
+    monkeypatch.setattr(cli, "usable_cores", lambda: 16)
+    for n_jobs, expected in ((-1, "2"), (4, "4"), (2, "8")):  # 8 jobs, 4 at a time, 2 at a time
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        cfg.hydra.launcher.n_jobs = n_jobs
+        cli.ShareCores().on_multirun_start(cfg)
+        assert os.environ["OMP_NUM_THREADS"] == expected, n_jobs
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stays
+    cli.ShareCores().on_multirun_start(cfg)
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    cfg = hydra_config([])  # the basic launcher: one job at a time, all cores
+    cfg.hydra.overrides.task = ["heads=1,2,4,8"]
+    cli.ShareCores().on_multirun_start(cfg)
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
+def test_sweep_size_counts_the_jobs():
+    assert cli.sweep_size(["heads=1,2,4,8", "seed=1,2", "train.max_steps=10"]) == 8
+    assert cli.sweep_size(["seed=range(3)"]) == 3
+    assert cli.sweep_size([]) == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, "PASSIVE"),
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"),
+        ({"GOMP_SPINCOUNT": "10000"}, "unset"),  # a spin count chosen: OpenMP's policy stays
+    ],
+)
+def test_importing_microgpt_sets_a_sleeping_wait_policy_unless_one_is_set(given, expected):
+    drop = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    env = {**{k: v for k, v in os.environ.items() if k not in drop}, **given}
+    code = (
+        "import os, sys, microgpt; "
+        "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    # set before torch is imported: OpenMP reads it once, when torch loads it
+    assert done.stdout.split() == [expected, "False"]
+
+
+def test_usable_cores_follows_the_affinity(monkeypatch):
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no sched_getaffinity on this platform")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5})
+    assert system.usable_cores() == 3
+
+
+def test_the_heads_command_refuses_a_bad_thread_count(capsys):
+    from microgpt.heads.command import main
+
+    assert main(["no-such-run", "--threads", "0"]) == 2  # refused before looking for the run
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--threads=0 must be auto" in err

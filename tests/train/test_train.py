@@ -1,0 +1,200 @@
+"""End to end: a tiny training run writes everything it promises, and the checkpoint reloads."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from microgpt.compare import main as compare_main
+from microgpt.config import load_config
+from microgpt.data.dataset import DataError
+from microgpt.heads.command import main as heads_main
+from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.train.trainer import lr_at, train
+from tests.conftest import REPO, TINY, compose_config
+
+
+def read_events(run_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def test_tiny_run_writes_events_checkpoints_config_and_samples(tiny_cfg, tmp_path):
+    metrics = train(tiny_cfg())
+    run = tmp_path / "run"
+    for name in ("config.yaml", "samples.txt", "checkpoints/best.pt", "checkpoints/last.pt"):
+        assert (run / name).is_file(), name
+    assert metrics["step"] == 12 and metrics["test_loss"] > 0 and metrics["best_val_loss"] > 0
+    assert len(metrics["samples"]) == 5
+    assert len((run / "samples.txt").read_text().splitlines()) == 6  # 5 names + the summary line
+
+    acc = read_events(run)
+    tags = acc.Tags()
+    for tag in ("loss/train", "loss/val", "loss/test", "lr", "grad_norm", "tokens_per_sec"):
+        assert tag in tags["scalars"], tag
+    for layer in range(1):
+        assert f"attention/layer{layer}" in tags["images"]
+        for head in range(2):
+            assert f"attention/layer{layer}/head{head}" in tags["images"]
+            assert f"attention_entropy/layer{layer}/head{head}" in tags["scalars"]
+    steps = [e.step for e in acc.Images("attention/layer0/head1")]
+    assert steps == [0, 6, 12]  # step 0, every log.attn_every, and the end
+    assert [e.step for e in acc.Scalars("loss/val")] == [6, 12]
+    assert "samples" in tags["tensors"]
+    assert acc.PluginTagToContent("hparams")  # one HParams row, in the run's own folder
+    assert [p.name for p in run.iterdir() if p.is_dir()] == ["checkpoints"]
+
+
+def test_checkpoint_describes_itself_and_reloads_to_the_same_logits(tiny_cfg, tmp_path):
+    train(tiny_cfg())
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    for key in (
+        "model",
+        "model_config",
+        "tokenizer",
+        "train_config",
+        "step",
+        "metrics",
+        "split",
+        "resume",
+    ):
+        assert key in ckpt, key
+    assert ckpt["step"] == 12 and ckpt["model_config"]["n_head"] == 2
+    assert set(ckpt["split"]) == {"train", "val", "test"}
+    model, tokenizer = model_from_checkpoint(ckpt)
+    again, _ = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt"))
+    x = torch.tensor([[0, *tokenizer.encode("bala")]])
+    assert torch.equal(model(x)[0], again(x)[0])
+    assert "test_loss" in load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["metrics"]
+
+
+def test_training_lowers_the_loss_below_what_character_frequencies_reach(tiny_cfg, names_file):
+    """A model that learned only how often each character occurs scores the unigram entropy of
+    the data (2.92 nats here); 60 steps of a model that uses the context reach about 2.5."""
+    import collections
+    import math
+
+    names = names_file.read_text().split()
+    counts = collections.Counter("".join(names))
+    counts["end"] = len(names)  # every name ends with the boundary token
+    total = sum(counts.values())
+    unigram = -sum(n / total * math.log(n / total) for n in counts.values())
+    assert unigram > 2.8
+    metrics = train(tiny_cfg("train.max_steps=60", "train.eval_every=30", "optim.lr=3e-3"))
+    assert metrics["best_val_loss"] < unigram - 0.25
+
+
+def test_lr_schedule_warms_up_then_decays():
+    config = load_config(
+        compose_config(
+            [
+                "optim.warmup_steps=10",
+                "train.max_steps=100",
+                "optim.lr=1e-3",
+                "optim.min_lr_ratio=0.1",
+                "out_dir=.",
+            ]
+        )
+    )
+    lrs = [lr_at(s, config) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert lrs[-1] == pytest.approx(1e-4, rel=0.05)
+
+
+def test_weight_decay_applies_to_matrices_only(tiny_cfg):
+    from microgpt.model import GPT, GPTConfig
+    from microgpt.train.trainer import make_optimizer
+
+    model = GPT(GPTConfig(bias=True))
+    opt = make_optimizer(model, load_config(tiny_cfg()), torch.device("cpu"))
+    decayed, plain = opt.param_groups
+    assert all(p.dim() == 2 for p in decayed["params"]) and all(
+        p.dim() == 1 for p in plain["params"]
+    )
+    assert decayed["weight_decay"] > 0 and plain["weight_decay"] == 0
+
+
+def test_bad_data_path_says_where_it_looked(tiny_cfg, tmp_path):
+    with pytest.raises(DataError, match=str(tmp_path / "missing.txt")):
+        train(tiny_cfg(f"data.path={tmp_path / 'missing.txt'}"))
+
+
+def test_item_too_long_for_an_explicit_block_size(tiny_cfg):
+    with pytest.raises(DataError, match="model.block_size"):
+        train(tiny_cfg("model.block_size=4"))
+
+
+def test_multirun_names_job_folders_by_their_overrides_and_the_readme_commands_take_them(
+    tmp_path, names_file, monkeypatch, capsys
+):
+    """A sweep's job folders are named heads=1, heads=2; the README's commands on them work as
+    written (issue 22: `sample.py run=multirun/<d>/<t>/heads=4` and `train.py resume=<job>` used
+    to exit 2 with "mismatched input '='")."""
+
+    def command(script, *args):
+        result = subprocess.run(
+            [sys.executable, str(REPO / script), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, (script, args, result.stderr[-2000:])
+        return result.stdout
+
+    command(
+        "train.py",
+        "-m",
+        "heads=1,2",
+        *TINY[:1],
+        *TINY[3:],
+        "model.n_embd=16",
+        "train.max_steps=4",
+        "train.eval_every=4",
+        "train.num_samples=2",
+        f"data.path={names_file}",
+    )
+    (sweep,) = (tmp_path / "multirun").glob("*/*")  # multirun/<date>/<time>
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert jobs == ["heads=1", "heads=2"], jobs
+    for job in jobs:
+        assert (sweep / job / "checkpoints" / "best.pt").is_file()
+        assert list((sweep / job).glob("events.out.tfevents.*"))
+    job = (sweep / "heads=2").relative_to(tmp_path)  # as a user types it: multirun/<d>/<t>/heads=2
+    out = command("sample.py", f"run={job}", "num_samples=3", "seed=0", "device=cpu")
+    assert out.startswith(f"checkpoint {job / 'checkpoints' / 'best.pt'} (step 4")
+    command("train.py", f"resume={job}", "train.max_steps=6")
+    assert load_checkpoint(tmp_path / job / "checkpoints" / "last.pt")["step"] == 6
+    # python -m microgpt.heads and microgpt.compare on the same folders (in this process: they
+    # take no Hydra overrides, so the '=' never reaches a grammar)
+    monkeypatch.chdir(tmp_path)
+    assert heads_main([str(job)]) == 0 and (tmp_path / job / "heads-best.json").is_file()
+    assert compare_main([str(sweep.relative_to(tmp_path))]) == 0
+    table = capsys.readouterr().out
+    assert "heads=1" in table and "val_loss.png" in table
+
+
+def test_cli_bad_setting_is_one_line_without_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "heads=3", f"hydra.run.dir={tmp_path}/r"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "heads=3" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_second_run_into_a_claimed_folder_is_refused(tiny_cfg, tmp_path):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # another run started in the same second
+    from microgpt.runs import RunFolderError
+
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        train(tiny_cfg())
+    assert not list((tmp_path / "run").glob("events.out.tfevents.*"))

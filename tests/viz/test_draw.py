@@ -1,0 +1,147 @@
+"""microgpt.viz.draw: heatmaps, a layer's grid of heads, offset profiles and line plots."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from microgpt.viz.draw import (
+    colormap,
+    nice_ticks,
+    plot_lines,
+    render_attention,
+    render_layer,
+    render_offset_profile,
+)
+
+
+def luminance(rgb) -> float:
+    r, g, b = (float(c) for c in rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def test_colormap_is_dark_to_bright():
+    lum = [luminance(c) for c in colormap(np.linspace(0, 1, 11))]
+    assert all(a < b for a, b in itertools.pairwise(lum))
+    assert colormap([[0.3]]).shape == (1, 1, 3) and colormap(0.3).dtype == np.uint8
+
+
+# ----------------------------------------------------------------------------- attention maps
+
+
+def test_render_attention_shape_dtype_and_brightness():
+    w = np.array([[0.1, 0.9], [0.5, 0.5]])
+    img = render_attention(w, [".", "a"], [".", "a"], title="head 0")
+    assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
+    assert img.shape[0] >= 2 * 18 and img.shape[1] >= 2 * 18
+
+    def where(value):  # pixel coordinates painted with the colour of `value`
+        ys, xs = np.nonzero((img == colormap(value)).all(axis=-1))
+        assert len(xs) > 100, f"no cell drawn for weight {value}"
+        return ys.mean(), xs.mean()
+
+    (y_lo, x_lo), (y_hi, x_hi), (y_mid, _) = where(0.1), where(0.9), where(0.5)
+    assert abs(y_lo - y_hi) < 1 and x_hi > x_lo  # row 0: the 0.9 cell is the right one
+    assert y_mid > y_lo  # row 1 is below row 0
+    assert luminance(colormap(0.9)) > luminance(colormap(0.1))  # the brighter cell weighs more
+
+
+def test_render_attention_accepts_a_tensor_and_draws_labels():
+    w = torch.full((3, 3), 1 / 3)
+    plain = render_attention(w, [" "] * 3, [" "] * 3)  # blank labels: the margins stay blank
+    labelled = render_attention(w, [".", "x", "y"], [".", "x", "y"])
+    assert plain.shape == labelled.shape
+    grid = (labelled == colormap(1 / 3)).all(axis=-1)
+    ys, xs = np.nonzero(grid)
+    top, left = ys.min(), xs.min()
+    left_margin = labelled[top:, :left]  # row labels
+    top_margin = labelled[:top, left:]  # column labels
+    assert len(np.unique(left_margin.reshape(-1, 3), axis=0)) > 1
+    assert len(np.unique(top_margin.reshape(-1, 3), axis=0)) > 1
+    assert len(np.unique(plain[top:, :left].reshape(-1, 3), axis=0)) == 1
+
+
+def test_render_attention_checks_labels():
+    with pytest.raises(ValueError, match="labels"):
+        render_attention(np.eye(3), ["a", "b"], ["a", "b", "c"])
+
+
+def test_render_attention_mask_greys_hidden_cells():
+    w = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]
+    img = render_attention(w, list("abc"), list("abc"), mask=np.tri(3, dtype=bool))
+    assert not (img == colormap(0.0)).all(axis=-1).any()  # the upper triangle is not "weight 0"
+
+
+def test_render_layer_puts_up_to_four_heads_in_a_row():
+    labels = list(".ab")
+    w = torch.softmax(torch.randn(4, 3, 3), dim=-1)
+    one, four = (render_layer(w[:n], labels, labels, layer=0) for n in (1, 4))
+    assert one.dtype == four.dtype == np.uint8
+    widths = [render_layer(w[:n], labels, labels, layer=0).shape[1] for n in (1, 2, 3, 4)]
+    # one head of a short item may be narrower than the heading and legend; from then on each
+    # head adds its width
+    assert widths[0] <= widths[1] < widths[2] < widths[3]
+    head = render_attention(w[0], labels, labels, "head 0")
+    assert four.shape[1] >= 4 * head.shape[1] and four.shape[0] > head.shape[0]
+    assert four.shape[0] == one.shape[0]
+
+
+@pytest.mark.parametrize("n_head", [8, 16])
+def test_render_layer_lays_many_heads_out_in_a_grid(n_head):
+    labels = list(".emma")
+    w = torch.softmax(torch.randn(n_head, 5, 5), dim=-1)
+    img = render_layer(w, labels, labels, layer=1)
+    head = render_attention(w[0], labels, labels, "head 0")
+    assert img.shape[1] <= 5 * head.shape[1] < n_head * head.shape[1]  # at most 4 to a row
+    assert img.shape[0] >= (n_head // 4) * head.shape[0]  # ... and the rest below
+    assert 1 / 3 <= img.shape[1] / img.shape[0] <= 3
+
+
+# ----------------------------------------------------------------------------- offset profiles
+
+
+def test_render_offset_profile_shape_colours_and_values():
+    H, K = 3, 5
+    profile = np.full((H, K), 0.5)
+    start = np.full(H, 0.5)
+    img = render_offset_profile(profile, start, "layer 2")
+    assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
+    assert img.shape[1] >= (K + 1) * 36 and img.shape[0] >= H * 20
+    taller = render_offset_profile(np.full((H + 1, K), 0.5), np.full(H + 1, 0.5))
+    assert taller.shape[0] == img.shape[0] + 20 and taller.shape[1] == img.shape[1]
+
+    def grid_box(im):  # the pixels between the first and last cell of colour 0.5
+        ys, xs = np.nonzero((im == colormap(0.5)).all(axis=-1))
+        box = im[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1].reshape(-1, 3)
+        return {tuple(c) for c in box}
+
+    cell, seam = tuple(colormap(0.5)), (255, 255, 255)
+    assert grid_box(img) - {cell, seam}  # each value is written in its cell
+    small = render_offset_profile(profile, start, cell=(12, 8))  # too small to write in
+    assert grid_box(small) == {cell, seam}
+    assert small.shape[1] < img.shape[1]
+
+
+def test_render_offset_profile_checks_shapes():
+    with pytest.raises(ValueError, match="start"):
+        render_offset_profile(np.zeros((2, 3)), np.zeros(3))
+
+
+# ----------------------------------------------------------------------------- line plots
+
+
+def test_nice_ticks():
+    assert nice_ticks(0, 100) == [0, 20, 40, 60, 80, 100]
+    assert nice_ticks(2.31, 2.52) == pytest.approx([2.35, 2.4, 2.45, 2.5])
+    assert nice_ticks(3.0, 3.0)  # a flat curve still gets ticks
+
+
+def test_plot_lines_writes_a_png(tmp_path):
+    curves = [("1 head", [(0, 3.0), (10, 2.5)]), ("2 heads", [(0, 3.1), (10, float("nan"))])]
+    path = plot_lines(curves, tmp_path / "sub" / "plot.png", title="t", width=400, height=300)
+    with Image.open(path) as img:
+        assert img.size == (400, 300) and len(img.convert("RGB").getcolors(1 << 16)) > 10
+    with pytest.raises(ValueError, match="no points"):
+        plot_lines([("empty", [])], tmp_path / "none.png")

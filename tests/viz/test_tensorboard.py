@@ -1,0 +1,284 @@
+import math
+import re
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from microgpt.heads.analyse import ROLES, attention_entropy
+from microgpt.tokenizer import CharTokenizer
+from microgpt.viz.draw import render_offset_profile
+from microgpt.viz.tensorboard import (
+    BOUNDARY_LABEL,
+    TensorBoardLogger,
+    labels_for,
+    sanitize_hparams,
+)
+
+SIZE_GUIDANCE = {"images": 0, "scalars": 0, "tensors": 0}
+
+
+def load(path) -> EventAccumulator:
+    acc = EventAccumulator(str(path), size_guidance=SIZE_GUIDANCE)
+    acc.Reload()
+    return acc
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def test_labels_for_shows_the_boundary_apart_from_a_real_dot():
+    tok = CharTokenizer("aem")
+    assert labels_for([0] + tok.encode("emma"), tok) == [BOUNDARY_LABEL, *"emma"]
+    dotted = CharTokenizer("a.b")  # "." is a character of this data
+    labels = labels_for([0, *dotted.encode("a.b")], dotted)
+    assert labels == [BOUNDARY_LABEL, "a", ".", "b"] and BOUNDARY_LABEL != "."
+
+
+# ----------------------------------------------------------------------------- entropy
+
+
+def test_attention_entropy_uniform_one_hot_and_mask():
+    B, H, T = 2, 3, 4
+    uniform = torch.full((B, H, T, T), 1 / T)
+    one_hot = torch.zeros(B, H, T, T)
+    one_hot[..., 0] = 1.0
+    every = torch.ones(B, T, dtype=torch.bool)
+    ent = attention_entropy([uniform, one_hot], every)
+    assert ent.shape == (2, H) and ent.dtype == torch.float32
+    torch.testing.assert_close(ent[0], torch.full((H,), math.log(T)))
+    torch.testing.assert_close(ent[1], torch.zeros(H))
+
+    # queries 0..1 are one-hot, 2..3 uniform; masking out 2..3 leaves only the one-hot ones
+    mixed = one_hot.clone()
+    mixed[:, :, 2:] = 1 / T
+    first_two = torch.tensor([[True, True, False, False]] * B)
+    torch.testing.assert_close(attention_entropy([mixed], first_two), torch.zeros(1, H))
+    torch.testing.assert_close(
+        attention_entropy([mixed], every), torch.full((1, H), math.log(T) / 2)
+    )
+
+
+def test_attention_entropy_of_known_attention_patterns():
+    """Hand-made causal attention: head 0 uniform over the keys each query sees (entropy log(i+1)
+    at query i), head 1 all on the first key (entropy 0). Padding queries attend uniformly too but
+    must not count: row 1 has 2 real queries of 6."""
+    T = 6
+    uniform = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]  # (T, T)
+    first = torch.zeros(T, T)
+    first[:, 0] = 1.0
+    att = torch.stack([uniform, first])[None].repeat(2, 1, 1, 1)  # (B=2, H=2, T, T)
+    real = torch.tensor([[True] * 5 + [False], [True, True] + [False] * 4])  # (B, T)
+    ent = attention_entropy([att], real)  # (L=1, H=2)
+    expected = (sum(math.log(i + 1) for i in range(5)) + math.log(1) + math.log(2)) / 7
+    assert ent.shape == (1, 2)
+    assert ent[0, 0].item() == pytest.approx(expected, abs=1e-6)  # padding would raise it
+    assert ent[0, 1].item() == pytest.approx(0.0, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- the logger
+
+
+def test_sanitize_hparams():
+    hp = sanitize_hparams(
+        {
+            "lr": 1e-3,
+            "n_head": 4,
+            "bias": False,
+            "n_kv_head": None,
+            "betas": [0.9, 0.95],
+            "model": {"norm": "rmsnorm"},
+            "t": torch.tensor(2.0),
+        }
+    )
+    assert hp == {
+        "lr": 1e-3,
+        "n_head": 4,
+        "bias": "false",
+        "n_kv_head": "none",
+        "betas": "[0.9, 0.95]",
+        "model.norm": "rmsnorm",
+        "t": 2.0,
+    }
+
+
+def test_logger_writes_everything_into_the_run_folder(tmp_path):
+    L, H, T = 2, 3, 5
+    labels = list(".emma")
+    attention = [torch.softmax(torch.randn(H, T, T), dim=-1) for _ in range(L)]
+    with TensorBoardLogger(tmp_path) as tb:
+        for step in (0, 10):
+            tb.scalars(step, {"loss/train": 2.1 - step / 100, "lr": torch.tensor(1e-3)})
+        tb.attention_maps(10, attention, labels)
+        tb.attention_entropy(10, torch.rand(L, H))
+        tb.samples(10, ["emma", "olivia (in train)", "zoe *new*"])
+        tb.hparams({"n_head": H, "lr": 1e-3, "dropout": None}, {"hparams/best_val_loss": 1.9})
+
+    files = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert len(files) == len(list(tmp_path.iterdir())) == 2  # no subfolder
+    assert files[0].startswith("events.out.tfevents.") and files[1] == "metrics.jsonl"
+    acc = load(tmp_path)
+    tags = acc.Tags()
+    assert {"loss/train", "lr", "hparams/best_val_loss"} <= set(tags["scalars"])
+    assert [e.step for e in acc.Scalars("loss/train")] == [0, 10]
+    assert acc.Scalars("hparams/best_val_loss")[0].value == pytest.approx(1.9)
+    expected_images = {f"attention/layer{n}/head{h}" for n in range(L) for h in range(H)}
+    expected_images |= {f"attention/layer{n}" for n in range(L)}
+    assert set(tags["images"]) == expected_images
+    head, layer = acc.Images("attention/layer0/head0")[0], acc.Images("attention/layer0")[0]
+    assert head.step == 10 and layer.width > H * head.width * 0.9
+    assert {f"attention_entropy/layer{n}/head{h}" for n in range(L) for h in range(H)} <= set(
+        tags["scalars"]
+    )
+    text = acc.Tensors("samples")[0].tensor_proto.string_val[0].decode()
+    assert "emma" in text and "olivia (in train)" in text and len(text.splitlines()) == 3
+    hp = acc.PluginTagToContent("hparams")
+    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(hp)
+
+
+def test_logger_purge_step_on_an_existing_folder(tmp_path):
+    with TensorBoardLogger(tmp_path) as tb:
+        for step in range(10):
+            tb.scalars(step, {"loss/train": 1.0})
+    with TensorBoardLogger(tmp_path, purge_step=5) as tb:  # resumed from the step-5 checkpoint
+        for step in range(5, 8):
+            tb.scalars(step, {"loss/train": 2.0})
+    points = [(e.step, e.value) for e in load(tmp_path).Scalars("loss/train")]
+    assert points == [(s, 1.0) for s in range(5)] + [(s, 2.0) for s in range(5, 8)]
+
+
+def test_logger_writes_offset_profiles_per_layer(tmp_path):
+    L, H, K = 2, 3, 4
+    profiles = [torch.rand(H, K) / K for _ in range(L)]
+    starts = [torch.rand(H) for _ in range(L)]
+    with TensorBoardLogger(tmp_path) as tb:
+        tb.offset_profiles(7, profiles, starts)
+    acc = load(tmp_path)
+    assert set(acc.Tags()["images"]) == {f"heads/offsets/layer{n}" for n in range(L)}
+    event = acc.Images("heads/offsets/layer1")[0]
+    expected = render_offset_profile(profiles[1].numpy(), starts[1].numpy(), "layer 1")
+    assert event.step == 7 and (event.height, event.width) == expected.shape[:2]
+
+
+# ----------------------------------------------------------------------------- head analysis
+
+
+@pytest.fixture(scope="module")
+def head_runs(tmp_path_factory):
+    """Tiny 1-head and 8-head runs (two layers), as a heads=1,8 sweep writes them."""
+    from microgpt.train.trainer import train
+    from tests.conftest import TINY, compose_config, make_names
+
+    tmp = tmp_path_factory.mktemp("heads")
+    (tmp / "names.txt").write_text("\n".join(make_names()) + "\n")
+    runs = {}
+    for heads in (1, 8):
+        cfg = compose_config(
+            [*TINY, f"heads={heads}", "model.n_layer=2", "train.num_samples=0",
+             f"data.path={tmp / 'names.txt'}"]
+        )  # fmt: skip
+        cfg.out_dir = str(tmp / f"heads={heads}")
+        train(cfg)
+        runs[heads] = load(tmp / f"heads={heads}")
+    return runs
+
+
+def per_head(tag: str) -> bool:
+    return re.search(r"/head\d+(/|$)", tag) is not None
+
+
+def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
+    tags = {
+        heads: {t for t in acc.Tags()["scalars"] if t.startswith("heads/") and not per_head(t)}
+        for heads, acc in head_runs.items()
+    }
+    expected = {
+        f"heads/layer{layer}/{name}"
+        for layer in range(2)
+        for name in (
+            "entropy_min",
+            "entropy_mean",
+            "entropy_max",
+            "importance_max",
+            "importance_sum",
+        )
+    }
+    expected |= {"heads/prunable", "heads/prunable_fraction", "heads/named"}
+    expected |= {f"heads/role/{role}" for role in ROLES}
+    expected |= {f"heads/{name}_max" for name in ("induction", "duplicate", "copying")}
+    expected |= {"heads/induction_ablation_max", "heads/gradient_vs_zero"}
+    expected |= {f"heads/repeat_loss{end}" for end in ("", "_first", "_gain")}
+    assert tags[1] == tags[8] == expected
+    acc = head_runs[8]
+    assert [e.step for e in acc.Scalars("heads/prunable")] == [0, 6, 12]
+    roles = sum(acc.Scalars(f"heads/role/{role}")[-1].value for role in ROLES)
+    assert roles == 16  # every head of both layers has one role
+    per_head_tags = {t for t in acc.Tags()["scalars"] if t.startswith("per_head/")}
+    names = ("importance", "position_mean_importance", "gradient_importance", "score")
+    expected_per_head = {
+        f"per_head/layer{n}/head{h}/{name}" for n in range(2) for h in range(8) for name in names
+    }
+    expected_per_head |= {f"per_head/layer{n}/head{h}/{name}" for n in range(2) for h in range(8)
+                          for name in ("induction", "duplicate")}  # fmt: skip
+    expected_per_head |= {f"per_head/layer0/head{h}/copying" for h in range(8)}
+    assert per_head_tags == expected_per_head  # under their own prefix, apart from summaries
+    for heads, acc in head_runs.items():
+        images = set(acc.Tags()["images"])
+        assert {"heads/offsets/layer0", "heads/offsets/layer1"} <= images
+        assert {"heads/qk/layer0", "heads/ov/layer0"} <= images
+        table = acc.Tensors("heads/table")[-1].tensor_proto.string_val[0].decode()
+        assert table.startswith("| layer | head | role |") and f"| 1 | {heads - 1} |" in table
+
+
+def test_head_summaries_are_hparams_metrics(head_runs):
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    for acc in head_runs.values():
+        content = acc.PluginTagToContent("hparams")["_hparams_/experiment"]
+        data = plugin_data_pb2.HParamsPluginData.FromString(content)
+        metrics = {m.name.tag for m in data.experiment.metric_infos}
+        assert "hparams/best_val_loss" in metrics
+        assert {"heads/prunable", "heads/layer1/importance_max", "heads/role/previous"} <= metrics
+        scalars = set(acc.Tags()["scalars"])
+        assert metrics <= scalars  # the HParams tab reads each metric's value from a scalar
+
+
+def test_custom_scalars_layout_names_only_tags_the_run_writes(head_runs):
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    for heads, acc in head_runs.items():
+        events = acc.Tensors("custom_scalars__config__")
+        assert len(events) == 1  # written once per run
+        layout = layout_pb2.Layout.FromString(events[0].tensor_proto.string_val[0])
+        scalars = acc.Tags()["scalars"]
+        charts = {c.title: c for cat in layout.category for c in cat.chart}
+        assert len(charts) == 3 * 2 + 6  # three per layer, and six summary charts
+        for title, chart in charts.items():
+            assert chart.WhichOneof("content") == "multiline", title
+            for regex in chart.multiline.tag:
+                matched = [t for t in scalars if re.fullmatch(regex, t)]
+                assert matched, f"{title}: {regex} matches no tag of the {heads}-head run"
+        layer1 = charts["layer 1: entropy and importance of each head"].multiline.tag
+        matched = {t for t in scalars for regex in layer1 if re.fullmatch(regex, t)}
+        assert len(matched) == 2 * heads  # entropy and importance of every head in layer 1
+
+
+def test_every_scalar_also_goes_to_metrics_jsonl(tiny_cfg, tmp_path):
+    """metrics.jsonl holds, line by line, every scalar the event files hold (same steps, same
+    values), so a script can read a run without TensorBoard; a line cut by a crash is skipped."""
+    from microgpt.config import load_config
+    from microgpt.train.trainer import Trainer
+    from microgpt.viz.tensorboard import read_metrics
+
+    Trainer(load_config(tiny_cfg("device=cpu"))).run()
+    run = tmp_path / "run"
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = {(tag, e.step): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
+    lines = read_metrics(run / "metrics.jsonl")
+    jsonl = {(t, d["step"]): v for d in lines for t, v in d.items() if t not in ("step", "time")}
+    assert set(jsonl) == set(events) and len(events) > 50
+    assert all(jsonl[k] == pytest.approx(events[k], rel=1e-6) for k in events)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 99, "loss/tra')  # killed mid-line
+    assert read_metrics(run / "metrics.jsonl") == lines
