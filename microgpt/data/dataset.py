@@ -17,6 +17,8 @@ head analysis.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -38,6 +40,7 @@ from microgpt.data.lines import (
 from microgpt.data.repeats import repeat_items
 from microgpt.data.text import TextSplit, TextWindows, WindowBatches
 from microgpt.errors import DataError
+from microgpt.files import sha256_file
 from microgpt.tokenizer import CharTokenizer
 
 FORMATS = ("lines", "text", "repeats")  # one item per line | one stream | generated items
@@ -85,6 +88,12 @@ class Data:
         if self.train_ids is None:
             return None
         return text.VerbatimIndex(self.train_ids, self.tokenizer.vocab_size)
+
+    def sha256(self) -> str:
+        """The content's hash, kept in checkpoints: the file's, or (repeats, no file) the items'."""
+        if self.format == "repeats":
+            return hashlib.sha256(json.dumps(self.split.to_dict()).encode()).hexdigest()
+        return sha256_file(self.path)
 
     def describe(self) -> str:
         """e.g. "25,910 train / 1,000 val / 1,000 test items"."""

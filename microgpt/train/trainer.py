@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 import random
@@ -27,13 +25,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from microgpt import runs, system
 from microgpt.config import Config, ConfigError, check_memory, load_config
 from microgpt.data.dataset import DataError, load_data
-from microgpt.files import remove_leftovers, sha256_file, write_text
+from microgpt.files import remove_leftovers, write_text
 from microgpt.heads.analyse import analyse, probe_attention
 from microgpt.model import GPT
 from microgpt.sample.report import sample_for_run
@@ -58,14 +57,27 @@ class Trainer:
     """One training run. Built from a validated Config; `run()` returns the final metrics."""
 
     def __init__(self, config: Config):
-        self.config = c = config
+        self.config = config
+        self._setup_system()
+        self._check_run_folder()
+        self._setup_data()
+        self._build_model()
+        self._build_optimizer()
+        self._restore()
+        self.writer: TensorBoardLogger | None = None
+
+    # ---- set-up, in this order (each step reads what the ones before it set)
+
+    def _setup_system(self) -> None:
+        """The device, CPU threads and, under torchrun, the process group and rank 0's folder."""
+        c = self.config
         self.out_dir = Path(c.out_dir).expanduser()
         self.device = system.pick_device(c.device, ConfigError)
-        self.threads = set_threads(c.threads)  # before any work: see microgpt/threads.py
+        self.threads = set_threads(c.threads)  # before any work: see microgpt/system.py
         self.dist = system.setup(self.device.type)
+        self.is_main = self.dist.is_main
         if self.dist.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", system.cuda_index(self.dist))
-        self.is_main = self.dist.is_main
         if self.dist.enabled:  # rank 0's folder is the run's, even where another node made its own
             own = self.out_dir
             self.out_dir = Path(system.broadcast_from_main(str(self.out_dir), self.dist))
@@ -75,53 +87,55 @@ class Trainer:
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
 
-        # before the data: a missing run, or a folder a new run may not use, fails fast
-        self.resume_path = runs.resume_checkpoint(c.resume_requested, self.out_dir)
+    def _check_run_folder(self) -> None:
+        """Before the data: a missing run, or a folder a new run may not use, fails fast."""
+        self.resume_path = runs.resume_checkpoint(self.config.resume_requested, self.out_dir)
         if self.resume_path is None:  # rank 0 claims and writes the folder (see _open_run_folder)
             system.run_on_main(lambda: runs.check_new(self.out_dir), self.dist)
         self.run_id: str | None = None  # set when the folder is claimed (rank 0)
+
+    def _setup_data(self) -> None:
+        """The data, encoded on the device; the config then names it by its absolute path."""
+        c = self.config
         if c.model.block_size:  # before the data are encoded into (N, block_size) tensors
-            check_memory(
-                c.model_for_data(2, c.model.block_size), c.train.batch_size, self.device, True
-            )
+            block = c.model_for_data(2, c.model.block_size)
+            check_memory(block, c.train.batch_size, self.device, True)
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
         self.data = data = load_data(
             c.data.path, c.seed, c.model.block_size, self.device, not c.train.compile,
             c.data.format, c.data.prepare, c.data.repeats,
         )  # fmt: skip
         self.data_path, self.tokenizer, self.split = data.path, data.tokenizer, data.split
-        # the checkpoint names the data by one absolute path, and its content's hash
-        self.config = c = dataclasses.replace(
-            c, data=dataclasses.replace(c.data, path=str(Path(data.path).resolve()))
-        )
-        # generated items (data.format=repeats) have no file: the hash of the items stands in
-        self.data_sha256 = (
-            sha256_file(data.path)
-            if data.format != "repeats"
-            else hashlib.sha256(json.dumps(data.split.to_dict()).encode()).hexdigest()
-        )
         self.datasets = data.datasets
+        # the checkpoint names the data by one absolute path, and its content's hash
+        resolved = dataclasses.replace(c.data, path=str(Path(data.path).resolve()))
+        self.config = dataclasses.replace(c, data=resolved)
+        self.data_sha256 = data.sha256()
         try:
             self.probe_ids = data.probe_ids(c.log.probe)
         except DataError as e:
             raise ConfigError(str(e)) from None
 
+    def _build_model(self) -> None:
+        """The GPT (seeded), and what trains it: DDP, then torch.compile, as PyTorch documents (the
+        compiler splits the graph at DDP's gradient buckets). Checkpoints hold self.model."""
+        c = self.config
         torch.manual_seed(c.seed)
         random.seed(c.seed)
-        self.model_config = c.model_for_data(self.tokenizer.vocab_size, data.block_size)
+        self.model_config = c.model_for_data(self.tokenizer.vocab_size, self.data.block_size)
         check_memory(self.model_config, c.train.batch_size, self.device, c.model.block_size)
         self.model = GPT(self.model_config).to(self.device)
-        # DDP first, then compile: the order PyTorch documents (the compiler splits the graph at
-        # DDP's gradient buckets). Checkpoints always hold self.model, the plain GPT.
         self.train_model: nn.Module = self.model
         if self.dist.enabled:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = DDP(self.model, device_ids=ids)
             torch.manual_seed(c.seed + self.dist.rank)  # each rank its own dropout stream
         if c.train.compile:
             self.train_model = torch.compile(self.train_model)
+
+    def _build_optimizer(self) -> None:
+        """AdamW, the weight average (train.ema), the precision and fp16's gradient scaler."""
+        c = self.config
         self.optimizer = make_optimizer(self.model, c, self.device)
         self.ema = WeightAverage(self.model, c.train.ema) if c.train.ema > 0 else None
         # what is evaluated, sampled and kept as best.pt: the averaged weights, if any
@@ -129,8 +143,12 @@ class Trainer:
         self.precision = system.pick_precision(c.train.precision, self.device, ConfigError)
         # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+
+    def _restore(self) -> None:
+        """The loop's state: the batches and step 0, or all of it from last.pt on a resume."""
+        c = self.config
         self.global_batch = c.train.batch_size * self.dist.world_size
-        self.batches = data.train_batches(self.global_batch, c.seed, c.train.group_by_length)
+        self.batches = self.data.train_batches(self.global_batch, c.seed, c.train.group_by_length)
         self.step = 0
         self.best_val_loss = math.inf
         self.history: dict[str, float] = {}
@@ -138,7 +156,6 @@ class Trainer:
         self.resumed_from: Path | None = None
         if self.resume_path is not None:
             self._load_resume(self.resume_path)
-        self.writer: TensorBoardLogger | None = None
 
     def autocast(self):
         if self.precision == "fp32":
