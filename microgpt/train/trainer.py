@@ -18,12 +18,10 @@ import dataclasses
 import logging
 import math
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.auto import tqdm
@@ -32,11 +30,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from microgpt import runs, system
 from microgpt.config import Config, ConfigError, check_memory, load_config
 from microgpt.data.dataset import DataError, load_data
-from microgpt.files import remove_leftovers, write_text
 from microgpt.heads.analyse import analyse, probe_attention
 from microgpt.model import GPT
 from microgpt.sample.report import sample_for_run
-from microgpt.system import set_threads
 from microgpt.train import summary
 from microgpt.train.checkpoint import (
     check_resumable,
@@ -47,10 +43,12 @@ from microgpt.train.checkpoint import (
 )
 from microgpt.train.loss import LossWindow, StepResult, evaluate
 from microgpt.train.optim import WeightAverage, lr_at, make_optimizer
-from microgpt.train.stopping import Interrupted, StopFlag, TrainingError
+from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged, interrupted
 from microgpt.viz.tensorboard import TensorBoardLogger, labels_for
 
 log = logging.getLogger("microgpt")
+
+__all__ = ["Interrupted", "Trainer", "TrainingError", "train"]
 
 
 class Trainer:
@@ -73,7 +71,7 @@ class Trainer:
         c = self.config
         self.out_dir = Path(c.out_dir).expanduser()
         self.device = system.pick_device(c.device, ConfigError)
-        self.threads = set_threads(c.threads)  # before any work: see microgpt/system.py
+        self.threads = system.set_threads(c.threads)  # before any work: see microgpt/system.py
         self.dist = system.setup(self.device.type)
         self.is_main = self.dist.is_main
         if self.dist.enabled and self.device.type == "cuda":
@@ -204,20 +202,12 @@ class Trainer:
     def run(self) -> dict:
         c = self.config
         system.run_on_main(self._open_run_folder, self.dist)
-        progress = c.train.progress if c.train.progress is not None else sys.stderr.isatty()
-        bar = tqdm(
-            total=c.train.max_steps,
-            initial=self.step,
-            disable=not (progress and self.is_main),
-            dynamic_ncols=True,
-            leave=False,
-            file=sys.stderr,
-        )
         start, tokens_done, other_work = time.perf_counter(), 0, 0.0
         self.window.start_clock()  # throughput counts training alone, not the set-up
         metrics: dict = dict(self.history)
         # off the CPU, float() waits for the GPU: check and agree on stopping every log_every steps
         check_every = 1 if self.device.type == "cpu" else c.train.log_every
+        bar = summary.progress_bar(self)
         try:
             with StopFlag() as stop, logging_redirect_tqdm(loggers=[logging.root]):
                 self.model.train()
@@ -232,12 +222,7 @@ class Trainer:
                     # evaluation, checkpoints and the head analysis are not training: their time
                     # is left out of tokens_per_sec (on a GPU, _log_window's float() just synced)
                     busy = time.perf_counter()
-                    if self.step % c.train.eval_every == 0 or final:
-                        metrics.update(self._evaluate_and_save(metrics))
-                    if c.train.save_every and self.step % c.train.save_every == 0:
-                        system.run_on_main(lambda: self._save_snapshot(metrics), self.dist)
-                    if self.is_main and (self.step % c.log.attn_every == 0 or final):
-                        self._log_heads(self.step)
+                    self._between_steps(metrics, final)
                     spent = time.perf_counter() - busy
                     other_work += spent
                     self.window.exclude(spent)
@@ -246,70 +231,42 @@ class Trainer:
                         self._interrupted(metrics, stop.signal_name)
         finally:
             bar.close()
-        return self._finish(metrics, time.perf_counter() - start, tokens_done, other_work)
+        elapsed = time.perf_counter() - start
+        metrics = summary.final_metrics(self, metrics, elapsed, tokens_done, other_work)
+        system.run_on_main(lambda: summary.finish(self, metrics), self.dist)
+        return metrics
+
+    def _between_steps(self, metrics: dict, final: bool) -> None:
+        """What is due after this step: evaluation and last.pt, a snapshot, the head analysis."""
+        c = self.config
+        if self.step % c.train.eval_every == 0 or final:
+            metrics.update(self._evaluate_and_save(metrics))
+        if c.train.save_every and self.step % c.train.save_every == 0:
+            system.run_on_main(lambda: self._save_snapshot(metrics), self.dist)
+        if self.is_main and (self.step % c.log.attn_every == 0 or final):
+            self._log_heads(self.step)
 
     def _open_run_folder(self) -> None:
-        """Claim the run folder, write config.yaml, open TensorBoard (rank 0)."""
-        if self.resumed_from is None:  # one exclusive create: a run started alongside stops here
-            self.run_id = runs.claim_new(self.out_dir)
-        else:  # only into this run's own folder, or a new one
-            self.run_id = runs.claim_resume(self.out_dir, self.resumed_from, self.run_id)
-        runs.lock(self.out_dir)  # until the run ends (train's finally): one process per folder
-        (self.out_dir / "checkpoints").mkdir(exist_ok=True)
-        remove_leftovers(self.out_dir / "checkpoints")  # .tmp files of saves killed mid-write
-        # a resume keeps the run's config.yaml and writes its own beside it
-        name = "config.yaml" if self.resumed_from is None else f"config.resume-step{self.step}.yaml"
-        write_text(self.out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(self.config)))
-        log.info(summary.summary(self))
-        log.info(f"run folder: {self.out_dir.resolve()}")
-        if self.resumed_from is not None:
-            log.info(f"resumed from {self.resumed_from} at step {self.step}")
-        # the checkpoint holds step k's state, so points up to k stand; later ones (written after
-        # the checkpoint by a run that was killed) are dropped and written again from k + 1
-        purge = self.step + 1 if self.resumed_from else None
-        self.writer = TensorBoardLogger(self.out_dir, purge_step=purge)
+        """Claim the run folder, say what the run is, open TensorBoard (rank 0)."""
+        self.run_id, self.writer = summary.start(self)
         if self.step == 0:
             self._log_heads(0)
 
-    def _log_window(self, out: StepResult, bar) -> dict:
-        """The train loss over the window, summed over ranks; scalars and the bar (rank 0)."""
-        w = self.window
-        loss = system.sum_over_ranks(float(w.loss), self.dist) / w.steps
-        now = time.perf_counter()  # after float(): the device has caught up
-        tps = w.tokens_per_sec(now)
-        if self.is_main:
-            scalars = {"loss/train": loss, "lr": out.lr, "grad_norm": float(out.grad_norm)}
-            self.writer.scalars(self.step, {**scalars, "tokens_per_sec": tps})
-            bar.set_postfix_str(
-                f"loss {loss:.4f} lr {out.lr:.2e} {tps / 1000:.1f}k tok/s", refresh=False
-            )
+    def _log_window(self, out: StepResult, bar: tqdm) -> dict:
+        """The train loss over the window, summed over ranks, logged (rank 0); a new window."""
+        metrics = summary.log_window(self, out, bar)
         self.window = LossWindow()
-        return {"train_loss": loss, "tokens_per_sec": tps}
+        return metrics
 
     def _interrupted(self, metrics: dict, signal_name: str) -> None:
         self._save_last({**metrics, "interrupted_at": self.step})
         last = self.out_dir / "checkpoints" / "last.pt"
-        raise Interrupted(
-            f"{signal_name or 'signal'} received: stopped at step {self.step} of "
-            f"{self.config.train.max_steps} and wrote {last}; to continue: "
-            f"python train.py resume={last}",
-            checkpoint=last,
-        )
+        raise interrupted(signal_name, self.step, self.config.train.max_steps, last)
 
     def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
-        last = self.out_dir / "checkpoints" / "last.pt"
-        kept = (
-            f"the last good checkpoint, {last}, is kept"
-            if last.exists()
-            else "no checkpoint was written yet"
-        )
-        what = what or ("loss" if not math.isfinite(loss) else "gradient")
         step = self.step if what == "validation loss" else self.step + 1
-        raise TrainingError(
-            f"non-finite {what} at step {step} (loss {loss}, grad norm {grad_norm}, lr {lr:.3g}): "
-            f"the run diverged and was stopped; {kept}. Try a lower optim.lr, gradient clipping "
-            f"(optim.grad_clip=1.0) or a longer optim.warmup_steps"
-        )
+        last = self.out_dir / "checkpoints" / "last.pt"
+        raise diverged(step, loss, grad_norm, lr, last, what)
 
     # ---- evaluation, checkpoints, logging
 
@@ -418,20 +375,6 @@ class Trainer:
             f"step {self.step}: val loss {val_loss:.4f} (best {self.best_val_loss:.4f}){train_part}"
         )
         return out
-
-    def _finish(self, metrics: dict, elapsed: float, tokens_done: int, other_work: float) -> dict:
-        metrics = {
-            **metrics,
-            "step": self.step,
-            "params": self.model.num_params(),
-            "elapsed_s": elapsed,
-            "global_batch": self.global_batch,
-            "run_dir": str(self.out_dir),
-        }
-        if elapsed > other_work and tokens_done:  # training throughput, as logged
-            metrics["tokens_per_sec"] = tokens_done / (elapsed - other_work)
-        system.run_on_main(lambda: summary.finish(self, metrics), self.dist)
-        return metrics
 
 
 def train(cfg) -> dict:
