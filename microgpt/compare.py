@@ -23,7 +23,7 @@ and checkpoint, and prints one row per run, sorted by head count:
   last `heads/...` scalars the run logged (its first log.head_items validation items)
 
 It also draws the validation loss curves, one per run labelled by head count, into a PNG
-(`<folder>/val_loss.png` unless --plot says where), with microgpt.viz.draw.
+(`<folder>/val_loss.png` unless --plot says where), with microgpt.viz.plot.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from microgpt.files import OutputRefused, check_new_file
 from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.train.checkpoint import CheckpointError, load_checkpoint
-from microgpt.viz.draw import plot_lines
+from microgpt.viz.plot import plot_lines
 from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)
@@ -331,7 +331,7 @@ def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
 
 
 def plot_val_curves(runs: list[RunSummary], path: str | Path) -> Path:
-    """Validation loss against step, one line per run labelled by head count (draw.plot_lines)."""
+    """Validation loss against step, one line per run labelled by head count (plot_lines)."""
     curves = [r for r in runs if r.val_curve]
     if not curves:
         raise CompareError(
