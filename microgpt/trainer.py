@@ -44,7 +44,7 @@ from microgpt.files import remove_leftovers, sha256_file, write_text
 from microgpt.head_analysis import analyse, probe_attention
 from microgpt.loss import LossWindow, StepResult, evaluate
 from microgpt.model import GPT
-from microgpt.optim import WeightAverage, lr_at, make_optimizer
+from microgpt.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
 from microgpt.samples import sample_for_run
 from microgpt.stopping import Interrupted, StopFlag, TrainingError
 from microgpt.tensorboard import TensorBoardLogger, labels_for
@@ -78,6 +78,8 @@ class Trainer:
         self.resume_path = runs.resume_checkpoint(c.resume_requested, self.out_dir)
         if self.resume_path is None:  # rank 0 claims and writes the folder (see _open_run_folder)
             distributed.run_on_main(lambda: runs.check_new(self.out_dir), self.dist)
+            # a resume keeps its checkpoint's warmup (fitted when the run began): an exact resume
+            self.config = c = self._fit_warmup(c)
         self.run_id: str | None = None  # set when the folder is claimed (rank 0)
         if c.model.block_size:  # before the data are encoded into (N, block_size) tensors
             check_memory(
@@ -182,6 +184,13 @@ class Trainer:
         return StepResult(share, grad_norm, lr, n_global, x.numel())
 
     # ---- the loop
+
+    def _fit_warmup(self, c: Config) -> Config:
+        """Said once, at the start of the run (the config is validated more often than that)."""
+        c, line = fit_warmup(c)
+        if line and self.is_main:
+            log.warning(line)
+        return c
 
     def run(self) -> dict:
         c = self.config
