@@ -212,14 +212,6 @@ class Config:
     def __post_init__(self):
         if self.heads is not None and self.heads != self.model.n_head:
             raise ConfigError(f"heads={self.heads} but model.n_head={self.model.n_head}: set one")
-        o, steps = self.optim, self.train.max_steps
-        # a resume trains to the run's own max_steps
-        if o.warmup_steps > steps and not parse_resume(self.resume):
-            raise ConfigError(
-                f"optim.warmup_steps={o.warmup_steps} is longer than the run (train.max_steps="
-                f"{steps}): the learning rate would never reach optim.lr; lower "
-                f"optim.warmup_steps or raise train.max_steps"
-            )
         if self.model.vocab_size is not None:
             raise ConfigError(
                 f"model.vocab_size={self.model.vocab_size}: the vocabulary comes from the data "

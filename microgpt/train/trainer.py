@@ -42,7 +42,7 @@ from microgpt.train.checkpoint import (
     set_rng_state,
 )
 from microgpt.train.loss import LossWindow, StepResult, evaluate
-from microgpt.train.optim import WeightAverage, lr_at, make_optimizer
+from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
 from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged, interrupted
 from microgpt.viz.tensorboard import TensorBoardLogger, labels_for
 
@@ -90,6 +90,10 @@ class Trainer:
         self.resume_path = runs.resume_checkpoint(self.config.resume_requested, self.out_dir)
         if self.resume_path is None:  # rank 0 claims and writes the folder (see _open_run_folder)
             system.run_on_main(lambda: runs.check_new(self.out_dir), self.dist)
+            # a resume keeps its checkpoint's warmup (fitted when the run began): an exact resume
+            self.config, line = fit_warmup(self.config)
+            if line and self.is_main:  # said once, at the start of the run
+                log.warning(line)
         self.run_id: str | None = None  # set when the folder is claimed (rank 0)
 
     def _setup_data(self) -> None:
@@ -182,9 +186,8 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         # grad_norm comes from the all-reduced gradients, so every rank decides alike; under
         # fp16 an overflowing gradient is normal: the scaler skips the step and lowers the scale
-        scaled = self.scaler.is_enabled()
         if check and not (
-            (scaled or math.isfinite(float(grad_norm)))
+            (self.scaler.is_enabled() or math.isfinite(float(grad_norm)))
             and (self.dist.enabled or math.isfinite(float(loss.detach())))
         ):
             self._diverged(float(loss.detach()), float(grad_norm), lr)
@@ -304,12 +307,11 @@ class Trainer:
             "best_val_loss": self.best_val_loss,
             "world_size": self.dist.world_size,
         }
-
-        def save():
-            last = self.out_dir / "checkpoints" / "last.pt"
-            save_checkpoint({**self._checkpoint(metrics), "resume": resume}, last)
-
-        system.run_on_main(save, self.dist)
+        last = self.out_dir / "checkpoints" / "last.pt"
+        system.run_on_main(
+            lambda: save_checkpoint({**self._checkpoint(metrics), "resume": resume}, last),
+            self.dist,
+        )
 
     def _load_resume(self, path: Path) -> None:
         # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
@@ -340,15 +342,13 @@ class Trainer:
         """The probe's attention maps and the head analysis on validation items (rank 0)."""
         val = self.datasets["val"]
         x, y = val.batch(torch.arange(min(len(val), self.config.log.head_items)))  # (N, T)
-        probe = self.probe_ids
-        maps = probe_attention(self.eval_model, probe)
-        self.writer.attention_maps(step, maps, labels_for(probe, self.tokenizer))
+        maps = probe_attention(self.eval_model, self.probe_ids)
+        self.writer.attention_maps(step, maps, labels_for(self.probe_ids, self.tokenizer))
         self.writer.heads(step, analyse(self.eval_model, x, y, self.tokenizer))
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
         """Validation loss on the whole split; best.pt if it improved; last.pt always."""
-        out = system.run_on_main(lambda: self._evaluate_and_save_best(metrics), self.dist)
-        out = out or {}
+        out = system.run_on_main(lambda: self._evaluate_and_save_best(metrics), self.dist) or {}
         self._save_last({**metrics, **out})
         if self.is_main:
             self.writer.flush()
