@@ -19,8 +19,7 @@ import torch
 
 from microgpt.errors import SamplingError
 from microgpt.kv_cache import KVCache
-from microgpt.model import eval_mode
-from microgpt.system import available_memory
+from microgpt.system import available_memory, eval_mode
 from microgpt.tokenizer import BOUNDARY_ID
 
 DEFAULT_BATCH = 1024  # items sampled at once when batch_size is None, at most
