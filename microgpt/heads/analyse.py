@@ -268,28 +268,17 @@ def analyse(
     device = next(model.parameters()).device
     V = model.config.vocab_size
     chars = "".join(tokenizer.chars) if tokenizer is not None else None
-    if counts is None:
-        counts = char_counts(x, y, V)
-    members = class_members(chars, V, counts)
+    members = class_members(chars, V, counts if counts is not None else char_counts(x, y, V))
     batches = length_batches(x.to(device), y.to(device), batch_size)
     with _eval(model):
         _, means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # the baseline with an all-ones mask: the exact arithmetic of every ablated pass
         base = batches_loss(model, batches, keep_all(model, device))
-        zero = zero_importance(model, batches, base)
-        mean = mean_importance(model, batches, base, means)
-        position = mean_importance(model, batches, base, at)
-        order, losses, prunable = pruning(model, batches, base, zero, tolerance)
+        ablations = _ablations(model, batches, base, means, at, tolerance)
         found = run_probe(model, device) if probe else None
         qk, ov, copying = layer0_circuits(model)
     with _eval(model, inference=False):
         gradient = gradient_importance(model, batches)
-    mass, lift = patterns_of(sums)
-    roles, scores = roles_of(mass, lift)
-    stat = {
-        name: torch.stack([_ratio(s[name], s[name + "_n"]) for s in sums])  # (L, H[, K])
-        for name in ("offsets", "start", "spread", "entropy")
-    }
     L, H, _ = model_heads(model)
     labels = [BOUNDARY_LABEL] + (
         list(chars) if chars is not None else [str(i) for i in range(1, V)]
@@ -300,32 +289,53 @@ def analyse(
         items=int(x.shape[0]),
         tokens=int((y >= 0).sum()),
         loss=base,
-        zero_importance=zero,
-        mean_importance=mean,
-        position_importance=position,
         gradient=gradient,
-        entropy=stat["entropy"],
-        spread=stat["spread"],
-        offsets=stat["offsets"],
-        start=stat["start"],
-        mass=mass,
-        lift=lift,
-        roles=roles,
-        scores=scores,
-        pruning_order=order,
-        pruning_losses=losses,
-        prunable=prunable,
+        **ablations,
+        **_patterns(sums),
         probe=found,
         qk=qk,
         ov=ov,
         copying=copying,
         labels=labels,
-        correlations={
-            "gradient_vs_zero": rank_correlation(gradient, zero),
-            "gradient_vs_mean": rank_correlation(gradient, mean),
-            "zero_vs_mean": rank_correlation(zero, mean),
-            "zero_vs_position_mean": rank_correlation(zero, position),
-        },
+        correlations=_correlations(gradient, ablations),
         tolerance=tolerance,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _ablations(model, batches, base: float, means: Tensor, at: Tensor, tolerance: float) -> dict:
+    """Each head's importance by zero, mean and per-position mean ablation, and the pruning
+    curve (by zero ablation): HeadReport's fields."""
+    zero = zero_importance(model, batches, base)
+    mean = mean_importance(model, batches, base, means)
+    position = mean_importance(model, batches, base, at)
+    order, losses, prunable = pruning(model, batches, base, zero, tolerance)
+    return {
+        "zero_importance": zero,
+        "mean_importance": mean,
+        "position_importance": position,
+        "pruning_order": order,
+        "pruning_losses": losses,
+        "prunable": prunable,
+    }
+
+
+def _patterns(sums: list[dict[str, Tensor]]) -> dict:
+    """The pattern sums of every layer -> each head's mass, lift, role and statistics."""
+    mass, lift = patterns_of(sums)
+    roles, scores = roles_of(mass, lift)
+    stat = {
+        name: torch.stack([_ratio(s[name], s[name + "_n"]) for s in sums])  # (L, H[, K])
+        for name in ("offsets", "start", "spread", "entropy")
+    }
+    return {"mass": mass, "lift": lift, "roles": roles, "scores": scores, **stat}
+
+
+def _correlations(gradient: Tensor, ablations: dict) -> dict[str, float]:
+    zero, mean = ablations["zero_importance"], ablations["mean_importance"]
+    return {
+        "gradient_vs_zero": rank_correlation(gradient, zero),
+        "gradient_vs_mean": rank_correlation(gradient, mean),
+        "zero_vs_mean": rank_correlation(zero, mean),
+        "zero_vs_position_mean": rank_correlation(zero, ablations["position_importance"]),
+    }
