@@ -171,15 +171,11 @@ class MultiHeadAttention(nn.Module):
         else:
             # several new tokens after a cached prefix
             attn_mask, is_causal = mask, False
+        dropout, gqa = (self.dropout if self.training else 0.0), self.group > 1
+        # (B, H, T, hd)
         y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=self.group > 1,
-        )  # (B, H, T, hd)
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal, enable_gqa=gqa
+        )
         att = None
         if return_attn:
             # sdpa returns no weights: compute them on a side path, for looking at only
@@ -251,6 +247,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    """Token and position embeddings, n_layer blocks, a final norm and the output head."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         if config.vocab_size is None or config.block_size is None:
@@ -296,6 +294,7 @@ class GPT(nn.Module):
         return self._run(idx, targets, kv_cache, return_attn=True)
 
     def _run(self, idx, targets, kv_cache, return_attn):
+        """The forward pass: (logits, loss, each layer's attention weights or None)."""
         B, T = idx.shape
         pos = kv_cache.pos if kv_cache is not None else 0
         if pos + T > self.config.block_size:

@@ -261,9 +261,11 @@ def probe_rows(vocab_size: int, block_size: int, n: int = PROBE_ROWS, seed: int 
 def token_losses(logits: Tensor, y: Tensor) -> Tensor:
     """(B, T, V), (B, T) -> (B, T) cross-entropy per position (0 where y = -1)."""
     B, T, V = logits.shape
+    # (B, T, V) -> (B*T, V) and (B, T) -> (B*T,): one loss per position
     flat = torch.nn.functional.cross_entropy(
         logits.reshape(B * T, V).float(), y.reshape(B * T), ignore_index=-1, reduction="none"
-    )  # (B*T,)
+    )
+    # (B*T,) -> (B, T)
     return flat.view(B, T)
 
 
