@@ -180,12 +180,6 @@ class Config:
                 f"optim.eps={o.eps} divides every update by at least {o.eps:g}: the weights "
                 f"would not move; use a small value (typical: 1e-8, at most {MAX_EPS:g})"
             )
-        if o.warmup_steps > t.max_steps and not parse_resume(self.resume):  # else: the run's
-            raise ConfigError(
-                f"optim.warmup_steps={o.warmup_steps} is longer than the run (train.max_steps="
-                f"{t.max_steps}): the learning rate would never reach optim.lr; lower "
-                f"optim.warmup_steps or raise train.max_steps"
-            )
         if t.num_samples > MAX_TRAIN_SAMPLES:
             raise ConfigError(
                 f"train.num_samples={t.num_samples} would sample for about "

@@ -200,6 +200,8 @@ def _data_error(c: Config, job: list[str]) -> str | None:
     named = any(o.split("=", 1)[0].lstrip("+") == "data.path" for o in job)
     if parse_resume(c.resume) and not named:
         return None  # a resume trains on the checkpoint's data
+    if c.data.format == "repeats":
+        return None  # generated items: data.path is a label, no file is read
     path = resolve_data_path(c.data.path)
     where = Path(os.path.abspath(path))
     fix = "point data.path=... at a text file"

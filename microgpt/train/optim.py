@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import torch
@@ -21,6 +22,22 @@ def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> to
     ]
     fused = device.type in ("cuda", "cpu")  # one kernel for all parameters
     return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
+
+
+def fit_warmup(config: Config) -> tuple[Config, str | None]:
+    """A warmup longer than the run (the default 100 steps in a quick `train.max_steps=40`) would
+    end the run before the learning rate reaches optim.lr: it is cut to a tenth of the run, a
+    usual share (the default recipe warms up over 3% of its steps), which leaves the rest of the
+    run to the decay it asked for. Returns the config to train with and the line that says so."""
+    o, steps = config.optim, config.train.max_steps
+    if o.warmup_steps <= steps:
+        return config, None
+    fitted = steps // 10
+    line = (
+        f"optim.warmup_steps={o.warmup_steps} is longer than the run (train.max_steps={steps}): "
+        f"using {fitted}"
+    )
+    return dataclasses.replace(config, optim=dataclasses.replace(o, warmup_steps=fitted)), line
 
 
 def lr_at(step: int, config: Config) -> float:

@@ -47,7 +47,7 @@ from microgpt.train.checkpoint import (
     set_rng_state,
 )
 from microgpt.train.loss import LossWindow, StepResult, evaluate
-from microgpt.train.optim import WeightAverage, lr_at, make_optimizer
+from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
 from microgpt.train.stopping import Interrupted, StopFlag, TrainingError
 from microgpt.viz.tensorboard import TensorBoardLogger, labels_for
 
@@ -79,6 +79,8 @@ class Trainer:
         self.resume_path = runs.resume_checkpoint(c.resume_requested, self.out_dir)
         if self.resume_path is None:  # rank 0 claims and writes the folder (see _open_run_folder)
             system.run_on_main(lambda: runs.check_new(self.out_dir), self.dist)
+            # a resume keeps its checkpoint's warmup (fitted when the run began): an exact resume
+            self.config = c = self._fit_warmup(c)
         self.run_id: str | None = None  # set when the folder is claimed (rank 0)
         if c.model.block_size:  # before the data are encoded into (N, block_size) tensors
             check_memory(
@@ -183,6 +185,13 @@ class Trainer:
         return StepResult(share, grad_norm, lr, n_global, x.numel())
 
     # ---- the loop
+
+    def _fit_warmup(self, c: Config) -> Config:
+        """Said once, at the start of the run (the config is validated more often than that)."""
+        c, line = fit_warmup(c)
+        if line and self.is_main:
+            log.warning(line)
+        return c
 
     def run(self) -> dict:
         c = self.config

@@ -1,0 +1,569 @@
+"""Every command in README.md, run as a user types it (issue 25, item 1).
+
+The commands are read from the README's indented code blocks (lines of four spaces and `python`,
+`pip`, `tensorboard`, `torchrun` or `ruff`; a `&&` chain is one command per part), so a command
+added to the README without a row in COVERED fails here: "README command not covered".
+
+Each runs through the real command line (a new Python, `sys.executable train.py ...`) in a sandbox
+project (tmp: data/names.txt, a slice of the real one; a small fake data/shakespeare.txt and
+my_book.txt), in README order. A long command runs in small form: settings APPENDED to it
+(SMALL: the last value of a key wins), never another command. A placeholder
+(`outputs/<date>/<time>`, `multirun/2026-11-21/10-00-00/heads=4`) becomes the folder that an
+earlier command of the sandbox made. What is not run, and why, is said in its row: `pip install`
+(checked against pyproject.toml), `python data/prepare.py shakespeare` (downloads: --help),
+`bench/run.py` (its flags parsed here; its quick runs are tests/test_bench.py's).
+
+Two tiers: every command as a real command line is marked slow (about 2.5 minutes on one core);
+the default suite's fast version (about 35 s) runs train/sample/heads/compare in this process
+through tests/harness.py (the same cli.main -> Hydra path, ~1 s each instead of 4 s of imports),
+tensorboard and ruff as processes, and leaves out what takes its own processes and many seconds
+(torchrun, the joblib and SLURM launchers, pytest). Every experiment and data preset of conf/
+(the settings table names them inline) also starts a run in the fast tier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.conftest import REPO
+from tests.e2e.harness import run as run_in_process
+
+README = REPO / "README.md"
+PROMPTS = ("python", "pip", "tensorboard", "torchrun", "ruff")
+
+# appended to every training command: a model and a run of a second or two (the default
+# warmup of 100 steps is longer than this run: it is cut to fit, and said)
+SMALL = (
+    "model.n_layer=1",
+    "model.n_embd=16",
+    "train.batch_size=16",
+    "train.max_steps=12",
+    "train.eval_every=6",
+    "train.num_samples=3",
+    "log.attn_every=6",
+    "log.head_items=16",
+)
+WARMUP_LINE = "optim.warmup_steps=100 is longer than the run (train.max_steps=12): using 1"
+
+
+def readme_commands(text: str | None = None) -> list[str]:
+    """The README's commands in order, each once: comments dropped, `&&` parts apart."""
+    text = README.read_text() if text is None else text
+    out: list[str] = []
+    for line in text.splitlines():
+        if not re.match(rf"    ({'|'.join(PROMPTS)})\b", line):
+            continue
+        line = re.sub(r"\s+#.*$", "", line.strip())
+        for part in line.split("&&"):
+            command = " ".join(part.split())
+            if command not in out:
+                out.append(command)
+    return out
+
+
+# ----------------------------------------------------------------------------- the sandbox
+
+
+def fake_play(n_chars: int, seed: int) -> str:
+    """Speeches under speakers' names (ROMEO: ...): text enough for data.format=text."""
+    rng = random.Random(seed)
+    speakers = ["ROMEO", "JULIET", "NURSE", "MERCUTIO", "FRIAR LAURENCE"]
+    words = (
+        "love night fair sweet death light heart thou thee my the and of to a is in doth hath "
+        "swear moon star wherefore art name rose by any other word would smell as"
+    ).split()
+    parts, size = [], 0
+    while size < n_chars:
+        lines = [
+            " ".join(rng.choice(words) for _ in range(rng.randint(4, 9))).capitalize()
+            + rng.choice(".,;!?")
+            for _ in range(rng.randint(1, 4))
+        ]
+        parts.append(f"{rng.choice(speakers)}:\n" + "\n".join(lines) + "\n\n")
+        size += len(parts[-1])
+    return "".join(parts)
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def text(self) -> str:
+        return self.stdout + self.stderr
+
+
+class Sandbox:
+    """A project folder the commands run in, and the folders they made, by name."""
+
+    def __init__(self, root: Path, real: bool):
+        self.root, self.real = root, real
+        self.folders: dict[str, Path] = {}  # "names", "text", "book": runs; "heads": a sweep
+        (root / "data").mkdir(parents=True)
+        for name in ("names.txt", "names-1980s.txt"):  # 2,000 names of each: enough to train
+            names = (REPO / "data" / name).read_text().splitlines()[:2000]
+            (root / "data" / name).write_text("\n".join(names) + "\n")
+        (root / "data" / "shakespeare.txt").write_text(fake_play(12_000, seed=0))
+        (root / "my_book.txt").write_text(fake_play(8_000, seed=1))
+
+    def folder(self, key: str) -> Path:
+        """The folder `key` names, made by its command now if it was not made yet."""
+        if key not in self.folders:
+            execute(self, MAKES[key])
+        return self.folders[key]
+
+
+def _env() -> dict:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
+def run_command(argv: list[str], cwd: Path, timeout: int = 300, env: dict | None = None) -> Result:
+    """A command line in a new process group; a timeout kills the group (torchrun's ranks)."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env or _env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{shlex.join(argv)} did not end in {timeout} s\n{err[-3000:]}")
+    return Result(proc.returncode, out, err)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------- how each is run
+
+
+@dataclass(frozen=True)
+class How:
+    """How a README command runs here. kind: run (a python/torchrun command), pip, tensorboard,
+    bench, slurm. append: what shrinks it. runs: placeholder -> the folder key it stands for.
+    makes: the key its run (or sweep) folder is kept under. needs: the run that must be the
+    latest. cwd: sandbox or repo. check(sandbox, result). slow: a command of its own
+    processes and many seconds (torchrun, the launchers, pytest): in the slow, real tier only."""
+
+    kind: str = "run"
+    append: tuple = ()
+    runs: tuple = ()
+    makes: str = ""
+    needs: str = ""
+    cwd: str = "sandbox"
+    check: Callable | None = None
+    slow: bool = False
+
+
+def run_folders(r: Result) -> list[Path]:
+    return [Path(m) for m in re.findall(r"run folder: (\S+)", r.stdout)]
+
+
+def _trained(s: Sandbox, r: Result) -> None:
+    assert "test loss" in r.stdout, r.stdout[-2000:]
+    folders = run_folders(r)
+    assert folders and all((f / "checkpoints" / "best.pt").is_file() for f in folders), folders
+
+
+def _first_run(s: Sandbox, r: Result) -> None:
+    _trained(s, r)
+    # a short run keeps the default warmup of 100 steps: cut to fit, said once (issue 25, 1b)
+    assert r.stdout.count("is longer than the run") == 1, r.stdout
+    assert WARMUP_LINE in r.stdout
+    assert "warmup_steps: 1\n" in (run_folders(r)[0] / "config.yaml").read_text()
+
+
+def _sweep(s: Sandbox, r: Result) -> None:
+    _trained(s, r)
+    jobs = sorted(f.name for f in run_folders(r))
+    assert jobs == ["heads=1", "heads=2", "heads=4", "heads=8"], jobs
+    assert len({f.parent for f in run_folders(r)}) == 1  # one sweep folder
+
+
+def _sampled(s: Sandbox, r: Result) -> None:
+    assert re.search(r"\d+ of \d+ new", r.stdout), r.stdout[-2000:]
+
+
+def _names_file(s: Sandbox, r: Result) -> None:
+    _sampled(s, r)
+    assert len((s.root / "names.txt").read_text().splitlines()) == 1000
+
+
+def _prefixed(s: Sandbox, r: Result) -> None:
+    _sampled(s, r)
+    marked = [line for line in r.stdout.splitlines() if line.endswith(("(new)", "(in train)"))]
+    assert marked and all(line.startswith("ma") for line in marked), r.stdout
+
+
+def _passages(s: Sandbox, r: Result) -> None:
+    assert r.stdout.count("ROMEO:") >= 3 and "verbatim" in r.stdout, r.stdout[-3000:]
+
+
+def _text_run(s: Sandbox, r: Result) -> None:
+    _trained(s, r)
+    assert "(text)" in r.stdout, r.stdout[:2000]
+
+
+def _heads(s: Sandbox, r: Result) -> None:
+    assert (s.folders["text"] / "heads-best.json").is_file(), r.stdout[-2000:]
+
+
+def _compared(s: Sandbox, r: Result) -> None:
+    for h in (1, 2, 4, 8):
+        assert f"heads={h}" in r.stdout, r.stdout
+    assert (s.folders["heads"] / "val_loss.png").is_file()
+
+
+def _resumed(key: str, start: int, end: int):
+    def check(s: Sandbox, r: Result) -> None:
+        assert f"resumed from {s.folders[key]}" in r.stdout, r.stdout[-2000:]
+        assert f"at step {start}" in r.stdout and f"after {end} steps" in r.stdout, r.stdout
+
+    return check
+
+
+def _one_run(s: Sandbox, r: Result) -> None:
+    _trained(s, r)
+    assert len(run_folders(r)) == 1, r.stdout  # rank 0 alone writes the run
+
+
+def _collected(s: Sandbox, r: Result) -> None:
+    assert re.search(r"\d+ tests collected", r.stdout), r.text[-2000:]
+
+
+def _help(s: Sandbox, r: Result) -> None:
+    assert r.stdout.startswith("usage:") and "--sdist" in r.stdout, r.stdout
+
+
+MAKES = {  # the command whose folder a placeholder stands for
+    "names": "python train.py heads=4",
+    "heads": "python train.py -m heads=1,2,4,8",
+    "text": "python train.py experiment=shakespeare",
+    "book": "python train.py data.format=text data.path=my_book.txt model.block_size=128",
+}
+
+COVERED: dict[str, How] = {
+    # install: pip is not run (a network and minutes); what it names must exist
+    "pip install -e .": How("pip"),
+    "python train.py heads=4": How(append=SMALL, makes="names", check=_first_run),
+    'pip install -e ".[test]"': How("pip"),
+    # collected, not run: this test is part of it
+    "python -m pytest": How(
+        append=("--collect-only", "-q"), cwd="repo", check=_collected, slow=True
+    ),
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu": How("pip"),
+    # Use
+    "python sample.py": How(needs="names", check=_sampled),
+    "python train.py -m heads=1,2,4,8": How(append=SMALL, makes="heads", check=_sweep),
+    "tensorboard --logdir multirun/<date>/<time> --samples_per_plugin images=100": How(
+        "tensorboard", runs=("heads",)
+    ),
+    "python -m microgpt.compare multirun/<date>/<time>": How(runs=("heads",), check=_compared),
+    # Sampling
+    "python sample.py num_samples=1000 out=names.txt": How(needs="names", check=_names_file),
+    "python sample.py prefix=ma temperature=0.8 top_k=10 seed=1": How(
+        needs="names", check=_prefixed
+    ),
+    "python sample.py ckpt=outputs/2026-11-21/10-00-00/checkpoints/best.pt": How(
+        runs=("names",), check=_sampled
+    ),
+    "python sample.py run=multirun/2026-11-21/10-00-00/heads=4": How(
+        runs=("heads",), check=_sampled
+    ),
+    # Your own text
+    "python data/prepare.py shakespeare": How(append=("--help",), check=_help),  # it downloads
+    "python train.py experiment=shakespeare": How(append=SMALL, makes="text", check=_text_run),
+    'python sample.py prefix="ROMEO:"': How(needs="text", check=_passages),
+    "python -m microgpt.heads outputs/<date>/<time>": How(runs=("text",), check=_heads),
+    "python train.py data.format=text data.path=my_book.txt model.block_size=128": How(
+        append=SMALL, makes="book", check=_text_run
+    ),
+    # TensorBoard
+    "tensorboard --logdir outputs --samples_per_plugin images=100": How(
+        "tensorboard", needs="names"
+    ),
+    # Resume: the settings come from the checkpoint; a longer run is what is appended
+    "python train.py resume=true": How(
+        append=("train.max_steps=24",), needs="book", check=_resumed("book", 12, 24)
+    ),
+    "python train.py resume=outputs/<date>/<time> train.max_steps=7000": How(
+        append=("train.max_steps=24",), runs=("names",), check=_resumed("names", 12, 24)
+    ),
+    "python train.py resume=outputs/<date>/<time>/checkpoints/last.pt": How(
+        append=("train.max_steps=36",), runs=("names",), check=_resumed("names", 24, 36)
+    ),
+    # More than one process
+    # 4 CPU processes over gloo (device=cpu: a machine with one GPU cannot give 4 ranks one each)
+    "torchrun --nproc_per_node=4 train.py heads=4": How(
+        append=(*SMALL, "device=cpu"), check=_one_run, slow=True
+    ),
+    "python train.py -m heads=1,2,4,8 hydra/launcher=joblib": How(
+        append=SMALL, check=_sweep, slow=True
+    ),
+    # no cluster: it must fail only for want of srun; then submitit's local launcher runs it
+    "python train.py -m heads=1,2,4,8 hydra/launcher=slurm": How("slurm", append=SMALL, slow=True),
+    # Benchmarks: hours in full; their quick runs are tests/test_bench.py's
+    "python bench/run.py": How("bench"),
+    "python bench/run.py --quick": How("bench"),
+    "python bench/run.py --only targets,threads": How("bench"),
+    # Tests
+    'python -m pytest -m "slow or not slow"': How(
+        append=("--collect-only", "-q"), cwd="repo", check=_collected, slow=True
+    ),
+    "ruff check .": How(cwd="repo"),
+    "ruff format --check .": How(cwd="repo"),
+}
+
+IN_PROCESS = {"train.py", "sample.py", "microgpt.heads", "microgpt.compare"}
+
+PLACEHOLDER = re.compile(r"(outputs|multirun)/(<date>|\d{4}-\d\d-\d\d)/(<time>|\d\d-\d\d-\d\d)")
+
+
+def resolve(sandbox: Sandbox, command: str, how: How) -> list[str]:
+    """The command's words, its placeholders replaced by the sandbox's folders, SMALL appended."""
+    keys = iter(how.runs)
+    words = []
+    for word in shlex.split(command):
+        if PLACEHOLDER.search(word):
+            word = PLACEHOLDER.sub(str(sandbox.folder(next(keys))), word)
+        words.append(word)
+    return [*words, *how.append]
+
+
+def argv_for(words: list[str]) -> list[str]:
+    """The words as a process runs them: this Python, the repository's scripts by path."""
+    program, args = words[0], words[1:]
+    scripts = {"train.py", "sample.py", "data/prepare.py", "bench/run.py"}
+    args = [str(REPO / a) if a in scripts else a for a in args]
+    if program == "python":
+        return [sys.executable, *args]
+    if program == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", *args]
+    if program == "tensorboard":
+        return [sys.executable, "-m", "tensorboard.main", *args]
+    if program == "ruff":
+        return [sys.executable, "-m", "ruff", *args]
+    raise AssertionError(f"no way to run {program}")
+
+
+def execute(sandbox: Sandbox, command: str) -> None:
+    """Run one README command (in small form) in the sandbox and check what it did."""
+    how = COVERED.get(command)
+    if how is None:
+        pytest.fail(f"README command not covered: {command!r}: add a row to COVERED")
+    if how.needs:  # in README order the commands before made it; alone, it is made now
+        sandbox.folder(how.needs)
+    words = resolve(sandbox, command, how)
+    {"pip": _pip, "bench": _bench, "tensorboard": _tensorboard, "slurm": _slurm}.get(
+        how.kind, _run
+    )(sandbox, words, how)
+
+
+def _run(sandbox: Sandbox, words: list[str], how: How) -> Result:
+    cwd = REPO if how.cwd == "repo" else sandbox.root
+    if words[0] == "ruff":
+        pytest.importorskip("ruff", reason="ruff comes with the test extra")
+    in_process = not sandbox.real and len(words) > 1 and words[0] == "python"
+    target = words[2] if words[1:2] == ["-m"] else words[1]
+    if in_process and target in IN_PROCESS:  # the fast version: one process, same cli path
+        name = target.removeprefix("microgpt.")
+        r = run_in_process(name, *words[(3 if words[1] == "-m" else 2) :], cwd=cwd)
+        r = Result(r.code, r.stdout, r.stderr)
+    else:
+        env = _env()
+        if words[0] == "torchrun":  # torchrun's own --master-port, as its environment variable
+            env["PET_MASTER_PORT"] = str(free_port())
+        r = run_command(argv_for(words), cwd, env=env)
+    assert r.code == 0 and "Traceback" not in r.text, f"{shlex.join(words)}\n{r.text[-4000:]}"
+    assert "microgpt: error" not in r.stderr, r.stderr
+    if how.makes:
+        folders = run_folders(r)
+        assert folders, r.stdout[-2000:]
+        sandbox.folders[how.makes] = folders[0] if len(folders) == 1 else folders[0].parent
+    if how.check:
+        how.check(sandbox, r)
+    return r
+
+
+def _pip(sandbox: Sandbox, words: list[str], how: How) -> None:
+    """pip is not run: the package (or the extra) it installs must be what pyproject.toml has."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert words[:2] == ["pip", "install"], words
+    targets = [w for w in words[2:] if not w.startswith("-") and not w.startswith("http")]
+    for target in targets:
+        m = re.fullmatch(r"\.(?:\[(\w+)\])?", target)
+        if m:
+            assert project["name"] == "microgpt"
+            assert m[1] is None or m[1] in project["optional-dependencies"], target
+        else:  # a dependency installed first (torch's CPU build)
+            assert any(re.match(rf"{target}\b", d) for d in project["dependencies"]), target
+
+
+def _bench(sandbox: Sandbox, words: list[str], how: How) -> None:
+    """Its flags are parsed (a flag or section renamed fails here); tests/test_bench.py runs the
+    quick forms (--quick on three sections; --quick --only targets,threads, slow)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_readme_bench_run", REPO / "bench" / "run.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)  # the repository is on sys.path: `from bench.common import`
+    args = bench.parse_args([*words[2:], "--out", str(sandbox.root / "bench.json")])
+    assert args.out == str(sandbox.root / "bench.json")
+    assert not (sandbox.root / "bench.json").exists()
+
+
+def _tensorboard(sandbox: Sandbox, words: list[str], how: How) -> None:
+    """It starts and answers on localhost, listing the runs under --logdir; then it is stopped."""
+    pytest.importorskip("tensorboard")
+    port = free_port()
+    logdir = Path(words[words.index("--logdir") + 1])
+    logdir = logdir if logdir.is_absolute() else sandbox.root / logdir
+    want = {str(p.parent.relative_to(logdir)) for p in logdir.rglob("events.out.tfevents.*")}
+    assert want, f"no runs under {logdir}"
+    proc = subprocess.Popen(argv_for([*words, "--port", str(port)]), cwd=sandbox.root, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    runs, deadline = set(), time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and not want <= runs:
+            assert proc.poll() is None, f"tensorboard ended: {proc.communicate()[0][-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://localhost:{port}/data/runs", timeout=5) as f:
+                    runs = set(json.loads(f.read()))
+            except OSError:
+                pass
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert want <= runs, f"tensorboard on port {port} listed {sorted(runs)}, not {sorted(want)}"
+
+
+def _slurm(sandbox: Sandbox, words: list[str], how: How) -> None:
+    """Without a cluster the command composes, checks every job and builds submitit's SLURM
+    executor, which stops for want of srun; the same sweep then runs under submitit's local
+    launcher (appended: hydra/launcher=submitit_local, two of the jobs)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    if shutil.which("srun") is None:  # on a cluster this would submit real jobs: not here
+        r = run_command(argv_for(words), sandbox.root)
+        assert r.code != 0 and "srun" in r.stderr, r.text[-3000:]
+        assert "microgpt: error" not in r.stderr, r.stderr  # every job's settings are fine
+    local = [*words, "heads=1,2", "hydra/launcher=submitit_local"]
+    r = run_command(argv_for(local), sandbox.root)
+    assert r.code == 0 and "Traceback" not in r.stderr, r.text[-4000:]
+    sweep = Path(re.search(r"sweep output dir : (\S+)", r.stdout)[1])
+    sweep = sweep if sweep.is_absolute() else sandbox.root / sweep
+    for job in ("heads=1", "heads=2"):
+        assert (sweep / job / "checkpoints" / "best.pt").is_file(), job
+        assert "test loss" in (sweep / job / "train.log").read_text()
+    assert (sweep / ".submitit").is_dir()
+
+
+# ----------------------------------------------------------------------------- the tests
+
+COMMANDS = readme_commands()
+
+
+def test_every_readme_command_is_covered():
+    assert len(COMMANDS) >= 25, COMMANDS  # the parser found the code blocks
+    missing = [c for c in COMMANDS if c not in COVERED]
+    assert not missing, f"README command not covered: {missing}: add a row to COVERED"
+    stale = [c for c in COVERED if c not in COMMANDS]
+    assert not stale, f"COVERED has commands the README no longer has: {stale}"
+
+
+def test_the_parser_reads_chains_and_drops_comments():
+    text = "x\n    pip install -e . && python train.py heads=4   # a comment\n  python no\n"
+    assert readme_commands(text) == ["pip install -e .", "python train.py heads=4"]
+
+
+@pytest.fixture(scope="module")
+def fast_sandbox(tmp_path_factory) -> Sandbox:
+    return Sandbox(tmp_path_factory.mktemp("readme-fast") / "project", real=False)
+
+
+@pytest.fixture(scope="module")
+def real_sandbox(tmp_path_factory) -> Sandbox:
+    return Sandbox(tmp_path_factory.mktemp("readme") / "project", real=True)
+
+
+def _params(real: bool):
+    for c in COMMANDS:
+        how = COVERED.get(c, How())
+        if not real and how.slow:
+            continue  # only as a real command line
+        yield pytest.param(c, id=c[:70], marks=[pytest.mark.slow] if real else [])
+
+
+@pytest.mark.parametrize("command", list(_params(real=False)))
+def test_readme_command_in_process(fast_sandbox, command):
+    """The default suite's version: train/sample/heads/compare in this process (harness.run)."""
+    execute(fast_sandbox, command)
+
+
+@pytest.mark.parametrize("command", list(_params(real=True)))
+def test_readme_command_line(real_sandbox, command):
+    """Every command as a new process, as typed (slow: ~4 s of imports each)."""
+    execute(real_sandbox, command)
+
+
+# ----------------------------------------------------------------------------- the presets
+
+# The settings table names its presets inline (`experiment=induction`): every experiment and data
+# preset in conf/ starts a run, in small form (experiment=induction and data=repeats stopped at
+# start-up looking for a file at data.path, a label for generated data: issue 25, 1a).
+PRESETS = sorted(
+    f"{group}={p.stem}"
+    for group in ("experiment", "data")
+    for p in (REPO / "conf" / group).glob("*.yaml")
+)
+
+
+def test_the_readme_presets_are_the_ones_in_conf():
+    named = set(re.findall(r"`((?:experiment|data)=[\w-]+)`", README.read_text()))
+    assert named and named <= set(PRESETS), named - set(PRESETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_starts_a_run(fast_sandbox, preset):
+    if f"python train.py {preset}" in COMMANDS:
+        pytest.skip("a README command: run by test_readme_command_in_process")
+    small = list(SMALL)
+    if preset == "experiment=microgpt":
+        small.remove("train.batch_size=16")  # one name per step is what it is
+    if preset in ("experiment=induction", "data=repeats"):
+        small.append("data.repeats.items=2000")  # 100,000 generated by default
+    r = run_in_process("train.py", preset, *small, cwd=fast_sandbox.root)
+    assert r.code == 0 and "Traceback" not in r.stdout + r.stderr, r.stderr[-3000:]
+    assert "test loss" in r.stdout, r.stdout[-2000:]
