@@ -151,14 +151,10 @@ def test_no_block_of_six_lines_is_written_twice():
 # rewrite owns and is splitting at the time of writing: an entry goes when its function is split
 # (the test below fails on a stale entry), and a new entry needs its own reason here.
 LONG_FUNCTIONS = {
-    # the head analysis (heads/: one analyse() entry point, patterns and roles, the report)
+    # the head analysis (heads/: one analyse() entry point)
     "heads.analyse:analyse",
-    "heads.report:to_dict",
-    "heads.report:markdown",
-    "heads.roles:pattern_sums",
     # sampling (sample/: the sampling settings checked once, in config.SampleConfig)
     "sample.command:sample_from_config",
-    "sample.generate:sample_items",
     # the plumbing (one typed Checkpoint, the start-up checks)
     "startup_checks:_command_line_errors",
     "train.checkpoint:load_checkpoint",
