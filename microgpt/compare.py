@@ -32,7 +32,9 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import re
+import signal
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -341,13 +343,21 @@ def plot_val_curves(runs: list[RunSummary], path: str | Path) -> Path:
         r.label if sum(o.label == r.label for o in curves) == 1 else f"{r.label}: {r.name}"
         for r in curves
     ]
-    return plot_lines(
-        [(label, r.val_curve) for label, r in zip(labels, curves)],
-        path,
-        title="validation loss by head count",
-        ylabel="validation loss (nats/char)",
-        legend_title="heads",
-    )
+    # drawn beside the target, then moved over it: an interrupted save leaves no half a PNG
+    path = Path(path)
+    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        plot_lines(
+            [(label, r.val_curve) for label, r in zip(labels, curves)],
+            partial,
+            title="validation loss by head count",
+            ylabel="validation loss (nats/char)",
+            legend_title="heads",
+        )
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
 
 
 # ----------------------------------------------------------------------------- the command
@@ -368,6 +378,24 @@ def main(argv: list[str] | None = None) -> int:
         "--overwrite", action="store_true", help="let --plot replace an existing file"
     )
     args = parser.parse_args(argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return _compare(args)
+    except KeyboardInterrupt as e:
+        name = e.args[0] if e.args else "SIGINT"
+        print(f"microgpt: interrupted ({name}): nothing was written", file=sys.stderr, flush=True)
+        return 128 + signal.Signals[name].value
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum, frame):
+    """SIGTERM, like Ctrl-C: stop where it lands, and say so in one line."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _compare(args) -> int:
     try:
         plot = None
         if not args.no_plot:  # --plot names a new file; the default is compare's own, replaced

@@ -279,10 +279,18 @@ def env_threads(environ: Mapping[str, str]) -> int | None:
 
 def choose_threads(setting, cores: int, environ: Mapping[str, str]) -> int:
     """The intra-op threads for a `threads` setting: N itself; for auto, OMP_NUM_THREADS when it
-    is set (a launcher's share or the user's choice), else every usable core."""
+    is set (a launcher's share or the user's choice; a ThreadsError when it is not a count), else
+    every usable core."""
     check_threads(setting)
     if setting != "auto":
         return setting
+    given = environ.get(THREADS_ENV, "").strip()
+    if given and env_threads(environ) is None:
+        # OpenMP ignores it (with a warning): taking every core instead would defy the user
+        raise ThreadsError(
+            f"{THREADS_ENV}={given!r} is not a number of threads; set it to a whole number >= 1, "
+            f"unset it, or give threads=N"
+        )
     return env_threads(environ) or max(1, cores)
 
 

@@ -26,14 +26,20 @@ from tests.conftest import CONF, REPO
         ("auto", {}, 8),  # every usable core
         ("auto", {"OMP_NUM_THREADS": "3"}, 3),  # a launcher's share, or the user's choice
         ("auto", {"OMP_NUM_THREADS": "2,1"}, 2),  # OpenMP's nested form: the first level
-        ("auto", {"OMP_NUM_THREADS": "0"}, 8),  # not a count: ignored
-        ("auto", {"OMP_NUM_THREADS": "many"}, 8),
+        ("auto", {"OMP_NUM_THREADS": " "}, 8),  # blank: as if unset
         (2, {"OMP_NUM_THREADS": "5"}, 2),  # threads=N wins over everything
         (12, {}, 12),  # more than the cores, if asked
     ],
 )
 def test_choose_threads(setting, environ, expected):
     assert choose_threads(setting, 8, environ) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many", "1.5"])
+def test_an_omp_num_threads_that_is_not_a_count_is_refused_not_ignored(value):
+    with pytest.raises(ThreadsError, match=rf"OMP_NUM_THREADS='{value}' is not a number"):
+        choose_threads("auto", 8, {"OMP_NUM_THREADS": value})
+    assert choose_threads(2, 8, {"OMP_NUM_THREADS": value}) == 2  # threads=N: not read
 
 
 @pytest.mark.parametrize("bad", [0, -1, "two", 1.5, True, None, ""])

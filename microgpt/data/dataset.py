@@ -73,6 +73,12 @@ class Data:
     block_size: int
     datasets: dict[str, CharDataset | TextWindows]
     train_ids: Tensor | None = None  # text: the training slice, for batches and memorisation
+    label: str = ""  # what messages and the log call the data: the file, or the generator
+
+    @property
+    def source(self) -> str:
+        """e.g. "data/names.txt", or "generated repeats (seed 0)" (repeats: no file)."""
+        return self.label or str(self.path)
 
     def train_batches(
         self, global_batch: int, seed: int, group_by_length: int = 0
@@ -150,7 +156,7 @@ def load_data(
     if format == "repeats":
         r = repeats
         items = repeat_items(r.items, r.chars, tuple(r.span), r.length, r.seed)
-        path = Path(path)
+        path, label = Path(path), repeats_label(r.seed)
     else:
         path = resolve_data_path(str(path))
         if prepare and not path.exists():
@@ -158,15 +164,21 @@ def load_data(
         if format == "text":
             return _load_text(path, block_size or text.DEFAULT_BLOCK_SIZE, device)
         items = read_items(path)
+        label = str(path)
     block_size = block_size or block_size_for(items)
-    check_fits(items, block_size, str(path))
+    check_fits(items, block_size, label)
     tokenizer = CharTokenizer.from_items(items)
     split = split_items(items, seed)
     datasets = {
         name: CharDataset.from_items(getattr(split, name), tokenizer, block_size, device, trim)
         for name in SPLIT_NAMES
     }
-    return Data(path, format, tokenizer, split, block_size, datasets)
+    return Data(path, format, tokenizer, split, block_size, datasets, label=label)
+
+
+def repeats_label(seed: int) -> str:
+    """What generated items are called in messages and the log: they come from no file."""
+    return f"generated repeats (seed {seed})"
 
 
 def _load_text(path: Path, block_size: int, device) -> Data:
@@ -199,13 +211,19 @@ def data_of_checkpoint(ckpt: dict, device: str | torch.device = "cpu") -> Data:
             Path(data_config.get("path", "")), "lines", from_ckpt, split, block_size, datasets
         )
     path = data_config.get("path")
-    try:
-        data = load_data(path, 0, block_size, device, format="text")
-    except DataError as e:
-        raise DataError(f"the run's text is needed and cannot be read: {e}") from None
-    if data.split.to_dict() != stored or data.tokenizer != from_ckpt:
+    where = resolve_data_path(str(path))
+    if not where.is_file():
         raise DataError(
-            f"{data.path} no longer holds the text this run was trained on (its content differs); "
+            f"the run's text file {where.resolve()} is missing (a checkpoint keeps only its "
+            f"digest); put the file the run was trained on back at that path"
+        )
+    try:
+        data = load_data(where, 0, block_size, device, format="text")
+    except DataError:
+        data = None
+    if data is None or data.split.to_dict() != stored or data.tokenizer != from_ckpt:
+        raise DataError(
+            f"{where} no longer holds the text this run was trained on (its content differs); "
             f"restore the file the run used"
         )
     return data

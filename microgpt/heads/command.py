@@ -81,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     threads = int(args.threads) if args.threads.isdigit() else args.threads
     try:
         check_threads(threads, "--threads")
+        set_threads(threads)
     except ThreadsError as e:
         print_error(e)
         return 2
-    set_threads(threads)
     try:
         if args.device not in DEVICES:
             raise HeadsError(f"--device={args.device} is unknown; choose one of {list(DEVICES)}")

@@ -269,6 +269,13 @@ def check_resumable(
     if differing:
         raise ConfigError(f"cannot resume from {path}: the model differs in {', '.join(differing)}")
     if saved["split"] != current["split"] or saved["tokenizer"] != current["tokenizer"]:
+        was, now = saved["train_config"]["data"]["path"], config["data"]["path"]
+        if was != now:  # the user named another file: the data of a run cannot change
+            raise ConfigError(
+                f"cannot resume from {path}: the data of a run cannot change, and data.path="
+                f"{now} holds other data than the run's {was}; resume with the run's own data "
+                f"(or a copy of it), or start a new run on {now}"
+            )
         raise ConfigError(
             f"cannot resume from {path}: {config['data']['path']} no longer holds the data the "
             f"run was trained on (different items or split); restore it or start a new run"

@@ -107,7 +107,7 @@ class Trainer:
             c.data.path, c.seed, c.model.block_size, self.device, not c.train.compile,
             c.data.format, c.data.prepare, c.data.repeats,
         )  # fmt: skip
-        self.data_path, self.tokenizer, self.split = data.path, data.tokenizer, data.split
+        self.data_path, self.tokenizer, self.split = data.source, data.tokenizer, data.split
         self.datasets = data.datasets
         # the checkpoint names the data by one absolute path, and its content's hash
         resolved = dataclasses.replace(c.data, path=str(Path(data.path).resolve()))
