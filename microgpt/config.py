@@ -27,7 +27,15 @@ from microgpt.data.text import DEFAULT_BLOCK_SIZE as TEXT_BLOCK_SIZE
 from microgpt.errors import SamplingError
 from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
-from microgpt.system import DEVICES, PRECISIONS, ThreadsError, available_memory, choose_threads, gib
+from microgpt.system import (
+    DEVICES,
+    PRECISIONS,
+    ThreadsError,
+    available_memory,
+    check_threads,
+    choose_threads,
+    gib,
+)
 
 DECAYS = ("cosine", "linear", "constant")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
@@ -348,8 +356,7 @@ def _check_machine(device: str, threads, error: type[Exception]) -> None:
     if device not in DEVICES:
         raise error(f"device={device!r} is unknown; choose one of {list(DEVICES)}")
     try:
-        # threads=auto takes OMP_NUM_THREADS when it is set: a value that is not a count is refused
-        choose_threads(threads, 1, os.environ)
+        check_threads(threads)
     except ThreadsError as e:
         raise error(str(e)) from None
 
@@ -378,7 +385,13 @@ def load_config(cfg, schema: type = Config):
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         if schema is Config:
             _apply_heads(merged)
-        return OmegaConf.to_object(merged)
+        config = OmegaConf.to_object(merged)
+        # threads=auto takes OMP_NUM_THREADS when it is set: one that is not a count is refused
+        # here, once, rather than where the threads are set (a schema's defaults read no env)
+        choose_threads(config.threads, 1, os.environ)
+        return config
+    except ThreadsError as e:
+        raise error(str(e)) from None
     except (ConfigError, SamplingError):
         raise
     except OmegaConfBaseException as e:
