@@ -32,7 +32,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import re
 import signal
 import statistics
@@ -343,59 +342,27 @@ def plot_val_curves(runs: list[RunSummary], path: str | Path) -> Path:
         r.label if sum(o.label == r.label for o in curves) == 1 else f"{r.label}: {r.name}"
         for r in curves
     ]
-    # drawn beside the target, then moved over it: an interrupted save leaves no half a PNG
-    path = Path(path)
-    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
-    try:
-        plot_lines(
-            [(label, r.val_curve) for label, r in zip(labels, curves)],
-            partial,
-            title="validation loss by head count",
-            ylabel="validation loss (nats/char)",
-            legend_title="heads",
-        )
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-    return path
+    return plot_lines(
+        [(label, r.val_curve) for label, r in zip(labels, curves)],
+        path,
+        title="validation loss by head count",
+        ylabel="validation loss (nats/char)",
+        legend_title="heads",
+    )
 
 
 # ----------------------------------------------------------------------------- the command
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m microgpt.compare", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument(
-        "folder", help="a sweep folder (multirun/<date>/<time>) or any folder holding runs"
-    )
-    parser.add_argument(
-        "--plot", help="where to write the validation loss PNG (default: FOLDER/val_loss.png)"
-    )
+    doc = __doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m microgpt.compare", description=doc)
+    parser.add_argument("folder", help="a sweep (multirun/<date>/<time>) or a folder of runs")
+    parser.add_argument("--plot", help="the validation loss PNG to write (FOLDER/val_loss.png)")
     parser.add_argument("--no-plot", action="store_true", help="print the table only")
-    parser.add_argument(
-        "--overwrite", action="store_true", help="let --plot replace an existing file"
-    )
+    parser.add_argument("--overwrite", action="store_true", help="let --plot replace a file")
     args = parser.parse_args(argv)
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        return _compare(args)
-    except KeyboardInterrupt as e:
-        name = e.args[0] if e.args else "SIGINT"
-        print(f"microgpt: interrupted ({name}): nothing was written", file=sys.stderr, flush=True)
-        return 128 + signal.Signals[name].value
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_interrupt(signum, frame):
-    """SIGTERM, like Ctrl-C: stop where it lands, and say so in one line."""
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-def _compare(args) -> int:
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # as cli.startup_signals: one line, not death
     try:
         plot = None
         if not args.no_plot:  # --plot names a new file; the default is compare's own, replaced
@@ -412,13 +379,19 @@ def _compare(args) -> int:
         if plot is not None:
             out = plot_val_curves(runs, plot)
             print(f"validation loss curves: {out}")
-    except (CompareError, OutputRefused) as e:
-        print_error(e)
+    except (CompareError, OutputRefused, OSError) as e:
+        where = getattr(e, "filename", None) or args.folder
+        print_error(f"cannot use {where}: {e.strerror or e}" if isinstance(e, OSError) else e)
         return 2
-    except OSError as e:
-        print_error(f"cannot use {e.filename or args.folder}: {e.strerror or e}")
-        return 2
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM: the plot is written whole or not at all
+        name = e.args[0] if e.args else "SIGINT"
+        print(f"microgpt: interrupted ({name}): nothing was written", file=sys.stderr, flush=True)
+        return 128 + signal.Signals[name].value
     return 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 if __name__ == "__main__":

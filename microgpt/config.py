@@ -18,32 +18,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from microgpt import system
 from microgpt.data.dataset import FORMATS
+from microgpt.data.repeats import check_repeats
 from microgpt.data.text import DEFAULT_BLOCK_SIZE as TEXT_BLOCK_SIZE
 from microgpt.errors import SamplingError
 from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
-from microgpt.system import (
-    DEVICES,
-    PRECISIONS,
-    ThreadsError,
-    available_memory,
-    check_threads,
-    choose_threads,
-    gib,
-)
+from microgpt.sample.report import check_max_new
+from microgpt.system import DEVICES, PRECISIONS, ThreadsError, available_memory, check_threads, gib
 
 DECAYS = ("cosine", "linear", "constant")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
 MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
 SAMPLES_PER_SECOND = 5_000  # small model, batched: 1,000 names in 0.165 s (docs/benchmarks.md)
-# sample.py max_len: a text run's passage takes one step of the model per new character
-MAX_NEW_CHARS = 100_000
-CHARS_PER_SECOND = 3_000  # the micro model continuing one passage on 2 CPU cores, measured
 
 
 class ConfigError(ValueError):
@@ -90,41 +81,11 @@ class DataConfig:
                 f"generated items where a random span repeats)"
             )
         if self.format == "repeats":
-            _check_repeats(self.repeats)
-
-
-# what generating one character of data.format=repeats costs at its peak: the generator's
-# (N, T) tensors, the Python lists and strings, the encoded dataset (about 60 bytes measured)
-REPEAT_CHAR_BYTES = 100
-
-
-def _check_repeats(r: RepeatsConfig) -> None:
-    """data.repeats, when data.format=repeats: items that can be generated, in memory."""
-    if not r.chars or len(set(r.chars)) != len(r.chars):
-        raise ConfigError(
-            f"data.repeats.chars={r.chars!r} must be distinct characters, at least one: the "
-            f"vocabulary the items are drawn from (default: a to z)"
-        )
-    if not (len(r.span) == 2 and 1 <= r.span[0] <= r.span[1] and 2 * r.span[1] <= r.length):
-        raise ConfigError(
-            f"data.repeats.span={list(r.span)} must be [lo, hi] with 1 <= lo <= hi and two "
-            f"copies fitting data.repeats.length={r.length} (hi <= {max(0, r.length // 2)})"
-        )
-    if r.items < 3:
-        raise ConfigError(
-            f"data.repeats.items={r.items} must be at least 3 (one each for train, val and test)"
-        )
-    if not 0 <= r.seed < 2**63:
-        raise ConfigError(f"data.repeats.seed={r.seed} must be in [0, 2**63)")
-    # the generator draws a random order of the characters for every item, then its T columns
-    need = r.items * ((r.length + 1) * REPEAT_CHAR_BYTES + 12 * len(r.chars))
-    free = available_memory(torch.device("cpu"))
-    if free is not None and need > free // 2:
-        raise ConfigError(
-            f"data.repeats.items={r.items:,} of data.repeats.length={r.length:,} characters would "
-            f"take about {gib(need)} of memory to generate, more than half of the {gib(free)} "
-            f"available; lower data.repeats.items or data.repeats.length"
-        )
+            r = self.repeats
+            try:
+                check_repeats(r.chars, tuple(r.span), r.length, r.items, r.seed)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
 
 @dataclass
@@ -329,15 +290,8 @@ class SampleConfig:
         check_sampling_args(self.temperature, self.top_k, self.top_p)
         if not isinstance(self.prefix, str):
             raise SamplingError(f"prefix={self.prefix!r} must be a string")
-        if self.max_len is not None and self.max_len < 1:
-            raise SamplingError(f"max_len={self.max_len} must be at least 1 (or null)")
-        if self.max_len is not None and self.max_len > MAX_NEW_CHARS:
-            raise SamplingError(
-                f"max_len={self.max_len:,} would take {self.max_len:,} steps of the model, one per "
-                f"character (about {self.max_len / CHARS_PER_SECOND / 60:,.0f} minutes for a tiny "
-                f"model on a CPU, more for a larger one) before anything is printed; at most "
-                f"{MAX_NEW_CHARS:,} here (a names run never needs more than its block size)"
-            )
+        if self.max_len is not None:
+            check_max_new(self.max_len)
         _check_machine(self.device, self.threads, SamplingError)
         if self.ckpt is not None and self.run is not None:
             raise SamplingError(
@@ -386,9 +340,8 @@ def load_config(cfg, schema: type = Config):
         if schema is Config:
             _apply_heads(merged)
         config = OmegaConf.to_object(merged)
-        # threads=auto takes OMP_NUM_THREADS when it is set: one that is not a count is refused
-        # here, once, rather than where the threads are set (a schema's defaults read no env)
-        choose_threads(config.threads, 1, os.environ)
+        # threads=auto takes OMP_NUM_THREADS: one that is no count is refused here, once
+        system.choose_threads(config.threads, 1, os.environ)
         return config
     except ThreadsError as e:
         raise error(str(e)) from None

@@ -25,9 +25,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from microgpt.system import available_memory, gib
 from microgpt.tokenizer import BOUNDARY_ID
 
 IGNORE_ID = -1  # a padded target, skipped by the loss
+# what generating one character of repeat_items costs at its peak: the generator's (N, T) tensors,
+# the Python lists and strings, the encoded dataset (about 60 bytes measured)
+REPEAT_CHAR_BYTES = 100
 
 
 @dataclass
@@ -133,3 +137,33 @@ def repeat_items(n: int, chars: str, span: tuple[int, int], length: int, seed: i
     rows = repeated_spans(n, len(chars) + 1, span, g, block_size=length + 1, fill=True)
     table = [""] + list(chars)  # id -> character; the rows' ids 1..len(chars)
     return ["".join(table[i] for i in row) for row in rows.x[:, 1:].tolist()]
+
+
+def check_repeats(chars: str, span: tuple, length: int, items: int, seed: int) -> None:
+    """repeat_items' settings (data.repeats), before anything is generated: a ValueError names the
+    setting and why, down to the memory the items would take."""
+    if not chars or len(set(chars)) != len(chars):
+        raise ValueError(
+            f"data.repeats.chars={chars!r} must be distinct characters, at least one: the "
+            f"vocabulary the items are drawn from (default: a to z)"
+        )
+    if not (len(span) == 2 and 1 <= span[0] <= span[1] and 2 * span[1] <= length):
+        raise ValueError(
+            f"data.repeats.span={list(span)} must be [lo, hi] with 1 <= lo <= hi and two "
+            f"copies fitting data.repeats.length={length} (hi <= {max(0, length // 2)})"
+        )
+    if items < 3:
+        raise ValueError(
+            f"data.repeats.items={items} must be at least 3 (one each for train, val and test)"
+        )
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"data.repeats.seed={seed} must be in [0, 2**63)")
+    # per item: its characters, and a random order of the whole vocabulary (_random_spans)
+    need = items * ((length + 1) * REPEAT_CHAR_BYTES + 12 * len(chars))
+    free = available_memory(torch.device("cpu"))
+    if free is not None and need > free // 2:
+        raise ValueError(
+            f"data.repeats.items={items:,} of data.repeats.length={length:,} characters would "
+            f"take about {gib(need)} of memory to generate, more than half of the {gib(free)} "
+            f"available; lower data.repeats.items or data.repeats.length"
+        )

@@ -29,6 +29,9 @@ from microgpt.sample.generate import (
 )
 
 PASSAGE_LENGTH = 300  # new characters of a text sample, when max_len is not given
+# max_len: a passage takes one step of the model per new character
+MAX_NEW_CHARS = 100_000
+CHARS_PER_SECOND = 3_000  # the micro model continuing one passage on 2 CPU cores, measured
 EVAL_PASSAGES = 1  # passages logged at each evaluation (names: EVAL_NAMES)
 EVAL_NAMES = 10
 
@@ -79,8 +82,7 @@ def sample_passages(
     With an index of the training text, each passage gets its longest verbatim stretch."""
     check_sampling_args(temperature, top_k, top_p)
     max_new = PASSAGE_LENGTH if max_new is None else max_new
-    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
-        raise SamplingError(f"max_len={max_new!r} (new characters) must be an integer >= 1")
+    check_max_new(max_new)
     unknown = tokenizer.unknown_chars(prompt)
     if unknown:
         raise SamplingError(
@@ -106,6 +108,21 @@ def sample_passages(
     passages = [prompt + "".join(tokenizer.itos.get(i, "?") for i in row) for row in new]
     verbatim = [index.longest(row)[0] for row in new] if index is not None else None
     return Samples(passages, format_passages(passages, verbatim), verbatim=verbatim, note=note)
+
+
+def check_max_new(max_new) -> None:
+    """sample.py's max_len: a whole number >= 1, and few enough steps of the model to finish."""
+    if isinstance(max_new, bool) or not isinstance(max_new, int):
+        raise SamplingError(f"max_len={max_new!r} must be an integer")
+    if max_new < 1:
+        raise SamplingError(f"max_len={max_new} must be at least 1 (or null)")
+    if max_new > MAX_NEW_CHARS:
+        raise SamplingError(
+            f"max_len={max_new:,} would take {max_new:,} steps of the model, one per character "
+            f"(about {max_new / CHARS_PER_SECOND / 60:,.0f} minutes for a tiny model on a CPU, "
+            f"more for a larger one) before anything is printed; at most {MAX_NEW_CHARS:,} here "
+            f"(a names run never needs more than its block size)"
+        )
 
 
 def format_passages(passages: list[str], verbatim: list[int] | None) -> list[str]:

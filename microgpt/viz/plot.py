@@ -11,6 +11,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from microgpt.files import atomic_write
 from microgpt.viz.draw import BACKGROUND, TEXT, draw_text, font
 
 GRID = (228, 228, 228)
@@ -121,7 +122,8 @@ def plot_lines(
         d.text((lx + 30, y), label, fill=TEXT, font=small)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
+    with atomic_write(path) as f:  # stopped halfway, it leaves no half a PNG
+        img.save(f, format="PNG")
     return path
 
 

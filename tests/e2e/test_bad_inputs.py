@@ -248,8 +248,8 @@ CASES = [
         "resume-other-data",
         lambda w: ["resume=true", f"data.path={w.other_txt}"],
         ConfigError,
-        r"cannot resume from .*last\.pt: .*other\.txt no longer holds the data the run was "
-        r"trained on",
+        r"cannot resume from .*last\.pt: the data of a run cannot change, and "
+        r"data\.path=.*other\.txt holds other data than the run's",
         out="run",
     ),
     Case(

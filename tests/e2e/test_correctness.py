@@ -248,7 +248,7 @@ def test_a_run_saved_before_a_setting_existed_resumes_and_the_data_may_move(
     assert trainer.step == 3
     names = names_file.read_text().split()
     moved.write_text("\n".join(names[1:]) + "\n")  # other data at that path: refused
-    with pytest.raises(ConfigError, match=r"no longer holds the data the run was trained on"):
+    with pytest.raises(ConfigError, match=r"the data of a run cannot change"):
         Trainer(load_config(cfg))
 
 

@@ -372,7 +372,7 @@ CHECKPOINTS = [
         "resume-other-data",
         f"resume={LAST}",
         "data.path=data/other.txt",
-        message=r"no longer holds the data",
+        message=r"the data of a run cannot change, and data\.path=.*other\.txt holds other",
     ),  # fmt: skip
     train("resume-finished", f"resume={LAST}", "train.max_steps=4", message=r"nothing to resume"),
     train("new-run-into-a-run", "hydra.run.dir=runs/a", message=r"already holds a run"),

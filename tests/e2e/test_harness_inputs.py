@@ -315,12 +315,12 @@ def _signal_at(target: str, signame: str):
 def _signal_while_drawing(signame: str):
     """compare's PNG half written when the signal lands."""
 
-    def draw(curves, path, **kwargs):
-        Path(path).write_bytes(b"\x89PNG\r\n\x1a\n")
+    def save(image, fp, *args, **kwargs):
+        fp.write(b"\x89PNG\r\n\x1a\n")
         signal.raise_signal(getattr(signal, signame))
 
-    with _signal_at("microgpt.compare.plot_lines", signame):
-        with mock.patch("microgpt.compare.plot_lines", draw):
+    with _signal_at("PIL.Image.Image.save", signame):
+        with mock.patch("PIL.Image.Image.save", save):
             yield
 
 
