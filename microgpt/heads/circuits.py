@@ -14,9 +14,9 @@ losses are mean nats per real target (y >= 0), each batch weighted by its target
   ablation's rise (`head_mask` scales the output linearly, so d loss / d mask is the change the
   head's output makes to the loss, to first order).
 
-Every intervention (the scaled heads of the zero ablation and the gradient, the mean replacements,
-capturing the heads' outputs) is a forward hook on the model's one hook point before W_O,
-`attn.hook_z` (`hooked_heads`): it works for every attention implementation.
+Every intervention (scaling, replacing or capturing the heads' outputs) is a forward hook on the
+model's one hook point before W_O, `attn.hook_z` (`hooked_heads`): every attention implementation
+passes it.
 
 **Circuits at layer 0**, through the embeddings (Elhage et al. 2021), for each layer-0 head h
 with e_a = norm1(wte[a]) the attention's input for token a (position embeddings left out):
@@ -32,6 +32,7 @@ with e_a = norm1(wte[a]) the attention's input for token a (position embeddings 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Iterator
 
@@ -54,9 +55,8 @@ def keep_all(model, device) -> Tensor:
 
 @contextlib.contextmanager
 def hooked_heads(model, hook) -> Iterator[None]:
-    """While open, each layer's head outputs z (B, T, H, hd), on their way into W_O, are replaced
-    by hook(layer, z) where it returns a tensor: a forward hook on the model's one hook point,
-    `attn.hook_z`, which every attention implementation passes. Every intervention here is one."""
+    """While open, each layer's head outputs z (B, T, H, hd) are replaced by hook(layer, z) where
+    it returns a tensor."""
     handles = [
         block.attn.hook_z.register_forward_hook(lambda _, __, z, layer=layer: hook(layer, z))
         for layer, block in enumerate(model.blocks)
@@ -75,10 +75,7 @@ def scaled_heads(model, head_mask: Tensor | None):
         return contextlib.nullcontext()
     L, H, _ = model_heads(model)
     if tuple(head_mask.shape) != (L, H):
-        raise ValueError(
-            f"head_mask has shape {tuple(head_mask.shape)}; it must be (n_layer, n_head) = "
-            f"({L}, {H})"
-        )
+        raise ValueError(f"head_mask has shape {tuple(head_mask.shape)}; it must be ({L}, {H})")
     # (L, H) -> (L, H, 1): layer l's row broadcasts over z (B, T, H, hd)
     scale = head_mask[..., None]
     return hooked_heads(model, lambda layer, z: z * scale[layer].to(z.dtype))
@@ -122,7 +119,7 @@ def zero_importance(model, batches, base: float) -> Tensor:
     keep = keep_all(model, batches[0][0].device)
     L, H = keep.shape
     out = torch.zeros(L, H, dtype=torch.float64)
-    for layer, h in ((a, b) for a in range(L) for b in range(H)):
+    for layer, h in itertools.product(range(L), range(H)):
         mask = keep.clone()
         mask[layer, h] = 0.0
         out[layer, h] = batches_loss(model, batches, mask) - base
@@ -134,7 +131,7 @@ def mean_importance(model, batches, base: float, means: Tensor) -> Tensor:
     L, H, _ = model_heads(model)
     out = torch.zeros(L, H, dtype=torch.float64)
     device = batches[0][0].device
-    for layer, h in ((a, b) for a in range(L) for b in range(H)):
+    for layer, h in itertools.product(range(L), range(H)):
         replace = torch.zeros(L, H, dtype=torch.bool)
         replace[layer, h] = True
         with replaced_heads(model, replace, means.to(device)):
@@ -143,8 +140,7 @@ def mean_importance(model, batches, base: float, means: Tensor) -> Tensor:
 
 
 def gradient_importance(model, batches) -> Tensor:
-    """(L, H) float64: -d loss / d head_mask at all ones, the loss being the mean over every
-    batch's real targets; one backward pass per batch, the gradients of all heads at once. The
+    """(L, H) -d loss / d head_mask at all ones, one backward pass per batch for every head; the
     parameters' .grad are left untouched. Call outside torch.inference_mode."""
     mask = keep_all(model, batches[0][0].device).requires_grad_(True)
     total = sum(int((y >= 0).sum()) for _, y in batches)
@@ -159,8 +155,8 @@ def gradient_importance(model, batches) -> Tensor:
 
 
 def pruning(model, batches, base: float, importance: Tensor, tolerance: float):
-    """Heads removed one at a time in order of importance (computed once): (order, losses,
-    prunable), prunable = how many go before the loss has risen by `tolerance` or more."""
+    """Heads removed one at a time, least important first: (order, losses, prunable = how many go
+    before the loss has risen by `tolerance`)."""
     L, H = importance.shape
     order = sorted(range(L * H), key=lambda k: (float(importance.flatten()[k]), k))
     mask = keep_all(model, batches[0][0].device)
@@ -200,14 +196,11 @@ def rank_correlation(a: Tensor, b: Tensor) -> float:
 
 @torch.no_grad()
 def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
-    """The layer-0 heads' QK (H, V, V) [query token, key token] and OV (H, V, V) [key token,
-    output token] tables through the embeddings, and their copying scores (H,); float64, CPU.
-    See the module's docstring."""
+    """The layer-0 heads' QK (H, V, V) [query, key token] and OV (H, V, V) [key, output token]
+    tables and their copying scores (H,), float64 on the CPU: see the module's docstring."""
     _, H, hd = model_heads(model)
-    block = model.blocks[0]
-    C = model.config.n_embd
-    kv_dim = block.attn.kv_dim
-    group = block.attn.group
+    block, C = model.blocks[0], model.config.n_embd
+    kv_dim, group = block.attn.kv_dim, block.attn.group
     e = block.norm1(model.wte.weight)  # (V, C): the attention's input for each token
     q, k, v = block.attn.qkv(e).split([C, kv_dim, kv_dim], dim=1)  # (V, C), 2 x (V, kv_dim)
     wo = block.attn.proj.weight  # (C, C): column block h is head h's W_O
@@ -225,8 +218,4 @@ def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
         eig = torch.linalg.eigvals(table)  # the circuit's eigenvalues (complex)
         mass = eig.abs().sum()
         copying.append(eig.real.clamp(min=0).sum() / mass if mass > 0 else torch.tensor(0.5))
-    return (
-        torch.stack(qk).double().cpu(),
-        torch.stack(ov).cpu(),
-        torch.stack(copying).double().cpu(),
-    )
+    return tuple(torch.stack(t).double().cpu() for t in (qk, ov, copying))
