@@ -354,11 +354,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m microgpt.compare", description=__doc__.split("\n\n")[0]
     )
-    add = parser.add_argument
-    add("folder", help="a sweep folder (multirun/<date>/<time>) or any folder holding runs")
-    add("--plot", help="where to write the validation loss PNG (default: FOLDER/val_loss.png)")
-    add("--no-plot", action="store_true", help="print the table only")
-    add("--overwrite", action="store_true", help="let --plot replace an existing file")
+    parser.add_argument(
+        "folder", help="a sweep folder (multirun/<date>/<time>) or any folder holding runs"
+    )
+    parser.add_argument(
+        "--plot", help="where to write the validation loss PNG (default: FOLDER/val_loss.png)"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="print the table only")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="let --plot replace an existing file"
+    )
     args = parser.parse_args(argv)
     try:
         plot = None

@@ -26,7 +26,6 @@ from microgpt.errors import print_error
 from microgpt.files import write_text
 from microgpt.heads.analyse import HeadsError, analyse
 from microgpt.heads.report import HeadReport
-from microgpt.runs import RunFolder
 from microgpt.system import DEVICES, ThreadsError, check_threads, pick_device, set_threads
 from microgpt.train.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 
@@ -43,7 +42,9 @@ def training_counts(data) -> Tensor:
     return torch.tensor([0] + [seen.get(c, 0) for c in data.tokenizer.chars])
 
 
-def analyse_checkpoint(path: str | Path, device: str = "cpu") -> tuple[HeadReport, RunFolder, Path]:
+def analyse_checkpoint(
+    path: str | Path, device: str = "cpu"
+) -> tuple[HeadReport, runs.RunFolder, Path]:
     """(the report on the checkpoint's validation split, the run, the checkpoint); `path` is a run
     folder, its checkpoints/ folder or a checkpoint (runs.resolve)."""
     run, ckpt_path = runs.resolve(path)
@@ -78,12 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     threads = int(args.threads) if args.threads.isdigit() else args.threads
     try:
         check_threads(threads, "--threads")
-        set_threads(threads)
+    except ThreadsError as e:
+        print_error(e)
+        return 2
+    set_threads(threads)
+    try:
         if args.device not in DEVICES:
             raise HeadsError(f"--device={args.device} is unknown; choose one of {list(DEVICES)}")
         device = str(pick_device(args.device, HeadsError))
         report, run, ckpt_path = analyse_checkpoint(args.run, device)
-    except (ThreadsError, HeadsError, CheckpointError, DataError, runs.RunFolderError) as e:
+    except (HeadsError, CheckpointError, DataError, runs.RunFolderError) as e:
         print_error(e)
         return 2
     except OSError as e:
