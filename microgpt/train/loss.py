@@ -23,7 +23,6 @@ class TokenMean:
         self.total, self.count = torch.zeros((), dtype=torch.float64), 0
 
     def add(self, loss: torch.Tensor, y: torch.Tensor) -> None:
-        """A batch's mean loss (0-dim) and its targets y (B, T), -1 at padding."""
         n = int((y >= 0).sum())
         self.total += loss.detach().double().cpu() * n
         self.count += n
@@ -62,8 +61,9 @@ class LossWindow:
 
     def __init__(self, state: dict | None = None):
         state = state or {}
-        self.loss = state.get("loss", 0.0)  # a sum of tensors while running: no device sync
-        self.steps, self.tokens = state.get("steps", 0), state.get("tokens", 0)
+        # loss: a sum of tensors while running (no device sync)
+        self.loss, self.steps = state.get("loss", 0.0), state.get("steps", 0)
+        self.tokens = state.get("tokens", 0)
         self.start_clock()
 
     def start_clock(self) -> None:
@@ -71,7 +71,7 @@ class LossWindow:
         self.time, self.paused, self.untimed = time.perf_counter(), 0.0, self.tokens
 
     def exclude(self, seconds: float) -> None:
-        """Seconds spent on other work (evaluation, checkpoints, the head analysis)."""
+        # seconds spent on other work (evaluation, checkpoints, the head analysis)
         self.paused += seconds
 
     def tokens_per_sec(self, now: float) -> float:
@@ -79,11 +79,8 @@ class LossWindow:
         return (self.tokens - self.untimed) / max(now - self.time - self.paused, 1e-9)
 
     def add(self, out: StepResult) -> None:
-        self.loss, self.steps, self.tokens = (
-            self.loss + out.loss,
-            self.steps + 1,
-            self.tokens + out.tokens,
-        )
+        self.loss = self.loss + out.loss
+        self.steps, self.tokens = self.steps + 1, self.tokens + out.tokens
 
     def state_dict(self) -> dict:
         return {"loss": float(self.loss), "steps": self.steps, "tokens": self.tokens}
