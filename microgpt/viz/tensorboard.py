@@ -249,22 +249,17 @@ def heads_layout(n_layer: int) -> dict:
             r"heads/repeat_loss(_first|_gain)?$"
         ],
     }
+
+    def per_layer(title: str, *tags: str) -> dict:
+        # one chart per layer, {n} the layer in the title and the tags
+        return {title.format(n=n): ["Multiline", [t.format(n=n) for t in tags]] for n in range(L)}
+
+    L, only_importance = n_layer, "layer {n}: importance of each head (loss rise, nats)"
     return {
-        "heads": _per_layer(
-            n_layer, "layer {n}: entropy and importance of each head", entropy, importance
-        ),
-        "head importance": _per_layer(
-            n_layer, "layer {n}: importance of each head (loss rise, nats)", importance
-        ),
-        "head induction": _per_layer(n_layer, "layer {n}: prefix matching of each head", induction),
+        "heads": per_layer("layer {n}: entropy and importance of each head", entropy, importance),
+        "head importance": per_layer(only_importance, importance),
+        "head induction": per_layer("layer {n}: prefix matching of each head", induction),
         "head summaries": {title: ["Multiline", tags] for title, tags in summaries.items()},
-    }
-
-
-def _per_layer(n_layer: int, title: str, *tags: str) -> dict:
-    # one chart per layer, {n} the layer in the title and the tags
-    return {
-        title.format(n=n): ["Multiline", [tag.format(n=n) for tag in tags]] for n in range(n_layer)
     }
 
 
