@@ -105,11 +105,9 @@ class HeadReport:
         out.update({f"heads/role/{role}": float(counts[role]) for role in ROLES})
         out["heads/named"] = float(sum(counts.values()) - counts["mixed"])
         out.update({f"heads/layer{n}/importance_sum": float(imp[n].sum()) for n in range(L)})
-        for n in range(L):
-            e = self.entropy[n]
-            out[f"heads/layer{n}/entropy_min"] = float(e.min())
-            out[f"heads/layer{n}/entropy_mean"] = float(e.mean())
-            out[f"heads/layer{n}/entropy_max"] = float(e.max())
+        for n, e in enumerate(self.entropy):
+            for stat in ("min", "mean", "max"):
+                out[f"heads/layer{n}/entropy_{stat}"] = float(getattr(e, stat)())
         out["heads/gradient_vs_zero"] = self.correlations.get("gradient_vs_zero", nan)
         return out
 
@@ -134,11 +132,7 @@ class HeadReport:
         """Plain lists and numbers (JSON): the fields, the per-head rows and the summaries."""
         heads = [self._head_dict(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
         out = {
-            "n_layer": self.n_layer,
-            "n_head": self.n_head,
-            "items": self.items,
-            "tokens": self.tokens,
-            "loss": self.loss,
+            **{k: getattr(self, k) for k in ("n_layer", "n_head", "items", "tokens", "loss")},
             "roles": list(ROLES),
             "thresholds": thresholds(),
             "heads": heads,

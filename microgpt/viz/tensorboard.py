@@ -1,14 +1,11 @@
 """The TensorBoard logger of a training run, and the small helpers it needs.
 
-- `TensorBoardLogger`: scalars, attention maps (per head and per layer), attention by relative
-  offset, entropy, sampled items and one HParams row per run, written into the run's own folder.
-  The images are drawn by microgpt.viz.draw.
-- `TensorBoardLogger.heads`: a head analysis (microgpt.heads.analyse.analyse, which the trainer
-  runs) logged: summaries under tags every run shares, per-head importance, a custom-scalars
-  layout, offset profiles, a table.
-- `heads_layout`: that custom-scalars layout, one chart per layer.
-- `labels_for`: token ids -> map labels, the boundary token shown as BOUNDARY_LABEL ("<s>").
-- `sanitize_hparams`: a nested config -> values the HParams tab shows.
+- `TensorBoardLogger`: scalars (also to metrics.jsonl), attention maps (per head and per layer),
+  entropy, sampled items, one HParams row per run, all in the run's own folder; `.heads` logs a
+  head analysis: summaries under tags every run shares, per-head numbers, offset profiles, the
+  layer-0 circuits, a table and the custom-scalars layout (`heads_layout`). Images are drawn by
+  microgpt.viz.draw.
+- `labels_for`: token ids -> map labels; `sanitize_hparams`: a nested config -> HParams values.
 
 Tags are the same in every run (`attention/layer0/head1`, ...) so runs line up side by side. The
 image tab keeps 10 images per tag unless TensorBoard starts with `--samples_per_plugin images=N`.
