@@ -264,21 +264,15 @@ def format_table(runs: list[RunSummary]) -> str:
     n_imp = max((len(r.importance_max) for r in runs), default=0)
     header = ["run", "heads", "params", "best val", "test", "tok/s"]
     header += _layer_header("entropy", n_layers)
-    # the roles some run has (mixed always): 18 columns of zeros would hide the ones that count
-    roles = [
-        role
-        for role in ROLES
-        if role == "mixed" or any(r.role_counts[role] > 0 for r in runs)  # nan > 0 is False
-    ]
+    # the roles some run has (mixed always; nan > 0 is False): 18 columns of zeros would hide the
+    # ones that count
+    roles = [x for x in ROLES if x == "mixed" or any(r.role_counts[x] > 0 for r in runs)]
     header += ["prunable", *_layer_header("importance", n_imp), *SUMMARY_COLUMNS, *roles]
     rows = [_row(r, n_layers, n_imp, roles) for r in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = []
-    for row in [header, *rows]:
-        cells = [
-            str(c).ljust(w) if i == 0 else str(c).rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths))
-        ]
+    for first, *rest in [header, *rows]:
+        cells = [str(first).ljust(widths[0]), *(str(c).rjust(w) for c, w in zip(rest, widths[1:]))]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines + _lowest_val_loss(runs))
 
