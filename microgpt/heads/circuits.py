@@ -9,14 +9,12 @@ losses are mean nats per real target (y >= 0), each batch weighted by its target
 - mean: its output replaced by its mean over every real position of the rows;
 - position mean: its output at position t replaced by its mean at t over the rows with a real
   query there (the ablation that is fair to a positional head, whose output depends on t);
-- gradient (Michel et al. 2019): minus the derivative of the loss with respect to the head's
-  head_mask entry at 1, from one backward pass for all heads: the first-order estimate of the zero
-  ablation's rise (`head_mask` scales the output linearly, so d loss / d mask is the change the
-  head's output makes to the loss, to first order).
+- gradient (Michel et al. 2019): -d loss / d head_mask at all ones, one backward pass for every
+  head: the first-order estimate of the zero ablation's rise (the mask scales the output linearly).
 
 Every intervention (scaling, replacing or capturing the heads' outputs) is a forward hook on the
-model's one hook point before W_O, `attn.hook_z` (`hooked_heads`): every attention implementation
-passes it.
+model's one hook point before W_O, `attn.hook_z` (`hooked_heads`), which every attention
+implementation passes.
 
 **Circuits at layer 0**, through the embeddings (Elhage et al. 2021), for each layer-0 head h
 with e_a = norm1(wte[a]) the attention's input for token a (position embeddings left out):
@@ -24,9 +22,8 @@ with e_a = norm1(wte[a]) the attention's input for token a (position embeddings 
 - QK[a, b] = (e_a W_Q^h) . (e_b W_K^h) / sqrt(hd): the score a query token a gives a key token b;
 - OV[b, c] = lm_head(W_O^h (e_b W_V^h))[c]: how much attending to token b raises the logit of
   token c, on the direct path to the output (the final norm and later layers left out);
-- copying: the share of the OV matrix's eigenvalue mass that is positive, sum(max(Re l, 0)) /
-  sum(|l|): 1 for a head whose OV circuit raises the token it reads (a copying head), about 0.5
-  for none, 0 for one that lowers it.
+- copying: the positive share of the OV matrix's eigenvalue mass, sum(max(Re l, 0)) / sum(|l|):
+  1 for a head that raises the token it reads (copying), about 0.5 for none, 0 for one lowering it.
 """
 
 from __future__ import annotations
