@@ -70,8 +70,7 @@ class Trainer:
         c = self.config
         self.out_dir = Path(c.out_dir).expanduser()
         self.device = system.pick_device(c.device, ConfigError)
-        # before any work: see microgpt/system.py
-        self.threads = system.set_threads(c.threads)
+        self.threads = system.set_threads(c.threads)  # before any work: see microgpt/system.py
         self.dist = system.setup(self.device.type)
         self.is_main = self.dist.is_main
         if self.dist.enabled and self.device.type == "cuda":
