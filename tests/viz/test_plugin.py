@@ -250,11 +250,13 @@ def test_the_tab_in_a_browser_shows_one_panel_per_run_with_every_head(tensorboar
         heads = int(run.split("=")[1])
         assert f'data-heads="{heads}"' in html
         assert html.count('<figure class="mg-head"') == heads  # 1 layer
-        queries = re.findall(r'class="mg-label mg-query[^"]*" data-char="-?\d+">([^<]+)<', html)
+        queries = re.findall(
+            r'class="mg-label mg-query[^"]*" data-char="-?\d+"[^>]*>([^<]+)<', html
+        )
         assert queries == ["&lt;s&gt;", "k", "a", "l", "o"] * heads
         # q=1 pins the query "a": its row is highlighted and each head says where it looks
-        assert html.count('class="mg-row mg-on" data-char="1"') == heads
-        assert len(re.findall(r'<div class="mg-looks">a → ', html)) == heads
+        assert html.count('class="mg-label mg-query mg-on" data-char="1"') == heads
+        assert len(re.findall(r'<div class="mg-looks">a→', html)) == heads
     unanalysed = '<div class="mg-role mg-unanalysed">not analysed</div>'
     assert shown["heads=1"].count(unanalysed) == 1 and unanalysed not in shown["heads=2"]
     errors = panels(chromium(f"{page}#input=Kalo!", "--dump-dom"))

@@ -209,7 +209,8 @@ function headFigure(result, weights, layer, head) {
   caption.appendChild(el("div", "mg-head-name", `L${layer} H${head}`));
   caption.appendChild(headLabel(result.heads[layer][head]));
   figure.appendChild(caption);
-  figure.appendChild(heatmap(result, weights));
+  const map = figure.appendChild(heatmap(result, weights));
+  figure.style.width = `${Math.max(72, (result.tokens.length + 1) * map.cell)}px`;
   figure.appendChild(el("div", "mg-looks", "\u00a0"));
   return figure;
 }
@@ -218,7 +219,7 @@ function headLabel(label) {
   if (!label) return el("div", "mg-role mg-unanalysed", "not analysed");
   const box = el("div", "mg-role");
   box.appendChild(el("span", "mg-role-name", label.role));
-  const score = label.score == null ? "" : ` ${label.score.toFixed(2)}`;
+  const score = label.score == null ? "" : label.score.toFixed(2);
   const rise = label.importance == null ? "" : ` · ${signed(label.importance)}`;
   box.appendChild(el("span", "mg-role-numbers", score + rise));
   box.title = "role, its score (attention mass on the role's pattern) · importance (loss rise in nats when the head is zeroed)";
@@ -235,76 +236,101 @@ function charOf(result, token) {
   return result.format === "text" ? token : token - 1;
 }
 
+// A head's map: the key characters across the top, the query characters down the side (labels
+// in the DOM), the weights drawn on a canvas (so that a long input stays quick to draw).
 function heatmap(result, weights) {
   const T = result.tokens.length;
-  const table = el("table", "mg-map");
-  table.style.setProperty("--cell", `${cellSize(T)}px`);
-  table.weights = weights;
-  table.tokens = result.tokens;
-  const top = el("tr");
-  top.appendChild(el("th", "mg-corner"));
-  result.tokens.forEach((token, k) => top.appendChild(labelCell(token, "mg-key", charOf(result, k))));
-  table.appendChild(top);
-  weights.forEach((row, q) => {
-    const tr = el("tr", "mg-row");
-    tr.dataset.char = charOf(result, q);
-    tr.appendChild(labelCell(result.tokens[q], "mg-query", charOf(result, q)));
-    row.forEach((w, k) => {
-      const td = el("td", "mg-cell");
-      td.style.background = `rgba(25, 118, 210, ${k <= q ? w : 0})`;
-      td.title = `${result.tokens[q]} -> ${result.tokens[k]}: ${w.toFixed(3)}`;
-      td.dataset.char = charOf(result, q);
-      tr.appendChild(td);
-    });
-    table.appendChild(tr);
+  const cell = cellSize(T);
+  const map = el("div", "mg-map");
+  map.style.setProperty("--cell", `${cell}px`);
+  map.style.gridTemplateColumns = `repeat(${T + 1}, ${cell}px)`;
+  Object.assign(map, { weights, tokens: result.tokens, cell, query: -1 });
+  map.chars = result.tokens.map((_, t) => charOf(result, t));
+  map.appendChild(el("span", "mg-corner"));
+  result.tokens.forEach((token, k) => map.appendChild(labelCell(map, token, "mg-key", k)));
+  result.tokens.forEach((token, q) => map.appendChild(labelCell(map, token, "mg-query", q)));
+  const canvas = el("canvas", "mg-cells");
+  const ratio = window.devicePixelRatio || 1;
+  canvas.width = canvas.height = Math.ceil(T * cell * ratio);
+  canvas.style.width = canvas.style.height = `${T * cell}px`;
+  canvas.style.gridArea = `2 / 2 / span ${T} / span ${T}`;
+  map.appendChild(canvas);
+  map.canvas = canvas;
+  draw(map);
+  canvas.addEventListener("mousemove", (event) => {
+    const q = Math.min(T - 1, Math.floor(event.offsetY / cell));
+    const k = Math.min(T - 1, Math.floor(event.offsetX / cell));
+    canvas.title = `${result.tokens[q]} → ${result.tokens[k]}: ${weights[q][k].toFixed(3)}`;
+    if (q !== map.query) showQuery(map.chars[q]);
   });
-  table.addEventListener("mouseover", (event) => {
-    const cell = event.target.closest("[data-char]");
-    if (cell) showQuery(parseInt(cell.dataset.char, 10));
+  map.addEventListener("mouseover", (event) => {
+    const label = event.target.closest(".mg-label");
+    if (label) showQuery(parseInt(label.dataset.char, 10));
   });
-  table.addEventListener("mouseleave", () => showQuery(state.pinned));
-  table.addEventListener("click", (event) => {
-    const cell = event.target.closest("[data-char]");
-    if (!cell) return;
-    const c = parseInt(cell.dataset.char, 10);
+  map.addEventListener("mouseleave", () => showQuery(state.pinned));
+  map.addEventListener("click", () => {
+    const c = map.query >= 0 ? map.chars[map.query] : null;
     state.pinned = state.pinned === c ? null : c;
     saveState();
     showQuery(state.pinned);
   });
-  return table;
+  return map;
 }
 
-function labelCell(token, cls, char) {
-  const th = el("th", `mg-label ${cls}`, token);
-  th.dataset.char = char;
-  if (token.length > 1) th.classList.add("mg-long");
-  return th;
+function labelCell(map, token, cls, t) {
+  const label = el("span", `mg-label ${cls}`, token);
+  label.dataset.char = map.chars[t];
+  if (token.length > 1) label.classList.add("mg-long");
+  label.style.gridRow = cls === "mg-key" ? 1 : t + 2;
+  label.style.gridColumn = cls === "mg-key" ? t + 2 : 1;
+  return label;
 }
 
 function cellSize(T) {
-  return T <= 10 ? 13 : Math.max(5, Math.floor(140 / T));
+  return T <= 10 ? 12 : Math.max(4, Math.floor(130 / T));
+}
+
+// The weights, query rows other than map.query dimmed while one is chosen.
+function draw(map) {
+  const { weights, cell, query } = map;
+  const ctx = map.canvas.getContext("2d");
+  const ratio = map.canvas.width / (weights.length * cell);
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, weights.length * cell, weights.length * cell);
+  const gap = cell >= 8 ? 1 : 0;
+  weights.forEach((row, q) => {
+    const dim = query >= 0 && q !== query ? 0.2 : 1;
+    row.forEach((w, k) => {
+      ctx.fillStyle = k <= q ? `rgba(25, 118, 210, ${dim * (0.04 + 0.96 * w)})` : "#fafafa";
+      ctx.fillRect(k * cell, q * cell, cell - gap, cell - gap);
+    });
+  });
+  if (query >= 0) {
+    ctx.strokeStyle = "#ff9800";
+    ctx.strokeRect(0.5, query * cell + 0.5, (query + 1) * cell - 1, cell - 1);
+  }
 }
 
 // Highlight, in every map of every run, the row of character c (-1: the boundary token), and
 // color the key labels by where that row looks; null clears it.
 function showQuery(c) {
-  for (const table of document.querySelectorAll(".mg-map")) {
-    const rows = [...table.querySelectorAll("tr.mg-row")];
-    const q = rows.findIndex((tr) => parseInt(tr.dataset.char, 10) === c);
-    const keys = table.querySelectorAll("th.mg-key");
-    const looks = table.parentElement.querySelector(".mg-looks");
-    table.classList.toggle("mg-focus", q >= 0);
-    rows.forEach((tr, i) => tr.classList.toggle("mg-on", i === q));
-    keys.forEach((th, k) => {
-      const w = q >= 0 && k <= q ? table.weights[q][k] : 0;
-      th.style.background = w > 0 ? `rgba(255, 152, 0, ${w})` : "";
+  for (const map of document.querySelectorAll(".mg-map")) {
+    const q = c === null ? -1 : map.chars.indexOf(c);
+    map.query = q;
+    map.classList.toggle("mg-focus", q >= 0);
+    map.querySelectorAll(".mg-query").forEach((label, i) => label.classList.toggle("mg-on", i === q));
+    map.querySelectorAll(".mg-key").forEach((label, k) => {
+      const w = q >= 0 && k <= q ? map.weights[q][k] : 0;
+      label.style.background = w > 0 ? `rgba(255, 152, 0, ${w})` : "";
     });
-    looks.textContent = q >= 0 ? looksAt(table, q) : "\u00a0";
+    map.parentElement.querySelector(".mg-looks").textContent = q >= 0 ? looksAt(map, q) : "\u00a0";
+    draw(map);
   }
 }
 
-function looksAt(table, q) {
-  const row = table.weights[q].slice(0, q + 1);
+function looksAt(map, q) {
+  const row = map.weights[q].slice(0, q + 1);
   const k = row.indexOf(Math.max(...row));
-  return `${table.tokens[q]} → ${table.tokens[k]} ${row[k].toFixed(2)}`;
+  return `${map.tokens[q]}→${map.tokens[k]} ${row[k].toFixed(2)}`;
 }
