@@ -83,13 +83,15 @@ async function getJson(url) {
 function controls() {
   const bar = el("div", "mg-controls");
   const label = el("label", "mg-input-label", "input ");
-  const input = el("input", "mg-input");
-  input.type = "text";
+  // a text area keeps the line ends a text run reads (an <input> drops them)
+  const input = el("textarea", "mg-input");
   input.spellcheck = false;
   input.value = state.input;
+  input.rows = Math.min(4, state.input.split("\n").length);
   input.placeholder = "a name, or a line of text";
   input.addEventListener("input", () => {
     state.input = input.value;
+    input.rows = Math.min(4, input.value.split("\n").length);
     clearTimeout(timer);
     timer = setTimeout(refresh, 200);
   });
@@ -287,7 +289,7 @@ function labelCell(map, token, cls, t) {
 }
 
 function cellSize(T) {
-  return T <= 10 ? 12 : Math.max(4, Math.floor(130 / T));
+  return T <= 10 ? 12 : Math.max(7, Math.floor(130 / T));
 }
 
 // The weights, query rows other than map.query dimmed while one is chosen.
