@@ -200,20 +200,10 @@ class MLP(nn.Module):
         return self.drop(self.proj(self.act(self.fc(x))))
 
 
-class RMSNorm(nn.Module):
-    """x / rms(x), with no learned gain (as in microgpt.py)."""
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.dim, self.eps = dim, eps
-
-    def forward(self, x):
-        return F.rms_norm(x, (self.dim,), eps=self.eps)
-
-
 def make_norm(config: GPTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
-        return RMSNorm(config.n_embd)
+        # x / rms(x), with no learned gain (as in microgpt.py)
+        return nn.RMSNorm(config.n_embd, eps=1e-5, elementwise_affine=False)
     return nn.LayerNorm(config.n_embd, bias=config.bias)
 
 

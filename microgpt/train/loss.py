@@ -1,6 +1,5 @@
-"""Measuring the loss: the mean per character over batches (`TokenMean`), over a whole split
-(`evaluate`), and the train loss of the steps between two log lines (`StepResult`,
-`LossWindow`)."""
+"""Measuring the loss: the mean per character over a whole split (`evaluate`), and the train loss
+of the steps between two log lines (`StepResult`, `LossWindow`)."""
 
 from __future__ import annotations
 
@@ -15,33 +14,19 @@ from microgpt.data.lines import CharDataset
 from microgpt.system import eval_mode
 
 
-class TokenMean:
-    """The mean loss per real target (y >= 0) over batches: each batch's mean loss weighted by
-    its number of targets, summed in float64 on the CPU."""
-
-    def __init__(self):
-        self.total, self.count = torch.zeros((), dtype=torch.float64), 0
-
-    def add(self, loss: torch.Tensor, y: torch.Tensor) -> None:
-        n = int((y >= 0).sum())
-        self.total += loss.detach().double().cpu() * n
-        self.count += n
-
-    @property
-    def value(self) -> float:
-        return float(self.total / max(self.count, 1))
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: CharDataset, batch_size: int, autocast=None) -> float:
-    """Mean negative log-likelihood per character in nats (end token included) over a split."""
-    mean = TokenMean()
+    """Mean negative log-likelihood per character in nats (end token included) over a split: each
+    batch's mean weighted by its real targets (y >= 0), summed in float64 on the CPU."""
+    total, count = torch.zeros((), dtype=torch.float64), 0
     with eval_mode(model):
         for x, y in dataset.iter_batches(batch_size):
             with autocast() if autocast is not None else contextlib.nullcontext():
                 _, loss = model(x, y)
-            mean.add(loss, y)
-    return mean.value
+            n = int((y >= 0).sum())
+            total += loss.detach().double().cpu() * n
+            count += n
+    return float(total / max(count, 1))
 
 
 @dataclass
