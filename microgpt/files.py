@@ -12,6 +12,11 @@ import os
 import tempfile
 from pathlib import Path
 
+from microgpt.errors import UserError
+
+RUN_FILE = "run.json"  # a run's claim (microgpt.runs)
+CHECKPOINTS = "checkpoints"
+
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", replace: bool = True):
@@ -105,24 +110,21 @@ STDOUT = "-"  # out=- : standard output, asked for by name (never /dev/stdout, w
 SYSTEM_ROOTS = ("/dev", "/proc", "/sys")  # devices and the kernel's files: never an output
 
 
-class OutputRefused(ValueError):
+class OutputRefused(UserError):
     """A user-named output path that would replace or damage something; the message says why."""
 
 
 def is_run_folder(folder: str | os.PathLike) -> bool:
-    """A folder a run wrote: its claim (run.json, microgpt.runs), Hydra's .hydra/config.yaml, or
-    (a run from before claims) a checkpoints/ folder beside a config.yaml."""
-    folder = Path(folder)
-    if (folder / "run.json").is_file() or (folder / ".hydra" / "config.yaml").is_file():
-        return True
-    return (folder / "checkpoints").is_dir() and (folder / "config.yaml").is_file()
+    """THE rule for "is this a run folder?": its claim (run.json), or (a run from before claims)
+    a checkpoints/ folder."""
+    return (Path(folder) / RUN_FILE).exists() or (Path(folder) / CHECKPOINTS).is_dir()
 
 
 def run_folder_of(path: str | os.PathLike) -> Path | None:
-    """The run folder that holds `path` (at any depth; `path`'s own folder counts when it is a
-    checkpoints/ or .hydra*/ folder), or None."""
+    """The run folder that holds `path` at any depth (a checkpoints/ or .hydra*/ folder's parent
+    counts), or None."""
     path = Path(path)
-    if path.parent.name == "checkpoints" or path.parent.name.startswith(".hydra"):
+    if path.parent.name == CHECKPOINTS or path.parent.name.startswith(".hydra"):
         return path.parent.parent
     return next((folder for folder in path.parents if is_run_folder(folder)), None)
 

@@ -10,6 +10,7 @@ import logging
 import math
 
 from microgpt.files import write_text
+from microgpt.runs import RunFolder
 from microgpt.sample.report import sample_for_run
 from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from microgpt.train.loss import evaluate
@@ -39,7 +40,7 @@ def summary(trainer) -> str:
 def finish(trainer, metrics: dict) -> None:
     """The test loss of best.pt's weights (as makemore reports it), samples, hparams."""
     c, m = trainer.config, trainer.model_config
-    best_path = trainer.out_dir / "checkpoints" / "best.pt"
+    best_path = RunFolder(trainer.out_dir).best
     model, best = trainer.eval_model, None
     if best_path.exists():
         best = load_checkpoint(best_path, map_location="cpu")

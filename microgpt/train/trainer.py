@@ -247,8 +247,9 @@ class Trainer:
         else:  # only into this run's own folder, or a new one
             self.run_id = runs.claim_resume(self.out_dir, self.resumed_from, self.run_id)
         runs.lock(self.out_dir)  # until the run ends (train's finally): one process per folder
-        (self.out_dir / "checkpoints").mkdir(exist_ok=True)
-        remove_leftovers(self.out_dir / "checkpoints")  # .tmp files of saves killed mid-write
+        runs.RunFolder(self.out_dir).checkpoints.mkdir(exist_ok=True)
+        # .tmp files of saves killed mid-write
+        remove_leftovers(runs.RunFolder(self.out_dir).checkpoints)
         # a resume keeps the run's config.yaml and writes its own beside it
         name = "config.yaml" if self.resumed_from is None else f"config.resume-step{self.step}.yaml"
         write_text(self.out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(self.config)))
@@ -280,7 +281,7 @@ class Trainer:
 
     def _interrupted(self, metrics: dict, signal_name: str) -> None:
         self._save_last({**metrics, "interrupted_at": self.step})
-        last = self.out_dir / "checkpoints" / "last.pt"
+        last = runs.RunFolder(self.out_dir).last
         raise Interrupted(
             f"{signal_name or 'signal'} received: stopped at step {self.step} of "
             f"{self.config.train.max_steps} and wrote {last}; to continue: "
@@ -289,7 +290,7 @@ class Trainer:
         )
 
     def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
-        last = self.out_dir / "checkpoints" / "last.pt"
+        last = runs.RunFolder(self.out_dir).last
         kept = (
             f"the last good checkpoint, {last}, is kept"
             if last.exists()
@@ -321,7 +322,7 @@ class Trainer:
     def _save_snapshot(self, metrics: dict) -> None:
         """checkpoints/step-NNNNNN.pt: the weights (averaged, with train.ema) and what describes
         them, no optimizer: for sample.py ckpt= and python -m microgpt.heads at this step."""
-        path = self.out_dir / "checkpoints" / f"step-{self.step:06d}.pt"
+        path = runs.RunFolder(self.out_dir).snapshot(self.step)
         save_checkpoint(self._checkpoint(metrics, self.eval_model), path)
 
     def _save_last(self, metrics: dict) -> None:
@@ -341,7 +342,7 @@ class Trainer:
         }
 
         def save():
-            last = self.out_dir / "checkpoints" / "last.pt"
+            last = runs.RunFolder(self.out_dir).last
             save_checkpoint({**self._checkpoint(metrics), "resume": resume}, last)
 
         system.run_on_main(save, self.dist)
@@ -403,7 +404,7 @@ class Trainer:
         shown = sample_for_run(self.eval_model, self.data, None, seed=c.seed + self.step)
         self.writer.samples(self.step, shown.lines)
         if improved:
-            best = self.out_dir / "checkpoints" / "best.pt"
+            best = runs.RunFolder(self.out_dir).best
             save_checkpoint(self._checkpoint({**metrics, **out}, self.eval_model), best)
         train_part = f", train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
         log.info(
