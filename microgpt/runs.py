@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from microgpt.errors import UserError
 from microgpt.files import CHECKPOINTS, RUN_FILE, atomic_write, is_run_folder
 
 RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
@@ -42,7 +43,7 @@ LOCK_FILE = ".lock"
 HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
 
 
-class RunFolderError(ValueError):
+class RunFolderError(UserError):
     """A folder a run may not use, or no run where one was expected; says why and what to do."""
 
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from microgpt.config import Config, ConfigError, flatten
+from microgpt.errors import UserError
 from microgpt.files import atomic_write
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
@@ -44,7 +45,7 @@ REQUIRED_KEYS = ("model", "model_config", "tokenizer")
 ZIP_MAGIC = b"PK\x03\x04"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be used; the message names the file and the problem."""
 
 
