@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         message = f"cannot use{where}: {e.strerror or e}; check that it exists and is writable"
     except (EOFError, tarfile.TarError, zlib.error) as e:
         message = f"the sdist is truncated or corrupt ({e}); download it again"
+    message = message.strip().splitlines()[0].rstrip(":")  # tarfile's errors run over lines
     print(f"microgpt: error: {message}", file=sys.stderr)
     sys.exit(2)
 

@@ -147,7 +147,7 @@ def user_errors():
               file=sys.stderr)  # fmt: skip
         sys.exit(130)
     except (UserError, TrainingError, OSError) as e:
-        removed = remove_debris(keep_failed_runs=isinstance(e, TrainingError))
+        removed = remove_debris()
         note = f" (removed the unused run folder {removed})" if removed else ""
         print_error(f"{error_line(e)}{note}")
         sys.exit(2)
@@ -173,7 +173,7 @@ def resume_command(checkpoint) -> str:
     return shlex.join(["python", Path(sys.argv[0]).name, f"resume={checkpoint}"])
 
 
-def remove_debris(keep_failed_runs: bool = False) -> str | None:
+def remove_debris() -> str | None:
     """After an error, remove the run folder this process claimed or Hydra made for it, when it
     holds no checkpoint (microgpt.runs.discard). Returns the removed run folder, if any."""
     made_for = None
@@ -183,7 +183,7 @@ def remove_debris(keep_failed_runs: bool = False) -> str | None:
             made_for = hydra.runtime.output_dir
     if made_for is not None and Path(made_for).resolve() == Path.cwd().resolve():
         made_for = None
-    return runs.discard(keep_failed_runs, _close_log_files, made_for)
+    return runs.discard(_close_log_files, made_for)
 
 
 def _close_log_files(folder: Path) -> None:

@@ -358,9 +358,7 @@ def release(folder: str | os.PathLike, forget: bool = True) -> None:
         del _OWNED[_key(folder)]
 
 
-def discard(
-    keep_failed_runs: bool = False, before_removing: Callable | None = None, made_for=None
-) -> str | None:
+def discard(before_removing: Callable | None = None, made_for=None) -> str | None:
     """After an error, remove the run folders this process claimed empty and that hold no
     checkpoint, and `made_for` (the folder Hydra made for this run) if it holds nothing but
     Hydra's empty train.log. Every other folder keeps every file. `before_removing(folder)` runs
@@ -370,7 +368,7 @@ def discard(
         made = _OWNED[key].made
         release(key)
         empty = Path(key).is_dir() and not list(RunFolder(key).checkpoints.glob("*.pt"))
-        if made and empty and not keep_failed_runs:
+        if made and empty:
             removed = _remove(Path(key), before_removing)
     if made_for is not None and Path(made_for).is_dir() and _only_hydra_log(Path(made_for)):
         removed = _remove(Path(made_for), before_removing)
