@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from microgpt.data.dataset import FORMATS
 from microgpt.errors import SamplingError, UserError
-from microgpt.model import GPTConfig, check_gpt_settings, training_bytes
+from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
 from microgpt.system import DEVICES, PRECISIONS, ThreadsError, available_memory, check_threads, gib
 
@@ -347,6 +347,19 @@ def _apply_heads(merged: DictConfig) -> None:
         check_gpt_settings(OmegaConf.to_container(merged.model), name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def training_bytes(config: GPTConfig, batch_size: int) -> int:
+    """A rough upper estimate of the memory one training step takes: weights, gradients and
+    AdamW's two moments, plus the activations kept for the backward pass of a full block
+    (float32; attention weights counted as if materialised)."""
+    C, T, L, H = config.n_embd, config.block_size, config.n_layer, config.n_head
+    params = config.vocab_size * C * (1 if config.tie_weights else 2) + T * C
+    ratio = config.mlp_ratio if config.mlp else 0
+    params += L * (4 * C * C + 2 * ratio * C * C)
+    per_layer = batch_size * T * ((8 + 2 * ratio) * C + 2 * H * T)
+    logits = 3 * batch_size * T * config.vocab_size
+    return 4 * (4 * params + L * per_layer + logits)
 
 
 def check_memory(model: GPTConfig, batch_size: int, device, block_setting) -> None:

@@ -1,4 +1,5 @@
-"""The machine a command runs on: device and precision, data-parallel ranks, CPU threads.
+"""The machine a command runs on: device and precision, data-parallel ranks, CPU threads; and
+`eval_mode`, the model in eval mode while a block runs.
 
 ## Device and ranks
 
@@ -45,9 +46,10 @@ OMP_WAIT_POLICY=ACTIVE` (spin) or `GOMP_SPINCOUNT=N` (spin N times, then sleep) 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -316,3 +318,15 @@ def set_threads(setting) -> int:
     if n != torch.get_num_threads():
         torch.set_num_threads(n)
     return n
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The model in eval mode (no dropout) while open, then back in the mode it was in: every
+    evaluation, analysis and sampling loop runs inside one."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)

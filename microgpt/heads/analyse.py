@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from microgpt.heads.circuits import (
     batches_loss,
     gradient_importance,
+    hooked_heads,
     keep_all,
     layer0_circuits,
     mean_importance,
@@ -46,6 +47,7 @@ from microgpt.heads.circuits import (
     pruning,
     rank_correlation,
     replaced_heads,
+    scaled_heads,
     zero_importance,
 )
 from microgpt.heads.report import PRUNE_TOLERANCE, ROLES, HeadReport, Probe
@@ -59,7 +61,7 @@ from microgpt.heads.roles import (
     roles_of,
     token_losses,
 )
-from microgpt.model import eval_mode
+from microgpt.system import eval_mode
 
 __all__ = [
     "ROLES",
@@ -74,6 +76,7 @@ __all__ = [
     "probe_attention",
     "replaced_heads",
     "roles_of",
+    "scaled_heads",
 ]
 
 BATCH_SIZE = 256  # rows per forward pass
@@ -120,7 +123,7 @@ def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
     device, in eval mode (the model is put back in its mode)."""
     device = next(model.parameters()).device
     with eval_mode(model):
-        _, _, attention = model(torch.tensor([list(ids)], device=device), return_attn=True)
+        _, _, attention = model.forward_with_attention(torch.tensor([list(ids)], device=device))
     return [a[0].float().cpu() for a in attention]  # (1, H, T, T) -> (H, T, T) per layer
 
 
@@ -155,32 +158,23 @@ def _first_pass(model, batches, members, chars, width: int):
     out_sums = torch.zeros(L, width, C, dtype=torch.float64)  # per position
     per_position = torch.zeros(width, dtype=torch.float64)  # real queries at each position
 
-    def capture(layer):
-        def hook(module, args):
-            z = args[0]  # (B, T, C): the heads' outputs, head h at channels [h*hd, (h+1)*hd)
-            real = state["real"].to(z.dtype)[..., None]  # (B, T, 1)
-            out_sums[layer, : z.shape[1]] += (z * real).sum(dim=0).double().cpu()  # (T, C)
+    def capture(layer, z):
+        # (B, T, H, hd) -> (B, T, C): the heads' outputs, head h at channels [h*hd, (h+1)*hd)
+        z = z.reshape(*z.shape[:2], C)
+        real = state["real"].to(z.dtype)[..., None]  # (B, T, 1)
+        out_sums[layer, : z.shape[1]] += (z * real).sum(dim=0).double().cpu()  # (T, C)
 
-        return hook
-
-    hooks = [
-        b.attn.proj.register_forward_pre_hook(capture(layer))
-        for layer, b in enumerate(model.blocks)
-    ]
     sums: list[dict[str, Tensor]] = [{} for _ in range(L)]
     total, count = 0.0, 0
-    try:
+    with hooked_heads(model, capture):
         for x, y in batches:
             state["real"] = real = y >= 0  # (B, T)
-            _, loss, attention = model(x, y, return_attn=True)
+            _, loss, attention = model.forward_with_attention(x, y)
             n = int(real.sum())
             total, count = total + float(loss) * n, count + n
             per_position[: x.shape[1]] += real.sum(dim=0).double().cpu()
             for layer, att in enumerate(attention):
                 add_sums(sums[layer], pattern_sums(att, x, real, members, chars))
-    finally:
-        for h in hooks:
-            h.remove()
     means = (out_sums.sum(dim=1) / max(count, 1)).view(L, H, hd)  # (L, C) -> (L, H, hd)
     at = out_sums / per_position.clamp(min=1)[None, :, None]  # (L, T, C)
     at = at.view(L, width, H, hd).transpose(1, 2)  # (L, T, C) -> (L, H, T, hd)
@@ -204,10 +198,11 @@ def run_probe(model, device) -> Probe | None:
     first, repeat = rows.first.to(device), rows.repeat.to(device)
 
     def losses(head_mask=None) -> Tensor:
-        logits, _ = model(x, head_mask=head_mask)
+        with scaled_heads(model, head_mask):
+            logits, _ = model(x)
         return token_losses(logits, y)  # (B, T)
 
-    logits, _, attention = model(x, return_attn=True)
+    logits, _, attention = model.forward_with_attention(x)
     per_token = token_losses(logits, y)
     prefix, duplicate = probe_scores(attention, x, repeat)
     L, H, _ = model_heads(model)
@@ -273,28 +268,17 @@ def analyse(
     device = next(model.parameters()).device
     V = model.config.vocab_size
     chars = "".join(tokenizer.chars) if tokenizer is not None else None
-    if counts is None:
-        counts = char_counts(x, y, V)
-    members = class_members(chars, V, counts)
+    members = class_members(chars, V, counts if counts is not None else char_counts(x, y, V))
     batches = length_batches(x.to(device), y.to(device), batch_size)
     with _eval(model):
         _, means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # the baseline with an all-ones mask: the exact arithmetic of every ablated pass
         base = batches_loss(model, batches, keep_all(model, device))
-        zero = zero_importance(model, batches, base)
-        mean = mean_importance(model, batches, base, means)
-        position = mean_importance(model, batches, base, at)
-        order, losses, prunable = pruning(model, batches, base, zero, tolerance)
+        ablations = _ablations(model, batches, base, means, at, tolerance)
         found = run_probe(model, device) if probe else None
         qk, ov, copying = layer0_circuits(model)
     with _eval(model, inference=False):
         gradient = gradient_importance(model, batches)
-    mass, lift = patterns_of(sums)
-    roles, scores = roles_of(mass, lift)
-    stat = {
-        name: torch.stack([_ratio(s[name], s[name + "_n"]) for s in sums])  # (L, H[, K])
-        for name in ("offsets", "start", "spread", "entropy")
-    }
     L, H, _ = model_heads(model)
     labels = [BOUNDARY_LABEL] + (
         list(chars) if chars is not None else [str(i) for i in range(1, V)]
@@ -305,32 +289,53 @@ def analyse(
         items=int(x.shape[0]),
         tokens=int((y >= 0).sum()),
         loss=base,
-        zero_importance=zero,
-        mean_importance=mean,
-        position_importance=position,
         gradient=gradient,
-        entropy=stat["entropy"],
-        spread=stat["spread"],
-        offsets=stat["offsets"],
-        start=stat["start"],
-        mass=mass,
-        lift=lift,
-        roles=roles,
-        scores=scores,
-        pruning_order=order,
-        pruning_losses=losses,
-        prunable=prunable,
+        **ablations,
+        **_patterns(sums),
         probe=found,
         qk=qk,
         ov=ov,
         copying=copying,
         labels=labels,
-        correlations={
-            "gradient_vs_zero": rank_correlation(gradient, zero),
-            "gradient_vs_mean": rank_correlation(gradient, mean),
-            "zero_vs_mean": rank_correlation(zero, mean),
-            "zero_vs_position_mean": rank_correlation(zero, position),
-        },
+        correlations=_correlations(gradient, ablations),
         tolerance=tolerance,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _ablations(model, batches, base: float, means: Tensor, at: Tensor, tolerance: float) -> dict:
+    """Each head's importance by zero, mean and per-position mean ablation, and the pruning
+    curve (by zero ablation): HeadReport's fields."""
+    zero = zero_importance(model, batches, base)
+    mean = mean_importance(model, batches, base, means)
+    position = mean_importance(model, batches, base, at)
+    order, losses, prunable = pruning(model, batches, base, zero, tolerance)
+    return {
+        "zero_importance": zero,
+        "mean_importance": mean,
+        "position_importance": position,
+        "pruning_order": order,
+        "pruning_losses": losses,
+        "prunable": prunable,
+    }
+
+
+def _patterns(sums: list[dict[str, Tensor]]) -> dict:
+    """The pattern sums of every layer -> each head's mass, lift, role and statistics."""
+    mass, lift = patterns_of(sums)
+    roles, scores = roles_of(mass, lift)
+    stat = {
+        name: torch.stack([_ratio(s[name], s[name + "_n"]) for s in sums])  # (L, H[, K])
+        for name in ("offsets", "start", "spread", "entropy")
+    }
+    return {"mass": mass, "lift": lift, "roles": roles, "scores": scores, **stat}
+
+
+def _correlations(gradient: Tensor, ablations: dict) -> dict[str, float]:
+    zero, mean = ablations["zero_importance"], ablations["mean_importance"]
+    return {
+        "gradient_vs_zero": rank_correlation(gradient, zero),
+        "gradient_vs_mean": rank_correlation(gradient, mean),
+        "zero_vs_mean": rank_correlation(zero, mean),
+        "zero_vs_position_mean": rank_correlation(zero, ablations["position_importance"]),
+    }

@@ -5,7 +5,7 @@ losses are mean nats per real target (y >= 0), each batch weighted by its target
 
 **Importance** of a head is the rise in loss when it alone is ablated:
 
-- zero: its output times 0 before W_O (`GPT.forward(head_mask=...)`);
+- zero: its output times 0 before W_O (`scaled_heads`, a head_mask of ones with a 0 there);
 - mean: its output replaced by its mean over every real position of the rows;
 - position mean: its output at position t replaced by its mean at t over the rows with a real
   query there (the ablation that is fair to a positional head, whose output depends on t);
@@ -14,8 +14,9 @@ losses are mean nats per real target (y >= 0), each batch weighted by its target
   ablation's rise (`head_mask` scales the output linearly, so d loss / d mask is the change the
   head's output makes to the loss, to first order).
 
-Mean replacements are forward pre-hooks on each layer's W_O (`attn.proj`): they work for every
-attention implementation.
+Every intervention (the scaled heads of the zero ablation and the gradient, the mean replacements,
+capturing the heads' outputs) is a forward hook on the model's one hook point before W_O,
+`attn.hook_z` (`hooked_heads`): it works for every attention implementation.
 
 **Circuits at layer 0**, through the embeddings (Elhage et al. 2021), for each layer-0 head h
 with e_a = norm1(wte[a]) the attention's input for token a (position embeddings left out):
@@ -48,43 +49,72 @@ def keep_all(model, device) -> Tensor:
     return torch.ones(L, H, device=device)
 
 
-# ----------------------------------------------------------------------------- ablation
+# ----------------------------------------------------------------------------- interventions
 
 
 @contextlib.contextmanager
-def replaced_heads(model, replace: Tensor, values: Tensor) -> Iterator[None]:
-    """While open, each head where `replace` (L, H) is True outputs values[l, h] instead of its
-    own output: (L, H, hd) the same at every position, or (L, H, T, hd) one per position (a batch
-    of width T' <= T takes the first T'). Forward pre-hooks on each layer's W_O (`attn.proj`)."""
-    _, H, hd = model_heads(model)
-    hooks = []
-    for layer, block in enumerate(model.blocks):
-        heads = replace[layer].nonzero().flatten().tolist()
-        if not heads:
-            continue
-
-        def hook(module, args, heads=heads, value=values[layer, heads]):
-            z = args[0].clone()  # (B, T, C)
-            v = value if value.dim() == 2 else value[:, : z.shape[1]].transpose(0, 1)
-            z.view(*z.shape[:-1], H, hd)[..., heads, :] = v.to(z)  # (B, T, C) -> (B, T, H, hd)
-            return (z, *args[1:])
-
-        hooks.append(block.attn.proj.register_forward_pre_hook(hook))
+def hooked_heads(model, hook) -> Iterator[None]:
+    """While open, each layer's head outputs z (B, T, H, hd), on their way into W_O, are replaced
+    by hook(layer, z) where it returns a tensor: a forward hook on the model's one hook point,
+    `attn.hook_z`, which every attention implementation passes. Every intervention here is one."""
+    handles = [
+        block.attn.hook_z.register_forward_hook(lambda _, __, z, layer=layer: hook(layer, z))
+        for layer, block in enumerate(model.blocks)
+    ]
     try:
         yield
     finally:
-        for h in hooks:
-            h.remove()
+        for handle in handles:
+            handle.remove()
+
+
+def scaled_heads(model, head_mask: Tensor | None):
+    """While open, head h of layer l outputs head_mask[l, h] times its output (1 keeps it, 0 is
+    the zero ablation; a mask that requires grad gives d loss / d mask). None: no intervention."""
+    if head_mask is None:
+        return contextlib.nullcontext()
+    L, H, _ = model_heads(model)
+    if tuple(head_mask.shape) != (L, H):
+        raise ValueError(
+            f"head_mask has shape {tuple(head_mask.shape)}; it must be (n_layer, n_head) = "
+            f"({L}, {H})"
+        )
+    # (L, H) -> (L, H, 1): layer l's row broadcasts over z (B, T, H, hd)
+    scale = head_mask[..., None]
+    return hooked_heads(model, lambda layer, z: z * scale[layer].to(z.dtype))
+
+
+def replaced_heads(model, replace: Tensor, values: Tensor):
+    """While open, each head where `replace` (L, H) is True outputs values[l, h] instead of its
+    own output: (L, H, hd) the same at every position, or (L, H, T, hd) one per position (a batch
+    of width T' <= T takes the first T')."""
+    heads = [replace[layer].nonzero().flatten().tolist() for layer in range(len(model.blocks))]
+    # per layer: (k, hd) or (k, T, hd) for its k replaced heads
+    chosen = [values[layer, h] for layer, h in enumerate(heads)]
+
+    def hook(layer, z):
+        if not heads[layer]:
+            return None
+        v = chosen[layer]
+        if v.dim() == 3:
+            # (k, T, hd) -> (k, T', hd) -> (T', k, hd)
+            v = v[:, : z.shape[1]].transpose(0, 1)
+        z = z.clone()
+        z[..., heads[layer], :] = v.to(z)
+        return z
+
+    return hooked_heads(model, hook)
 
 
 @torch.no_grad()
 def batches_loss(model, batches, head_mask: Tensor | None = None) -> float:
     """Mean cross-entropy per real target over every batch (each batch weighted by its targets)."""
     total, count = 0.0, 0
-    for x, y in batches:
-        _, loss = model(x, y, head_mask=head_mask)
-        n = int((y >= 0).sum())
-        total, count = total + float(loss) * n, count + n
+    with scaled_heads(model, head_mask):
+        for x, y in batches:
+            _, loss = model(x, y)
+            n = int((y >= 0).sum())
+            total, count = total + float(loss) * n, count + n
     return total / max(count, 1)
 
 
@@ -119,9 +149,9 @@ def gradient_importance(model, batches) -> Tensor:
     mask = keep_all(model, batches[0][0].device).requires_grad_(True)
     total = sum(int((y >= 0).sum()) for _, y in batches)
     grad = torch.zeros_like(mask)
-    with torch.enable_grad():
+    with torch.enable_grad(), scaled_heads(model, mask):
         for x, y in batches:
-            _, loss = model(x, y, head_mask=mask)
+            _, loss = model(x, y)
             n = int((y >= 0).sum())
             if n:
                 grad += torch.autograd.grad(loss * (n / total), mask)[0]

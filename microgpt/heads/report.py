@@ -47,6 +47,12 @@ class Probe:
         }
 
 
+def _number(x) -> float | None:
+    """A float for JSON, nan as None."""
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
 @dataclass
 class HeadReport:
     """What every head of a model does on some rows, and whether it matters. Tensors are (L, H)
@@ -144,42 +150,7 @@ class HeadReport:
 
     def to_dict(self) -> dict:
         """Plain lists and numbers (JSON): the fields, the per-head rows and the summaries."""
-
-        def number(x) -> float | None:
-            x = float(x)
-            return None if math.isnan(x) else x
-
-        heads = []
-        for layer in range(self.n_layer):
-            for h in range(self.n_head):
-                row = {
-                    "layer": layer,
-                    "head": h,
-                    "role": self.roles[layer][h],
-                    "score": float(self.scores[layer, h]),
-                    "patterns": {
-                        name: {
-                            "mass": float(self.mass[name][layer, h]),
-                            "lift": float(self.lift[name][layer, h]),
-                        }
-                        for name in self.mass
-                    },
-                    "entropy": float(self.entropy[layer, h]),
-                    "spread": float(self.spread[layer, h]),
-                    "start": float(self.start[layer, h]),
-                    "offsets": self.offsets[layer, h].tolist(),
-                    "zero_importance": float(self.zero_importance[layer, h]),
-                    "mean_importance": float(self.mean_importance[layer, h]),
-                    "position_mean_importance": float(self.position_importance[layer, h]),
-                    "gradient_importance": float(self.gradient[layer, h]),
-                }
-                if self.probe is not None:
-                    row["induction"] = float(self.probe.prefix[layer, h])
-                    row["duplicate"] = float(self.probe.duplicate[layer, h])
-                    row["repeat_loss_ablated"] = float(self.probe.ablated[layer, h])
-                if layer == 0 and self.copying is not None:
-                    row["copying"] = float(self.copying[h])
-                heads.append(row)
+        heads = [self._head_dict(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
         out = {
             "n_layer": self.n_layer,
             "n_head": self.n_head,
@@ -189,7 +160,7 @@ class HeadReport:
             "roles": list(ROLES),
             "thresholds": thresholds(),
             "heads": heads,
-            "correlations": {k: number(v) for k, v in self.correlations.items()},
+            "correlations": {k: _number(v) for k, v in self.correlations.items()},
             "probe": self.probe.to_dict() if self.probe is not None else None,
             "pruning": {
                 "order": [list(p) for p in self.pruning_order],
@@ -197,7 +168,7 @@ class HeadReport:
                 "tolerance": self.tolerance,
                 "prunable": self.prunable,
             },
-            "summaries": {k: number(v) for k, v in self.summaries().items()},
+            "summaries": {k: _number(v) for k, v in self.summaries().items()},
             "seconds": self.seconds,
             **self.extra,
         }
@@ -209,45 +180,84 @@ class HeadReport:
             }
         return out
 
+    def _head_dict(self, layer: int, h: int) -> dict:
+        """One head's row of to_dict."""
+        row = {
+            "layer": layer,
+            "head": h,
+            "role": self.roles[layer][h],
+            "score": float(self.scores[layer, h]),
+            "patterns": {
+                name: {
+                    "mass": float(self.mass[name][layer, h]),
+                    "lift": float(self.lift[name][layer, h]),
+                }
+                for name in self.mass
+            },
+            "entropy": float(self.entropy[layer, h]),
+            "spread": float(self.spread[layer, h]),
+            "start": float(self.start[layer, h]),
+            "offsets": self.offsets[layer, h].tolist(),
+            "zero_importance": float(self.zero_importance[layer, h]),
+            "mean_importance": float(self.mean_importance[layer, h]),
+            "position_mean_importance": float(self.position_importance[layer, h]),
+            "gradient_importance": float(self.gradient[layer, h]),
+        }
+        if self.probe is not None:
+            row["induction"] = float(self.probe.prefix[layer, h])
+            row["duplicate"] = float(self.probe.duplicate[layer, h])
+            row["repeat_loss_ablated"] = float(self.probe.ablated[layer, h])
+        if layer == 0 and self.copying is not None:
+            row["copying"] = float(self.copying[h])
+        return row
+
     def markdown(self) -> str:
         """A table, one row per head, then lines on the importance measures, the probe and
         pruning; then the layer-0 circuits, when the report has them."""
-        probe = self.probe
         lines = [
             "| layer | head | role | score | lift | entropy (nats) | zero-ablated | "
             "mean-ablated (per position) | gradient | prefix match | copying |",
             "|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for layer in range(self.n_layer):
-            for h in range(self.n_head):
-                role = self.roles[layer][h]
-                lift = self.lift[role][layer, h] if role in self.lift else math.nan
-                copying = self.copying[h] if layer == 0 and self.copying is not None else None
-                lines.append(
-                    f"| {layer} | {h} | {role} | {self.scores[layer, h]:.2f} | "
-                    f"{'-' if math.isnan(lift) else f'{lift:.1f}'} | "
-                    f"{self.entropy[layer, h]:.3f} | {self.zero_importance[layer, h]:+.4f} | "
-                    f"{self.position_importance[layer, h]:+.4f} | {self.gradient[layer, h]:+.4f} | "
-                    f"{'-' if probe is None else f'{probe.prefix[layer, h]:.2f}'} | "
-                    f"{'-' if copying is None else f'{copying:.2f}'} |"
-                )
+        lines += [self._head_row(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
+        lines += self._notes()
+        if self.qk is not None:
+            lines.append("\n" + self.circuits_markdown())
+        return "\n".join(lines)
+
+    def _head_row(self, layer: int, h: int) -> str:
+        """One head's row of the markdown table."""
+        probe = self.probe
+        role = self.roles[layer][h]
+        lift = self.lift[role][layer, h] if role in self.lift else math.nan
+        copying = self.copying[h] if layer == 0 and self.copying is not None else None
+        return (
+            f"| {layer} | {h} | {role} | {self.scores[layer, h]:.2f} | "
+            f"{'-' if math.isnan(lift) else f'{lift:.1f}'} | "
+            f"{self.entropy[layer, h]:.3f} | {self.zero_importance[layer, h]:+.4f} | "
+            f"{self.position_importance[layer, h]:+.4f} | {self.gradient[layer, h]:+.4f} | "
+            f"{'-' if probe is None else f'{probe.prefix[layer, h]:.2f}'} | "
+            f"{'-' if copying is None else f'{copying:.2f}'} |"
+        )
+
+    def _notes(self) -> list[str]:
+        """The lines under the table: loss and pruning, what the columns mean, the probe."""
         total = self.n_layer * self.n_head
         gone = ", ".join(f"L{a}H{b}" for a, b in self.pruning_order[: self.prunable]) or "none"
         corr = {k: self.correlations.get(k, math.nan) for k in CORRELATIONS}
-        lines.append(
+        lines = [
             f"\nLoss {self.loss:.4f} nats/char over {self.items:,} items ({self.tokens:,} "
             f"characters). Prunable: {self.prunable} of {total} heads removed together raise it "
-            f"by < {self.tolerance:g} nats ({gone})."
-        )
-        lines.append(
+            f"by < {self.tolerance:g} nats ({gone}).",
             f"Role: a pattern holding mass >= {thresholds()['min_mass']} of the attention at "
             f"lift >= {thresholds()['min_lift']} (times uniform attention); score = the role's "
             f"mass (mixed: the largest above-chance mass). Importance = loss rise (nats) when the "
             f"head is zeroed, or replaced by its mean at each position; gradient = -d loss / d "
             f"head_mask. Rank correlation (Spearman) of gradient and zero ablation "
             f"{corr['gradient_vs_zero']:.2f}, zero and mean ablation {corr['zero_vs_mean']:.2f}, "
-            f"zero and per-position mean {corr['zero_vs_position_mean']:.2f}."
-        )
+            f"zero and per-position mean {corr['zero_vs_position_mean']:.2f}.",
+        ]
+        probe = self.probe
         if probe is not None:
             best = divmod(int(probe.prefix.argmax()), self.n_head)
             lines.append(
@@ -257,9 +267,7 @@ class HeadReport:
                 f"L{best[0]}H{best[1]} {float(probe.prefix.max()):.2f}, which zeroed brings the "
                 f"repeat's loss to {float(probe.ablated[best]):.3f}."
             )
-        if self.qk is not None:
-            lines.append("\n" + self.circuits_markdown())
-        return "\n".join(lines)
+        return lines
 
     def circuits_markdown(self) -> str:
         """For each token, what each layer-0 head's query looks for most (the key token with the

@@ -130,47 +130,67 @@ def pattern_sums(
     uniform weight there and `{p}_n` the queries that could see one of its keys; plus `offsets`
     (H, OFFSETS) and their chance and counts, and `spread` / `entropy` (see microgpt.heads)."""
     att = att.double()
-    B, H, T, _ = att.shape
+    T = att.shape[2]
     i = torch.arange(T, device=att.device)
     q = (real & (i >= 1)).to(att.dtype)  # (B, T): the queries that count
     inv = 1.0 / (i + 1.0)  # (T,): uniform weight per visible key
-    out: dict[str, Tensor] = {}
-    # positional: offsets k = 0..OFFSETS-1 on a character key (j >= 1), start from i >= 2
-    k = torch.arange(OFFSETS, device=att.device)
-    w = torch.einsum("bhij,bi->hij", att, q)  # (H, T, T): weight summed over counted queries
-    per_query = q.sum(dim=0)  # (T,)
-    on = ((i[:, None] - i[None, :])[..., None] == k) & (i[None, :, None] >= 1)  # (T, T, K)
-    out["offsets"] = w.flatten(1) @ on.flatten(0, 1).to(w.dtype)  # (H, T*T) @ (T*T, K) -> (H, K)
-    sees = (i[:, None] - k >= 1).to(w.dtype)  # (T, K): the key k back is a character
-    out["offsets_n"] = per_query @ sees  # (K,)
-    out["offsets_chance"] = (per_query * inv) @ sees  # (K,)
-    out["start"] = w[:, 2:, 0].sum(dim=1)  # (H,)
-    out["start_n"] = per_query[2:].sum()
-    out["start_chance"] = (per_query[2:] * inv[2:]).sum()
-    # key classes: membership of each key (B, T, C)
+    out = _positional_sums(att, q, inv)
     if members:
-        names = list(members)
-        table = torch.stack([members[n] for n in names], dim=1).to(x.device)  # (V, C)
-        keys = table[x].to(att.dtype)  # (B, T, C)
-        if "boundary" in members:
-            keys[:, 0, names.index("boundary")] = 0.0  # position 0 is `start`, not a class
-        mass = torch.einsum("bhij,bjc,bi->hc", att, keys, q)  # (H, C)
-        seen = keys.cumsum(dim=1)  # (B, T, C): class keys among 0..i
-        chance = torch.einsum("btc,t,bt->c", seen, inv, q)  # (C,)
-        n = torch.einsum("btc,bt->c", (seen > 0).to(att.dtype), q)  # (C,)
-        for c, name in enumerate(names):
-            out[name], out[name + "_chance"], out[name + "_n"] = mass[:, c], chance[c], n[c]
+        out.update(_class_sums(att, x, q, inv, members))
     for name, rel in relation_masks(x, chars).items():
         r = rel.to(att.dtype)  # (B, T, T)
         out[name] = torch.einsum("bhij,bij,bi->h", att, r, q)
         keys = r.sum(dim=-1)  # (B, T)
         out[name + "_chance"] = (keys * inv * q).sum()
         out[name + "_n"] = ((keys > 0).to(att.dtype) * q).sum()
+    out.update(_spread_sums(att, real))
+    return out
+
+
+def _positional_sums(att: Tensor, q: Tensor, inv: Tensor) -> dict[str, Tensor]:
+    """Offsets k = 0..OFFSETS-1 on a character key (j >= 1), and `start` from queries i >= 2."""
+    T = att.shape[2]
+    i = torch.arange(T, device=att.device)
+    k = torch.arange(OFFSETS, device=att.device)
+    w = torch.einsum("bhij,bi->hij", att, q)  # (H, T, T): weight summed over counted queries
+    per_query = q.sum(dim=0)  # (T,)
+    on = ((i[:, None] - i[None, :])[..., None] == k) & (i[None, :, None] >= 1)  # (T, T, K)
+    out = {"offsets": w.flatten(1) @ on.flatten(0, 1).to(w.dtype)}  # (H, T*T) @ (T*T, K) -> (H, K)
+    sees = (i[:, None] - k >= 1).to(w.dtype)  # (T, K): the key k back is a character
+    out["offsets_n"] = per_query @ sees  # (K,)
+    out["offsets_chance"] = (per_query * inv) @ sees  # (K,)
+    out["start"] = w[:, 2:, 0].sum(dim=1)  # (H,)
+    out["start_n"] = per_query[2:].sum()
+    out["start_chance"] = (per_query[2:] * inv[2:]).sum()
+    return out
+
+
+def _class_sums(att, x, q, inv, members: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The key classes: the weight on keys of each class, its chance and counts."""
+    names = list(members)
+    table = torch.stack([members[n] for n in names], dim=1).to(x.device)  # (V, C)
+    # membership of each key (B, T, C)
+    keys = table[x].to(att.dtype)
+    if "boundary" in members:
+        # position 0 is `start`, not a class
+        keys[:, 0, names.index("boundary")] = 0.0
+    mass = torch.einsum("bhij,bjc,bi->hc", att, keys, q)  # (H, C)
+    seen = keys.cumsum(dim=1)  # (B, T, C): class keys among 0..i
+    chance = torch.einsum("btc,t,bt->c", seen, inv, q)  # (C,)
+    n = torch.einsum("btc,bt->c", (seen > 0).to(att.dtype), q)  # (C,)
+    out = {}
+    for c, name in enumerate(names):
+        out[name], out[name + "_chance"], out[name + "_n"] = mass[:, c], chance[c], n[c]
+    return out
+
+
+def _spread_sums(att: Tensor, real: Tensor) -> dict[str, Tensor]:
+    """Attention entropy in nats over every real query, and spread: it divided by log(i + 1)."""
+    i = torch.arange(att.shape[2], device=att.device)
     ent = -torch.special.xlogy(att, att).sum(dim=-1)  # (B, H, T) nats
     spread = ent[..., 1:] / torch.log(i[1:] + 1.0)  # (B, H, T-1): 1 = uniform over i + 1 keys
     qr = real.to(att.dtype)
-    out["spread"] = torch.einsum("bht,bt->h", spread, qr[:, 1:])
-    out["spread_n"] = qr[:, 1:].sum()
+    out = {"spread": torch.einsum("bht,bt->h", spread, qr[:, 1:]), "spread_n": qr[:, 1:].sum()}
     out["entropy"] = torch.einsum("bht,bt->h", ent, qr)
     out["entropy_n"] = qr.sum()
     return out
@@ -241,9 +261,11 @@ def probe_rows(vocab_size: int, block_size: int, n: int = PROBE_ROWS, seed: int 
 def token_losses(logits: Tensor, y: Tensor) -> Tensor:
     """(B, T, V), (B, T) -> (B, T) cross-entropy per position (0 where y = -1)."""
     B, T, V = logits.shape
+    # (B, T, V) -> (B*T, V) and (B, T) -> (B*T,): one loss per position
     flat = torch.nn.functional.cross_entropy(
         logits.reshape(B * T, V).float(), y.reshape(B * T), ignore_index=-1, reduction="none"
-    )  # (B*T,)
+    )
+    # (B*T,) -> (B, T)
     return flat.view(B, T)
 
 

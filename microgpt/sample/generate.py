@@ -19,8 +19,7 @@ import torch
 
 from microgpt.errors import SamplingError
 from microgpt.kv_cache import KVCache
-from microgpt.model import eval_mode
-from microgpt.system import available_memory
+from microgpt.system import available_memory, eval_mode
 from microgpt.tokenizer import BOUNDARY_ID
 
 DEFAULT_BATCH = 1024  # items sampled at once when batch_size is None, at most
@@ -152,11 +151,12 @@ def _generate(
         end = start  # columns filled so far
         for step in range(steps):
             if cache is None:
-                logits, _ = model(idx[:, :end])  # the whole context, every step
-            else:  # the prompt in one forward (prefill), then one token per step
-                logits, _ = model(
-                    idx[:, :end] if step == 0 else idx[:, end - 1 : end], kv_cache=cache
-                )
+                # the whole context, every step
+                logits, _ = model(idx[:, :end])
+            else:
+                # the prompt in one forward (prefill), then one token per step
+                new = idx[:, :end] if step == 0 else idx[:, end - 1 : end]
+                logits, _ = model(new, kv_cache=cache)
             nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
             if stop:
                 nxt.masked_fill_(done, BOUNDARY_ID)
@@ -204,21 +204,20 @@ def _continue(model, prompt, max_new, n, temperature, top_k, top_p, generator, u
     idx = torch.empty((n, len(prompt) + max_new), dtype=torch.long, device=device)  # (B, P + new)
     idx[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
     cache = KVCache.for_model(model, n) if use_cache and len(prompt) < T else None
-    was_training = model.training
-    model.eval()
-    try:
-        end, cached = len(prompt), 0  # columns filled; of them, columns in the cache
+    with eval_mode(model):
+        # columns filled; of them, columns in the cache
+        end, cached = len(prompt), 0
         for _ in range(max_new):
-            if cache is not None and end <= T:  # the prompt at once, then one token a step
+            if cache is not None and end <= T:
+                # the prompt at once, then one token a step
                 logits, _ = model(idx[:, cached:end], kv_cache=cache)
                 cached = end
-            else:  # the last T tokens, recomputed
+            else:
+                # the last T tokens, recomputed
                 logits, _ = model(idx[:, max(0, end - T) : end])
             idx[:, end] = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
             end += 1
         return idx
-    finally:
-        model.train(was_training)
 
 
 def sample_items(
@@ -249,21 +248,11 @@ def sample_items(
             f"max_len={max_len} must be longer than the prefix ({len(prefix)} characters)"
         )
     check_sampling_args(temperature, top_k, top_p)
-    try:
-        tokenizer.check(prefix, what="prefix")
-    except ValueError as e:
-        raise SamplingError(str(e)) from None
-    prefix_ids = tokenizer.encode(prefix)
-    _check_prefix_ids(prefix_ids, model.config.vocab_size, model.config.block_size)
+    prefix_ids = _prefix_ids(model, tokenizer, prefix)
     device = next(model.parameters()).device
     batch_size = min(batch_size or default_batch(model, num_samples), num_samples)
-    free = available_memory(device)
-    if use_cache and free is not None and batch_size * cache_bytes_per_row(model) > free:
-        raise SamplingError(
-            f"batch_size={batch_size} needs a KV cache of "
-            f"{batch_size * cache_bytes_per_row(model) / 2**30:.1f} GiB but {device} has "
-            f"{free / 2**30:.1f} GiB free; lower batch_size (or leave it null)"
-        )
+    if use_cache:
+        _check_cache_fits(model, batch_size, device)
     generator = torch.Generator(device=device)
     generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(7), "little"))
     max_new = None if max_len is None else max_len - len(prefix)
@@ -278,6 +267,28 @@ def sample_items(
             if progress is not None:
                 progress(len(items), num_samples)
     return items
+
+
+def _prefix_ids(model, tokenizer, prefix: str) -> list[int]:
+    """The prefix's ids; a SamplingError if the tokenizer or the model cannot take it."""
+    try:
+        tokenizer.check(prefix, what="prefix")
+    except ValueError as e:
+        raise SamplingError(str(e)) from None
+    prefix_ids = tokenizer.encode(prefix)
+    _check_prefix_ids(prefix_ids, model.config.vocab_size, model.config.block_size)
+    return prefix_ids
+
+
+def _check_cache_fits(model, batch_size: int, device: torch.device) -> None:
+    """Refuse a batch whose KV cache the device's free memory cannot hold."""
+    free = available_memory(device)
+    if free is not None and batch_size * cache_bytes_per_row(model) > free:
+        raise SamplingError(
+            f"batch_size={batch_size} needs a KV cache of "
+            f"{batch_size * cache_bytes_per_row(model) / 2**30:.1f} GiB but {device} has "
+            f"{free / 2**30:.1f} GiB free; lower batch_size (or leave it null)"
+        )
 
 
 # Below this much work per decoding step (batch x n_layer x n_embd^2), a CPU forward pass is a few

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from microgpt.data.lines import CharDataset
-from microgpt.model import eval_mode
+from microgpt.system import eval_mode
 
 
 class TokenMean:

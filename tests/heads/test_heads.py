@@ -1,4 +1,5 @@
-"""microgpt.heads and GPT.forward(head_mask=...): roles, importance, pruning, the command."""
+"""microgpt.heads and its head interventions (the hook before W_O): roles, importance, pruning,
+the command."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from microgpt.heads.analyse import (
     importance,
     length_batches,
     replaced_heads,
+    scaled_heads,
 )
 from microgpt.heads.command import main
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
@@ -41,6 +43,12 @@ def random_model(tok, impl="sdpa", n_head=4, n_layer=2, seed=0, **kw) -> GPT:
     return model.eval()
 
 
+def masked(model: GPT, x, head_mask, y=None):
+    """model(x, y) with each head's output scaled by head_mask (L, H) before W_O."""
+    with scaled_heads(model, head_mask):
+        return model(x, y)
+
+
 def same_weights(model: GPT, impl: str) -> GPT:
     other = GPT(GPTConfig(**{**model.config.to_dict(), "attn_impl": impl}))
     other.load_state_dict(model.state_dict())
@@ -59,13 +67,13 @@ def test_head_mask_zero_equals_zero_wo_columns(rows, impl, n_kv_head):
     for layer, h in [(0, 1), (1, 3)]:
         mask = torch.ones(L, H)
         mask[layer, h] = 0.0
-        masked, _ = model(x, head_mask=mask)
+        out, _ = masked(model, x, mask)
         cut = copy.deepcopy(model)
         with torch.no_grad():
             cut.blocks[layer].attn.proj.weight[:, h * hd : (h + 1) * hd] = 0.0
         expected, _ = cut(x)
-        torch.testing.assert_close(masked, expected, rtol=0, atol=1e-5)
-        assert not torch.allclose(masked, model(x)[0], atol=1e-3)  # the head mattered
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+        assert not torch.allclose(out, model(x)[0], atol=1e-3)  # the head mattered
 
 
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
@@ -73,19 +81,22 @@ def test_head_mask_of_ones_or_none_changes_nothing(rows, impl):
     x, y, tok = rows
     model = random_model(tok, impl)
     plain, loss = model(x, y)
-    ones, loss_ones = model(x, y, head_mask=torch.ones(2, 4))
+    ones, loss_ones = masked(model, x, torch.ones(2, 4), y)
+    none, loss_none = masked(model, x, None, y)
     assert torch.equal(plain, ones) and torch.equal(loss, loss_ones)
+    assert torch.equal(plain, none) and torch.equal(loss, loss_none)
     with pytest.raises(ValueError, match="head_mask has shape"):
-        model(x, head_mask=torch.ones(4, 2))
+        masked(model, x, torch.ones(4, 2))
+    assert not any(b.attn.hook_z._forward_hooks for b in model.blocks)  # hooks removed
 
 
 def test_head_mask_is_equal_across_implementations(rows):
     x, _, tok = rows
     mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 0.0]])
     reference = random_model(tok, "loop")
-    expected, _ = reference(x, head_mask=mask)
+    expected, _ = masked(reference, x, mask)
     for impl in ATTN_IMPLS[1:]:
-        got, _ = same_weights(reference, impl)(x, head_mask=mask)
+        got, _ = masked(same_weights(reference, impl), x, mask)
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
@@ -139,7 +150,7 @@ def test_forced_heads_get_their_roles(rows):
     named = {k: v for k, v in counts.items() if v}
     assert named == {"self": 1, "previous": 1, "two_back": 1, "start": 1, "mixed": 1}
     # the profile is the mean weight per offset over the queries where that key is a character
-    _, _, att = model(x, return_attn=True)
+    _, _, att = model.forward_with_attention(x)
     real = y >= 0
     i = torch.arange(BLOCK)
     previous = att[0][:, 0, i[2:], i[2:] - 1]  # (N, T-2): head 0, queries i >= 2, key i - 1
@@ -152,7 +163,7 @@ def test_entropy_matches_attention_entropy(rows):
 
     x, y, tok = rows
     model = random_model(tok)
-    _, _, att = model(x, return_attn=True)
+    _, _, att = model.forward_with_attention(x)
     report = analyse(model, x, y)
     torch.testing.assert_close(report.entropy.float(), attention_entropy(att, y >= 0))
     assert ((report.spread >= 0) & (report.spread <= 1 + 1e-9)).all()
@@ -193,10 +204,11 @@ def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
     model = random_model(tok, bias=True)
     hd, layer, h = model.config.head_dim, 0, 1
     captured = []
-    proj = model.blocks[layer].attn.proj
-    hook = proj.register_forward_pre_hook(lambda m, args: captured.append(args[0]))
+    attn = model.blocks[layer].attn
+    hook = attn.proj.register_forward_pre_hook(lambda m, args: captured.append(args[0]))
     model(x)
     hook.remove()
+    # W_O's input, read here by another mechanism than the hook point under test
     z = captured[0][..., h * hd : (h + 1) * hd]  # (N, T, hd): the head's output
     mean = z[y >= 0].mean(dim=0).detach()  # over the real positions
     folded = copy.deepcopy(model)
@@ -215,7 +227,7 @@ def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
     replace[layer, h] = True
     with torch.no_grad(), replaced_heads(model, replace, values):
         torch.testing.assert_close(model(x)[0], folded(x)[0], rtol=0, atol=1e-5)
-    assert not model.blocks[layer].attn.proj._forward_pre_hooks  # hooks removed
+    assert not attn.hook_z._forward_hooks  # hooks removed
 
 
 def without_heads(model: GPT, heads) -> GPT:

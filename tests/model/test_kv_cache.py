@@ -79,10 +79,10 @@ def test_cached_attention_weights_match_full_forward(impl):
     m = model(impl, 4, 2)
     idx = tokens(T=7)
     with torch.no_grad():
-        _, _, full = m(idx, return_attn=True)
+        _, _, full = m.forward_with_attention(idx)
         cache = KVCache.for_model(m, batch_size=3)
         m(idx[:, :4], kv_cache=cache)
-        _, _, step = m(idx[:, 4:7], kv_cache=cache, return_attn=True)
+        _, _, step = m.forward_with_attention(idx[:, 4:7], kv_cache=cache)
     for a_full, a_step in zip(full, step, strict=True):
         assert a_step.shape == (3, 4, 3, 7)  # (B, H, T new, Tk = pos + T)
         close(a_step, a_full[:, :, 4:7, :7])

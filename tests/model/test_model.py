@@ -223,13 +223,17 @@ def test_rmsnorm_is_x_over_rms():
     torch.testing.assert_close(m.norm_f(x), expected)
 
 
-def test_forward_shapes_and_return_attn():
+def test_forward_shapes_and_forward_with_attention():
     m = GPT(tiny(n_layer=3))
     idx = torch.randint(0, 7, (2, 5))
-    logits, loss, att = m(idx, return_attn=True)
+    logits, loss, att = m.forward_with_attention(idx)
     assert logits.shape == (2, 5, 7) and loss is None
     assert len(att) == 3 and all(a.shape == (2, 4, 5, 5) for a in att)
-    assert len(m(idx)) == 2  # without return_attn: (logits, loss)
+    # forward always returns (logits, loss), the same as forward_with_attention's first two
+    plain = m(idx)
+    assert len(plain) == 2 and torch.equal(plain[0], logits)
+    with_targets = m(idx, idx)
+    assert len(with_targets) == 2 and with_targets[1] is not None
 
 
 def test_loss_at_init_is_near_log_vocab():
