@@ -230,13 +230,14 @@ def _entry(folder) -> _Owned:
     return _OWNED.setdefault(_key(folder), _Owned())
 
 
-def _only_hydra_log(folder: Path) -> bool:
-    """`folder` is empty but for Hydra's empty train.log."""
-    return all(p.name == HYDRA_LOG and p.stat().st_size == 0 for p in folder.iterdir())
+def _only_hydra_log(folder: Path, ours: bool = True) -> bool:
+    """`folder` holds nothing but train.log: this process's log (ours), else an empty one."""
+    return all(p.name == HYDRA_LOG and (ours or not p.stat().st_size) for p in folder.iterdir())
 
 
-def new_run_error(folder: str | os.PathLike, what: str = "a run") -> str | None:
-    """Why a new run (or sweep: `what`) may not use `folder`, or None."""
+def new_run_error(folder: str | os.PathLike, what: str = "a run", ours: bool = True) -> str | None:
+    """Why a new run (or sweep: `what`) may not use `folder`, or None. ours=False before Hydra
+    starts: a train.log there then is not this process's log."""
     run = RunFolder(folder)
     if run.path.exists() and not run.path.is_dir():
         return f"{run} is an existing file, not a folder; name a new folder"
@@ -245,7 +246,7 @@ def new_run_error(folder: str | os.PathLike, what: str = "a run") -> str | None:
             f"{run} already holds a run; continue it with resume={run}, or write the new run "
             f"to another folder"
         )
-    if run.path.is_dir() and not _only_hydra_log(run.path):
+    if run.path.is_dir() and not _only_hydra_log(run.path, ours):
         foreign = sorted(p.name for p in run.path.iterdir())
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         return (

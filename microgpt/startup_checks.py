@@ -296,7 +296,7 @@ def _run_folder_error(c: Config, job: list[str]) -> str | None:
     for key in ("hydra.run.dir", "out_dir"):
         # under torchrun, rank 0 checks and claims the folder and the other ranks join it
         if key in named and (key != "out_dir" or c.out_dir != ".") and _rank() == 0:
-            error = runs.new_run_error(named[key])
+            error = runs.new_run_error(named[key], ours=False)
             if error:
                 return error
     return None
@@ -315,7 +315,7 @@ def _check_sweep_folder(overrides: list[str]) -> None:
     if not error and named and runs.RunFolder(folder).holds_run():
         error = f"hydra.sweep.dir={folder} holds a run, never a sweep's; name a new folder"
     if not error and named:
-        error = runs.new_run_error(folder, "a sweep")
+        error = runs.new_run_error(folder, "a sweep", ours=False)
     if error:
         raise UserError(error)
 

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             write_text(path, content)
         except OSError as e:  # a read-only run: the analysis above stands, its file is not written
-            print_error(e)
+            print_error(f"cannot write {path}: {e.strerror or e}")
             return 2
     print(f"wrote {json_path} and {md_path} ({report.seconds:.1f} s)")
     return 0

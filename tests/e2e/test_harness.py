@@ -73,6 +73,9 @@ def sandbox(tmp_path_factory) -> Path:
             "hydra.sweep.dir=multirun/sweep", cwd=root)  # fmt: skip
     assert r.code == 0, r.stderr
 
+    # a run from before Hydra stopped writing .hydra/ into run folders (issue 21, case 5)
+    (root / "runs/a/.hydra").mkdir()
+    (root / "runs/a/.hydra/config.yaml").write_text("heads: 2\n")
     bad = root / "bad"
     bad.mkdir()
     best = (root / BEST).read_bytes()
