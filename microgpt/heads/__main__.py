@@ -1,17 +1,25 @@
 """python -m microgpt.heads RUN: see microgpt/heads/command.py."""
 
+import os
 import signal
 import sys
 
-
-def _interrupted(signum, frame):
-    """Ctrl-C: one line and exit 130, never a traceback (an analysis is written atomically)."""
-    print("microgpt: interrupted (SIGINT): files already written are whole", file=sys.stderr)
-    sys.exit(130)
+INTERRUPTED = "microgpt: interrupted (SIGINT): files already written are whole"
 
 
-signal.signal(signal.SIGINT, _interrupted)
+def _while_loading(signum, frame):
+    """Ctrl-C while torch loads: nothing is written yet, and an import cut short cannot unwind."""
+    print(INTERRUPTED, file=sys.stderr, flush=True)
+    os._exit(130)
 
-from microgpt.heads.command import main  # noqa: E402  (after the handler: torch loads slowly)
 
-sys.exit(main())
+signal.signal(signal.SIGINT, _while_loading)
+from microgpt.heads.command import main  # noqa: E402
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+try:
+    code = main()
+except KeyboardInterrupt:  # an analysis being written is left whole (microgpt.files.atomic_write)
+    print(INTERRUPTED, file=sys.stderr)
+    code = 130
+sys.exit(code)
