@@ -20,15 +20,10 @@ CHECKPOINTS = "checkpoints"
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", replace: bool = True):
-    """Yield a file to write; on success it replaces `path` in one step; on error `path` is intact.
-
-    A symlink is followed (its target is replaced, the link stays); a path that exists and is not
-    a regular file (a device, a FIFO) is refused with OSError. The data go to a temporary file
-    in the same folder, which is flushed and fsynced, then moved
-    over `path` with os.replace: a process killed at any moment leaves the old file whole.
-    replace=False creates `path` or fails with FileExistsError: the temporary file is linked to
-    `path` (one step that never replaces), so a file made meanwhile by another process is kept.
-    """
+    """Yield a file to write: a temporary file in the same folder, flushed, fsynced, then moved
+    over `path` in one step, so a process killed at any moment leaves the old file whole. A
+    symlink is followed; a device or FIFO is refused (OSError). replace=False creates `path` or
+    fails with FileExistsError (a link, which never replaces a file made meanwhile)."""
     path = Path(os.path.realpath(path))  # a symlink is followed: its target is written, it stays
     if path.exists() and not path.is_file():  # a device, FIFO, socket: never replaced by a file
         raise OSError(errno.EINVAL, "not a regular file", str(path))
@@ -79,8 +74,9 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    with atomic_write(path, "w") as f:
+def write_text(path: str | os.PathLike, text: str, replace: bool = True) -> Path:
+    """Write `text` to `path` atomically; replace=False: as a new file, or FileExistsError."""
+    with atomic_write(Path(path).expanduser(), "w", replace=replace) as f:
         f.write(text)
     return Path(path)
 
@@ -187,11 +183,3 @@ def check_new_file(
                 f"replace it, or name a new file"
             )
     return target
-
-
-def create_text(path: str | os.PathLike, text: str, overwrite: bool = False) -> Path:
-    """Write `text` to `path` atomically, as a new file (FileExistsError if one appeared since it
-    was checked) or, with overwrite=True, replacing the file there."""
-    with atomic_write(path, "w", replace=overwrite) as f:
-        f.write(text)
-    return Path(path)

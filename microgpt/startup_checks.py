@@ -31,6 +31,7 @@ INFO_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", 
 CONFIG_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
 FLAGS = {"-m", "--multirun", "-p", "--package", *INFO_FLAGS, *CONFIG_FLAGS}
 GROUPS = ("model", "data", "optim", "experiment")
+COMPOSE_ERRORS = (HydraException, OmegaConfBaseException)
 QUOTING = "settings are written key=value, e.g. heads=4, and a value with '=' or spaces in quotes"
 
 
@@ -156,14 +157,14 @@ def _job_error(
         task.append("out_dir=.")  # ${hydra:...} does not resolve under compose()
     with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
         try:
-            cfg = _compose(compose, config_name, task)
-        except _BadOverride as e:
+            cfg = compose(config_name=config_name, overrides=task)
+        except COMPOSE_ERRORS as e:
             if full_error:
                 raise _LeaveToHydra from None
             groups = [o for o in task if o.split("=", 1)[0].lstrip("+~") in GROUPS]
             try:  # the settings there are, to name the closest (composed only when needed)
-                base = _compose(compose, config_name, groups)
-            except _BadOverride:
+                base = compose(config_name=config_name, overrides=groups)
+            except COMPOSE_ERRORS:
                 base = None
             return _explain(e, task, base, conf_dir), None
     added = _added_key_error(task, schema)
@@ -227,25 +228,13 @@ def _data_error(c: Config, job: list[str]) -> str | None:
     return f"data.path={c.data.path}: {where} is not a regular file (a device or FIFO); {fix}"
 
 
-class _BadOverride(Exception):
-    pass
-
-
-def _compose(compose, config_name, overrides):
-    try:
-        return compose(config_name=config_name, overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise _BadOverride(e) from None
-
-
 def _first(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     return lines[0] if lines else type(e).__name__
 
 
-def _explain(bad: _BadOverride, task: list[str], base, conf_dir: Path) -> str:
+def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
     """Hydra's multi-line composition error in one line: the setting, what is valid, a match."""
-    e = bad.args[0]
     known = list(flatten(OmegaConf.to_container(base, resolve=False))) if base is not None else []
     for override in task:
         key, _, value = override.partition("=")
