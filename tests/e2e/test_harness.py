@@ -750,16 +750,32 @@ SWEEPS_AND_EDGES = [
     C("sweep-under-proc", "train.py", [*SW, "hydra.sweep.dir=/proc/sweep"], r"under /proc"),
     C("sweep-read-only", "train.py", [*SW, "hydra.sweep.dir=runs/sw"], r"cannot write in",
       setup=lambda root: _failing_writes(root / "runs", errno.EROFS)),
+    C("sweep-into-runs-root", "train.py", [*SW, "hydra.sweep.dir=runs"], r"runs is not empty"),
+    C("sweep-into-bad", "train.py", [*SW, "hydra.sweep.dir=bad"], r"bad is not empty"),
+    C("sweep-into-checkpoints", "train.py", [*SW, "hydra.sweep.dir=runs/a/checkpoints"],
+      r"checkpoints is not empty"),
+    C("sweep-inside-a-file", "train.py", [*SW, "hydra.sweep.dir=data/names.txt/sw"],
+      r"inside .*names\.txt, which is a file"),
+    C("sweep-under-dev", "train.py", [*SW, "hydra.sweep.dir=/dev/sw"], r"under /dev"),
+    C("sweep-one-job-into-a-sweep", "train.py", ["-m", *T, "train.max_steps=2",
+      "hydra.sweep.dir=multirun/sweep"], r"multirun/sweep is not empty"),
     # resume= a folder holding no run: one line, no folder made
     train("resume-a-sweep", "resume=multirun/sweep", message=r"sweep is a folder that holds no"),
     train("resume-user-folder", "resume=out", message=r"out is a folder that holds no run"),
     train("resume-conf", "resume=conf", message=r"conf is a folder that holds no run"),
     train("resume-data-folder", "resume=data", message=r"data is a folder that holds no run"),
+    train("resume-bad-folder", "resume=bad", message=r"bad is a folder that holds no run"),
+    train("resume-sub-folder", "resume=sub", message=r"sub is a folder that holds no run"),
+    train("resume-out-folder-in-sweep", "resume=multirun", message=r"holds no run"),
     # a list of values without -m, and a setting removed
     train("list-without-m", "heads=1,2", message=r"heads=1,2: a list of values is a sweep: add -m"),
     train("range-without-m", "seed=range(3)", message=r"seed=range\(3\): .*add -m"),
     train("remove-heads", "~heads", message=r"^microgpt: error: ~heads: every setting[^~]*$"),
     train("remove-a-train-key", "~train.max_steps", message=r"~train\.max_steps: every setting"),
+    train("list-of-groups-without-m", "model=micro,small", message=r"model=micro,small: .*add -m"),
+    train("list-of-two-keys-without-m", "heads=1,2", "seed=1,2", message=r"heads=1,2: .*add -m"),
+    train("remove-a-model-key", "~model.n_layer", message=r"~model\.n_layer: every setting"),
+    train("remove-an-unknown-key", "~nothing", message=r"~nothing: every setting"),
     # a run that diverges before its first checkpoint removes its folder
     train("lr-huge", "optim.lr=1e300", message=r"non-finite .*removed the unused run folder"),
     # thread counts the machine cannot use
@@ -767,6 +783,10 @@ SWEEPS_AND_EDGES = [
     train("threads-billion", "threads=1000000000", message=r"threads=1000000000 is more"),
     sample("threads-huge", f"ckpt={BEST}", "threads=100000", message=r"threads=100000 is more"),
     C("heads-threads-huge", "heads", [BEST, "--threads", "100000"], r"--threads=100000 is more"),
+    sample("threads-billion", f"ckpt={BEST}", "threads=1000000000", message=r"is more threads"),
+    sample("threads-zero", f"ckpt={BEST}", "threads=0", message=r"threads=0 must be"),
+    train("threads-zero", "threads=0", message=r"threads=0 must be"),
+    C("heads-threads-zero", "heads", [BEST, "--threads", "0"], r"--threads=0 must be"),
 ]  # fmt: skip
 
 CASES = [*SETTINGS, *DATA, *CHECKPOINTS, *OUT, *SAMPLING, *HEADS, *COMPARE, *OS_FAILURES,
