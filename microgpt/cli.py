@@ -122,14 +122,17 @@ class ShareCores(Callback):
         os.environ[THREADS_ENV] = str(share(cores, at_once))
 
 
+# Under torchrun every rank runs @hydra.main in the one run folder; ranks other than 0 write
+# nothing there (no train.log: console only, warnings and errors).
+OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.level=WARNING")
+
+
 def quiet_other_ranks(argv: list[str]) -> None:
-    """Under torchrun every rank runs @hydra.main in the one run folder; ranks other than 0 write
-    nothing there (no train.log: console only, warnings and errors)."""
+    """Add OTHER_RANK_OVERRIDES to a torchrun worker's command line when its RANK is not 0."""
     if "LOCAL_WORLD_SIZE" not in os.environ or os.environ.get("RANK", "0") == "0":
         return
     taken = {a.split("=", 1)[0] for a in argv[1:]}
-    quiet = ("hydra/job_logging=stdout", "hydra.job_logging.root.level=WARNING")
-    argv += [o for o in quiet if o.split("=", 1)[0] not in taken]
+    argv += [o for o in OTHER_RANK_OVERRIDES if o.split("=", 1)[0] not in taken]
 
 
 # ----------------------------------------------------------------------------- errors
