@@ -23,7 +23,7 @@ and checkpoint, and prints one row per run, sorted by head count:
   last `heads/...` scalars the run logged (its first log.head_items validation items)
 
 It also draws the validation loss curves, one per run labelled by head count, into a PNG
-(`<folder>/val_loss.png` unless --plot says where), with microgpt.viz.draw.
+(`<folder>/val_loss.png` unless --plot says where), with microgpt.viz.plot.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import runs
 from microgpt.errors import UserError, print_error
@@ -46,7 +48,7 @@ from microgpt.files import check_new_file
 from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.train.checkpoint import CheckpointError, load_checkpoint
-from microgpt.viz.draw import plot_lines
+from microgpt.viz.plot import plot_lines
 from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)
@@ -169,7 +171,8 @@ def _from_checkpoint(run: Path) -> tuple[int | None, str]:
 
 def read_run(run: Path, root: Path) -> RunSummary:
     cfg = OmegaConf.load(run / "config.yaml")
-    heads = OmegaConf.select(cfg, "model.n_head") or OmegaConf.select(cfg, "heads")
+    # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
+    heads = OmegaConf.select(cfg, "model.n_head")
     kv_heads = OmegaConf.select(cfg, "model.n_kv_head")
     scalars = _scalars(run)
     name = str(run.relative_to(root)) if run != root else run.name
@@ -183,15 +186,10 @@ def read_run(run: Path, root: Path) -> RunSummary:
     if scalars.get("tokens_per_sec"):
         summary.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
     layers: dict[int, list[float]] = {}
-    for tag, points in scalars.items():  # attention_entropy/layer{l}/head{h}
-        parts = tag.split("/")
-        if (
-            len(parts) == 3
-            and parts[0] == "attention_entropy"
-            and parts[1].startswith("layer")
-            and points
-        ):
-            layers.setdefault(int(parts[1][5:]), []).append(max(points)[1])  # the last step's value
+    for tag, points in scalars.items():
+        layer = re.fullmatch(r"attention_entropy/layer([^/]*)/[^/]*", tag)
+        if layer and points:  # the last step's value
+            layers.setdefault(int(layer[1]), []).append(max(points)[1])
     summary.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
     summary.heads_summary = _heads_summary(run, scalars)
     return summary
@@ -227,8 +225,6 @@ UNREADABLE = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSE
 def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
     """(every run under `folder` that can be read, sorted by head count then name; (name, why)
     for each that cannot: a broken config.yaml, metrics.jsonl or checkpoint)."""
-    from omegaconf.errors import OmegaConfBaseException
-
     root = Path(folder)
     runs, unreadable = [], []
     for run in find_runs(root):
@@ -264,6 +260,7 @@ def _layer_header(name: str, n: int) -> list[str]:
 
 
 def format_table(runs: list[RunSummary]) -> str:
+    """One row per run, columns aligned; then the lowest validation loss (per data set)."""
     n_layers = max((len(r.entropy) for r in runs), default=0)
     n_imp = max((len(r.importance_max) for r in runs), default=0)
     header = ["run", "heads", "params", "best val", "test", "tok/s"]
@@ -275,28 +272,7 @@ def format_table(runs: list[RunSummary]) -> str:
         if role == "mixed" or any(r.role_counts[role] > 0 for r in runs)  # nan > 0 is False
     ]
     header += ["prunable", *_layer_header("importance", n_imp), *SUMMARY_COLUMNS, *roles]
-    rows = []
-    for r in runs:
-        heads = (
-            "-"
-            if r.heads is None
-            else f"{r.heads}" + (f"/{r.kv_heads}kv" if r.kv_heads not in (None, r.heads) else "")
-        )
-        row = [
-            r.name,
-            heads,
-            "-" if r.params is None else f"{r.params:,}",
-            _num(r.best_val_loss),
-            _num(r.test_loss),
-            _rate(r.tokens_per_sec),
-        ]
-        row += [_num(r.entropy[i], ".3f") if i < len(r.entropy) else "-" for i in range(n_layers)]
-        row.append(_num(r.prunable, ".0f"))
-        imp = r.importance_max
-        row += [_num(imp[i], ".4f") if i < len(imp) else "-" for i in range(n_imp)]
-        row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
-        row += [_num(r.role_counts[role], ".0f") for role in roles]
-        rows.append(row)
+    rows = [_row(r, n_layers, n_imp, roles) for r in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = []
     for row in [header, *rows]:
@@ -305,34 +281,57 @@ def format_table(runs: list[RunSummary]) -> str:
             for i, (c, w) in enumerate(zip(row, widths))
         ]
         lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines + _lowest_val_loss(runs))
+
+
+def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str]:
+    """One run's cells, in format_table's columns ("-" where the run has no value)."""
+    kv = f"/{r.kv_heads}kv" if r.kv_heads not in (None, r.heads) else ""
+    row = [
+        r.name,
+        "-" if r.heads is None else f"{r.heads}{kv}",
+        "-" if r.params is None else f"{r.params:,}",
+        _num(r.best_val_loss),
+        _num(r.test_loss),
+        _rate(r.tokens_per_sec),
+    ]
+    row += [_num(r.entropy[i], ".3f") if i < len(r.entropy) else "-" for i in range(n_layers)]
+    row.append(_num(r.prunable, ".0f"))
+    imp = r.importance_max
+    row += [_num(imp[i], ".4f") if i < len(imp) else "-" for i in range(n_imp)]
+    row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
+    row += [_num(r.role_counts[role], ".0f") for role in roles]
+    return row
+
+
+def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
+    """The run with the lowest validation loss, per data set: losses on different data differ."""
     groups: dict[str, list[RunSummary]] = {}
     for r in runs:
         groups.setdefault(r.data, []).append(r)
-    if len(groups) > 1:  # losses on different data do not compare: rank within each group only
+    lines = []
+    if len(groups) > 1:
         lines.append(
             f"these runs were trained on {len(groups)} different data sets (path or items differ); "
             f"their losses compare only within a group:"
         )
     for data, group in groups.items():
-        best = min(
-            (r for r in group if not math.isnan(r.best_val_loss)),
-            key=lambda r: r.best_val_loss,
-            default=None,
-        )
-        if best is not None:
+        scored = [r for r in group if not math.isnan(r.best_val_loss)]
+        if scored:
+            best = min(scored, key=lambda r: r.best_val_loss)
             where = f" on {data}: {', '.join(r.name for r in group)}" if len(groups) > 1 else ""
             lines.append(
                 f"lowest validation loss{where}: {best.name} ({best.label}, "
                 f"{best.best_val_loss:.4f})"
             )
-    return "\n".join(lines)
+    return lines
 
 
 # ----------------------------------------------------------------------------- the plot
 
 
 def plot_val_curves(runs: list[RunSummary], path: str | Path) -> Path:
-    """Validation loss against step, one line per run labelled by head count (draw.plot_lines)."""
+    """Validation loss against step, one line per run labelled by head count (plot_lines)."""
     curves = [r for r in runs if r.val_curve]
     if not curves:
         raise CompareError(

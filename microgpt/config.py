@@ -68,6 +68,27 @@ class DataConfig:
     prepare: str | None = None  # the command that builds the file: named if it is missing
     repeats: RepeatsConfig = field(default_factory=RepeatsConfig)  # format=repeats: the generator
 
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise ConfigError(
+                f"data.format={self.format!r} is unknown; choose one of {list(FORMATS)} "
+                f"(lines: one item per line, like names; text: one stream, like a play; repeats: "
+                f"generated items where a random span repeats)"
+            )
+        r = self.repeats
+        if self.format == "repeats" and not (
+            len(r.span) == 2 and 1 <= r.span[0] <= r.span[1] and 2 * r.span[1] <= r.length
+        ):
+            raise ConfigError(
+                f"data.repeats.span={list(r.span)} must be [lo, hi] with 1 <= lo <= hi and two "
+                f"copies fitting data.repeats.length={r.length} (hi <= {r.length // 2})"
+            )
+        if self.format == "repeats" and (r.items < 3 or len(set(r.chars)) != len(r.chars)):
+            raise ConfigError(
+                f"data.repeats: items={r.items} must be at least 3 and chars={r.chars!r} "
+                f"distinct characters"
+            )
+
 
 @dataclass
 class OptimConfig:
@@ -80,6 +101,37 @@ class OptimConfig:
     decay: str = "cosine"  # cosine | linear | constant, after the warmup
     min_lr_ratio: float = 0.1  # where the decay ends, at max_steps, as a fraction of lr
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+
+    def __post_init__(self):
+        for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"optim.{name}={getattr(self, name)} must be a finite number")
+        if not self.lr > 0:
+            raise ConfigError(f"optim.lr={self.lr} must be > 0 (typical: 1e-3)")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(
+                f"optim.betas={list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]"
+            )
+        if not self.eps > 0:
+            raise ConfigError(f"optim.eps={self.eps} must be > 0 (typical: 1e-8)")
+        # AdamW's step is lr * m / (sqrt(v) + eps), with |m|, sqrt(v) << 1
+        if self.eps >= MAX_EPS:
+            raise ConfigError(
+                f"optim.eps={self.eps} divides every update by at least {self.eps:g}: the weights "
+                f"would not move; use a small value (typical: 1e-8, at most {MAX_EPS:g})"
+            )
+        if self.weight_decay < 0:
+            raise ConfigError(f"optim.weight_decay={self.weight_decay} must be >= 0")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
+        if self.decay not in DECAYS:
+            raise ConfigError(
+                f"optim.decay={self.decay!r} is unknown; choose one of {list(DECAYS)}"
+            )
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if self.grad_clip < 0:
+            raise ConfigError(f"optim.grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)")
 
 
 @dataclass
@@ -94,10 +146,34 @@ class TrainConfig:
     num_samples: int = 20  # names printed (and written to samples.txt) at the end
     ema: float = 0.0  # >0: evaluate, sample and keep best.pt with a moving average of the weights
     compile: bool = False  # torch.compile the model for training
-    precision: str = (
-        "auto"  # auto (bf16 on GPUs with it, else fp16; fp32 on CPU) | fp32 | bf16 | fp16
-    )
+    # auto (bf16 on GPUs with it, else fp16; fp32 on CPU) | fp32 | bf16 | fp16
+    precision: str = "auto"
     progress: bool | None = None  # tqdm bar; null = only when stderr is a terminal
+
+    def __post_init__(self):
+        for name in ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every"):
+            _at_least_one(f"train.{name}", getattr(self, name))
+        if self.save_every < 0:
+            raise ConfigError(f"train.save_every={self.save_every} must be >= 0 (0 = off)")
+        if self.group_by_length < 0:
+            raise ConfigError(
+                f"train.group_by_length={self.group_by_length} must be >= 0 (0 = off)"
+            )
+        if not 0 <= self.ema < 1:
+            raise ConfigError(f"train.ema={self.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
+        if self.num_samples < 0:
+            raise ConfigError(f"train.num_samples={self.num_samples} must be 0 or more")
+        if self.num_samples > MAX_TRAIN_SAMPLES:
+            raise ConfigError(
+                f"train.num_samples={self.num_samples} would sample for about "
+                f"{self.num_samples / SAMPLES_PER_SECOND / 3600:,.1f} hours on a CPU after the "
+                f"last step, before the test loss is written; at most {MAX_TRAIN_SAMPLES:,} here: "
+                f"sample more afterwards with python sample.py num_samples=N out=FILE"
+            )
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"train.precision={self.precision!r} is unknown; choose one of {list(PRECISIONS)}"
+            )
 
 
 @dataclass
@@ -106,9 +182,21 @@ class LogConfig:
     probe: str | None = None  # the item whose attention is drawn; null = a fixed validation item
     head_items: int = 256  # validation items the head analysis (roles, importance, pruning) uses
 
+    def __post_init__(self):
+        _at_least_one("log.attn_every", self.attn_every)
+        _at_least_one("log.head_items", self.head_items)
+
+
+def _at_least_one(name: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{name}={value} must be at least 1")
+
 
 @dataclass
 class Config:
+    """`python train.py`: each group above checks its own settings as it is built; this checks
+    the settings that span groups, and those of its own."""
+
     model: GPTConfig = field(default_factory=lambda: GPTConfig(vocab_size=None, block_size=None))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -122,71 +210,8 @@ class Config:
     resume: Any = False  # false | true (the run folder's checkpoints/last.pt) | a checkpoint path
 
     def __post_init__(self):
-        t, o = self.train, self.optim
         if self.heads is not None and self.heads != self.model.n_head:
             raise ConfigError(f"heads={self.heads} but model.n_head={self.model.n_head}: set one")
-        positive = {
-            "train.max_steps": t.max_steps,
-            "train.batch_size": t.batch_size,
-            "train.eval_every": t.eval_every,
-            "train.eval_batch_size": t.eval_batch_size,
-            "train.log_every": t.log_every,
-            "log.attn_every": self.log.attn_every,
-            "log.head_items": self.log.head_items,
-        }
-        for name, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"{name}={value} must be at least 1")
-        if self.data.format not in FORMATS:
-            raise ConfigError(
-                f"data.format={self.data.format!r} is unknown; choose one of {list(FORMATS)} "
-                f"(lines: one item per line, like names; text: one stream, like a play; repeats: "
-                f"generated items where a random span repeats)"
-            )
-        r = self.data.repeats
-        if self.data.format == "repeats" and not (
-            len(r.span) == 2 and 1 <= r.span[0] <= r.span[1] and 2 * r.span[1] <= r.length
-        ):
-            raise ConfigError(
-                f"data.repeats.span={list(r.span)} must be [lo, hi] with 1 <= lo <= hi and two "
-                f"copies fitting data.repeats.length={r.length} (hi <= {r.length // 2})"
-            )
-        if self.data.format == "repeats" and (r.items < 3 or len(set(r.chars)) != len(r.chars)):
-            raise ConfigError(
-                f"data.repeats: items={r.items} must be at least 3 and chars={r.chars!r} "
-                f"distinct characters"
-            )
-        if t.save_every < 0:
-            raise ConfigError(f"train.save_every={t.save_every} must be >= 0 (0 = off)")
-        if t.group_by_length < 0:
-            raise ConfigError(f"train.group_by_length={t.group_by_length} must be >= 0 (0 = off)")
-        if not 0 <= t.ema < 1:
-            raise ConfigError(f"train.ema={t.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
-        if t.num_samples < 0:
-            raise ConfigError(f"train.num_samples={t.num_samples} must be 0 or more")
-        for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):
-            if not math.isfinite(getattr(o, name)):
-                raise ConfigError(f"optim.{name}={getattr(o, name)} must be a finite number")
-        if not o.lr > 0:
-            raise ConfigError(f"optim.lr={o.lr} must be > 0 (typical: 1e-3)")
-        if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
-            raise ConfigError(
-                f"optim.betas={list(o.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]"
-            )
-        if not o.eps > 0:
-            raise ConfigError(f"optim.eps={o.eps} must be > 0 (typical: 1e-8)")
-        if o.eps >= MAX_EPS:  # AdamW's step is lr * m / (sqrt(v) + eps), with |m|, sqrt(v) << 1
-            raise ConfigError(
-                f"optim.eps={o.eps} divides every update by at least {o.eps:g}: the weights "
-                f"would not move; use a small value (typical: 1e-8, at most {MAX_EPS:g})"
-            )
-        if t.num_samples > MAX_TRAIN_SAMPLES:
-            raise ConfigError(
-                f"train.num_samples={t.num_samples} would sample for about "
-                f"{t.num_samples / SAMPLES_PER_SECOND / 3600:,.1f} hours on a CPU after the last "
-                f"step, before the test loss is written; at most {MAX_TRAIN_SAMPLES:,} here: "
-                f"sample more afterwards with python sample.py num_samples=N out=FILE"
-            )
         if self.model.vocab_size is not None:
             raise ConfigError(
                 f"model.vocab_size={self.model.vocab_size}: the vocabulary comes from the data "
@@ -194,26 +219,7 @@ class Config:
             )
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed={self.seed} must be in [0, 2**63)")
-        if o.weight_decay < 0:
-            raise ConfigError(f"optim.weight_decay={o.weight_decay} must be >= 0")
-        if o.warmup_steps < 0:
-            raise ConfigError(f"optim.warmup_steps={o.warmup_steps} must be >= 0")
-        if o.decay not in DECAYS:
-            raise ConfigError(f"optim.decay={o.decay!r} is unknown; choose one of {list(DECAYS)}")
-        if not 0 <= o.min_lr_ratio <= 1:
-            raise ConfigError(f"optim.min_lr_ratio={o.min_lr_ratio} must be in [0, 1]")
-        if o.grad_clip < 0:
-            raise ConfigError(f"optim.grad_clip={o.grad_clip} must be >= 0 (0 = no clipping)")
-        if t.precision not in PRECISIONS:
-            raise ConfigError(
-                f"train.precision={t.precision!r} is unknown; choose one of {list(PRECISIONS)}"
-            )
-        if self.device not in DEVICES:
-            raise ConfigError(f"device={self.device!r} is unknown; choose one of {list(DEVICES)}")
-        try:
-            check_threads(self.threads)
-        except ThreadsError as e:
-            raise ConfigError(str(e)) from None
+        _check_machine(self.device, self.threads, ConfigError)
         if not isinstance(self.resume, (bool, str)) or self.resume == "":
             raise ConfigError(
                 f"resume={self.resume!r} must be false, true, or the path of a checkpoint"
@@ -281,12 +287,7 @@ class SampleConfig:
             raise SamplingError(f"prefix={self.prefix!r} must be a string")
         if self.max_len is not None and self.max_len < 1:
             raise SamplingError(f"max_len={self.max_len} must be at least 1 (or null)")
-        if self.device not in DEVICES:
-            raise SamplingError(f"device={self.device!r} is unknown; choose one of {list(DEVICES)}")
-        try:
-            check_threads(self.threads)
-        except ThreadsError as e:
-            raise SamplingError(str(e)) from None
+        _check_machine(self.device, self.threads, SamplingError)
         if self.ckpt is not None and self.run is not None:
             raise SamplingError(
                 f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})"
@@ -297,6 +298,16 @@ class SampleConfig:
                 raise SamplingError(f"out={self.out!r} must be a file path, not a folder")
             if not out.parent.is_dir():
                 raise SamplingError(f"out={self.out}: folder {out.parent} does not exist")
+
+
+def _check_machine(device: str, threads, error: type[Exception]) -> None:
+    """device= and threads=, which train.py and sample.py share."""
+    if device not in DEVICES:
+        raise error(f"device={device!r} is unknown; choose one of {list(DEVICES)}")
+    try:
+        check_threads(threads)
+    except ThreadsError as e:
+        raise error(str(e)) from None
 
 
 SCHEMAS = {"schema": Config, "sample_schema": SampleConfig}  # the names conf/*.yaml use

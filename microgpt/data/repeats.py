@@ -47,6 +47,30 @@ def span_for(block_size: int) -> int:
     return (block_size - 1) // 2
 
 
+def _row_width(span, lo: int, hi: int, chars: int, block_size: int | None) -> int:
+    """The row width T for spans of lo..hi characters, checked: two copies and a boundary fit."""
+    if chars < 1:
+        raise ValueError(f"vocab_size={chars + 1}: repeated spans need at least one character")
+    if not 1 <= lo <= hi:
+        raise ValueError(f"span={span!r}: the span length must be at least 1 (lo <= hi)")
+    T = block_size if block_size is not None else 2 * hi + 1
+    if 2 * hi + 1 > T:
+        raise ValueError(
+            f"span={span!r} does not fit block_size={T}: two copies of {hi} characters and the "
+            f"boundary token need {2 * hi + 1}; use a span of at most {span_for(T)}"
+        )
+    return T
+
+
+def _random_spans(n: int, chars: int, hi: int, distinct: bool, g: torch.Generator) -> Tensor:
+    """(N, hi) ids in 1..chars: all different in a row when `distinct` and hi <= chars."""
+    if distinct and hi <= chars:
+        # the first hi ids of a random permutation of the characters, per row
+        keys = torch.rand(n, chars, generator=g)  # (N, chars)
+        return keys.argsort(dim=1)[:, :hi] + 1  # (N, hi)
+    return torch.randint(1, chars + 1, (n, hi), generator=g)  # (N, hi)
+
+
 def repeated_spans(
     n: int,
     vocab_size: int,
@@ -67,23 +91,9 @@ def repeated_spans(
     """
     lo, hi = (span, span) if isinstance(span, int) else span
     chars = vocab_size - 1
-    if chars < 1:
-        raise ValueError(f"vocab_size={vocab_size}: repeated spans need at least one character")
-    if not 1 <= lo <= hi:
-        raise ValueError(f"span={span!r}: the span length must be at least 1 (lo <= hi)")
-    T = block_size if block_size is not None else 2 * hi + 1
-    if 2 * hi + 1 > T:
-        raise ValueError(
-            f"span={span!r} does not fit block_size={T}: two copies of {hi} characters and the "
-            f"boundary token need {2 * hi + 1}; use a span of at most {span_for(T)}"
-        )
+    T = _row_width(span, lo, hi, chars, block_size)
     g = generator if generator is not None else torch.Generator().manual_seed(0)
-    if distinct and hi <= chars:
-        # the first hi ids of a random permutation of the characters, per row
-        keys = torch.rand(n, chars, generator=g)  # (N, chars)
-        spans = keys.argsort(dim=1)[:, :hi] + 1  # (N, hi) ids in 1..chars, all different
-    else:
-        spans = torch.randint(1, chars + 1, (n, hi), generator=g)  # (N, hi)
+    spans = _random_spans(n, chars, hi, distinct, g)  # (N, hi)
     lengths = torch.randint(lo, hi + 1, (n,), generator=g)  # (N,)
     pos = torch.arange(T)  # (T,)
     L = lengths[:, None]  # (N, 1)

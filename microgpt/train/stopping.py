@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
@@ -18,6 +19,33 @@ class Interrupted(TrainingError):
     def __init__(self, message: str, checkpoint: Path):
         super().__init__(message)
         self.checkpoint = checkpoint
+
+
+def interrupted(signal_name: str, step: int, max_steps: int, last: Path) -> Interrupted:
+    """What a run stopped by a signal says: where it stopped, and how to continue."""
+    return Interrupted(
+        f"{signal_name or 'signal'} received: stopped at step {step} of {max_steps} and wrote "
+        f"{last}; to continue: python train.py resume={last}",
+        checkpoint=last,
+    )
+
+
+def diverged(
+    step: int, loss: float, grad_norm: float, lr: float, last: Path, what: str = ""
+) -> TrainingError:
+    """What a run that diverged says: what went non-finite at which step, and what to try.
+    `step` is the step being taken (a training step) or just taken (what="validation loss")."""
+    kept = (
+        f"the last good checkpoint, {last}, is kept"
+        if last.exists()
+        else "no checkpoint was written yet"
+    )
+    what = what or ("loss" if not math.isfinite(loss) else "gradient")
+    return TrainingError(
+        f"non-finite {what} at step {step} (loss {loss}, grad norm {grad_norm}, lr {lr:.3g}): "
+        f"the run diverged and was stopped; {kept}. Try a lower optim.lr, gradient clipping "
+        f"(optim.grad_clip=1.0) or a longer optim.warmup_steps"
+    )
 
 
 class StopFlag:

@@ -1,5 +1,6 @@
-"""What rank 0 tells about a run: the summary line at its start, and at its end the test loss of
-best.pt's weights (as makemore reports it), samples.txt, the HParams row and the last log lines.
+"""What rank 0 tells about a run: at its start the claimed folder, its config and the summary
+line; while it trains the progress bar and the train loss; at its end the test loss of best.pt's
+weights (as makemore reports it), samples.txt, the HParams row and the last log lines.
 
 The functions take the Trainer (they read its fields and call nothing above it).
 """
@@ -8,14 +9,72 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
+import time
 
-from microgpt.files import write_text
-from microgpt.runs import RunFolder
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+
+from microgpt import runs, system
+from microgpt.files import remove_leftovers, write_text
 from microgpt.sample.report import sample_for_run
 from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from microgpt.train.loss import evaluate
+from microgpt.train.loss import StepResult, evaluate
+from microgpt.viz.tensorboard import TensorBoardLogger
 
 log = logging.getLogger("microgpt")
+
+
+def start(trainer) -> tuple[str, TensorBoardLogger]:
+    """Claim the run folder, write its config, say what the run is; (the run id, TensorBoard)."""
+    out_dir, resumed_from, step = trainer.out_dir, trainer.resumed_from, trainer.step
+    if resumed_from is None:  # one exclusive create: a run started alongside stops here
+        run_id = runs.claim_new(out_dir)
+    else:  # only into this run's own folder, or a new one
+        run_id = runs.claim_resume(out_dir, resumed_from, trainer.run_id)
+    runs.lock(out_dir)  # until the run ends (train's finally): one process per folder
+    runs.RunFolder(out_dir).checkpoints.mkdir(exist_ok=True)
+    remove_leftovers(runs.RunFolder(out_dir).checkpoints)  # saves killed mid-write
+    # a resume keeps the run's config.yaml and writes its own beside it
+    name = "config.yaml" if resumed_from is None else f"config.resume-step{step}.yaml"
+    write_text(out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(trainer.config)))
+    log.info(summary(trainer))
+    log.info(f"run folder: {out_dir.resolve()}")
+    if resumed_from is not None:
+        log.info(f"resumed from {resumed_from} at step {step}")
+    # the checkpoint holds step k's state, so points up to k stand; later ones (written after
+    # the checkpoint by a run that was killed) are dropped and written again from k + 1
+    purge = step + 1 if resumed_from else None
+    return run_id, TensorBoardLogger(out_dir, purge_step=purge)
+
+
+def progress_bar(trainer) -> tqdm:
+    """tqdm on stderr, rank 0 only; train.progress=null: only when stderr is a terminal."""
+    c = trainer.config
+    progress = c.train.progress if c.train.progress is not None else sys.stderr.isatty()
+    return tqdm(
+        total=c.train.max_steps,
+        initial=trainer.step,
+        disable=not (progress and trainer.is_main),
+        dynamic_ncols=True,
+        leave=False,
+        file=sys.stderr,
+    )
+
+
+def log_window(trainer, out: StepResult, bar: tqdm) -> dict:
+    """The train loss over the window, summed over ranks; scalars and the bar (rank 0)."""
+    w = trainer.window
+    loss = system.sum_over_ranks(float(w.loss), trainer.dist) / w.steps
+    now = time.perf_counter()  # after float(): the device has caught up
+    tps = w.tokens_per_sec(now)
+    if trainer.is_main:
+        scalars = {"loss/train": loss, "lr": out.lr, "grad_norm": float(out.grad_norm)}
+        trainer.writer.scalars(trainer.step, {**scalars, "tokens_per_sec": tps})
+        bar.set_postfix_str(
+            f"loss {loss:.4f} lr {out.lr:.2e} {tps / 1000:.1f}k tok/s", refresh=False
+        )
+    return {"train_loss": loss, "tokens_per_sec": tps}
 
 
 def summary(trainer) -> str:
@@ -37,10 +96,26 @@ def summary(trainer) -> str:
     )
 
 
+def final_metrics(trainer, metrics: dict, elapsed: float, tokens: int, other_work: float) -> dict:
+    """What `train` returns (every rank): the last metrics, the run's size and its throughput
+    (training alone: `other_work`, the seconds spent evaluating and saving, left out)."""
+    metrics = {
+        **metrics,
+        "step": trainer.step,
+        "params": trainer.model.num_params(),
+        "elapsed_s": elapsed,
+        "global_batch": trainer.global_batch,
+        "run_dir": str(trainer.out_dir),
+    }
+    if elapsed > other_work and tokens:  # training throughput, as logged
+        metrics["tokens_per_sec"] = tokens / (elapsed - other_work)
+    return metrics
+
+
 def finish(trainer, metrics: dict) -> None:
     """The test loss of best.pt's weights (as makemore reports it), samples, hparams."""
     c, m = trainer.config, trainer.model_config
-    best_path = RunFolder(trainer.out_dir).best
+    best_path = runs.RunFolder(trainer.out_dir).best
     model, best = trainer.eval_model, None
     if best_path.exists():
         best = load_checkpoint(best_path, map_location="cpu")

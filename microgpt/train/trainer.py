@@ -15,29 +15,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from microgpt import runs, system
 from microgpt.config import Config, ConfigError, check_memory, load_config
 from microgpt.data.dataset import DataError, load_data
-from microgpt.files import remove_leftovers, sha256_file, write_text
 from microgpt.heads.analyse import analyse, probe_attention
 from microgpt.model import GPT
 from microgpt.sample.report import sample_for_run
-from microgpt.system import set_threads
 from microgpt.train import summary
 from microgpt.train.checkpoint import (
     check_resumable,
@@ -48,24 +43,39 @@ from microgpt.train.checkpoint import (
 )
 from microgpt.train.loss import LossWindow, StepResult, evaluate
 from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
-from microgpt.train.stopping import Interrupted, StopFlag, TrainingError
+from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged, interrupted
 from microgpt.viz.tensorboard import TensorBoardLogger, labels_for
 
 log = logging.getLogger("microgpt")
+
+__all__ = ["Interrupted", "Trainer", "TrainingError", "train"]
 
 
 class Trainer:
     """One training run. Built from a validated Config; `run()` returns the final metrics."""
 
     def __init__(self, config: Config):
-        self.config = c = config
+        self.config = config
+        self._setup_system()
+        self._check_run_folder()
+        self._setup_data()
+        self._build_model()
+        self._build_optimizer()
+        self._restore()
+        self.writer: TensorBoardLogger | None = None
+
+    # ---- set-up, in this order (each step reads what the ones before it set)
+
+    def _setup_system(self) -> None:
+        """The device, CPU threads and, under torchrun, the process group and rank 0's folder."""
+        c = self.config
         self.out_dir = Path(c.out_dir).expanduser()
         self.device = system.pick_device(c.device, ConfigError)
-        self.threads = set_threads(c.threads)  # before any work: see microgpt/threads.py
+        self.threads = system.set_threads(c.threads)  # before any work: see microgpt/system.py
         self.dist = system.setup(self.device.type)
+        self.is_main = self.dist.is_main
         if self.dist.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", system.cuda_index(self.dist))
-        self.is_main = self.dist.is_main
         if self.dist.enabled:  # rank 0's folder is the run's, even where another node made its own
             own = self.out_dir
             self.out_dir = Path(system.broadcast_from_main(str(self.out_dir), self.dist))
@@ -75,55 +85,59 @@ class Trainer:
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
 
-        # before the data: a missing run, or a folder a new run may not use, fails fast
-        self.resume_path = runs.resume_checkpoint(c.resume_requested, self.out_dir)
+    def _check_run_folder(self) -> None:
+        """Before the data: a missing run, or a folder a new run may not use, fails fast."""
+        self.resume_path = runs.resume_checkpoint(self.config.resume_requested, self.out_dir)
         if self.resume_path is None:  # rank 0 claims and writes the folder (see _open_run_folder)
             system.run_on_main(lambda: runs.check_new(self.out_dir), self.dist)
             # a resume keeps its checkpoint's warmup (fitted when the run began): an exact resume
-            self.config = c = self._fit_warmup(c)
+            self.config, line = fit_warmup(self.config)
+            if line and self.is_main:  # said once, at the start of the run
+                log.warning(line)
         self.run_id: str | None = None  # set when the folder is claimed (rank 0)
+
+    def _setup_data(self) -> None:
+        """The data, encoded on the device; the config then names it by its absolute path."""
+        c = self.config
         if c.model.block_size:  # before the data are encoded into (N, block_size) tensors
-            check_memory(
-                c.model_for_data(2, c.model.block_size), c.train.batch_size, self.device, True
-            )
+            block = c.model_for_data(2, c.model.block_size)
+            check_memory(block, c.train.batch_size, self.device, True)
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
         self.data = data = load_data(
             c.data.path, c.seed, c.model.block_size, self.device, not c.train.compile,
             c.data.format, c.data.prepare, c.data.repeats,
         )  # fmt: skip
         self.data_path, self.tokenizer, self.split = data.path, data.tokenizer, data.split
-        # the checkpoint names the data by one absolute path, and its content's hash
-        self.config = c = dataclasses.replace(
-            c, data=dataclasses.replace(c.data, path=str(Path(data.path).resolve()))
-        )
-        # generated items (data.format=repeats) have no file: the hash of the items stands in
-        self.data_sha256 = (
-            sha256_file(data.path)
-            if data.format != "repeats"
-            else hashlib.sha256(json.dumps(data.split.to_dict()).encode()).hexdigest()
-        )
         self.datasets = data.datasets
+        # the checkpoint names the data by one absolute path, and its content's hash
+        resolved = dataclasses.replace(c.data, path=str(Path(data.path).resolve()))
+        self.config = dataclasses.replace(c, data=resolved)
+        self.data_sha256 = data.sha256()
         try:
             self.probe_ids = data.probe_ids(c.log.probe)
         except DataError as e:
             raise ConfigError(str(e)) from None
 
+    def _build_model(self) -> None:
+        """The GPT (seeded), and what trains it: DDP, then torch.compile, as PyTorch documents (the
+        compiler splits the graph at DDP's gradient buckets). Checkpoints hold self.model."""
+        c = self.config
         torch.manual_seed(c.seed)
         random.seed(c.seed)
-        self.model_config = c.model_for_data(self.tokenizer.vocab_size, data.block_size)
+        self.model_config = c.model_for_data(self.tokenizer.vocab_size, self.data.block_size)
         check_memory(self.model_config, c.train.batch_size, self.device, c.model.block_size)
         self.model = GPT(self.model_config).to(self.device)
-        # DDP first, then compile: the order PyTorch documents (the compiler splits the graph at
-        # DDP's gradient buckets). Checkpoints always hold self.model, the plain GPT.
         self.train_model: nn.Module = self.model
         if self.dist.enabled:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = DDP(self.model, device_ids=ids)
             torch.manual_seed(c.seed + self.dist.rank)  # each rank its own dropout stream
         if c.train.compile:
             self.train_model = torch.compile(self.train_model)
+
+    def _build_optimizer(self) -> None:
+        """AdamW, the weight average (train.ema), the precision and fp16's gradient scaler."""
+        c = self.config
         self.optimizer = make_optimizer(self.model, c, self.device)
         self.ema = WeightAverage(self.model, c.train.ema) if c.train.ema > 0 else None
         # what is evaluated, sampled and kept as best.pt: the averaged weights, if any
@@ -131,8 +145,12 @@ class Trainer:
         self.precision = system.pick_precision(c.train.precision, self.device, ConfigError)
         # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+
+    def _restore(self) -> None:
+        """The loop's state: the batches and step 0, or all of it from last.pt on a resume."""
+        c = self.config
         self.global_batch = c.train.batch_size * self.dist.world_size
-        self.batches = data.train_batches(self.global_batch, c.seed, c.train.group_by_length)
+        self.batches = self.data.train_batches(self.global_batch, c.seed, c.train.group_by_length)
         self.step = 0
         self.best_val_loss = math.inf
         self.history: dict[str, float] = {}
@@ -140,7 +158,6 @@ class Trainer:
         self.resumed_from: Path | None = None
         if self.resume_path is not None:
             self._load_resume(self.resume_path)
-        self.writer: TensorBoardLogger | None = None
 
     def autocast(self):
         if self.precision == "fp32":
@@ -169,9 +186,8 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         # grad_norm comes from the all-reduced gradients, so every rank decides alike; under
         # fp16 an overflowing gradient is normal: the scaler skips the step and lowers the scale
-        scaled = self.scaler.is_enabled()
         if check and not (
-            (scaled or math.isfinite(float(grad_norm)))
+            (self.scaler.is_enabled() or math.isfinite(float(grad_norm)))
             and (self.dist.enabled or math.isfinite(float(loss.detach())))
         ):
             self._diverged(float(loss.detach()), float(grad_norm), lr)
@@ -186,30 +202,15 @@ class Trainer:
 
     # ---- the loop
 
-    def _fit_warmup(self, c: Config) -> Config:
-        """Said once, at the start of the run (the config is validated more often than that)."""
-        c, line = fit_warmup(c)
-        if line and self.is_main:
-            log.warning(line)
-        return c
-
     def run(self) -> dict:
         c = self.config
         system.run_on_main(self._open_run_folder, self.dist)
-        progress = c.train.progress if c.train.progress is not None else sys.stderr.isatty()
-        bar = tqdm(
-            total=c.train.max_steps,
-            initial=self.step,
-            disable=not (progress and self.is_main),
-            dynamic_ncols=True,
-            leave=False,
-            file=sys.stderr,
-        )
         start, tokens_done, other_work = time.perf_counter(), 0, 0.0
         self.window.start_clock()  # throughput counts training alone, not the set-up
         metrics: dict = dict(self.history)
         # off the CPU, float() waits for the GPU: check and agree on stopping every log_every steps
         check_every = 1 if self.device.type == "cpu" else c.train.log_every
+        bar = summary.progress_bar(self)
         try:
             with StopFlag() as stop, logging_redirect_tqdm(loggers=[logging.root]):
                 self.model.train()
@@ -224,12 +225,7 @@ class Trainer:
                     # evaluation, checkpoints and the head analysis are not training: their time
                     # is left out of tokens_per_sec (on a GPU, _log_window's float() just synced)
                     busy = time.perf_counter()
-                    if self.step % c.train.eval_every == 0 or final:
-                        metrics.update(self._evaluate_and_save(metrics))
-                    if c.train.save_every and self.step % c.train.save_every == 0:
-                        system.run_on_main(lambda: self._save_snapshot(metrics), self.dist)
-                    if self.is_main and (self.step % c.log.attn_every == 0 or final):
-                        self._log_heads(self.step)
+                    self._between_steps(metrics, final)
                     spent = time.perf_counter() - busy
                     other_work += spent
                     self.window.exclude(spent)
@@ -238,71 +234,42 @@ class Trainer:
                         self._interrupted(metrics, stop.signal_name)
         finally:
             bar.close()
-        return self._finish(metrics, time.perf_counter() - start, tokens_done, other_work)
+        elapsed = time.perf_counter() - start
+        metrics = summary.final_metrics(self, metrics, elapsed, tokens_done, other_work)
+        system.run_on_main(lambda: summary.finish(self, metrics), self.dist)
+        return metrics
+
+    def _between_steps(self, metrics: dict, final: bool) -> None:
+        """What is due after this step: evaluation and last.pt, a snapshot, the head analysis."""
+        c = self.config
+        if self.step % c.train.eval_every == 0 or final:
+            metrics.update(self._evaluate_and_save(metrics))
+        if c.train.save_every and self.step % c.train.save_every == 0:
+            system.run_on_main(lambda: self._save_snapshot(metrics), self.dist)
+        if self.is_main and (self.step % c.log.attn_every == 0 or final):
+            self._log_heads(self.step)
 
     def _open_run_folder(self) -> None:
-        """Claim the run folder, write config.yaml, open TensorBoard (rank 0)."""
-        if self.resumed_from is None:  # one exclusive create: a run started alongside stops here
-            self.run_id = runs.claim_new(self.out_dir)
-        else:  # only into this run's own folder, or a new one
-            self.run_id = runs.claim_resume(self.out_dir, self.resumed_from, self.run_id)
-        runs.lock(self.out_dir)  # until the run ends (train's finally): one process per folder
-        runs.RunFolder(self.out_dir).checkpoints.mkdir(exist_ok=True)
-        # .tmp files of saves killed mid-write
-        remove_leftovers(runs.RunFolder(self.out_dir).checkpoints)
-        # a resume keeps the run's config.yaml and writes its own beside it
-        name = "config.yaml" if self.resumed_from is None else f"config.resume-step{self.step}.yaml"
-        write_text(self.out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(self.config)))
-        log.info(summary.summary(self))
-        log.info(f"run folder: {self.out_dir.resolve()}")
-        if self.resumed_from is not None:
-            log.info(f"resumed from {self.resumed_from} at step {self.step}")
-        # the checkpoint holds step k's state, so points up to k stand; later ones (written after
-        # the checkpoint by a run that was killed) are dropped and written again from k + 1
-        purge = self.step + 1 if self.resumed_from else None
-        self.writer = TensorBoardLogger(self.out_dir, purge_step=purge)
+        """Claim the run folder, say what the run is, open TensorBoard (rank 0)."""
+        self.run_id, self.writer = summary.start(self)
         if self.step == 0:
             self._log_heads(0)
 
-    def _log_window(self, out: StepResult, bar) -> dict:
-        """The train loss over the window, summed over ranks; scalars and the bar (rank 0)."""
-        w = self.window
-        loss = system.sum_over_ranks(float(w.loss), self.dist) / w.steps
-        now = time.perf_counter()  # after float(): the device has caught up
-        tps = w.tokens_per_sec(now)
-        if self.is_main:
-            scalars = {"loss/train": loss, "lr": out.lr, "grad_norm": float(out.grad_norm)}
-            self.writer.scalars(self.step, {**scalars, "tokens_per_sec": tps})
-            bar.set_postfix_str(
-                f"loss {loss:.4f} lr {out.lr:.2e} {tps / 1000:.1f}k tok/s", refresh=False
-            )
+    def _log_window(self, out: StepResult, bar: tqdm) -> dict:
+        """The train loss over the window, summed over ranks, logged (rank 0); a new window."""
+        metrics = summary.log_window(self, out, bar)
         self.window = LossWindow()
-        return {"train_loss": loss, "tokens_per_sec": tps}
+        return metrics
 
     def _interrupted(self, metrics: dict, signal_name: str) -> None:
         self._save_last({**metrics, "interrupted_at": self.step})
         last = runs.RunFolder(self.out_dir).last
-        raise Interrupted(
-            f"{signal_name or 'signal'} received: stopped at step {self.step} of "
-            f"{self.config.train.max_steps} and wrote {last}; to continue: "
-            f"python train.py resume={last}",
-            checkpoint=last,
-        )
+        raise interrupted(signal_name, self.step, self.config.train.max_steps, last)
 
     def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
-        last = runs.RunFolder(self.out_dir).last
-        kept = (
-            f"the last good checkpoint, {last}, is kept"
-            if last.exists()
-            else "no checkpoint was written yet"
-        )
-        what = what or ("loss" if not math.isfinite(loss) else "gradient")
         step = self.step if what == "validation loss" else self.step + 1
-        raise TrainingError(
-            f"non-finite {what} at step {step} (loss {loss}, grad norm {grad_norm}, lr {lr:.3g}): "
-            f"the run diverged and was stopped; {kept}. Try a lower optim.lr, gradient clipping "
-            f"(optim.grad_clip=1.0) or a longer optim.warmup_steps"
-        )
+        last = runs.RunFolder(self.out_dir).last
+        raise diverged(step, loss, grad_norm, lr, last, what)
 
     # ---- evaluation, checkpoints, logging
 
@@ -340,12 +307,11 @@ class Trainer:
             "best_val_loss": self.best_val_loss,
             "world_size": self.dist.world_size,
         }
-
-        def save():
-            last = runs.RunFolder(self.out_dir).last
-            save_checkpoint({**self._checkpoint(metrics), "resume": resume}, last)
-
-        system.run_on_main(save, self.dist)
+        last = runs.RunFolder(self.out_dir).last
+        system.run_on_main(
+            lambda: save_checkpoint({**self._checkpoint(metrics), "resume": resume}, last),
+            self.dist,
+        )
 
     def _load_resume(self, path: Path) -> None:
         # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
@@ -376,15 +342,13 @@ class Trainer:
         """The probe's attention maps and the head analysis on validation items (rank 0)."""
         val = self.datasets["val"]
         x, y = val.batch(torch.arange(min(len(val), self.config.log.head_items)))  # (N, T)
-        probe = self.probe_ids
-        maps = probe_attention(self.eval_model, probe)
-        self.writer.attention_maps(step, maps, labels_for(probe, self.tokenizer))
+        maps = probe_attention(self.eval_model, self.probe_ids)
+        self.writer.attention_maps(step, maps, labels_for(self.probe_ids, self.tokenizer))
         self.writer.heads(step, analyse(self.eval_model, x, y, self.tokenizer))
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
         """Validation loss on the whole split; best.pt if it improved; last.pt always."""
-        out = system.run_on_main(lambda: self._evaluate_and_save_best(metrics), self.dist)
-        out = out or {}
+        out = system.run_on_main(lambda: self._evaluate_and_save_best(metrics), self.dist) or {}
         self._save_last({**metrics, **out})
         if self.is_main:
             self.writer.flush()
@@ -411,20 +375,6 @@ class Trainer:
             f"step {self.step}: val loss {val_loss:.4f} (best {self.best_val_loss:.4f}){train_part}"
         )
         return out
-
-    def _finish(self, metrics: dict, elapsed: float, tokens_done: int, other_work: float) -> dict:
-        metrics = {
-            **metrics,
-            "step": self.step,
-            "params": self.model.num_params(),
-            "elapsed_s": elapsed,
-            "global_batch": self.global_batch,
-            "run_dir": str(self.out_dir),
-        }
-        if elapsed > other_work and tokens_done:  # training throughput, as logged
-            metrics["tokens_per_sec"] = tokens_done / (elapsed - other_work)
-        system.run_on_main(lambda: summary.finish(self, metrics), self.dist)
-        return metrics
 
 
 def train(cfg) -> dict:

@@ -6,14 +6,14 @@ writes a PNG. Arrays may be numpy arrays, lists or CPU tensors (read with np.asa
   columns = keys; a layer's heads in a grid of at most 4 per row, under a heading and a legend.
 - `render_offset_profile`: one layer's attention by relative offset, one row per head.
 - `render_table`: a table over the vocabulary (a layer-0 head's QK or OV circuit).
-- `plot_lines`: curves against step, with axes, round ticks and a legend, saved as a PNG.
+
+Line plots (curves against step) are microgpt.viz.plot's.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -39,7 +39,6 @@ BACKGROUND = (255, 255, 255)
 TEXT = (20, 20, 20)
 LIGHT_TEXT = (250, 250, 250)  # values written on dark cells
 MASKED = (222, 222, 222)  # cells a query may not attend to (the causal mask)
-GRID = (228, 228, 228)
 FONT_SIZE = 12
 MIN_FONT_SIZE = 8
 MAP_WIDTH = 720  # pixels a head's attention map aims at: 18-pixel cells up to 40 positions
@@ -52,20 +51,6 @@ def map_cell(positions: int) -> int:
 
 
 HEADS_PER_ROW = 4  # a layer's head maps: at most this many side by side, then a new row
-
-# Tableau 10, the usual categorical palette: distinct, and readable on white.
-PALETTE = [
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (214, 39, 40),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (127, 127, 127),
-    (188, 189, 34),
-    (23, 190, 207),
-]
 
 
 def colormap(values) -> np.ndarray:
@@ -163,12 +148,17 @@ def _heatmap(
         draw_text(draw, (pad + label_w / 2, y), s, fnt)
     text_w, text_h = text_size("0.00", fnt)
     if annotate and text_w + 4 <= cell_w and text_h + 2 <= cell_h:
-        dark = colors.astype(np.float64) @ [0.2126, 0.7152, 0.0722] < 128  # (R, C)
-        for i, y in enumerate(row_y):
-            for j, x in enumerate(col_x):
-                ink = LIGHT_TEXT if dark[i, j] else TEXT
-                draw_text(draw, (x, y), f"{values[i, j]:.2f}", fnt, fill=ink)
+        _write_values(draw, values, colors, row_y, col_x, fnt)
     return np.asarray(img)
+
+
+def _write_values(draw, values: np.ndarray, colors: np.ndarray, row_y, col_x, fnt) -> None:
+    """Each value (2 decimals) centred in its cell, light on dark cells and dark on light."""
+    dark = colors.astype(np.float64) @ [0.2126, 0.7152, 0.0722] < 128  # (R, C)
+    for i, y in enumerate(row_y):
+        for j, x in enumerate(col_x):
+            ink = LIGHT_TEXT if dark[i, j] else TEXT
+            draw_text(draw, (x, y), f"{values[i, j]:.2f}", fnt, fill=ink)
 
 
 def render_attention(
@@ -315,110 +305,3 @@ def render_table(values, labels: Sequence[str], title: str | None = None, cell: 
         raise ValueError(f"values must be ({len(labels)}, {len(labels)}), got shape {v.shape}")
     names = [visible(label) for label in labels]
     return _heatmap(v, names, names, title, cell, cell)
-
-
-# ----------------------------------------------------------------------------- line plots
-
-
-def nice_ticks(lo: float, hi: float, target: int = 6) -> list[float]:
-    """Round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi]."""
-    if not hi > lo:
-        hi = lo + (abs(lo) or 1.0) * 0.1
-    raw = (hi - lo) / max(target - 1, 1)
-    power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
-    first = math.ceil(lo / step - 1e-9) * step
-    ticks = []
-    t = first
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 12))
-        t += step
-    return ticks
-
-
-def tick_label(v: float, step: float) -> str:
-    """`v` with as many decimals as ticks `step` apart need; thousands separated."""
-    if abs(v) >= 1000 and float(v).is_integer():
-        return f"{v:,.0f}"
-    decimals = max(0, -math.floor(math.log10(step))) if step < 1 else 0
-    if step < 1 and not math.isclose(round(step, decimals), step):
-        decimals += 1
-    return f"{v:.{decimals}f}"
-
-
-def plot_lines(
-    curves: Sequence[tuple[str, Sequence[tuple[float, float]]]],
-    path: str | Path,
-    title: str = "",
-    xlabel: str = "step",
-    ylabel: str = "",
-    legend_title: str = "",
-    width: int = 900,
-    height: int = 540,
-) -> Path:
-    """[(label, [(x, y), ...]), ...] -> one coloured line per curve, with axes, ticks and a legend,
-    saved as a PNG at `path` (folders made). Non-finite y values are left out."""
-    if not any(points for _, points in curves):
-        raise ValueError("no points to plot")
-    big, small = font(14), font(12)
-    img = Image.new("RGB", (width, height), BACKGROUND)
-    d = ImageDraw.Draw(img)
-
-    legend_w = max(d.textlength(label, font=small) for label, _ in curves) + 48
-    left, right, top, bottom = 80, width - int(legend_w) - 20, 44, height - 60
-    xs = [x for _, points in curves for x, _ in points]
-    ys = [y for _, points in curves for _, y in points if math.isfinite(y)]
-    x0, x1 = 0, max(xs) or 1
-    y_lo, y_hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
-    pad = (y_hi - y_lo) * 0.05 or 0.05
-    y_lo, y_hi = y_lo - pad, y_hi + pad
-    xt, yt = nice_ticks(x0, x1), nice_ticks(y_lo, y_hi)
-    y_lo, y_hi = min(y_lo, yt[0]), max(y_hi, yt[-1])
-
-    def px(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * (right - left)
-
-    def py(y: float) -> float:
-        return bottom - (y - y_lo) / (y_hi - y_lo) * (bottom - top)
-
-    x_step = xt[1] - xt[0] if len(xt) > 1 else 1
-    y_step = yt[1] - yt[0] if len(yt) > 1 else 1
-    for v in yt:
-        y = py(v)
-        d.line([(left, y), (right, y)], fill=GRID)
-        d.line([(left - 5, y), (left, y)], fill=TEXT)
-        draw_text(d, (left - 8, y), tick_label(v, y_step), small, anchor="rm")
-    for v in xt:
-        x = px(v)
-        d.line([(x, top), (x, bottom)], fill=GRID)
-        d.line([(x, bottom), (x, bottom + 5)], fill=TEXT)
-        draw_text(d, (x, bottom + 8), tick_label(v, x_step), small, anchor="ma")
-    d.rectangle([left, top, right, bottom], outline=TEXT)
-    draw_text(d, ((left + right) / 2, 14), title, big, anchor="ma")
-    draw_text(d, ((left + right) / 2, height - 22), xlabel, big, anchor="ma")
-    if ylabel:  # written sideways, reading upwards
-        label = Image.new("RGB", (int(d.textlength(ylabel, font=big)) + 4, 20), BACKGROUND)
-        ImageDraw.Draw(label).text((2, 2), ylabel, fill=TEXT, font=big)
-        label = label.rotate(90, expand=True)
-        img.paste(label, (12, int((top + bottom) / 2 - label.height / 2)))
-
-    for i, (_, points) in enumerate(curves):
-        colour = PALETTE[i % len(PALETTE)]
-        pts = [(px(x), py(y)) for x, y in points if math.isfinite(y)]
-        if len(pts) > 1:
-            d.line(pts, fill=colour, width=2, joint="curve")
-        if len(pts) <= 30:
-            for x, y in pts:
-                d.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
-
-    lx, ly = right + 16, top + 4
-    d.text((lx, ly), legend_title, fill=TEXT, font=big)
-    for i, (label, _) in enumerate(curves):
-        y = ly + 26 + i * 20
-        d.line([(lx, y + 7), (lx + 22, y + 7)], fill=PALETTE[i % len(PALETTE)], width=3)
-        d.text((lx + 30, y), label, fill=TEXT, font=small)
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
-    return path

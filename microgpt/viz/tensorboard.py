@@ -284,51 +284,35 @@ def heads_layout(n_layer: int) -> dict:
     a "head induction" category (each head's prefix-matching score, per layer) and a "head
     summaries" category. Regexes, not head numbers, so one layout serves every head count and a
     sweep's layouts merge into one."""
-
-    def entropy(layer: int) -> str:
-        return rf"attention_entropy/layer{layer}/head\d+$"
-
-    def per_head(layer: int, name: str) -> str:
-        return rf"per_head/layer{layer}/head\d+/{name}$"
-
-    both = {
-        f"layer {n}: entropy and importance of each head": [
-            "Multiline",
-            [entropy(n), per_head(n, "importance")],
-        ]
-        for n in range(n_layer)
-    }
-    alone = {
-        f"layer {n}: importance of each head (loss rise, nats)": [
-            "Multiline",
-            [per_head(n, "importance")],
-        ]
-        for n in range(n_layer)
-    }
-    induction = {
-        f"layer {n}: prefix matching of each head": ["Multiline", [per_head(n, "induction")]]
-        for n in range(n_layer)
-    }
+    entropy = r"attention_entropy/layer{n}/head\d+$"
+    importance, induction = (
+        r"per_head/layer{n}/head\d+/importance$",
+        r"per_head/layer{n}/head\d+/induction$",
+    )
     summaries = {
-        "entropy min/mean/max per layer": [
-            "Multiline",
-            [r"heads/layer\d+/entropy_(min|mean|max)$"],
-        ],
-        "importance max per layer": ["Multiline", [r"heads/layer\d+/importance_max$"]],
-        "prunable heads": ["Multiline", [r"heads/prunable$"]],
-        "heads per role": ["Multiline", [rf"heads/role/({'|'.join(ROLES)})$"]],
-        "induction and copying": [
-            "Multiline",
-            [r"heads/(induction_max|duplicate_max|copying_max)$"],
-        ],
+        "entropy min/mean/max per layer": [r"heads/layer\d+/entropy_(min|mean|max)$"],
+        "importance max per layer": [r"heads/layer\d+/importance_max$"],
+        "prunable heads": [r"heads/prunable$"],
+        "heads per role": [rf"heads/role/({'|'.join(ROLES)})$"],
+        "induction and copying": [r"heads/(induction_max|duplicate_max|copying_max)$"],
         "repeated spans: loss on the first copy and the repeat": [
-            "Multiline",
-            [r"heads/repeat_loss(_first|_gain)?$"],
+            r"heads/repeat_loss(_first|_gain)?$"
         ],
     }
     return {
-        "heads": both,
-        "head importance": alone,
-        "head induction": induction,
-        "head summaries": summaries,
+        "heads": _per_layer(
+            n_layer, "layer {n}: entropy and importance of each head", entropy, importance
+        ),
+        "head importance": _per_layer(
+            n_layer, "layer {n}: importance of each head (loss rise, nats)", importance
+        ),
+        "head induction": _per_layer(n_layer, "layer {n}: prefix matching of each head", induction),
+        "head summaries": {title: ["Multiline", tags] for title, tags in summaries.items()},
+    }
+
+
+def _per_layer(n_layer: int, title: str, *tags: str) -> dict:
+    """One chart per layer: {title: ["Multiline", tags]}, with {n} the layer in each."""
+    return {
+        title.format(n=n): ["Multiline", [tag.format(n=n) for tag in tags]] for n in range(n_layer)
     }

@@ -7,14 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from microgpt.viz.draw import (
-    colormap,
-    nice_ticks,
-    plot_lines,
-    render_attention,
-    render_layer,
-    render_offset_profile,
-)
+from microgpt.viz.draw import colormap, render_attention, render_layer, render_offset_profile
+from microgpt.viz.plot import nice_ticks, plot_lines
 
 
 def luminance(rgb) -> float:
