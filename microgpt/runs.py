@@ -230,9 +230,15 @@ def _entry(folder) -> _Owned:
     return _OWNED.setdefault(_key(folder), _Owned())
 
 
-def _only_hydra_log(folder: Path, ours: bool = True) -> bool:
-    """`folder` holds nothing but train.log: this process's log (ours), else an empty one."""
-    return all(p.name == HYDRA_LOG and (ours or not p.stat().st_size) for p in folder.iterdir())
+def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]:
+    """What `folder` holds but Hydra's train.log (this process's log, ours; else an empty one)
+    and, claims=False, a claim another process is making (.run.json.*.tmp: its link decides)."""
+    return sorted(
+        p.name
+        for p in folder.iterdir()
+        if not (p.name == HYDRA_LOG and (ours or not p.stat().st_size))
+        and (claims or not (p.name.startswith(f".{RUN_FILE}.") and p.name.endswith(".tmp")))
+    )
 
 
 def new_run_error(folder: str | os.PathLike, what: str = "a run", ours: bool = True) -> str | None:
@@ -246,8 +252,8 @@ def new_run_error(folder: str | os.PathLike, what: str = "a run", ours: bool = T
             f"{run} already holds a run; continue it with resume={run}, or write the new run "
             f"to another folder"
         )
-    if run.path.is_dir() and not _only_hydra_log(run.path, ours):
-        foreign = sorted(p.name for p in run.path.iterdir())
+    foreign = _foreign(run.path, ours) if run.path.is_dir() else []
+    if foreign:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         return (
             f"{run} is not empty ({shown}) and holds no run: {what} writes only into a new or "
@@ -371,8 +377,9 @@ def discard(before_removing: Callable | None = None, made_for=None) -> str | Non
         empty = Path(key).is_dir() and not list(RunFolder(key).checkpoints.glob("*.pt"))
         if made and empty:
             removed = _remove(Path(key), before_removing)
-    if made_for is not None and Path(made_for).is_dir() and _only_hydra_log(Path(made_for)):
-        removed = _remove(Path(made_for), before_removing)
+    made_for = Path(made_for) if made_for is not None else None
+    if made_for is not None and made_for.is_dir() and not _foreign(made_for, claims=True):
+        removed = _remove(made_for, before_removing)
     return removed
 
 

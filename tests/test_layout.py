@@ -157,9 +157,6 @@ LONG_FUNCTIONS = {
     "heads.analyse:analyse",
     # sampling (sample/: the sampling settings checked once, in config.SampleConfig)
     "sample.command:sample_from_config",
-    # the plumbing (one typed Checkpoint, the start-up checks)
-    "startup_checks:_command_line_errors",
-    "train.checkpoint:load_checkpoint",
 }
 MAX_FUNCTION_LINES = 50
 
