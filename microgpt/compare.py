@@ -38,8 +38,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import runs
-from microgpt.errors import print_error
-from microgpt.files import OutputRefused, check_new_file
+from microgpt.errors import UserError, print_error
+from microgpt.files import check_new_file
 from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.train.checkpoint import CheckpointError, load_checkpoint
@@ -55,7 +55,7 @@ SUMMARY_COLUMNS = {
 }
 
 
-class CompareError(ValueError):
+class CompareError(UserError):
     """Nothing to compare (no such folder, no runs in it); the message says what was expected."""
 
 
@@ -375,11 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         if plot is not None:
             out = plot_val_curves(runs, plot)
             print(f"validation loss curves: {out}")
-    except (CompareError, OutputRefused) as e:
+    except (UserError, OSError) as e:
         print_error(e)
-        return 2
-    except OSError as e:
-        print_error(f"cannot use {e.filename or args.folder}: {e.strerror or e}")
         return 2
     return 0
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt.data.dataset import FORMATS
-from microgpt.errors import SamplingError
+from microgpt.errors import SamplingError, UserError
 from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
 from microgpt.system import DEVICES, PRECISIONS, ThreadsError, available_memory, check_threads, gib
@@ -32,7 +32,7 @@ MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (s
 SAMPLES_PER_SECOND = 5_000  # small model, batched: 1,000 names in 0.165 s (docs/benchmarks.md)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A bad setting; the message names it and what would be valid."""
 
 

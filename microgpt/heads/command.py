@@ -21,13 +21,13 @@ import torch
 from torch import Tensor
 
 from microgpt import runs
-from microgpt.data.dataset import DataError, data_of_checkpoint
-from microgpt.errors import print_error
+from microgpt.data.dataset import data_of_checkpoint
+from microgpt.errors import UserError, print_error
 from microgpt.files import write_text
 from microgpt.heads.analyse import HeadsError, analyse
 from microgpt.heads.report import HeadReport
-from microgpt.system import DEVICES, ThreadsError, check_threads, pick_device, set_threads
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from microgpt.system import DEVICES, check_threads, pick_device, set_threads
+from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
 
 ANALYSIS_TARGETS = 16384  # the command analyses the first validation rows holding this many targets
 
@@ -79,20 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     threads = int(args.threads) if args.threads.isdigit() else args.threads
     try:
         check_threads(threads, "--threads")
-    except ThreadsError as e:
-        print_error(e)
-        return 2
-    set_threads(threads)
-    try:
+        set_threads(threads)
         if args.device not in DEVICES:
             raise HeadsError(f"--device={args.device} is unknown; choose one of {list(DEVICES)}")
         device = str(pick_device(args.device, HeadsError))
         report, run, ckpt_path = analyse_checkpoint(args.run, device)
-    except (HeadsError, CheckpointError, DataError, runs.RunFolderError) as e:
+    except (UserError, HeadsError, OSError) as e:
         print_error(e)
-        return 2
-    except OSError as e:
-        print_error(f"cannot read {e.filename or args.run}: {e.strerror or e}")
         return 2
     text = report.markdown()
     print(text)
