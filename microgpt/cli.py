@@ -1,11 +1,15 @@
-"""The Hydra glue shared by train.py and sample.py: schemas and resolvers registered before
-@hydra.main composes anything, run folders (the latest run, resume, sweep job names), quiet
-non-zero ranks, and the one place user errors are printed."""
+"""The Hydra glue shared by train.py and sample.py, and the one place user errors become one line.
+
+Before @hydra.main composes anything: the schemas and two resolvers (the run folder, a sweep
+job's folder; neither writes anything), quiet non-zero ranks, and the command line checked
+(microgpt.startup_checks). Hydra writes nothing into a run folder (`hydra.output_subdir: null`):
+the run claims it, then writes its own config and command (microgpt.runs).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import math
+import logging
 import os
 import shlex
 import signal
@@ -13,32 +17,28 @@ import sys
 import time
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from microgpt import runs
-from microgpt.config import (
-    ConfigError,
-    parse_resume,
-    register_configs,
-)
-from microgpt.data.dataset import DataError
-from microgpt.errors import print_error
-from microgpt.files import OutputRefused
-from microgpt.sample.generate import SamplingError
-from microgpt.startup_checks import check_command_line
+from microgpt.config import parse_resume, register_configs
+from microgpt.errors import UserError, error_line, print_error
+from microgpt.startup_checks import check_command_line, sweep_jobs
 from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
 from microgpt.train.checkpoint import CheckpointError, load_checkpoint
 from microgpt.train.trainer import Interrupted, TrainingError
 
-RESOLVERS = {}  # filled below: the names conf/config.yaml calls
+SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"
 
 
 def register() -> None:
     """The config schemas (train, sample) and the resolvers, before @hydra.main composes."""
     register_configs()
     record_swept_keys(sys.argv[1:])
-    for name, fn in RESOLVERS.items():
+    for name, fn in (("microgpt_run_dir", run_dir), ("microgpt_job_dir", job_dir)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
     quiet_other_ranks(sys.argv)
@@ -54,64 +54,35 @@ def _launcher_start_time() -> float | None:
     try:
         fields = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
         start_ticks = int(fields[19])  # field 22 of stat: start time in clock ticks after boot
-        boot = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime")
-        )
+        stat = Path("/proc/stat").read_text().splitlines()
+        boot = next(int(line.split()[1]) for line in stat if line.startswith("btime"))
         return boot + start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
 
 
 def run_dir(resume, default: str) -> str:
-    """hydra.run.dir: the run to continue when resuming, else `default` (outputs/<date>/<time>).
-
-    Registered as the OmegaConf resolver `microgpt_run_dir` by train.py. Under torchrun the
-    timestamp is the launcher's start time, so every rank uses the same folder.
-    """
-    folder = runs.resume_folder(parse_resume(resume))
-    if folder is not None:
-        return str(folder)
+    """hydra.run.dir (resolver `microgpt_run_dir`): the run a resume continues, else `default`
+    (outputs/<date>/<time>; under torchrun the launcher's start time, one folder for all ranks).
+    A resume that names no run is refused by the start-up checks, not here."""
+    with contextlib.suppress(runs.RunFolderError):
+        folder = runs.resume_folder(parse_resume(resume))
+        if folder is not None:
+            return str(folder)
     start = _launcher_start_time()
     if start is not None and default.startswith("outputs/"):
         return time.strftime("outputs/%Y-%m-%d/%H-%M-%S", time.localtime(start))
     return default
 
 
-SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"
-_SWEEP_FUNCTIONS = ("range(", "choice(", "interval(", "glob(", "shuffle(", "sort(", "tag(")
-
-
-def _has_top_level_comma(value: str) -> bool:
-    depth, quote = 0, ""
-    for ch in value:
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            return True
-    return False
-
-
 def swept_keys(argv: list[str]) -> list[str]:
     """The keys a `-m` command line sweeps over: heads=1,2,4 or seed=range(3) -> [heads, seed]."""
-    keys = []
-    for arg in argv:
-        if "=" not in arg or arg.startswith("-"):
-            continue
-        key, value = arg.split("=", 1)
-        key = key.lstrip("+~")
-        if key.startswith(("hydra.", "hydra/")):
-            continue
-        if _has_top_level_comma(value) or value.startswith(_SWEEP_FUNCTIONS):
-            keys.append(key)
-    return keys
+    args = [a for a in quote_values(argv) if "=" in a and not a.startswith(("-", "hydra"))]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except HydraException:
+        return []
+    return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
 
 
 def record_swept_keys(argv: list[str]) -> None:
@@ -121,94 +92,39 @@ def record_swept_keys(argv: list[str]) -> None:
 
 
 def job_dir(task_overrides, job_num) -> str:
-    """hydra.sweep.subdir: a sweep job's folder, named by the swept settings ("heads=4"), so that
-    TensorBoard's run list reads heads=1, heads=2, ... Falls back to every override, then the
-    job number."""
+    """hydra.sweep.subdir: a sweep job's folder named by its swept settings ("heads=4"), so that
+    TensorBoard's run list reads heads=1, heads=2, ...; else every override, else the number."""
     swept = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
     overrides = [str(o) for o in task_overrides]
-    chosen = (
-        [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept] if swept else overrides
-    )
-    name = ",".join(chosen).replace("/", "_").replace(os.sep, "_")
+    if swept:
+        overrides = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept]
+    name = ",".join(overrides).replace("/", "_").replace(os.sep, "_")
     return name[:200] if name else str(job_num)
 
 
 def sweep_size(task_overrides) -> int:
     """How many jobs a `-m` command line's overrides make (heads=1,2,4,8 -> 4)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides([str(o) for o in task_overrides])
-    return len(BasicSweeper.split_arguments(parsed, None)[0])
+    return len(sweep_jobs([str(o) for o in task_overrides]))
 
 
 class ShareCores(Callback):
-    """hydra.callbacks.share_cores in conf/config.yaml: before a parallel sweep on one machine
-    (`hydra/launcher=joblib`) starts its jobs, give each job its share of the cores: the cores
-    divided by the jobs that run at once, written into OMP_NUM_THREADS, which the launcher's worker
-    processes inherit (and `threads=auto` then takes; see microgpt/threads.py). An OMP_NUM_THREADS
-    the user set stays. Other launchers run one job at a time here, or on machines of their own."""
+    """hydra.callbacks.share_cores: before a parallel sweep on one machine (hydra/launcher=joblib)
+    starts, give each job its share of the cores in OMP_NUM_THREADS, which the workers inherit
+    (and threads=auto takes). An OMP_NUM_THREADS the user set stays."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         launcher = config.hydra.launcher
         if "joblib" not in str(launcher.get("_target_", "")) or env_threads(os.environ):
             return
         cores = usable_cores()
-        at_once = jobs_at_once(
-            int(launcher.get("n_jobs") or -1), sweep_size(config.hydra.overrides.task), cores
-        )
+        jobs = sweep_size(config.hydra.overrides.task)
+        at_once = jobs_at_once(int(launcher.get("n_jobs") or -1), jobs, cores)
         os.environ[THREADS_ENV] = str(share(cores, at_once))
 
 
-def output_subdir(resume) -> str:
-    """hydra.output_subdir, resolved by Hydra when the run folder exists and before it writes
-    anything there but an empty train.log: the moment a new run claims its folder
-    (microgpt.runs.claim_new). The claimant writes `.hydra`; a resume, or a run refused because
-    the folder is not its own, writes a subfolder of its own, so the folder's Hydra config stays
-    byte-identical (and the refused run removes only that, see remove_debris)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        folder = Path(HydraConfig.get().runtime.output_dir)
-    except (ImportError, ValueError):
-        folder = None
-    if folder is None or not folder.is_dir():
-        return ".hydra-resume-" + _stamp() if parse_resume(resume) else ".hydra"
-    name = runs.hydra_subdir(folder)
-    if name is not None:  # Hydra may ask more than once
-        return name
-    if parse_resume(resume):  # claimed when the run starts (runs.claim_resume)
-        name = ".hydra-resume-" + _stamp()
-        runs.note_hydra_subdir(folder, name, fresh=runs.new_run_error(folder) is None)
-        return name
-    try:
-        runs.claim_new(folder)
-        name = ".hydra"
-    except runs.RunFolderError:  # refused when the run starts; writes beside the owner's
-        name = ".hydra-" + _stamp()
-    runs.note_hydra_subdir(folder, name)
-    return name
-
-
-def _stamp() -> str:
-    return time.strftime("%Y-%m-%d_%H-%M-%S") + f"-{os.getpid()}"
-
-
-RESOLVERS.update(
-    microgpt_run_dir=run_dir, microgpt_output_subdir=output_subdir, microgpt_job_dir=job_dir
-)
-
-
-# ----------------------------------------------------------------------------- processes and errors
-
-
-# Under torchrun every rank runs @hydra.main in the one run folder. Ranks other than 0 write
-# nothing there: no .hydra/ copy of the config, no train.log (console only, warnings and errors).
-OTHER_RANK_OVERRIDES = (
-    "hydra.output_subdir=null",
-    "hydra/job_logging=stdout",
-    "hydra.job_logging.root.level=WARNING",
-)
+# Under torchrun every rank runs @hydra.main in the one run folder; ranks other than 0 write
+# nothing there (no train.log: console only, warnings and errors).
+OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.level=WARNING")
 
 
 def quiet_other_ranks(argv: list[str]) -> None:
@@ -219,34 +135,28 @@ def quiet_other_ranks(argv: list[str]) -> None:
     argv += [o for o in OTHER_RANK_OVERRIDES if o.split("=", 1)[0] not in taken]
 
 
+# ----------------------------------------------------------------------------- errors
+
+
 @contextlib.contextmanager
 def user_errors():
-    """Bad settings, data or checkpoints end the program with a one-line message, not a traceback.
-    A run that stops before its first checkpoint leaves no folder behind (see remove_debris)."""
+    """Bad settings, data, checkpoints or folders end the program with one line, exit 2, not a
+    traceback; a signal with one line, exit 128 + its number. A run that stops before its first
+    checkpoint leaves no folder behind (remove_debris)."""
     try:
         yield
     except Interrupted as e:
-        print(
-            f"microgpt: {e}\nmicrogpt: resume with: {resume_command(e.checkpoint)}", file=sys.stderr
-        )
+        print(f"microgpt: {e}\nmicrogpt: resume with: {resume_command(e.checkpoint)}",
+              file=sys.stderr)  # fmt: skip
         sys.exit(130)
-    except (
-        ConfigError,
-        DataError,
-        CheckpointError,
-        SamplingError,
-        TrainingError,
-        runs.RunFolderError,
-        OutputRefused,
-        OSError,
-    ) as e:
-        removed = remove_debris(keep_failed_runs=isinstance(e, TrainingError))
+    except (UserError, TrainingError, OSError) as e:
+        removed = remove_debris()
         note = f" (removed the unused run folder {removed})" if removed else ""
-        print_error(f"{os_error_line(e) if isinstance(e, OSError) else e}{note}")
+        print_error(f"{error_line(e)}{note}")
         sys.exit(2)
     except KeyboardInterrupt as e:  # args: (signal name, what happened), either may be missing
         signame = e.args[0] if e.args else "SIGINT"
-        removed = remove_debris(keep_failed_runs=False)
+        removed = remove_debris()
         if len(e.args) > 1:
             what = e.args[1]
         elif removed:
@@ -261,54 +171,25 @@ def user_errors():
         sys.exit(128 + code)
 
 
-class Progress:
-    """`microgpt: sampled 3,000 of 10,000 (30%)` on stderr, at most once a second and at the end,
-    for work that takes more than one step."""
-
-    def __init__(self, what: str, every: float = 1.0):
-        self.what, self.every, self.last, self.calls = what, every, -math.inf, 0
-
-    def __call__(self, done: int, total: int) -> None:
-        self.calls += 1
-        now = time.monotonic()
-        if done >= total and self.calls == 1:  # done in one step: nothing to show
-            return
-        if done < total and now - self.last < self.every:
-            return
-        self.last = now
-        print(f"microgpt: {self.what} {done:,} of {total:,} ({100 * done // total}%)",
-              file=sys.stderr, flush=True)  # fmt: skip
-
-
-def os_error_line(e: OSError) -> str:
-    """An operating-system failure in one line: what failed, on which file, and what to check."""
-    where = f" {e.filename}" if e.filename else ""
-    also = f" -> {e.filename2}" if getattr(e, "filename2", None) else ""
-    reason = e.strerror or str(e).splitlines()[0] if str(e) else type(e).__name__
-    return (
-        f"cannot use{where}{also}: {reason}; check that the path exists, is readable (and "
-        f"writable, for a run folder or out=) and that its disk has space"
-    )
-
-
 def resume_command(checkpoint) -> str:
     """The short command that continues a run: the checkpoint holds every setting."""
     return shlex.join(["python", Path(sys.argv[0]).name, f"resume={checkpoint}"])
 
 
-# ----------------------------------------------------------------------------- no debris
-
-
-def remove_debris(keep_failed_runs: bool = False) -> str | None:
-    """After an error, remove what this process wrote into run folders that hold no checkpoint
-    (microgpt.runs.discard: a folder it claimed empty, whole; else its Hydra subfolder alone).
-    Returns the removed run folder, if any."""
-    return runs.discard(keep_failed_runs, before_removing=_close_log_files)
+def remove_debris() -> str | None:
+    """After an error, remove the run folder this process claimed or Hydra made for it, when it
+    holds no checkpoint (microgpt.runs.discard). Returns the removed run folder, if any."""
+    made_for = None
+    with contextlib.suppress(ValueError):  # no Hydra run here (tests, other commands)
+        hydra = HydraConfig.get()
+        if hydra.job.config_name == "config":
+            made_for = hydra.runtime.output_dir
+    if made_for is not None and Path(made_for).resolve() == Path.cwd().resolve():
+        made_for = None
+    return runs.discard(_close_log_files, made_for)
 
 
 def _close_log_files(folder: Path) -> None:
-    import logging
-
     for logger in (logging.getLogger(), *logging.Logger.manager.loggerDict.values()):
         for h in list(getattr(logger, "handlers", [])):
             name = getattr(h, "baseFilename", None)
@@ -334,7 +215,7 @@ def startup_signals() -> None:
 def resume_settings(cfg: DictConfig) -> DictConfig:
     """A resume takes every setting from the checkpoint it continues (its train_config); settings
     given on the command line replace the checkpoint's, and the trainer refuses those that may not
-    change (checkpoint.RESUMABLE_CHANGES), naming them. resume=<run folder> means its last.pt."""
+    change (checkpoint.RESUMABLE_CHANGES). resume=<run folder> means its last.pt."""
     resume = parse_resume(cfg.get("resume"))
     if not resume:
         return cfg
@@ -346,13 +227,8 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
     legacy = saved.get("log") if isinstance(saved.get("log"), dict) else {}
     if "entropy_items" in legacy:  # log.head_items' name in checkpoints before issue 22
         legacy.setdefault("head_items", legacy.pop("entropy_items"))
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        task = list(HydraConfig.get().overrides.task)
-    except ValueError:
-        task = []
     merged = OmegaConf.create(saved)
+    task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     for override in task:
         key = override.split("=", 1)[0].lstrip("+~")
         if key.startswith("hydra") or key in ("resume", "out_dir"):
@@ -369,26 +245,17 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
 
 
 def quote_values(argv: list[str]) -> list[str]:
-    """key=value arguments whose value holds '=' (a sweep job's folder, multirun/<d>/<t>/heads=4)
-    with the value quoted: Hydra's override grammar refuses an unquoted '=' in a value. Values
-    already quoted, and lists, dicts and interpolations, are left as typed."""
+    """key=value arguments whose value holds '=' (run=multirun/<d>/<t>/heads=4) with the value
+    quoted, as Hydra's grammar needs; quoted values, lists, dicts and interpolations as typed."""
     out = []
     for arg in argv:
         key, eq, value = arg.partition("=")
-        if (
-            not eq
-            or arg.startswith("-")
-            or "=" not in value
-            or value[:1] in ("'", '"', "[", "{")
-            or "${" in value
-        ):
+        typed = value[:1] in ("'", '"', "[", "{") or "${" in value
+        if not eq or arg.startswith("-") or "=" not in value or typed:
             out.append(arg)
-        elif "'" not in value:
-            out.append(f"{key}='{value}'")
-        elif '"' not in value:
-            out.append(f'{key}="{value}"')
         else:
-            out.append(arg)  # both quotes: Hydra says what it cannot read
+            quote = next((q for q in ("'", '"') if q not in value), "")
+            out.append(f"{key}={quote}{value}{quote}")  # both quotes: Hydra says what it can't read
     return out
 
 
@@ -397,5 +264,5 @@ def main(hydra_main, conf_dir: Path, config_name: str) -> None:
     sys.argv[1:] = quote_values(sys.argv[1:])
     check_command_line(sys.argv[1:], conf_dir, config_name)
     startup_signals()
-    with user_errors():  # a signal while Hydra writes its files, before main's own user_errors
+    with user_errors():  # a signal while Hydra starts, before main's own user_errors
         hydra_main()

@@ -2,28 +2,23 @@
 
     python -m microgpt.compare multirun/2026-05-01/12-00-00 [--plot val_loss.png]
 
-Finds every run folder under the given folder (a folder holding `config.yaml` and TensorBoard
-event files, as `python train.py -m heads=1,2,4,8` writes them), reads its event files, config
-and checkpoint, and prints one row per run, sorted by head count:
+Reads every run folder under the given folder (as `python train.py -m heads=1,2,4,8` writes
+them: config, metrics, checkpoint) and prints one row per run, sorted by head count:
 
     run      heads  params  best val  test   tok/s  entropy L0  L1
     heads=1      1  204,544   2.0712  2.0801  91.2k       0.93  1.10
 
-- best val: the lowest `loss/val`; test: `loss/test` (the best checkpoint's weights)
-- tok/s: the median of the logged `tokens_per_sec` (training throughput over all ranks)
-- entropy: each layer's attention entropy (nats) at the last logged step, the mean over its heads
-- prunable: heads that can be removed together for a validation loss rise < 0.01 nats;
-  importance: each layer's largest single-head importance (the loss rise when it is ablated);
-  induction: the best prefix-matching score of any head on repeated random spans; repeat gain:
-  the loss on the first copy minus the loss on the repeat (nats); copying: the most copying
-  layer-0 head's OV score; named: heads with a role; then how many heads have each role that
-  some run has (mixed always; microgpt.heads.analyse). From the
-  analysis of the checkpoint the row reports (best.pt, else last.pt), where `python -m
-  microgpt.heads RUN` wrote one (heads-best.json: the whole validation split), else from the
-  last `heads/...` scalars the run logged (its first log.head_items validation items)
+- best val: the lowest `loss/val`; test: `loss/test` (the best checkpoint's weights);
+  tok/s: the median logged `tokens_per_sec`; entropy: each layer's mean attention entropy
+  (nats) at the last logged step
+- prunable: heads removable together for a validation loss rise < 0.01 nats; importance: each
+  layer's largest single-head loss rise; induction: the best prefix-matching score on repeated
+  spans; repeat gain: first copy's loss - the repeat's; copying: the most copying layer-0 head's
+  OV score; named: heads with a role; then the count of each role some run has (mixed always).
+  From `python -m microgpt.heads RUN`'s analysis of the row's checkpoint (best.pt, else
+  last.pt) where there is one, else the last `heads/...` scalars the run logged.
 
-It also draws the validation loss curves, one per run labelled by head count, into a PNG
-(`<folder>/val_loss.png` unless --plot says where), with microgpt.viz.plot.
+It also draws the validation loss curves, one per run, into `<folder>/val_loss.png` (--plot).
 """
 
 from __future__ import annotations
@@ -44,8 +39,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import runs
-from microgpt.errors import print_error
-from microgpt.files import OutputRefused, check_new_file
+from microgpt.errors import UserError, print_error
+from microgpt.files import check_new_file
 from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.train.checkpoint import CheckpointError, load_checkpoint
@@ -54,14 +49,14 @@ from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)
 SUMMARY_COLUMNS = {
-    "induction max": ("induction_max", ".2f"),  # the best prefix-matching score of any head
-    "repeat gain": ("repeat_loss_gain", ".3f"),  # first copy's loss - the repeat's, nats
-    "copying max": ("copying_max", ".2f"),  # the most copying layer-0 head's score
-    "named": ("named", ".0f"),  # heads with a role other than mixed
+    "induction max": ("induction_max", ".2f"),
+    "repeat gain": ("repeat_loss_gain", ".3f"),
+    "copying max": ("copying_max", ".2f"),
+    "named": ("named", ".0f"),
 }
 
 
-class CompareError(ValueError):
+class CompareError(UserError):
     """Nothing to compare (no such folder, no runs in it); the message says what was expected."""
 
 
@@ -113,8 +108,7 @@ class RunSummary:
 
 
 def find_runs(folder: str | Path) -> list[Path]:
-    """Every run folder at or under `folder` that has logged something (microgpt.runs.find_runs);
-    none: a CompareError saying what a run folder holds."""
+    """Every run folder at or under `folder` that has logged something (runs.find_runs)."""
     try:
         return [run.path for run in runs.find_runs(folder)]
     except runs.RunFolderError as e:
@@ -122,8 +116,7 @@ def find_runs(folder: str | Path) -> list[Path]:
 
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
-    """{tag: [(step, value), ...]}: from the run's metrics.jsonl when it has one (fast), else
-    from its TensorBoard event files."""
+    """{tag: [(step, value), ...]}: from metrics.jsonl (fast), else the event files."""
     if (run / METRICS_FILE).is_file():
         out: dict[str, list[tuple[int, float]]] = {}
         for i, line in enumerate(read_metrics(run / METRICS_FILE), 1):
@@ -145,8 +138,7 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def _from_checkpoint(run: Path) -> tuple[int | None, str]:
-    """The parameters of the model in the run's checkpoint (tied weights counted once) and the
-    data it was trained on ("path #hash of the split's items"), if there is a checkpoint."""
+    """The checkpoint's parameter count (tied weights once) and data ("path #hash of the split")."""
     folder = RunFolder(run)
     problems = []
     for path in (folder.best, folder.last):
@@ -176,9 +168,10 @@ def read_run(run: Path, root: Path) -> RunSummary:
     heads = OmegaConf.select(cfg, "model.n_head")
     kv_heads = OmegaConf.select(cfg, "model.n_kv_head")
     scalars = _scalars(run)
-    name = str(run.relative_to(root)) if run != root else run.name
     params, data = _from_checkpoint(run)
-    summary = RunSummary(name, run, heads=heads, kv_heads=kv_heads, params=params, data=data)
+    summary = RunSummary(
+        _name(run, root), run, heads=heads, kv_heads=kv_heads, params=params, data=data
+    )
     summary.val_curve = sorted(scalars.get("loss/val", []))
     if summary.val_curve:
         summary.best_val_loss = min(v for _, v in summary.val_curve)
@@ -196,9 +189,12 @@ def read_run(run: Path, root: Path) -> RunSummary:
     return summary
 
 
+def _name(run: Path, root: Path) -> str:
+    return str(run.relative_to(root)) if run != root else run.name
+
+
 def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
-    """The run's head summaries: the analysis of the checkpoint the row reports (best.pt, else
-    last.pt) when there is one, else the last logged scalars."""
+    """The analysis of the row's checkpoint (best.pt, else last.pt), else the logged scalars."""
     folder = RunFolder(run)
     checkpoint = folder.default_checkpoint()
     path = folder.analysis(checkpoint) if checkpoint is not None else None
@@ -224,15 +220,14 @@ UNREADABLE = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSE
 
 
 def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
-    """(every run under `folder` that can be read, sorted by head count then name; (name, why)
-    for each that cannot: a broken config.yaml, metrics.jsonl or checkpoint)."""
+    """(the runs that can be read, sorted by head count then name; (name, why) for the others)."""
     root = Path(folder)
     runs, unreadable = [], []
     for run in find_runs(root):
         try:
             runs.append(read_run(run, root))
         except (*UNREADABLE, OmegaConfBaseException, yaml.YAMLError) as e:
-            name = str(run.relative_to(root)) if run != root else run.name
+            name = _name(run, root)
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if isinstance(e, (OmegaConfBaseException, yaml.YAMLError)):
                 why = f"config.yaml: {why}"
@@ -256,6 +251,10 @@ def _rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
+def _pad(values: list, n: int) -> list:
+    return values + [None] * (n - len(values))
+
+
 def _layer_header(name: str, n: int) -> list[str]:
     return [f"{name} L{i}" if i == 0 else f"L{i}" for i in range(n)]
 
@@ -266,27 +265,20 @@ def format_table(runs: list[RunSummary]) -> str:
     n_imp = max((len(r.importance_max) for r in runs), default=0)
     header = ["run", "heads", "params", "best val", "test", "tok/s"]
     header += _layer_header("entropy", n_layers)
-    # the roles some run has (mixed always): 18 columns of zeros would hide the ones that count
-    roles = [
-        role
-        for role in ROLES
-        if role == "mixed" or any(r.role_counts[role] > 0 for r in runs)  # nan > 0 is False
-    ]
+    # the roles some run has (mixed always; nan > 0 is False): 18 columns of zeros would hide the
+    # ones that count
+    roles = [x for x in ROLES if x == "mixed" or any(r.role_counts[x] > 0 for r in runs)]
     header += ["prunable", *_layer_header("importance", n_imp), *SUMMARY_COLUMNS, *roles]
     rows = [_row(r, n_layers, n_imp, roles) for r in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = []
-    for row in [header, *rows]:
-        cells = [
-            str(c).ljust(w) if i == 0 else str(c).rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths))
-        ]
+    for first, *rest in [header, *rows]:
+        cells = [str(first).ljust(widths[0]), *(str(c).rjust(w) for c, w in zip(rest, widths[1:]))]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines + _lowest_val_loss(runs))
 
 
 def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str]:
-    """One run's cells, in format_table's columns ("-" where the run has no value)."""
     kv = f"/{r.kv_heads}kv" if r.kv_heads not in (None, r.heads) else ""
     row = [
         r.name,
@@ -296,17 +288,16 @@ def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str
         _num(r.test_loss),
         _rate(r.tokens_per_sec),
     ]
-    row += [_num(r.entropy[i], ".3f") if i < len(r.entropy) else "-" for i in range(n_layers)]
+    row += [_num(x, ".3f") for x in _pad(r.entropy, n_layers)]
     row.append(_num(r.prunable, ".0f"))
-    imp = r.importance_max
-    row += [_num(imp[i], ".4f") if i < len(imp) else "-" for i in range(n_imp)]
+    row += [_num(x, ".4f") for x in _pad(r.importance_max, n_imp)]
     row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
     row += [_num(r.role_counts[role], ".0f") for role in roles]
     return row
 
 
 def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
-    """The run with the lowest validation loss, per data set: losses on different data differ."""
+    # per data set: losses on different data do not compare
     groups: dict[str, list[RunSummary]] = {}
     for r in runs:
         groups.setdefault(r.data, []).append(r)
@@ -355,12 +346,19 @@ def plot_val_curves(runs: list[RunSummary], path: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    doc = __doc__.split("\n\n")[0]
-    parser = argparse.ArgumentParser(prog="python -m microgpt.compare", description=doc)
-    parser.add_argument("folder", help="a sweep (multirun/<date>/<time>) or a folder of runs")
-    parser.add_argument("--plot", help="the validation loss PNG to write (FOLDER/val_loss.png)")
+    parser = argparse.ArgumentParser(
+        prog="python -m microgpt.compare", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "folder", help="a sweep folder (multirun/<date>/<time>) or any folder holding runs"
+    )
+    parser.add_argument(
+        "--plot", help="where to write the validation loss PNG (default: FOLDER/val_loss.png)"
+    )
     parser.add_argument("--no-plot", action="store_true", help="print the table only")
-    parser.add_argument("--overwrite", action="store_true", help="let --plot replace a file")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="let --plot replace an existing file"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_interrupt)  # as cli.startup_signals: one line, not death
     try:
@@ -379,9 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         if plot is not None:
             out = plot_val_curves(runs, plot)
             print(f"validation loss curves: {out}")
-    except (CompareError, OutputRefused, OSError) as e:
-        where = getattr(e, "filename", None) or args.folder
-        print_error(f"cannot use {where}: {e.strerror or e}" if isinstance(e, OSError) else e)
+    except (UserError, OSError) as e:
+        print_error(e)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM: the plot is written whole or not at all
         name = e.args[0] if e.args else "SIGINT"

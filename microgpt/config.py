@@ -25,7 +25,7 @@ from microgpt import system
 from microgpt.data.dataset import FORMATS
 from microgpt.data.repeats import check_repeats
 from microgpt.data.text import DEFAULT_BLOCK_SIZE as TEXT_BLOCK_SIZE
-from microgpt.errors import SamplingError
+from microgpt.errors import SamplingError, UserError
 from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
 from microgpt.sample.report import check_max_new
@@ -37,7 +37,7 @@ MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (s
 SAMPLES_PER_SECOND = 5_000  # small model, batched: 1,000 names in 0.165 s (docs/benchmarks.md)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A bad setting; the message names it and what would be valid."""
 
 

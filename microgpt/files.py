@@ -12,18 +12,18 @@ import os
 import tempfile
 from pathlib import Path
 
+from microgpt.errors import UserError
+
+RUN_FILE = "run.json"  # a run's claim (microgpt.runs)
+CHECKPOINTS = "checkpoints"
+
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", replace: bool = True):
-    """Yield a file to write; on success it replaces `path` in one step; on error `path` is intact.
-
-    A symlink is followed (its target is replaced, the link stays); a path that exists and is not
-    a regular file (a device, a FIFO) is refused with OSError. The data go to a temporary file
-    in the same folder, which is flushed and fsynced, then moved
-    over `path` with os.replace: a process killed at any moment leaves the old file whole.
-    replace=False creates `path` or fails with FileExistsError: the temporary file is linked to
-    `path` (one step that never replaces), so a file made meanwhile by another process is kept.
-    """
+    """Yield a file to write: a temporary file in the same folder, flushed, fsynced, then moved
+    over `path` in one step, so a process killed at any moment leaves the old file whole. A
+    symlink is followed; a device or FIFO is refused (OSError). replace=False creates `path` or
+    fails with FileExistsError (a link, which never replaces a file made meanwhile)."""
     path = Path(os.path.realpath(path))  # a symlink is followed: its target is written, it stays
     if path.exists() and not path.is_file():  # a device, FIFO, socket: never replaced by a file
         raise OSError(errno.EINVAL, "not a regular file", str(path))
@@ -74,8 +74,9 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    with atomic_write(path, "w") as f:
+def write_text(path: str | os.PathLike, text: str, replace: bool = True) -> Path:
+    """Write `text` to `path` atomically; replace=False: as a new file, or FileExistsError."""
+    with atomic_write(Path(path).expanduser(), "w", replace=replace) as f:
         f.write(text)
     return Path(path)
 
@@ -105,24 +106,21 @@ STDOUT = "-"  # out=- : standard output, asked for by name (never /dev/stdout, w
 SYSTEM_ROOTS = ("/dev", "/proc", "/sys")  # devices and the kernel's files: never an output
 
 
-class OutputRefused(ValueError):
+class OutputRefused(UserError):
     """A user-named output path that would replace or damage something; the message says why."""
 
 
 def is_run_folder(folder: str | os.PathLike) -> bool:
-    """A folder a run wrote: its claim (run.json, microgpt.runs), Hydra's .hydra/config.yaml, or
-    (a run from before claims) a checkpoints/ folder beside a config.yaml."""
-    folder = Path(folder)
-    if (folder / "run.json").is_file() or (folder / ".hydra" / "config.yaml").is_file():
-        return True
-    return (folder / "checkpoints").is_dir() and (folder / "config.yaml").is_file()
+    """THE rule for "is this a run folder?": its claim (run.json), or (a run from before claims)
+    a checkpoints/ folder."""
+    return (Path(folder) / RUN_FILE).exists() or (Path(folder) / CHECKPOINTS).is_dir()
 
 
 def run_folder_of(path: str | os.PathLike) -> Path | None:
-    """The run folder that holds `path` (at any depth; `path`'s own folder counts when it is a
-    checkpoints/ or .hydra*/ folder), or None."""
+    """The run folder that holds `path` at any depth (a checkpoints/ or .hydra*/ folder's parent
+    counts), or None."""
     path = Path(path)
-    if path.parent.name == "checkpoints" or path.parent.name.startswith(".hydra"):
+    if path.parent.name == CHECKPOINTS or path.parent.name.startswith(".hydra"):
         return path.parent.parent
     return next((folder for folder in path.parents if is_run_folder(folder)), None)
 
@@ -185,11 +183,3 @@ def check_new_file(
                 f"replace it, or name a new file"
             )
     return target
-
-
-def create_text(path: str | os.PathLike, text: str, overwrite: bool = False) -> Path:
-    """Write `text` to `path` atomically, as a new file (FileExistsError if one appeared since it
-    was checked) or, with overwrite=True, replacing the file there."""
-    with atomic_write(path, "w", replace=overwrite) as f:
-        f.write(text)
-    return Path(path)

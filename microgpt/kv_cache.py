@@ -24,56 +24,41 @@ class KVCache:
         shape = (batch_size, n_kv_head, block_size, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.batch_size = batch_size
-        self.block_size = block_size
-        self.pos = 0  # how many positions are filled, the same for every layer
+        self.batch_size, self.block_size = batch_size, block_size
+        # how many positions are filled, the same for every layer
+        self.pos = 0
 
     @classmethod
     def for_model(cls, model, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
         """A cache sized for `model` (a GPT), on the model's device."""
-        c = model.config
-        p = next(model.parameters())
-        return cls(
-            batch_size,
-            c.n_layer,
-            c.n_kv_head,
-            c.block_size,
-            c.head_dim,
-            device=p.device,
-            dtype=dtype or p.dtype,
-        )
+        c, p = model.config, next(model.parameters())
+        sizes = (batch_size, c.n_layer, c.n_kv_head, c.block_size, c.head_dim)
+        return cls(*sizes, device=p.device, dtype=dtype or p.dtype)
 
-    def update(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, n_kv_head, T, hd) at the current position; return all keys and values."""
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v (B, n_kv_head, T, hd) at the current position; return all keys and values
+        so far, (B, n_kv_head, pos + T, hd) each."""
         t = k.size(2)
         end = self.pos + t
         if end > self.block_size:
-            raise ValueError(
-                f"KV cache is full: position {self.pos} + {t} new tokens > block_size "
-                f"{self.block_size}"
-            )
+            msg = f"position {self.pos} + {t} new tokens > block_size {self.block_size}"
+            raise ValueError(f"KV cache is full: {msg}")
         self.k[layer][:, :, self.pos : end] = k
         self.v[layer][:, :, self.pos : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, n_kv_head, pos+T, hd)
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
     def advance(self, t: int) -> None:
-        """Move the position on by t, after every layer has written its keys and values."""
+        """After every layer has written its keys and values."""
         self.pos += t
 
     def reset(self) -> None:
-        """Start again at position 0 (the buffers are reused, not reallocated)."""
+        """Back to position 0, the buffers reused."""
         self.pos = 0
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the key and value buffers of every layer, in bytes."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
     def __repr__(self) -> str:
-        k = self.k[0]
-        return (
-            f"KVCache(layers={len(self.k)}, shape={tuple(k.shape)}, pos={self.pos}, "
-            f"nbytes={self.nbytes})"
-        )
+        shape = tuple(self.k[0].shape)
+        return f"KVCache(layers={len(self.k)}, {shape=}, pos={self.pos}, nbytes={self.nbytes})"

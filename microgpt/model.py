@@ -27,7 +27,7 @@ ACTIVATIONS = ("gelu", "relu")
 
 @dataclass
 class GPTConfig:
-    """The architecture, checked on construction (by check_gpt_settings, at the end of the file)."""
+    """The architecture, checked on construction (check_gpt_settings, at the end of the file)."""
 
     vocab_size: int | None = 27  # characters + the boundary token (None: from the data)
     block_size: int | None = 16  # the longest sequence: longest item + 1 (None: from the data)
@@ -68,8 +68,7 @@ class MultiHeadAttention(nn.Module):
         # query heads per key/value head
         self.group = config.n_head // config.n_kv_head
         self.kv_dim = config.n_kv_head * config.head_dim
-        self.impl = config.attn_impl
-        self.dropout = config.dropout
+        self.impl, self.dropout = config.attn_impl, config.dropout
         # Q, K and V in one matmul: columns [0, C) are Q, then kv_dim of K, then kv_dim of V
         self.qkv = nn.Linear(config.n_embd, config.n_embd + 2 * self.kv_dim, bias=config.bias)
         # W_O: mixes the heads
@@ -80,11 +79,8 @@ class MultiHeadAttention(nn.Module):
         self.hook_z = nn.Identity()
 
     def forward(self, x, kv_cache: KVCache | None = None, layer=0, mask=None, return_attn=False):
-        """x (B, T, C) -> (y (B, T, C), the attention weights (B, H, T, Tk) or None).
-
-        mask (T, Tk): the keys each query may see (built here if None); the weights come back
-        only with return_attn (sdpa computes them on a side path, for looking at only).
-        """
+        """x (B, T, C) -> (y (B, T, C), weights (B, H, T, Tk) if return_attn else None); mask
+        (T, Tk): the keys each query may see (built here if None)."""
         B, T, C = x.shape
         # the absolute position of x[:, 0]
         pos = kv_cache.pos if kv_cache is not None else 0
@@ -116,8 +112,8 @@ class MultiHeadAttention(nn.Module):
         return y, (att if return_attn else None)
 
     def _loop(self, q, k, v, mask, kv_cache, layer):
-        """The textbook version: each head slices its channels and attends.
-        q (B, T, C), k and v (B, T, kv_dim) -> z (B, T, H, hd), weights (B, H, T, Tk)."""
+        """The textbook version, each head slicing its channels: q (B, T, C), k and v
+        (B, T, kv_dim) -> z (B, T, H, hd), weights (B, H, T, Tk)."""
         B, T, _ = q.shape
         hd = self.head_dim
         if kv_cache is not None:
@@ -145,8 +141,8 @@ class MultiHeadAttention(nn.Module):
         return torch.stack(outputs, dim=2), torch.stack(weights, dim=1)
 
     def _attention_weights(self, q, k, mask):
-        """softmax(q k^T / sqrt(hd)) over the keys each query may see.
-        q (B, H, T, hd), k (B, Hkv, Tk, hd) -> (B, H, T, Tk)."""
+        """softmax(q k^T / sqrt(hd)) over the visible keys: q (B, H, T, hd), k (B, Hkv, Tk, hd)
+        -> (B, H, T, Tk)."""
         if self.group > 1:
             # (B, Hkv, Tk, hd) -> (B, H, Tk, hd)
             k = k.repeat_interleave(self.group, dim=1)
@@ -176,18 +172,16 @@ class MultiHeadAttention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal, enable_gqa=gqa
         )
-        att = None
-        if return_attn:
-            # sdpa returns no weights: compute them on a side path, for looking at only
-            with torch.no_grad():
-                att = self._attention_weights(q, k, mask)
-        return y, att
+        if not return_attn:
+            return y, None
+        # sdpa returns no weights: compute them on a side path, for looking at only
+        with torch.no_grad():
+            return y, self._attention_weights(q, k, mask)
 
 
 def causal_mask(impl: str, return_attn: bool, pos: int, T: int, device=None):
-    """(T, pos + T) booleans for T queries after `pos` cached keys, query i sees key j <= pos + i;
-    None where `impl` needs none: sdpa (its own causal flag) without a cached prefix or for one
-    new token after it, unless the weights are asked for."""
+    """(T, pos + T) booleans, query i sees key j <= pos + i; None where sdpa's own causal flag
+    serves (no cached prefix, or one new token after it) and no weights are asked for."""
     if impl == "sdpa" and not return_attn and (pos == 0 or T == 1):
         return None
     return torch.ones(T, pos + T, dtype=torch.bool, device=device).tril(diagonal=pos)
@@ -206,20 +200,10 @@ class MLP(nn.Module):
         return self.drop(self.proj(self.act(self.fc(x))))
 
 
-class RMSNorm(nn.Module):
-    """x / rms(x), with no learned gain (as in microgpt.py)."""
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.dim, self.eps = dim, eps
-
-    def forward(self, x):
-        return F.rms_norm(x, (self.dim,), eps=self.eps)
-
-
 def make_norm(config: GPTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
-        return RMSNorm(config.n_embd)
+        # x / rms(x), with no learned gain (as in microgpt.py)
+        return nn.RMSNorm(config.n_embd, eps=1e-5, elementwise_affine=False)
     return nn.LayerNorm(config.n_embd, bias=config.bias)
 
 
@@ -238,7 +222,7 @@ class Block(nn.Module):
             self.norm2 = self.mlp = None
 
     def forward(self, x, kv_cache=None, layer=0, mask=None, return_attn=False):
-        """x (B, T, C) -> (x (B, T, C), the attention weights or None), as MultiHeadAttention."""
+        # x (B, T, C) -> (x (B, T, C), the attention weights or None)
         a, att = self.attn(self.norm1(x), kv_cache, layer, mask, return_attn)
         x = x + a
         if self.mlp is not None:
@@ -280,21 +264,16 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, kv_cache: KVCache | None = None):
-        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None).
-
-        loss is the mean cross-entropy over the targets that are not -1. With a kv_cache, idx holds
-        the tokens after the cache's position; the cache advances by T.
-        """
+        """idx (B, T) -> (logits (B, T, vocab), the mean cross-entropy over targets != -1 or None).
+        With a kv_cache, idx holds the tokens after its position; the cache advances by T."""
         logits, loss, _ = self._run(idx, targets, kv_cache, return_attn=False)
         return logits, loss
 
     def forward_with_attention(self, idx, targets=None, kv_cache: KVCache | None = None):
-        """forward, plus each layer's attention weights: (logits, loss, [(B, H, T, Tk)] * n_layer).
-        For looking at: with sdpa the weights are computed on a side path."""
+        """(logits, loss, each layer's attention weights [(B, H, T, Tk)] * n_layer)."""
         return self._run(idx, targets, kv_cache, return_attn=True)
 
     def _run(self, idx, targets, kv_cache, return_attn):
-        """The forward pass: (logits, loss, each layer's attention weights or None)."""
         B, T = idx.shape
         pos = kv_cache.pos if kv_cache is not None else 0
         if pos + T > self.config.block_size:
@@ -326,10 +305,8 @@ class GPT(nn.Module):
 
 
 def check_gpt_settings(values: dict, name=lambda field: field) -> None:
-    """Raise a ValueError for the first bad setting in `values` (GPTConfig's fields), naming the
-    fix: GPTConfig runs it on construction. `name(field)` is how a message names a field: the
-    field itself for library users; the config layer passes `heads` or `model.n_head`, the
-    settings a user types."""
+    """Raise a ValueError naming the fix for the first bad setting in `values` (GPTConfig's
+    fields). `name(field)` names a field in messages: the config layer passes `model.n_head`."""
     v = values
     for f in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head", "mlp_ratio"):
         # vocab_size and block_size may come from the data, n_kv_head from n_head

@@ -6,39 +6,33 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import json
 import os
 import shutil
 import sys
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import runs
-from microgpt.config import Config, ConfigError, SampleConfig, flatten, load_config, parse_resume
+from microgpt.config import Config, SampleConfig, flatten, load_config, parse_resume
 from microgpt.data.dataset import resolve_data_path
-from microgpt.errors import print_error
+from microgpt.errors import UserError, print_error
 from microgpt.files import SYSTEM_ROOTS
-from microgpt.sample.generate import SamplingError
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
-INFO_FLAGS = {
-    "-h",
-    "--help",
-    "--hydra-help",
-    "--version",
-    "-c",
-    "--cfg",
-    "-i",
-    "--info",
-    "-sc",
-    "--shell-completion",
-    "--resolve",
-    "--experimental-rerun",
-}
+INFO_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-sc",
+              "--shell-completion", "--resolve", "--experimental-rerun"}  # fmt: skip
 CONFIG_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
 FLAGS = {"-m", "--multirun", "-p", "--package", *INFO_FLAGS, *CONFIG_FLAGS}
 GROUPS = ("model", "data", "optim", "experiment")
+COMPOSE_ERRORS = (HydraException, OmegaConfBaseException)
+QUOTING = "settings are written key=value, e.g. heads=4, and a value with '=' or spaces in quotes"
 
 
 def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> None:
@@ -51,11 +45,11 @@ def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> Non
         errors = _command_line_errors(argv, conf_dir, config_name)
     except _LeaveToHydra:
         return
+    if len(errors) > 1:
+        print_error(f"{len(errors)} of the sweep's jobs have bad settings; none was started:")
+    for e in errors:
+        print_error(e)
     if errors:
-        if len(errors) > 1:
-            print_error(f"{len(errors)} of the sweep's jobs have bad settings; none was started:")
-        for e in errors:
-            print_error(e)
         sys.exit(2)
 
 
@@ -63,12 +57,21 @@ class _LeaveToHydra(Exception):
     pass
 
 
-def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """Every job of a -m command line, as Hydra's basic sweeper makes them: the product of each
+    swept setting's values (heads=1,2 seed=range(2) -> 4 jobs). HydraException if unreadable."""
+    choices = {}
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_sweep_override() and not o.is_discrete_sweep():
+            raise HydraException(f"{o.input_line}: the basic sweeper sweeps lists only")
+        key = o.get_key_element()
+        values = o.sweep_string_iterator() if o.is_sweep_override() else []
+        choices[key] = [f"{key}={v}" for v in values or [o.get_value_element_as_str()]]
+    return [list(job) for job in itertools.product(*choices.values())]
 
-    multirun = "-m" in argv or "--multirun" in argv
+
+def _overrides(argv: list[str]) -> list[str]:
+    """The key=value arguments; `--heads=4` (a flag Hydra does not know) is a UserError."""
     overrides = []
     for i, arg in enumerate(argv):
         if arg in FLAGS or arg.split("=", 1)[0] in FLAGS:
@@ -78,54 +81,69 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
             nxt = argv[i + 1] if i + 1 < len(argv) else ""
             if not value and nxt and "=" not in nxt and not nxt.startswith("-"):
                 value = nxt
-            return [f"{arg}: settings are written {name}={value or 'VALUE'}, without dashes"]
-        if i > 0 and argv[i - 1].startswith("-") and argv[i - 1] not in FLAGS:
-            continue
-        overrides.append(arg)
-    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+            value = value or "VALUE"
+            raise UserError(f"{arg}: settings are written {name}={value}, without dashes")
+        if not (i > 0 and argv[i - 1].startswith("-") and argv[i - 1] not in FLAGS):
+            overrides.append(arg)
+    return overrides
+
+
+def _parse(overrides: list[str], full_error: bool) -> list:
+    """Hydra's reading of the overrides; one that cannot be read is a UserError naming it."""
     parser = OverridesParser.create()
-    try:
-        parsed = parser.parse_overrides(overrides)
-    except HydraException:
-        if full_error:
-            raise _LeaveToHydra from None
-        for override in overrides:  # name the one that cannot be read
-            try:
-                parser.parse_overrides([override])
-            except HydraException as one:
-                e = one
-                break
-        else:
-            override = None
-        why = _first(e).replace("Error parsing override", "").strip(" '")
-        where = f"{override}: " if override else ""
-        return [
-            f"{where}cannot read the setting ({why}); settings are written key=value, e.g. "
-            f"heads=4, and a value with '=' or spaces in quotes: run='multirun/x/heads=4'"
-        ]
-    if multirun:
+    for override in overrides:  # one at a time, to name the one that cannot be read
         try:
-            jobs = BasicSweeper.split_arguments(parsed, None)[0]
-        except HydraException:
-            raise _LeaveToHydra from None
-    elif any(o.is_sweep_override() for o in parsed):
-        raise _LeaveToHydra  # Hydra says: add -m
-    else:
-        jobs = [overrides]
-    sweep_keys = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+            parser.parse_overrides([override])
+        except HydraException as e:
+            if full_error:
+                raise _LeaveToHydra from None
+            why = _first(e).replace("Error parsing override", "").strip(" '")
+            raise UserError(f"{override}: cannot read the setting ({why}); {QUOTING}: "
+                            f"run='multirun/x/heads=4'") from None  # fmt: skip
+    parsed = parser.parse_overrides(overrides)
+    for o in parsed:
+        key = o.get_key_element().lstrip("~")
+        if o.is_delete() and key not in GROUPS and not key.startswith("hydra"):
+            raise UserError(f"{o.input_line}: every setting needs a value, so none is removed; "
+                            f"set it instead ({key}=VALUE)")  # fmt: skip
+    return parsed
+
+
+def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
+    multirun = "-m" in argv or "--multirun" in argv
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    try:
+        overrides = _overrides(argv)
+        parsed = _parse(overrides, full_error)
+        swept = [o for o in parsed if o.is_sweep_override()]
+        if swept and not multirun:
+            raise UserError(
+                f"{swept[0].input_line}: a list of values is a sweep: add -m to run one job per "
+                f"value; for one value that is a list write key=[a,b], for text with a comma "
+                f"quote it: key='a,b'"
+            )
+        if multirun and config_name == "config":
+            _check_sweep_folder(overrides)
+    except UserError as e:
+        return [str(e)]
+    try:
+        jobs = sweep_jobs(overrides) if multirun else [overrides]
+    except HydraException:
+        raise _LeaveToHydra from None
+    sweep_keys = {o.get_key_element() for o in swept}
     errors, seen = [], {}
     for job in jobs:
         message, settings = _job_error(list(job), conf_dir, config_name, full_error)
-        swept = ",".join(o for o in job if o.split("=", 1)[0] in sweep_keys)
+        name = ",".join(o for o in job if o.split("=", 1)[0] in sweep_keys)
         if message:
-            errors.append(f"job {swept}: {message}" if len(jobs) > 1 else message)
+            errors.append(f"job {name}: {message}" if len(jobs) > 1 else message)
         elif settings in seen:  # two jobs that would train the same run, into one folder
             return [
-                f"jobs {seen[settings]} and {swept} are the same run (the sweep lists it twice); "
+                f"jobs {seen[settings]} and {name} are the same run (the sweep lists it twice); "
                 f"list each value once"
             ]
         elif settings is not None:
-            seen[settings] = swept
+            seen[settings] = name
     return errors
 
 
@@ -133,24 +151,20 @@ def _job_error(
     job: list[str], conf_dir: Path, config_name: str, full_error: bool
 ) -> tuple[str | None, str | None]:
     """(what is wrong with this job, or None; its validated settings as text, to find twins)."""
-    from hydra import compose, initialize_config_dir
-
-    schema, error = (
-        (SampleConfig, SamplingError) if config_name == "sample" else (Config, ConfigError)
-    )
+    schema = SampleConfig if config_name == "sample" else Config
     task = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/", "override hydra"))]
     if schema is Config and not any(o.split("=", 1)[0] == "out_dir" for o in task):
         task.append("out_dir=.")  # ${hydra:...} does not resolve under compose()
     with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
         try:
-            cfg = _compose(compose, config_name, task)
-        except _BadOverride as e:
+            cfg = compose(config_name=config_name, overrides=task)
+        except COMPOSE_ERRORS as e:
             if full_error:
                 raise _LeaveToHydra from None
             groups = [o for o in task if o.split("=", 1)[0].lstrip("+~") in GROUPS]
             try:  # the settings there are, to name the closest (composed only when needed)
-                base = _compose(compose, config_name, groups)
-            except _BadOverride:
+                base = compose(config_name=config_name, overrides=groups)
+            except COMPOSE_ERRORS:
                 base = None
             return _explain(e, task, base, conf_dir), None
     added = _added_key_error(task, schema)
@@ -158,7 +172,7 @@ def _job_error(
         return added, None
     try:
         c = load_config(cfg, schema)
-    except error as e:
+    except UserError as e:
         return str(e), None
     settings = json.dumps(dataclasses.asdict(c), sort_keys=True, default=str)
     if schema is Config:
@@ -214,28 +228,13 @@ def _data_error(c: Config, job: list[str]) -> str | None:
     return f"data.path={c.data.path}: {where} is not a regular file (a device or FIFO); {fix}"
 
 
-class _BadOverride(Exception):
-    pass
-
-
-def _compose(compose, config_name, overrides):
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        return compose(config_name=config_name, overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise _BadOverride(e) from None
-
-
 def _first(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     return lines[0] if lines else type(e).__name__
 
 
-def _explain(bad: _BadOverride, task: list[str], base, conf_dir: Path) -> str:
+def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
     """Hydra's multi-line composition error in one line: the setting, what is valid, a match."""
-    e = bad.args[0]
     known = list(flatten(OmegaConf.to_container(base, resolve=False))) if base is not None else []
     for override in task:
         key, _, value = override.partition("=")
@@ -269,28 +268,45 @@ def _explain(bad: _BadOverride, task: list[str], base, conf_dir: Path) -> str:
 
 
 def _run_folder_error(c: Config, job: list[str]) -> str | None:
-    """The run folder named on the command line, for a new run: a file, a place nothing can be
-    written, a folder holding a run, or one holding anything else (microgpt.runs.new_run_error),
-    before Hydra writes there."""
+    """For a new run, the run folder named on the command line (a file, a place nothing can be
+    written, a folder holding a run or anything else: microgpt.runs.new_run_error); for a
+    resume, a run to continue. Before Hydra writes there."""
     named = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in job if "=" in o}
-    checked = [k for k in ("hydra.run.dir", "hydra.sweep.dir") if k in named] or ["hydra.run.dir"]
-    for key in checked:  # not named: outputs/ in the working directory
-        error = _unwritable(key, named.get(key, "outputs"))
-        if error:
-            return error
+    error = _unwritable("hydra.run.dir", named.get("hydra.run.dir", "outputs"))
+    resume = parse_resume(c.resume)
+    if error or resume is True:
+        return error
+    if resume:
+        try:
+            runs.resume_checkpoint(resume, ".")
+            return None
+        except runs.RunFolderError as e:
+            return str(e)
     for key in ("hydra.run.dir", "out_dir"):
-        if key not in named or (key == "out_dir" and c.out_dir == "."):
-            continue
-        folder = Path(named[key]).expanduser()
-        if folder.exists() and not folder.is_dir():
-            return f"{key}={named[key]} is an existing file, not a folder; name a new folder"
-        # under torchrun, rank 0 checks and claims the folder and the other ranks join it: one of
-        # them checking after rank 0's claim would find "a run" there (its own)
-        if not parse_resume(c.resume) and os.environ.get("RANK", "0") == "0":
-            error = runs.new_run_error(folder)
+        # under torchrun, rank 0 checks and claims the folder and the other ranks join it
+        if key in named and (key != "out_dir" or c.out_dir != ".") and _rank() == 0:
+            error = runs.new_run_error(named[key], ours=False)
             if error:
                 return error
     return None
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _check_sweep_folder(overrides: list[str]) -> None:
+    """A sweep owns its folder too: hydra.sweep.dir, when named, must be new or empty (never a
+    run, another sweep, conf/ or the user's files), before Hydra writes multirun.yaml there."""
+    named = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "hydra.sweep.dir"]
+    folder = named[-1].strip("'\"") if named else "multirun"
+    error = _unwritable("hydra.sweep.dir", folder)
+    if not error and named and runs.RunFolder(folder).holds_run():
+        error = f"hydra.sweep.dir={folder} holds a run, never a sweep's; name a new folder"
+    if not error and named:
+        error = runs.new_run_error(folder, "a sweep", ours=False)
+    if error:
+        raise UserError(error)
 
 
 MIN_FREE = 16 * 2**20  # a run folder's disk needs room for a few checkpoints at the least

@@ -55,6 +55,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from microgpt.errors import UserError
+
 DEVICES = ("auto", "cpu", "cuda", "mps")  # the choices of every command's `device` setting
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # train.precision
 
@@ -247,18 +249,29 @@ def gib(n: float) -> str:
 THREADS_ENV = "OMP_NUM_THREADS"
 
 
-class ThreadsError(ValueError):
+class ThreadsError(UserError):
     """A bad `threads` setting; the message names it and what would be valid."""
 
 
+def max_threads() -> int:
+    """The most threads a setting may ask for: 4 per usable core, at least 64 (more only slows a
+    run down, and very many crash the OpenMP runtime)."""
+    return max(64, 4 * usable_cores())
+
+
 def check_threads(value, name: str = "threads") -> None:
-    """`auto` or a whole number >= 1; anything else raises ThreadsError naming the setting."""
+    """`auto` or a whole number from 1 to max_threads(); else ThreadsError naming the setting."""
     if value == "auto":
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ThreadsError(
             f"{name}={value!r} must be auto (the cores this process may use, shared among the "
             f"jobs running at once) or a whole number of threads >= 1"
+        )
+    if value > max_threads():
+        raise ThreadsError(
+            f"{name}={value} is more threads than this machine can use (at most {max_threads()}: "
+            f"4 per usable core); use threads=auto or a number up to {max_threads()}"
         )
 
 

@@ -7,7 +7,7 @@ predict [e, m, m, a, .].
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 BOUNDARY = "."  # how the boundary token is shown; it is not a character of the vocabulary
 BOUNDARY_ID = 0
@@ -18,8 +18,7 @@ class CharTokenizer:
 
     def __init__(self, chars: Iterable[str]):
         chars = sorted(set(chars))
-        bad = [c for c in chars if len(c) != 1]
-        if bad:
+        if bad := [c for c in chars if len(c) != 1]:
             raise ValueError(f"CharTokenizer takes single characters, got {bad!r}")
         self.chars: list[str] = chars
         self.stoi: dict[str, int] = {c: i + 1 for i, c in enumerate(chars)}
@@ -28,7 +27,6 @@ class CharTokenizer:
 
     @classmethod
     def from_items(cls, items: Iterable[str]) -> CharTokenizer:
-        """Build the vocabulary from every character that occurs in `items`."""
         return cls(set().union(*map(set, items)))
 
     @property
@@ -36,13 +34,12 @@ class CharTokenizer:
         return len(self.chars) + 1  # + the boundary token
 
     def unknown_chars(self, text: str) -> list[str]:
-        """The characters of `text` that are not in the vocabulary, in order of first appearance."""
+        """The characters of `text` not in the vocabulary, in order of first appearance."""
         return list(dict.fromkeys(c for c in text if c not in self.stoi))
 
     def check(self, text: str, what: str = "text") -> None:
         """Raise a ValueError naming every unknown character of `text` and the known ones."""
-        unknown = self.unknown_chars(text)
-        if unknown:
+        if unknown := self.unknown_chars(text):
             raise ValueError(
                 f"{what} {text!r} has characters the vocabulary does not know: "
                 f"{''.join(unknown)!r} ({', '.join(map(repr, unknown))}). "
@@ -50,11 +47,11 @@ class CharTokenizer:
             )
 
     def encode(self, text: str) -> list[int]:
-        """The ids of the characters of `text` (no boundary tokens are added)."""
+        """The ids of the characters of `text` (no boundary tokens added)."""
         self.check(text)
         return [self.stoi[c] for c in text]
 
-    def decode(self, ids: Sequence[int] | Iterable[int]) -> str:
+    def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`, up to the first boundary token (which ends an item)."""
         out = []
         for i in ids:
@@ -67,7 +64,7 @@ class CharTokenizer:
         return "".join(out)
 
     def to_dict(self) -> dict:
-        """A plain container (safe for torch.load(weights_only=True) and JSON)."""
+        # plain types: safe for torch.load(weights_only=True) and JSON
         return {"chars": "".join(self.chars), "boundary_id": self.boundary_id}
 
     @classmethod

@@ -246,12 +246,13 @@ def test_resume_takes_the_run_settings_refuses_others_and_cleans_killed_saves(wo
     assert r.returncode == 2 and "heads: 2 in the checkpoint, 4 now" in first_line(r), r.stderr
     leftover = world / "run" / "checkpoints" / ".last.pt.k1ll3d.tmp"
     leftover.write_bytes(b"half a checkpoint")
-    hydra_files = {p: p.read_bytes() for p in (world / "run" / ".hydra").iterdir()}
+    kept = {p: p.read_bytes() for p in (world / "run" / "config.yaml", world / "run" / "run.json")}
     r = run("train.py", "resume=run", "train.max_steps=6", cwd=world)  # no other setting retyped
     assert r.returncode == 0, r.stderr
     assert torch.load(world / "run" / "checkpoints" / "last.pt", weights_only=True)["step"] == 6
     assert not leftover.exists(), "the killed save's .tmp file is still there"
-    assert {p: p.read_bytes() for p in (world / "run" / ".hydra").iterdir()} == hydra_files
+    assert {p: p.read_bytes() for p in kept} == kept, "a resume rewrote the run's config or claim"
+    assert not list((world / "run").glob(".hydra*")), "Hydra wrote into the run folder"
 
 
 def test_sigterm_during_start_up_says_so_and_leaves_no_folder(tmp_path):
@@ -267,7 +268,7 @@ def test_sigterm_during_start_up_says_so_and_leaves_no_folder(tmp_path):
         text=True,
     )
     deadline = time.time() + 300  # generous: a busy machine starts slowly
-    while not (tmp_path / "run" / ".hydra").exists() and time.time() < deadline:
+    while not (tmp_path / "run" / "train.log").exists() and time.time() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)

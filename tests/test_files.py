@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from microgpt.files import OutputRefused, atomic_write, check_new_file, create_text, write_text
+from microgpt.files import OutputRefused, atomic_write, check_new_file, write_text
 
 
 def test_an_error_while_writing_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -35,15 +35,15 @@ def test_new_files_get_the_umask_mode_and_old_files_keep_theirs(tmp_path):
         os.umask(umask)
 
 
-def test_create_text_never_replaces_a_file_that_appeared_meanwhile(tmp_path):
+def test_a_new_file_never_replaces_a_file_that_appeared_meanwhile(tmp_path):
     path = tmp_path / "out.txt"
-    create_text(path, "new\n")
+    write_text(path, "new\n", replace=False)
     assert path.read_text() == "new\n"
     with pytest.raises(FileExistsError):
-        create_text(path, "other\n")
+        write_text(path, "other\n", replace=False)
     assert path.read_text() == "new\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]  # no temporary file left
-    create_text(path, "replaced\n", overwrite=True)
+    write_text(path, "replaced\n")
     assert path.read_text() == "replaced\n"
 
 

@@ -102,8 +102,10 @@ def test_every_import_points_down_the_layers():
 def test_the_core_knows_no_edge():
     g = graph()
     assert g["model"] == {"kv_cache"}
+    # the core's own rules only: the user-error type, atomic files, the run-folder rule
+    within = {"files": {"errors"}, "system": {"errors"}, "runs": {"errors", "files"}}
     for module in ("kv_cache", "tokenizer", "files", "errors", "system", "runs"):
-        assert g[module] == set(), f"{module} imports {g[module]}"
+        assert g[module] <= within.get(module, set()), f"{module} imports {g[module]}"
     edges = dict(documented_layers())["edges"]
     for module, imported in g.items():
         if module not in edges:
@@ -155,9 +157,6 @@ LONG_FUNCTIONS = {
     "heads.analyse:analyse",
     # sampling (sample/: the sampling settings checked once, in config.SampleConfig)
     "sample.command:sample_from_config",
-    # the plumbing (one typed Checkpoint, the start-up checks)
-    "startup_checks:_command_line_errors",
-    "train.checkpoint:load_checkpoint",
 }
 MAX_FUNCTION_LINES = 50
 

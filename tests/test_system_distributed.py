@@ -89,7 +89,7 @@ def test_torchrun_writes_exactly_one_run_folder(torchrun_run):
         "samples.txt",
         "checkpoints/best.pt",
         "checkpoints/last.pt",
-        ".hydra/config.yaml",
+        "run.json",
     ):
         assert (run / name).is_file(), name
     assert len(list(run.glob("events.out.tfevents.*"))) == 1  # rank 0's writer only

@@ -9,14 +9,12 @@ losses are mean nats per real target (y >= 0), each batch weighted by its target
 - mean: its output replaced by its mean over every real position of the rows;
 - position mean: its output at position t replaced by its mean at t over the rows with a real
   query there (the ablation that is fair to a positional head, whose output depends on t);
-- gradient (Michel et al. 2019): minus the derivative of the loss with respect to the head's
-  head_mask entry at 1, from one backward pass for all heads: the first-order estimate of the zero
-  ablation's rise (`head_mask` scales the output linearly, so d loss / d mask is the change the
-  head's output makes to the loss, to first order).
+- gradient (Michel et al. 2019): -d loss / d head_mask at all ones, one backward pass for every
+  head: the first-order estimate of the zero ablation's rise (the mask scales the output linearly).
 
-Every intervention (the scaled heads of the zero ablation and the gradient, the mean replacements,
-capturing the heads' outputs) is a forward hook on the model's one hook point before W_O,
-`attn.hook_z` (`hooked_heads`): it works for every attention implementation.
+Every intervention (scaling, replacing or capturing the heads' outputs) is a forward hook on the
+model's one hook point before W_O, `attn.hook_z` (`hooked_heads`), which every attention
+implementation passes.
 
 **Circuits at layer 0**, through the embeddings (Elhage et al. 2021), for each layer-0 head h
 with e_a = norm1(wte[a]) the attention's input for token a (position embeddings left out):
@@ -24,14 +22,14 @@ with e_a = norm1(wte[a]) the attention's input for token a (position embeddings 
 - QK[a, b] = (e_a W_Q^h) . (e_b W_K^h) / sqrt(hd): the score a query token a gives a key token b;
 - OV[b, c] = lm_head(W_O^h (e_b W_V^h))[c]: how much attending to token b raises the logit of
   token c, on the direct path to the output (the final norm and later layers left out);
-- copying: the share of the OV matrix's eigenvalue mass that is positive, sum(max(Re l, 0)) /
-  sum(|l|): 1 for a head whose OV circuit raises the token it reads (a copying head), about 0.5
-  for none, 0 for one that lowers it.
+- copying: the positive share of the OV matrix's eigenvalue mass, sum(max(Re l, 0)) / sum(|l|):
+  1 for a head that raises the token it reads (copying), about 0.5 for none, 0 for one lowering it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Iterator
 
@@ -54,9 +52,8 @@ def keep_all(model, device) -> Tensor:
 
 @contextlib.contextmanager
 def hooked_heads(model, hook) -> Iterator[None]:
-    """While open, each layer's head outputs z (B, T, H, hd), on their way into W_O, are replaced
-    by hook(layer, z) where it returns a tensor: a forward hook on the model's one hook point,
-    `attn.hook_z`, which every attention implementation passes. Every intervention here is one."""
+    """While open, each layer's head outputs z (B, T, H, hd) are replaced by hook(layer, z) where
+    it returns a tensor."""
     handles = [
         block.attn.hook_z.register_forward_hook(lambda _, __, z, layer=layer: hook(layer, z))
         for layer, block in enumerate(model.blocks)
@@ -75,10 +72,7 @@ def scaled_heads(model, head_mask: Tensor | None):
         return contextlib.nullcontext()
     L, H, _ = model_heads(model)
     if tuple(head_mask.shape) != (L, H):
-        raise ValueError(
-            f"head_mask has shape {tuple(head_mask.shape)}; it must be (n_layer, n_head) = "
-            f"({L}, {H})"
-        )
+        raise ValueError(f"head_mask has shape {tuple(head_mask.shape)}; it must be ({L}, {H})")
     # (L, H) -> (L, H, 1): layer l's row broadcasts over z (B, T, H, hd)
     scale = head_mask[..., None]
     return hooked_heads(model, lambda layer, z: z * scale[layer].to(z.dtype))
@@ -122,7 +116,7 @@ def zero_importance(model, batches, base: float) -> Tensor:
     keep = keep_all(model, batches[0][0].device)
     L, H = keep.shape
     out = torch.zeros(L, H, dtype=torch.float64)
-    for layer, h in ((a, b) for a in range(L) for b in range(H)):
+    for layer, h in itertools.product(range(L), range(H)):
         mask = keep.clone()
         mask[layer, h] = 0.0
         out[layer, h] = batches_loss(model, batches, mask) - base
@@ -134,7 +128,7 @@ def mean_importance(model, batches, base: float, means: Tensor) -> Tensor:
     L, H, _ = model_heads(model)
     out = torch.zeros(L, H, dtype=torch.float64)
     device = batches[0][0].device
-    for layer, h in ((a, b) for a in range(L) for b in range(H)):
+    for layer, h in itertools.product(range(L), range(H)):
         replace = torch.zeros(L, H, dtype=torch.bool)
         replace[layer, h] = True
         with replaced_heads(model, replace, means.to(device)):
@@ -143,8 +137,7 @@ def mean_importance(model, batches, base: float, means: Tensor) -> Tensor:
 
 
 def gradient_importance(model, batches) -> Tensor:
-    """(L, H) float64: -d loss / d head_mask at all ones, the loss being the mean over every
-    batch's real targets; one backward pass per batch, the gradients of all heads at once. The
+    """(L, H) -d loss / d head_mask at all ones, one backward pass per batch for every head; the
     parameters' .grad are left untouched. Call outside torch.inference_mode."""
     mask = keep_all(model, batches[0][0].device).requires_grad_(True)
     total = sum(int((y >= 0).sum()) for _, y in batches)
@@ -159,8 +152,8 @@ def gradient_importance(model, batches) -> Tensor:
 
 
 def pruning(model, batches, base: float, importance: Tensor, tolerance: float):
-    """Heads removed one at a time in order of importance (computed once): (order, losses,
-    prunable), prunable = how many go before the loss has risen by `tolerance` or more."""
+    """Heads removed one at a time, least important first: (order, losses, prunable = how many go
+    before the loss has risen by `tolerance`)."""
     L, H = importance.shape
     order = sorted(range(L * H), key=lambda k: (float(importance.flatten()[k]), k))
     mask = keep_all(model, batches[0][0].device)
@@ -200,14 +193,11 @@ def rank_correlation(a: Tensor, b: Tensor) -> float:
 
 @torch.no_grad()
 def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
-    """The layer-0 heads' QK (H, V, V) [query token, key token] and OV (H, V, V) [key token,
-    output token] tables through the embeddings, and their copying scores (H,); float64, CPU.
-    See the module's docstring."""
+    """The layer-0 heads' QK (H, V, V) [query, key token] and OV (H, V, V) [key, output token]
+    tables and their copying scores (H,), float64 on the CPU: see the module's docstring."""
     _, H, hd = model_heads(model)
-    block = model.blocks[0]
-    C = model.config.n_embd
-    kv_dim = block.attn.kv_dim
-    group = block.attn.group
+    block, C = model.blocks[0], model.config.n_embd
+    kv_dim, group = block.attn.kv_dim, block.attn.group
     e = block.norm1(model.wte.weight)  # (V, C): the attention's input for each token
     q, k, v = block.attn.qkv(e).split([C, kv_dim, kv_dim], dim=1)  # (V, C), 2 x (V, kv_dim)
     wo = block.attn.proj.weight  # (C, C): column block h is head h's W_O
@@ -225,8 +215,4 @@ def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
         eig = torch.linalg.eigvals(table)  # the circuit's eigenvalues (complex)
         mass = eig.abs().sum()
         copying.append(eig.real.clamp(min=0).sum() / mass if mass > 0 else torch.tensor(0.5))
-    return (
-        torch.stack(qk).double().cpu(),
-        torch.stack(ov).cpu(),
-        torch.stack(copying).double().cpu(),
-    )
+    return tuple(torch.stack(t).double().cpu() for t in (qk, ov, copying))

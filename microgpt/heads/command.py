@@ -21,13 +21,13 @@ import torch
 from torch import Tensor
 
 from microgpt import runs
-from microgpt.data.dataset import DataError, data_of_checkpoint
-from microgpt.errors import print_error
+from microgpt.data.dataset import data_of_checkpoint
+from microgpt.errors import UserError, print_error
 from microgpt.files import write_text
 from microgpt.heads.analyse import HeadsError, analyse
 from microgpt.heads.report import HeadReport
-from microgpt.system import DEVICES, ThreadsError, check_threads, pick_device, set_threads
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from microgpt.system import DEVICES, check_threads, pick_device, set_threads
+from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
 
 ANALYSIS_TARGETS = 16384  # the command analyses the first validation rows holding this many targets
 
@@ -45,15 +45,13 @@ def training_counts(data) -> Tensor:
 def analyse_checkpoint(
     path: str | Path, device: str = "cpu"
 ) -> tuple[HeadReport, runs.RunFolder, Path]:
-    """The report of a run's checkpoint on the validation split stored in it, the run, and the
-    checkpoint (`path` is a run folder, its checkpoints/ folder or a checkpoint: runs.resolve)."""
+    """(the report on the checkpoint's validation split, the run, the checkpoint); `path` is a run
+    folder, its checkpoints/ folder or a checkpoint (runs.resolve)."""
     run, ckpt_path = runs.resolve(path)
     ckpt = load_checkpoint(ckpt_path)
     model, tokenizer = model_from_checkpoint(ckpt, device, ckpt_path)
-    if (
-        not (ckpt.get("split") or {}).get("val")
-        and (ckpt.get("split") or {}).get("format") != "text"
-    ):
+    split = ckpt.get("split") or {}
+    if not split.get("val") and split.get("format") != "text":
         raise HeadsError(f"{ckpt_path} stores no validation split to analyse the heads on")
     data = data_of_checkpoint(ckpt, device)
     val = data.datasets["val"]  # names, or windows of a text run
@@ -82,19 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_threads(threads, "--threads")
         set_threads(threads)
-    except ThreadsError as e:
-        print_error(e)
-        return 2
-    try:
         if args.device not in DEVICES:
             raise HeadsError(f"--device={args.device} is unknown; choose one of {list(DEVICES)}")
         device = str(pick_device(args.device, HeadsError))
         report, run, ckpt_path = analyse_checkpoint(args.run, device)
-    except (HeadsError, CheckpointError, DataError, runs.RunFolderError) as e:
+    except (UserError, HeadsError, OSError) as e:
         print_error(e)
-        return 2
-    except OSError as e:
-        print_error(f"cannot read {e.filename or args.run}: {e.strerror or e}")
         return 2
     text = report.markdown()
     print(text)

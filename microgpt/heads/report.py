@@ -38,13 +38,7 @@ class Probe:
         return self.loss_first - self.loss_repeat
 
     def to_dict(self) -> dict:
-        return {
-            "rows": self.rows,
-            "span": self.span,
-            "loss_first": self.loss_first,
-            "loss_repeat": self.loss_repeat,
-            "gain": self.gain,
-        }
+        return {k: getattr(self, k) for k in ("rows", "span", "loss_first", "loss_repeat", "gain")}
 
 
 def _number(x) -> float | None:
@@ -91,11 +85,9 @@ class HeadReport:
     extra: dict = field(default_factory=dict)
 
     def summaries(self) -> dict[str, float]:
-        """Numbers that do not depend on the head count, under tags every run shares, the most
-        telling first (the HParams tab shows its metric columns in this order). Every tag is
-        written whatever the model (nan where a measure does not apply)."""
-        L = self.n_layer
-        nan = math.nan
+        """Numbers that read the same whatever the head count, under tags every run shares (nan
+        where a measure does not apply), the most telling first: the HParams tab's column order."""
+        L, nan, imp = self.n_layer, math.nan, self.zero_importance
         out = {
             "heads/prunable": float(self.prunable),
             "heads/prunable_fraction": self.prunable / (L * self.n_head),
@@ -108,26 +100,14 @@ class HeadReport:
         out["heads/repeat_loss_gain"] = p.gain if p else nan
         out["heads/induction_ablation_max"] = float((p.ablated - p.loss_repeat).max()) if p else nan
         out["heads/copying_max"] = float(self.copying.max()) if self.copying is not None else nan
-        out.update(
-            {
-                f"heads/layer{n}/importance_max": float(self.zero_importance[n].max())
-                for n in range(L)
-            }
-        )
+        out.update({f"heads/layer{n}/importance_max": float(imp[n].max()) for n in range(L)})
         counts = self.role_counts()
         out.update({f"heads/role/{role}": float(counts[role]) for role in ROLES})
         out["heads/named"] = float(sum(counts.values()) - counts["mixed"])
-        out.update(
-            {
-                f"heads/layer{n}/importance_sum": float(self.zero_importance[n].sum())
-                for n in range(L)
-            }
-        )
-        for n in range(L):
-            e = self.entropy[n]
-            out[f"heads/layer{n}/entropy_min"] = float(e.min())
-            out[f"heads/layer{n}/entropy_mean"] = float(e.mean())
-            out[f"heads/layer{n}/entropy_max"] = float(e.max())
+        out.update({f"heads/layer{n}/importance_sum": float(imp[n].sum()) for n in range(L)})
+        for n, e in enumerate(self.entropy):
+            for stat in ("min", "mean", "max"):
+                out[f"heads/layer{n}/entropy_{stat}"] = float(getattr(e, stat)())
         out["heads/gradient_vs_zero"] = self.correlations.get("gradient_vs_zero", nan)
         return out
 
@@ -152,11 +132,7 @@ class HeadReport:
         """Plain lists and numbers (JSON): the fields, the per-head rows and the summaries."""
         heads = [self._head_dict(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
         out = {
-            "n_layer": self.n_layer,
-            "n_head": self.n_head,
-            "items": self.items,
-            "tokens": self.tokens,
-            "loss": self.loss,
+            **{k: getattr(self, k) for k in ("n_layer", "n_head", "items", "tokens", "loss")},
             "roles": list(ROLES),
             "thresholds": thresholds(),
             "heads": heads,
@@ -181,19 +157,16 @@ class HeadReport:
         return out
 
     def _head_dict(self, layer: int, h: int) -> dict:
-        """One head's row of to_dict."""
+        at = (layer, h)
+        patterns = {
+            k: {"mass": float(m[at]), "lift": float(self.lift[k][at])} for k, m in self.mass.items()
+        }
         row = {
             "layer": layer,
             "head": h,
             "role": self.roles[layer][h],
             "score": float(self.scores[layer, h]),
-            "patterns": {
-                name: {
-                    "mass": float(self.mass[name][layer, h]),
-                    "lift": float(self.lift[name][layer, h]),
-                }
-                for name in self.mass
-            },
+            "patterns": patterns,
             "entropy": float(self.entropy[layer, h]),
             "spread": float(self.spread[layer, h]),
             "start": float(self.start[layer, h]),
@@ -226,7 +199,6 @@ class HeadReport:
         return "\n".join(lines)
 
     def _head_row(self, layer: int, h: int) -> str:
-        """One head's row of the markdown table."""
         probe = self.probe
         role = self.roles[layer][h]
         lift = self.lift[role][layer, h] if role in self.lift else math.nan

@@ -17,7 +17,7 @@ import torch
 from microgpt.config import SampleConfig, load_config
 from microgpt.data.dataset import DataError, data_of_checkpoint, resolve_data_path
 from microgpt.data.lines import Split
-from microgpt.files import STDOUT, OutputRefused, check_new_file, create_text
+from microgpt.files import STDOUT, OutputRefused, check_new_file, write_text
 from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
 from microgpt.sample.generate import SamplingError
 from microgpt.sample.report import PASSAGE_LENGTH, Samples, sample_names, sample_passages
@@ -129,7 +129,7 @@ def data_candidates(data_path: str) -> list[Path]:
 def write_lines(path: str | os.PathLike, lines: list[str], overwrite: bool = False) -> Path:
     """Write lines to `path` atomically, as a new file unless overwrite: an error leaves the old
     file."""
-    return create_text(Path(path).expanduser(), "".join(line + "\n" for line in lines), overwrite)
+    return write_text(path, "".join(line + "\n" for line in lines), replace=overwrite)
 
 
 # what one sampled item costs in memory until it is printed: the string (about 50 bytes and its

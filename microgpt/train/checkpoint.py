@@ -1,23 +1,12 @@
 """Save (atomically) and load (safely) a self-describing checkpoint.
 
 A checkpoint is a dict of plain containers and tensors only, so it loads with
-`torch.load(weights_only=True)` and nothing in it can run code:
-
-    format, version     "microgpt-checkpoint", 1
-    model               the plain module's state_dict (no `_orig_mod.` / `module.` prefixes)
-    model_config        GPTConfig as a dict
-    tokenizer           CharTokenizer as a dict
-    train_config        the resolved training config as a dict
-    step, metrics       the step it was written at, and {val_loss, best_val_loss, ...}
-    split               {"train": [...], "val": [...], "test": [...]}: the items of each split
-    resume              (last.pt) optimizer, schedule position, RNG states and data order
-    checksum            "sha256:<hex>" of everything above (tensors' bytes, dtypes and shapes,
-                        and every other value), checked at load: a flipped or zeroed byte is an
-                        error naming the file, never weights that load silently
-
-Writing goes to a temporary file in the same folder, which is flushed, fsynced and then moved
-over the old file with os.replace: a process killed at any moment leaves the previous
-checkpoint whole.
+`torch.load(weights_only=True)` and nothing in it can run code: format and version, `model` (the
+plain module's state_dict), `model_config`, `tokenizer`, `train_config`, `step`, `metrics`,
+`split` (the items of each split), `run_id`, `resume` (last.pt: optimizer, schedule, RNG states,
+data order) and `checksum`: "sha256:<hex>" of everything else, checked at load, so a flipped or
+zeroed byte is an error naming the file, never weights that load silently. A save goes through
+microgpt.files.atomic_write: a process killed at any moment leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations
@@ -31,9 +20,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from microgpt.config import Config, ConfigError, flatten
+from microgpt.errors import UserError
 from microgpt.files import atomic_write
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
@@ -41,22 +30,11 @@ from microgpt.tokenizer import CharTokenizer
 FORMAT = "microgpt-checkpoint"
 VERSION = 1
 REQUIRED_KEYS = ("model", "model_config", "tokenizer")
-ZIP_MAGIC = b"PK\x03\x04"
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive; anything else is never unpickled
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be used; the message names the file and the problem."""
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain GPT inside a torch.compile and/or DistributedDataParallel wrapper."""
-    while True:
-        if hasattr(model, "_orig_mod"):  # torch.compile
-            model = model._orig_mod
-        elif hasattr(model, "module") and isinstance(model.module, nn.Module):  # DDP
-            model = model.module
-        else:
-            return model
 
 
 def checksum(checkpoint: dict) -> str:
@@ -111,16 +89,16 @@ def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
     return path
 
 
-def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
-    """Load a checkpoint with torch.load(weights_only=True); a CheckpointError if unusable."""
-    path = Path(path)
+def _check_file(path: Path) -> None:
+    """A CheckpointError unless `path` is a non-empty regular file that starts as a zip does (a
+    FIFO would block the read forever; a device never ends)."""
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if path.is_dir():
         raise CheckpointError(
             f"checkpoint {path} is a folder, not a file (use run=FOLDER to pick a run)"
         )
-    if not path.is_file():  # a FIFO would block the read below forever; a device never ends
+    if not path.is_file():
         raise CheckpointError(
             f"checkpoint {path} is not a regular file (a device, FIFO or socket); name a .pt file"
         )
@@ -133,12 +111,17 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
             magic = f.read(4)
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {_why(e)}") from None
-    if (
-        magic != ZIP_MAGIC
-    ):  # torch.save writes a zip archive; anything else is not ours and is never unpickled
+    if magic != ZIP_MAGIC:
         raise CheckpointError(
             f"{path} is not a microgpt checkpoint (not a file written by torch.save)"
         )
+
+
+def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
+    """Load a checkpoint with torch.load(weights_only=True), its checksum checked; a
+    CheckpointError naming the file if it cannot be used."""
+    path = Path(path)
+    _check_file(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -211,23 +194,11 @@ def model_from_checkpoint(
 
 # Settings that may differ when a run is resumed; every other setting must match the checkpoint's.
 RESUMABLE_CHANGES = (
-    "train.max_steps",
-    "train.eval_every",
-    "train.save_every",
-    "train.eval_batch_size",
-    "train.log_every",
-    "train.num_samples",
-    "train.progress",
-    "train.compile",
-    "train.precision",
-    "data.path",  # the data's content (items, split, tokenizer) must match, wherever it lies
-    "data.prepare",
-    "log.",
-    "device",
-    "threads",
-    "out_dir",
-    "resume",
-)
+    "train.max_steps", "train.eval_every", "train.save_every", "train.eval_batch_size",
+    "train.log_every", "train.num_samples", "train.progress", "train.compile", "train.precision",
+    # the data's content (items, split, tokenizer) must match, wherever it lies
+    "data.path", "data.prepare", "log.", "device", "threads", "out_dir", "resume",
+)  # fmt: skip
 
 
 def check_resume_compatible(saved: dict, current: dict, path: Path) -> None:

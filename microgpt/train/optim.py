@@ -25,10 +25,9 @@ def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> to
 
 
 def fit_warmup(config: Config) -> tuple[Config, str | None]:
-    """A warmup longer than the run (the default 100 steps in a quick `train.max_steps=40`) would
-    end the run before the learning rate reaches optim.lr: it is cut to a tenth of the run, a
-    usual share (the default recipe warms up over 3% of its steps), which leaves the rest of the
-    run to the decay it asked for. Returns the config to train with and the line that says so."""
+    """(the config to train with, the line that says so): a warmup longer than the run (the
+    default 100 steps in `train.max_steps=40`) is cut to a tenth of the run, leaving the rest to
+    the decay it asked for."""
     o, steps = config.optim, config.train.max_steps
     if o.warmup_steps <= steps:
         return config, None

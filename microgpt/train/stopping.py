@@ -33,13 +33,11 @@ def interrupted(signal_name: str, step: int, max_steps: int, last: Path) -> Inte
 def diverged(
     step: int, loss: float, grad_norm: float, lr: float, last: Path, what: str = ""
 ) -> TrainingError:
-    """What a run that diverged says: what went non-finite at which step, and what to try.
-    `step` is the step being taken (a training step) or just taken (what="validation loss")."""
-    kept = (
-        f"the last good checkpoint, {last}, is kept"
-        if last.exists()
-        else "no checkpoint was written yet"
-    )
+    """What went non-finite at which step (being taken, or just taken for the validation loss),
+    and what to try."""
+    kept = "no checkpoint was written yet"
+    if last.exists():
+        kept = f"the last good checkpoint, {last}, is kept"
     what = what or ("loss" if not math.isfinite(loss) else "gradient")
     return TrainingError(
         f"non-finite {what} at step {step} (loss {loss}, grad norm {grad_norm}, lr {lr:.3g}): "

@@ -19,7 +19,7 @@ from microgpt import runs, system
 from microgpt.files import remove_leftovers, write_text
 from microgpt.sample.report import sample_for_run
 from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from microgpt.train.loss import StepResult, evaluate
+from microgpt.train.loss import LossWindow, StepResult, evaluate
 from microgpt.viz.tensorboard import TensorBoardLogger
 
 log = logging.getLogger("microgpt")
@@ -33,8 +33,9 @@ def start(trainer) -> tuple[str, TensorBoardLogger]:
     else:  # only into this run's own folder, or a new one
         run_id = runs.claim_resume(out_dir, resumed_from, trainer.run_id)
     runs.lock(out_dir)  # until the run ends (train's finally): one process per folder
-    (out_dir / "checkpoints").mkdir(exist_ok=True)
-    remove_leftovers(out_dir / "checkpoints")  # .tmp files of saves killed mid-write
+    checkpoints = runs.RunFolder(out_dir).checkpoints
+    checkpoints.mkdir(exist_ok=True)
+    remove_leftovers(checkpoints)  # .tmp files of saves killed mid-write
     # a resume keeps the run's config.yaml and writes its own beside it
     name = "config.yaml" if resumed_from is None else f"config.resume-step{step}.yaml"
     write_text(out_dir / name, OmegaConf.to_yaml(OmegaConf.structured(trainer.config)))
@@ -63,7 +64,8 @@ def progress_bar(trainer) -> tqdm:
 
 
 def log_window(trainer, out: StepResult, bar: tqdm) -> dict:
-    """The train loss over the window, summed over ranks; scalars and the bar (rank 0)."""
+    """The train loss over the window, summed over ranks; scalars and the bar (rank 0); then a
+    new window."""
     w = trainer.window
     loss = system.sum_over_ranks(float(w.loss), trainer.dist) / w.steps
     now = time.perf_counter()  # after float(): the device has caught up
@@ -74,11 +76,12 @@ def log_window(trainer, out: StepResult, bar: tqdm) -> dict:
         bar.set_postfix_str(
             f"loss {loss:.4f} lr {out.lr:.2e} {tps / 1000:.1f}k tok/s", refresh=False
         )
+    trainer.window = LossWindow()
     return {"train_loss": loss, "tokens_per_sec": tps}
 
 
 def summary(trainer) -> str:
-    """One line: the model, the data, the recipe, the device ."""
+    """One line: the model, the data, the recipe, the device."""
     c, m = trainer.config, trainer.model_config
     kv = f" ({m.n_kv_head} kv heads)" if m.n_kv_head != m.n_head else ""
     precision = "" if trainer.precision == "fp32" else f" {trainer.precision}"
@@ -115,7 +118,7 @@ def final_metrics(trainer, metrics: dict, elapsed: float, tokens: int, other_wor
 def finish(trainer, metrics: dict) -> None:
     """The test loss of best.pt's weights (as makemore reports it), samples, hparams."""
     c, m = trainer.config, trainer.model_config
-    best_path = trainer.out_dir / "checkpoints" / "best.pt"
+    best_path = runs.RunFolder(trainer.out_dir).best
     model, best = trainer.eval_model, None
     if best_path.exists():
         best = load_checkpoint(best_path, map_location="cpu")

@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from microgpt import runs, system
@@ -119,8 +118,8 @@ class Trainer:
             raise ConfigError(str(e)) from None
 
     def _build_model(self) -> None:
-        """The GPT (seeded), and what trains it: DDP, then torch.compile, as PyTorch documents (the
-        compiler splits the graph at DDP's gradient buckets). Checkpoints hold self.model."""
+        """The GPT (seeded); what trains it wraps it in DDP, then torch.compile, as PyTorch
+        documents. Checkpoints hold self.model."""
         c = self.config
         torch.manual_seed(c.seed)
         random.seed(c.seed)
@@ -168,8 +167,8 @@ class Trainer:
     # ---- one step
 
     def train_step(self, check: bool = True) -> StepResult:
-        """One optimisation step on the sampler's next global batch (this rank's share of it).
-        check=False skips reading the loss and gradient norm (a device sync) for finiteness."""
+        """One optimisation step on this rank's share of the next global batch. check=False skips
+        checking the loss and gradient norm are finite (a device sync)."""
         c = self.config
         lr = lr_at(self.step, c)
         for group in self.optimizer.param_groups:
@@ -220,10 +219,10 @@ class Trainer:
                     self.window.add(out)
                     final = self.step == c.train.max_steps
                     if self.step % c.train.log_every == 0 or final:
-                        metrics.update(self._log_window(out, bar))
+                        metrics.update(summary.log_window(self, out, bar))
                     bar.update(1)
                     # evaluation, checkpoints and the head analysis are not training: their time
-                    # is left out of tokens_per_sec (on a GPU, _log_window's float() just synced)
+                    # is left out of tokens_per_sec (on a GPU, log_window's float() just synced)
                     busy = time.perf_counter()
                     self._between_steps(metrics, final)
                     spent = time.perf_counter() - busy
@@ -255,21 +254,14 @@ class Trainer:
         if self.step == 0:
             self._log_heads(0)
 
-    def _log_window(self, out: StepResult, bar: tqdm) -> dict:
-        """The train loss over the window, summed over ranks, logged (rank 0); a new window."""
-        metrics = summary.log_window(self, out, bar)
-        self.window = LossWindow()
-        return metrics
-
     def _interrupted(self, metrics: dict, signal_name: str) -> None:
         self._save_last({**metrics, "interrupted_at": self.step})
-        last = self.out_dir / "checkpoints" / "last.pt"
+        last = runs.RunFolder(self.out_dir).last
         raise interrupted(signal_name, self.step, self.config.train.max_steps, last)
 
     def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
         step = self.step if what == "validation loss" else self.step + 1
-        last = self.out_dir / "checkpoints" / "last.pt"
-        raise diverged(step, loss, grad_norm, lr, last, what)
+        raise diverged(step, loss, grad_norm, lr, runs.RunFolder(self.out_dir).last, what)
 
     # ---- evaluation, checkpoints, logging
 
@@ -287,9 +279,9 @@ class Trainer:
         }
 
     def _save_snapshot(self, metrics: dict) -> None:
-        """checkpoints/step-NNNNNN.pt: the weights (averaged, with train.ema) and what describes
-        them, no optimizer: for sample.py ckpt= and python -m microgpt.heads at this step."""
-        path = self.out_dir / "checkpoints" / f"step-{self.step:06d}.pt"
+        """checkpoints/step-NNNNNN.pt: the (averaged) weights and what describes them, no
+        optimizer: for sample.py ckpt= and python -m microgpt.heads at this step."""
+        path = runs.RunFolder(self.out_dir).snapshot(self.step)
         save_checkpoint(self._checkpoint(metrics, self.eval_model), path)
 
     def _save_last(self, metrics: dict) -> None:
@@ -307,7 +299,7 @@ class Trainer:
             "best_val_loss": self.best_val_loss,
             "world_size": self.dist.world_size,
         }
-        last = self.out_dir / "checkpoints" / "last.pt"
+        last = runs.RunFolder(self.out_dir).last
         system.run_on_main(
             lambda: save_checkpoint({**self._checkpoint(metrics), "resume": resume}, last),
             self.dist,
@@ -368,7 +360,7 @@ class Trainer:
         shown = sample_for_run(self.eval_model, self.data, None, seed=c.seed + self.step)
         self.writer.samples(self.step, shown.lines)
         if improved:
-            best = self.out_dir / "checkpoints" / "best.pt"
+            best = runs.RunFolder(self.out_dir).best
             save_checkpoint(self._checkpoint({**metrics, **out}, self.eval_model), best)
         train_part = f", train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
         log.info(

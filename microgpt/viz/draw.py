@@ -21,20 +21,8 @@ from PIL import Image, ImageDraw, ImageFont
 # ----------------------------------------------------------------------------- colours and text
 
 # Viridis at 9 evenly spaced points (matplotlib's values, rounded); linear between them.
-_VIRIDIS = np.array(
-    [
-        [68, 1, 84],
-        [71, 45, 123],
-        [59, 82, 139],
-        [44, 114, 142],
-        [33, 145, 140],
-        [40, 174, 128],
-        [94, 201, 98],
-        [173, 220, 48],
-        [253, 231, 37],
-    ],
-    dtype=np.float64,
-)
+_HEX = "440154 472d7b 3b528b 2c728e 21918c 28ae80 5ec962 addc30 fde725"
+_VIRIDIS = np.array([list(bytes.fromhex(c)) for c in _HEX.split()], dtype=np.float64)
 BACKGROUND = (255, 255, 255)
 TEXT = (20, 20, 20)
 LIGHT_TEXT = (250, 250, 250)  # values written on dark cells
@@ -45,8 +33,7 @@ MAP_WIDTH = 720  # pixels a head's attention map aims at: 18-pixel cells up to 4
 
 
 def map_cell(positions: int) -> int:
-    """The cell size of an attention map over `positions` keys: 18 pixels, smaller for long
-    probes (8 at 90 positions and more), so that a 128-character passage stays on one screen."""
+    """18-pixel cells, down to 8 for long probes: a 128-character passage stays on one screen."""
     return max(8, min(18, MAP_WIDTH // max(positions, 1)))
 
 
@@ -64,7 +51,7 @@ def colormap(values) -> np.ndarray:
 
 
 def font(size: int = FONT_SIZE):
-    """Pillow's default font at `size` pixels (Pillow >= 10.1); older Pillow: its fixed bitmap."""
+    # Pillow >= 10.1 scales its default font; older Pillow has a fixed bitmap one
     try:
         return ImageFont.load_default(size=size)
     except TypeError:
@@ -75,15 +62,13 @@ _PROBE = ImageDraw.Draw(Image.new("RGB", (1, 1)))  # measures text before a canv
 
 
 def text_size(text: str, fnt) -> tuple[int, int]:
-    """(width, height) of the ink of `text`."""
     left, top, right, bottom = _PROBE.textbbox((0, 0), text, font=fnt)
     return right - left, bottom - top
 
 
 def draw_text(draw, xy, text: str, fnt, anchor: str = "mm", fill=TEXT) -> None:
-    """Text placed by a Pillow anchor ("mm" centred, "rm" right-middle, "ma" top-centre, ...):
-    by the font's line metrics where it has them, so "p" and "h" share a baseline; else (the old
-    bitmap font) by the ink box."""
+    """Text placed by a Pillow anchor ("mm" centred, "rm" right-middle, "ma" top-centre): by the
+    font's line metrics, so "p" and "h" share a baseline; the old bitmap font: by the ink box."""
     try:
         draw.text(xy, text, fill=fill, font=fnt, anchor=anchor)
         return
@@ -100,19 +85,9 @@ def draw_text(draw, xy, text: str, fnt, anchor: str = "mm", fill=TEXT) -> None:
 # ----------------------------------------------------------------------------- heatmaps
 
 
-def _heatmap(
-    values: np.ndarray,
-    row_labels: Sequence[str],
-    col_labels: Sequence[str],
-    title: str | None,
-    cell_w: int,
-    cell_h: int,
-    mask=None,
-    annotate: bool = False,
-) -> np.ndarray:
-    """(R, C) values in [0, 1] -> coloured cells with row labels on the left, column labels on
-    top and an optional title; cells where `mask` is False are grey; `annotate` writes each value
-    (2 decimals) in its cell where it fits."""
+def _heatmap(values, row_labels, col_labels, title, cell_w, cell_h, mask=None, annotate=False):
+    """(R, C) values in [0, 1] -> labelled coloured cells, grey where `mask` is False;
+    `annotate` writes each value in its cell where it fits."""
     R, C = values.shape
     fnt = font(min(FONT_SIZE, max(MIN_FONT_SIZE, cell_w - 1)))  # smaller cells, smaller labels
     pad = 4
@@ -153,7 +128,7 @@ def _heatmap(
 
 
 def _write_values(draw, values: np.ndarray, colors: np.ndarray, row_y, col_x, fnt) -> None:
-    """Each value (2 decimals) centred in its cell, light on dark cells and dark on light."""
+    """Each value (2 decimals) in its cell, light on dark cells and dark on light."""
     dark = colors.astype(np.float64) @ [0.2126, 0.7152, 0.0722] < 128  # (R, C)
     for i, y in enumerate(row_y):
         for j, x in enumerate(col_x):
@@ -161,20 +136,9 @@ def _write_values(draw, values: np.ndarray, colors: np.ndarray, row_y, col_x, fn
             draw_text(draw, (x, y), f"{values[i, j]:.2f}", fnt, fill=ink)
 
 
-def render_attention(
-    weights,
-    query_labels: Sequence[str],
-    key_labels: Sequence[str],
-    title: str | None = None,
-    cell: int = 18,
-    mask=None,
-) -> np.ndarray:
-    """One head's attention weights (T, Tk) in [0, 1] -> an (H, W, 3) uint8 image.
-
-    Row i = query i (labelled on the left), column j = key j (labelled on top), `cell`-pixel
-    squares coloured dark (0) to bright (1). `mask` (T, Tk) bool, optional: cells where it is
-    False (keys the query may not see) are light grey.
-    """
+def render_attention(weights, query_labels, key_labels, title=None, cell=18, mask=None):
+    """One head's weights (T, Tk) -> an image: row i = query i, column j = key j, dark (0) to
+    bright (1); cells where `mask` (T, Tk) is False (keys the query may not see) light grey."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 2:
         raise ValueError(f"weights must be (T, Tk), got shape {w.shape}")
@@ -187,14 +151,8 @@ def render_attention(
     return _heatmap(w, query_labels, key_labels, title, cell, cell, mask)
 
 
-def render_heads(
-    weights_per_head,
-    query_labels: Sequence[str],
-    key_labels: Sequence[str],
-    cell: int = 18,
-    mask=None,
-) -> list[np.ndarray]:
-    """One layer's attention (H, T, Tk) -> H images, each titled "head h"."""
+def render_heads(weights_per_head, query_labels, key_labels, cell=18, mask=None) -> list:
+    """(H, T, Tk) -> H images, each titled "head h"."""
     w = np.asarray(weights_per_head, dtype=np.float64)
     if w.ndim != 3:
         raise ValueError(f"weights_per_head must be (H, T, Tk), got shape {w.shape}")
@@ -205,16 +163,13 @@ def render_heads(
 
 
 def tile(images: Sequence[np.ndarray], columns: int, gap: int = 16) -> np.ndarray:
-    """Images in a grid, `columns` per row, top-left aligned in equal cells, `gap` pixels apart."""
+    """Images in a grid, `columns` per row, top-left aligned in equal cells."""
     cell_h = max(im.shape[0] for im in images)
     cell_w = max(im.shape[1] for im in images)
     columns = min(columns, len(images))
     rows = math.ceil(len(images) / columns)
-    out = np.full(
-        (rows * cell_h + gap * (rows - 1), columns * cell_w + gap * (columns - 1), 3),
-        BACKGROUND,
-        dtype=np.uint8,
-    )
+    shape = (rows * cell_h + gap * (rows - 1), columns * cell_w + gap * (columns - 1), 3)
+    out = np.full(shape, BACKGROUND, dtype=np.uint8)
     for k, im in enumerate(images):
         y, x = (k // columns) * (cell_h + gap), (k % columns) * (cell_w + gap)
         out[y : y + im.shape[0], x : x + im.shape[1]] = im
@@ -222,7 +177,7 @@ def tile(images: Sequence[np.ndarray], columns: int, gap: int = 16) -> np.ndarra
 
 
 def colorbar(length: int = 80, thickness: int = 10) -> np.ndarray:
-    """A small "0 [dark .. bright] 1" legend, (h, w, 3) uint8."""
+    """A small "0 [dark .. bright] 1" legend."""
     fnt = font()
     w0, _ = text_size("0", fnt)
     w1, th = text_size("1", fnt)
@@ -239,8 +194,7 @@ def colorbar(length: int = 80, thickness: int = 10) -> np.ndarray:
 
 
 def compose_layer(head_images: Sequence[np.ndarray], layer: int, gap: int = 16) -> np.ndarray:
-    """Per-head images -> one image: a "layer l" heading (left) and a colour legend (right),
-    then the heads in a grid, at most HEADS_PER_ROW to a row."""
+    """Per-head images under a "layer l" heading and a colour legend, HEADS_PER_ROW to a row."""
     grid = tile(head_images, HEADS_PER_ROW, gap)
     fnt = font(FONT_SIZE + 2)
     heading = f"layer {layer}"
@@ -257,30 +211,15 @@ def compose_layer(head_images: Sequence[np.ndarray], layer: int, gap: int = 16) 
     return np.asarray(img)
 
 
-def render_layer(
-    weights_per_head,
-    query_labels: Sequence[str],
-    key_labels: Sequence[str],
-    layer: int,
-    cell: int = 18,
-    mask=None,
-) -> np.ndarray:
-    """One layer's attention (H, T, Tk) -> every head's map, titled "head h", in a grid."""
-    return compose_layer(
-        render_heads(weights_per_head, query_labels, key_labels, cell, mask), layer
-    )
+def render_layer(weights_per_head, query_labels, key_labels, layer: int, cell=18, mask=None):
+    """(H, T, Tk) -> every head's map, titled "head h", in a grid."""
+    heads = render_heads(weights_per_head, query_labels, key_labels, cell, mask)
+    return compose_layer(heads, layer)
 
 
-def render_offset_profile(
-    profile, start, title: str = "layer 0", cell: tuple[int, int] = (36, 20)
-) -> np.ndarray:
-    """One layer's attention by relative offset -> an (H, W, 3) uint8 image.
-
-    profile: (H, K), the weight each head puts on offset 0 (itself), -1, ..., -(K-1); start: (H,),
-    its weight on the boundary token at position 0. One row per head, one column per offset and a
-    last "start" column, values in [0, 1] coloured and written in the cells (where they fit;
-    `cell` is (width, height) in pixels).
-    """
+def render_offset_profile(profile, start, title: str = "layer 0", cell=(36, 20)) -> np.ndarray:
+    """profile (H, K): each head's weight on offset 0, -1, ..., -(K-1); start (H,): on the
+    boundary token -> one row per head, a column per offset and a last "start", values written."""
     p = np.asarray(profile, dtype=np.float64)
     s = np.asarray(start, dtype=np.float64)
     if p.ndim != 2 or s.shape != (p.shape[0],):
@@ -297,9 +236,8 @@ def visible(label: str) -> str:
 
 
 def render_table(values, labels: Sequence[str], title: str | None = None, cell: int = 14):
-    """A (V, V) table over the vocabulary, values in [0, 1] (e.g. a layer-0 head's QK or OV
-    circuit, each row softmaxed) -> an (H, W, 3) uint8 heatmap, rows and columns labelled by the
-    tokens (whitespace spelled out)."""
+    """A (V, V) table over the vocabulary in [0, 1] (a layer-0 head's QK or OV circuit, rows
+    softmaxed) -> a heatmap labelled by the tokens."""
     v = np.asarray(values, dtype=np.float64)
     if v.ndim != 2 or v.shape != (len(labels), len(labels)):
         raise ValueError(f"values must be ({len(labels)}, {len(labels)}), got shape {v.shape}")

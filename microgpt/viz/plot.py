@@ -16,18 +16,8 @@ from microgpt.viz.draw import BACKGROUND, TEXT, draw_text, font
 
 GRID = (228, 228, 228)
 # Tableau 10, the usual categorical palette: distinct, and readable on white.
-PALETTE = [
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (214, 39, 40),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (127, 127, 127),
-    (188, 189, 34),
-    (23, 190, 207),
-]
+_HEX = "1f77b4 ff7f0e 2ca02c d62728 9467bd 8c564b e377c2 7f7f7f bcbd22 17becf"
+PALETTE = [tuple(bytes.fromhex(c)) for c in _HEX.split()]
 
 
 def nice_ticks(lo: float, hi: float, target: int = 6) -> list[float]:
@@ -38,8 +28,7 @@ def nice_ticks(lo: float, hi: float, target: int = 6) -> list[float]:
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
     first = math.ceil(lo / step - 1e-9) * step
-    ticks = []
-    t = first
+    ticks, t = [], first
     while t <= hi + step * 1e-9:
         ticks.append(round(t, 12))
         t += step
@@ -80,14 +69,7 @@ class Axes:
 
 
 def plot_lines(
-    curves: Curves,
-    path: str | Path,
-    title: str = "",
-    xlabel: str = "step",
-    ylabel: str = "",
-    legend_title: str = "",
-    width: int = 900,
-    height: int = 540,
+    curves: Curves, path, title="", xlabel="step", ylabel="", legend_title="", width=900, height=540
 ) -> Path:
     """[(label, [(x, y), ...]), ...] -> one coloured line per curve, with axes, ticks and a legend,
     saved as a PNG at `path` (folders made). Non-finite y values are left out."""

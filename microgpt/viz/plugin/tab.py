@@ -1,0 +1,81 @@
+"""The microgpt tab of TensorBoard: a dynamic plugin (the `tensorboard_plugins` entry point in
+pyproject.toml), shown when the log directory holds microgpt runs.
+
+TensorBoard loads the page `data/plugin_entry.html?name=microgpt` in an iframe; it imports
+`index.js` from this plugin's routes, which draws the tab and asks the routes below for data:
+
+    /index.js, /style.css          the page (static/, plain JavaScript and CSS, no build step)
+    /runs                          {"runs": [{"name", "checkpoints", "analysed"}], "example"}
+    /attention?run=&checkpoint=&input=
+                                   one run's heads on the input (microgpt.viz.plugin.attention);
+                                   400 and {"error": message} for a message the page shows
+
+All under http://HOST:PORT/data/plugin/microgpt/.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tensorboard.backend import http_util
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+from microgpt.viz.plugin.attention import InputError, RunStore, runs_under
+
+STATIC = Path(__file__).parent / "static"
+FILES = {"/index.js": "application/javascript", "/style.css": "text/css"}
+
+
+class MicrogptPlugin(base_plugin.TBPlugin):
+    """Every head's attention on a typed input, for each run of a sweep side by side."""
+
+    plugin_name = "microgpt"
+
+    def __init__(self, context: base_plugin.TBContext):
+        self.logdir = context.logdir
+        self.store = RunStore(context.logdir) if context.logdir else None
+
+    def is_active(self) -> bool:
+        """True when the log directory holds microgpt runs."""
+        return bool(self.logdir) and bool(runs_under(self.logdir))
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(
+            es_module_path="/index.js", tab_name="microgpt", disable_reload=True
+        )
+
+    def get_plugin_apps(self) -> dict:
+        apps = {path: self._static for path in FILES}
+        apps.update({"/runs": self._runs, "/attention": self._attention})
+        return apps
+
+    @wrappers.Request.application
+    def _static(self, request):
+        name = request.path.rsplit("/", 1)[-1]
+        body = (STATIC / name).read_bytes()
+        return http_util.Respond(request, body, FILES["/" + name])
+
+    @wrappers.Request.application
+    def _runs(self, request):
+        if self.store is None:
+            return _json(request, {"runs": [], "example": None})
+        return _json(request, {"runs": self.store.runs(), "example": self.store.example()})
+
+    @wrappers.Request.application
+    def _attention(self, request):
+        args = request.args
+        try:
+            if self.store is None:
+                raise InputError("TensorBoard was started without --logdir")
+            body = self.store.attention(
+                args.get("run", ""), args.get("checkpoint") or None, args.get("input", "")
+            )
+        except InputError as e:
+            return _json(request, {"error": str(e)}, code=400)
+        return _json(request, body)
+
+
+def _json(request, body: dict, code: int = 200):
+    return http_util.Respond(request, json.dumps(body), "application/json", code=code)

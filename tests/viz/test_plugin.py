@@ -1,0 +1,266 @@
+"""The microgpt tab of TensorBoard (microgpt/viz/plugin): its routes called directly on a tiny
+sweep trained here, and the real page in headless Chromium against a real TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from tensorboard.plugins import base_plugin
+from werkzeug.test import Client
+
+from microgpt.heads.command import main as heads_main
+from microgpt.train.trainer import train
+from microgpt.viz.plugin import MicrogptPlugin
+from microgpt.viz.plugin.attention import ModelCache
+from tests.conftest import REPO, TINY, compose_config, make_names
+
+PLAY = "ROMEO:\nThou art my lord and the king.\n\nJULIET:\nSo fair a night of love.\n" * 40
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Path:
+    """lab/sweep/heads=1 and heads=2 (names; heads=2 keeps step-N.pt and is analysed) and
+    lab/text/run (a text run): tiny runs, a few seconds in all."""
+    root = tmp_path_factory.mktemp("lab")
+    (root / "names.txt").write_text("\n".join(make_names()) + "\n")
+    (root / "play.txt").write_text(PLAY)
+    names = [*TINY, f"data.path={root / 'names.txt'}", "train.num_samples=0"]
+    train(compose_config([*names, "heads=1", f"out_dir='{root / 'sweep' / 'heads=1'}'"]))
+    heads2 = root / "sweep" / "heads=2"
+    train(compose_config([*names, "heads=2", "train.save_every=6", f"out_dir='{heads2}'"]))
+    assert heads_main([str(heads2), "--threads", "1"]) == 0
+    text = ["data.format=text", "model.block_size=16", f"data.path={root / 'play.txt'}"]
+    train(compose_config([*TINY, *text, "train.num_samples=0", f"out_dir={root / 'text' / 'run'}"]))
+    return root
+
+
+def routes(logdir: Path) -> dict[str, Client]:
+    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(logdir)))
+    return {path: Client(app) for path, app in plugin.get_plugin_apps().items()}
+
+
+def attention(client: Client, **args) -> tuple[int, dict]:
+    response = client.get("/attention", query_string=args)
+    return response.status_code, json.loads(response.get_data(as_text=True))
+
+
+# ----------------------------------------------------------------------------- the routes
+
+
+def test_the_plugin_is_registered_and_shipped_as_pyproject_says():
+    text = (REPO / "pyproject.toml").read_text()
+    entry = re.search(r'\[project.entry-points."tensorboard_plugins"\]\s*microgpt = "(.+)"', text)
+    module, name = entry.group(1).split(":")
+    assert getattr(__import__(module, fromlist=[name]), name) is MicrogptPlugin
+    assert issubclass(MicrogptPlugin, base_plugin.TBPlugin)
+    assert '"microgpt.viz.plugin" = ["static/*.js", "static/*.css"]' in text
+    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=""))
+    assert plugin.frontend_metadata().es_module_path == "/index.js" and not plugin.is_active()
+
+
+def test_the_tab_is_active_only_where_microgpt_runs_are(lab, tmp_path):
+    assert MicrogptPlugin(base_plugin.TBContext(logdir=str(lab / "sweep"))).is_active()
+    assert not MicrogptPlugin(base_plugin.TBContext(logdir=str(tmp_path))).is_active()
+
+
+def test_the_page_and_its_style_are_served(lab):
+    apps = routes(lab / "sweep")
+    page = apps["/index.js"].get("/index.js")
+    assert page.status_code == 200 and "javascript" in page.content_type
+    assert "export async function render()" in page.get_data(as_text=True)
+    style = apps["/style.css"].get("/style.css")
+    assert style.status_code == 200 and style.content_type.startswith("text/css")
+
+
+def test_runs_lists_each_job_by_its_folder_with_its_checkpoints(lab):
+    body = json.loads(routes(lab / "sweep")["/runs"].get("/runs").get_data(as_text=True))
+    runs = {r["name"]: r for r in body["runs"]}
+    assert list(runs) == ["heads=1", "heads=2"]
+    assert runs["heads=1"]["checkpoints"] == ["best.pt", "last.pt"]
+    assert runs["heads=2"]["checkpoints"] == [
+        "best.pt",
+        "last.pt",
+        "step-000006.pt",
+        "step-000012.pt",
+    ]
+    assert runs["heads=1"]["analysed"] == [] and runs["heads=2"]["analysed"] == ["best.pt"]
+    assert body["example"] in make_names()  # the first validation name: an input to start with
+
+
+def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
+    client = routes(lab / "sweep")["/attention"]
+    status, one = attention(client, run="heads=1", input="kalo")
+    assert status == 200 and one["tokens"] == ["<s>", "k", "a", "l", "o"]
+    assert (one["n_layer"], one["n_head"], one["checkpoint"], one["step"]) == (1, 1, "best.pt", 12)
+    assert one["heads"] == [[None]] and one["analysis"] is None  # "not analysed" on the page
+    status, two = attention(client, run="heads=2", input="kalo")
+    assert status == 200 and len(two["layers"]) == 1 and len(two["layers"][0]) == 2
+    report = json.loads((lab / "sweep" / "heads=2" / "heads-best.json").read_text())
+    for head, label in enumerate(two["heads"][0]):
+        assert label["role"] == report["heads"][head]["role"]
+        assert label["importance"] == report["heads"][head]["zero_importance"]
+    assert two["analysis"] == "heads-best.json"
+    for row, weights in enumerate(two["layers"][0][1]):  # causal rows that sum to 1
+        assert all(w == 0 for w in weights[row + 1 :]) and abs(sum(weights) - 1) < 0.01
+    status, early = attention(client, run="heads=2", checkpoint="step-000006.pt", input="kalo")
+    assert status == 200 and early["step"] == 6 and early["heads"] == [[None, None]]
+    assert early["layers"] != two["layers"]
+
+
+def test_names_and_text_runs_side_by_side_each_get_their_own_boundary(lab):
+    client = routes(lab)["/attention"]
+    status, names = attention(client, run="sweep/heads=1", input="ka")
+    assert status == 200 and names["tokens"] == ["<s>", "k", "a"] and names["format"] == "lines"
+    status, text = attention(client, run="text/run", input="Thou art")
+    assert status == 200 and text["format"] == "text"
+    assert text["tokens"] == ["T", "h", "o", "u", "·", "a", "r", "t"]  # no boundary token
+    status, long = attention(client, run="text/run", input="a" * 16)
+    assert status == 200 and len(long["tokens"]) == 16  # a text run fills its whole context
+    status, error = attention(client, run="text/run", input="a" * 17)
+    assert status == 400 and "its context is 16 tokens, so at most 16 characters" in error["error"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"run": "heads=1", "input": "Kalo!"}, "heads=1 does not know 'K', '!'"),
+        ({"run": "heads=1", "input": ""}, "type a name"),
+        ({"run": "heads=9", "input": "ka"}, "no run 'heads=9'"),
+        ({"run": "heads=1", "checkpoint": "../x.pt", "input": "ka"}, "no checkpoint '../x.pt'"),
+    ],
+)
+def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
+    status, body = attention(routes(lab / "sweep")["/attention"], **args)
+    assert status == 400 and message in body["error"]
+
+
+def test_an_input_longer_than_the_context_says_how_long_it_may_be(lab):
+    status, body = attention(routes(lab / "sweep")["/attention"], run="heads=1", input="ka" * 20)
+    assert status == 400
+    assert "40 characters are more than heads=1 reads" in body["error"]
+    assert "after the boundary token" in body["error"]
+
+
+def test_a_run_with_no_checkpoint_and_a_damaged_checkpoint_say_so(lab, tmp_path):
+    for name in ("empty", "damaged"):
+        shutil.copytree(lab / "sweep" / "heads=1", tmp_path / name)
+    for ckpt in (tmp_path / "empty" / "checkpoints").glob("*.pt"):
+        ckpt.unlink()
+    best = tmp_path / "damaged" / "checkpoints" / "best.pt"
+    data = bytearray(best.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    best.write_bytes(bytes(data))
+    client = routes(tmp_path)["/attention"]
+    status, body = attention(client, run="empty", input="ka")
+    assert status == 400 and "empty has no checkpoint yet" in body["error"]
+    status, body = attention(client, run="damaged", input="ka")
+    assert status == 400 and body["error"].startswith("damaged: ") and "corrupt" in body["error"]
+    status, body = attention(client, run="damaged", checkpoint="last.pt", input="ka")
+    assert status == 200  # the run's other checkpoint still shows
+
+
+def test_the_model_cache_is_bounded_and_reloads_a_rewritten_checkpoint(lab):
+    cache = ModelCache(max_models=2)
+    run = lab / "sweep" / "heads=2" / "checkpoints"
+    paths = [run / "best.pt", run / "last.pt", run / "step-000006.pt"]
+    first = cache.get(paths[0])
+    assert cache.get(paths[0]) is first and len(cache) == 1
+    for path in paths[1:]:
+        cache.get(path)
+    assert len(cache) == 2 and cache.get(paths[0]) is not first  # the oldest was dropped
+    small = ModelCache(max_bytes=first.nbytes + 1)
+    for path in paths:
+        small.get(path)
+    assert len(small) == 1 and small.nbytes <= first.nbytes + 1
+
+
+# ----------------------------------------------------------------------------- in a browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def tensorboard(lab):
+    """A real TensorBoard on the sweep, its URL; stopped after the test."""
+    port = free_port()
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(lab / "sweep")]
+    server = subprocess.Popen(
+        [*command, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/data/plugins_listing", timeout=2) as r:
+                    listing = json.load(r)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"TensorBoard did not start: {server.stderr.read()}")
+                time.sleep(0.3)
+        if "microgpt" not in listing:
+            pytest.skip("the microgpt tab is not registered with TensorBoard: pip install -e .")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def chromium(url: str, *args: str) -> str:
+    """Load `url` in headless Chromium; its stdout (the DOM with --dump-dom)."""
+    command = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    command += ["--virtual-time-budget=15000", "--window-size=1400,900", *args, url]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def panels(dom: str) -> dict[str, str]:
+    """{run: the HTML of its panel} from a dumped page."""
+    parts = re.split(r'<section class="mg-panel" data-run="', dom)[1:]
+    return {part.split('"', 1)[0]: part for part in parts}
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_the_tab_in_a_browser_shows_one_panel_per_run_with_every_head(tensorboard, tmp_path):
+    page = f"{tensorboard}/data/plugin_entry.html?name=microgpt"
+    dom = chromium(f"{page}#input=kalo&q=1", "--dump-dom")
+    shown = panels(dom)
+    assert list(shown) == ["heads=1", "heads=2"], dom[-3000:]
+    for run, html in shown.items():
+        heads = int(run.split("=")[1])
+        assert f'data-heads="{heads}"' in html
+        assert html.count('<figure class="mg-head"') == heads  # 1 layer
+        queries = re.findall(
+            r'class="mg-label mg-query[^"]*" data-char="-?\d+"[^>]*>([^<]+)<', html
+        )
+        assert queries == ["&lt;s&gt;", "k", "a", "l", "o"] * heads
+        # q=1 pins the query "a": its row is highlighted and each head says where it looks
+        assert html.count('class="mg-label mg-query mg-on" data-char="1"') == heads
+        assert len(re.findall(r'<div class="mg-looks">a→', html)) == heads
+    unanalysed = '<div class="mg-role mg-unanalysed">not analysed</div>'
+    assert shown["heads=1"].count(unanalysed) == 1 and unanalysed not in shown["heads=2"]
+    errors = panels(chromium(f"{page}#input=Kalo!", "--dump-dom"))
+    assert all("does not know 'K', '!'" in html for html in errors.values())
+    for name, url in (("tab", f"{page}#input=kalo"), ("tensorboard", f"{tensorboard}/#microgpt")):
+        chromium(url, f"--screenshot={tmp_path / name}.png")
+        assert (tmp_path / f"{name}.png").stat().st_size > 10_000
