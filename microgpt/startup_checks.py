@@ -222,6 +222,8 @@ def _data_error(c: Config, job: list[str]) -> str | None:
     if path.is_file():
         return None
     if not path.exists():
+        # a preset that names how its file is built (data=shakespeare) says so
+        fix = f"build it first: {c.data.prepare}" if c.data.prepare else fix
         return f"no data file at {where} (data.path={c.data.path}); {fix}"
     if path.is_dir():
         return f"data.path={c.data.path}: {where} is a folder, not a file; {fix}"

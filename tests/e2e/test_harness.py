@@ -315,6 +315,13 @@ SETTINGS = [
 
 DATA = [
     train("data-missing", "data.path=data/missing.txt", message=r"no data file"),
+    # a preset's missing file names the command that builds it (the README promises it)
+    Case(
+        "data-shakespeare-missing",
+        "train.py",
+        [*(a for a in T if not a.startswith("data.path=")), NEW, "data=shakespeare"],
+        r"no data file at .*shakespeare\.txt .*build it first: python data/prepare\.py shakespeare",
+    ),
     train("data-folder", "data.path=data/folder", message=r"data/folder.* folder|directory"),
     train("data-empty", "data.path=data/empty.txt", message=r"is empty"),
     train("data-blank", "data.path=data/blank.txt", message=r"is empty \(or only blank lines\)"),
