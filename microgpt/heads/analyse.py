@@ -231,7 +231,8 @@ def char_counts(x: Tensor, y: Tensor, vocab_size: int) -> Tensor:
 def importance(model, x: Tensor, y: Tensor, mode: str = "zero") -> Tensor:
     """(L, H) float64: the rise in mean loss per character when each head alone is ablated,
     "zero" (its output times 0), "mean" (its output replaced by its mean over the rows),
-    "position" (by its mean at each position) or "gradient" (-d loss / d head_mask)."""
+    "position" (by its mean at each position); or "gradient": the mean over the rows of
+    |d loss(row) / d head_mask| (Michel et al. 2019), a sensitivity, not a rise."""
     if mode not in ("zero", "mean", "position", "gradient"):
         raise ValueError(f"mode={mode!r}: choose 'zero', 'mean', 'position' or 'gradient'")
     batches = model_batches(model, x, y)

@@ -9,8 +9,10 @@ losses are mean nats per real target (y >= 0), each batch weighted by its target
 - mean: its output replaced by its mean over every real position of the rows;
 - position mean: its output at position t replaced by its mean at t over the rows with a real
   query there (the ablation that is fair to a positional head, whose output depends on t);
-- gradient (Michel et al. 2019): -d loss / d head_mask at all ones, one backward pass for every
-  head: the first-order estimate of the zero ablation's rise (the mask scales the output linearly).
+- gradient (Michel et al. 2019): the mean over the rows (examples) of |d loss(row) / d mask_h|
+  at all ones, with loss(row) the row's mean nats per real target; per-row masks (B, L, H) give
+  every row's gradient of every head in one backward pass per batch. Unsigned: how sensitive each
+  row's loss is to the head, not the sign of a mean derivative that training drives to zero.
 
 Every intervention (scaling, replacing or capturing the heads' outputs) is a forward hook on the
 model's one hook point before W_O, `attn.hook_z` (`hooked_heads`), which every attention
@@ -22,8 +24,9 @@ with e_a = norm1(wte[a]) the attention's input for token a (position embeddings 
 - QK[a, b] = (e_a W_Q^h) . (e_b W_K^h) / sqrt(hd): the score a query token a gives a key token b;
 - OV[b, c] = lm_head(W_O^h (e_b W_V^h))[c]: how much attending to token b raises the logit of
   token c, on the direct path to the output (the final norm and later layers left out);
-- copying: the positive share of the OV matrix's eigenvalue mass, sum(max(Re l, 0)) / sum(|l|):
-  1 for a head that raises the token it reads (copying), about 0.5 for none, 0 for one lowering it.
+- copying: the OV matrix's eigenvalues l as sum(l) / sum(|l|) (its real part; Elhage et al.'s
+  measure), from -1 to 1: 1 for a head that raises the token it reads (copying), -1 for one
+  lowering it, 0 for none (a random matrix's eigenvalues: mean 0, their sum is its trace).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import math
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -67,14 +71,21 @@ def hooked_heads(model, hook) -> Iterator[None]:
 
 def scaled_heads(model, head_mask: Tensor | None):
     """While open, head h of layer l outputs head_mask[l, h] times its output (1 keeps it, 0 is
-    the zero ablation; a mask that requires grad gives d loss / d mask). None: no intervention."""
+    the zero ablation; a mask that requires grad gives d loss / d mask). A mask (B, L, H) scales
+    each row of a batch of B rows by its own (L, H). None: no intervention."""
     if head_mask is None:
         return contextlib.nullcontext()
     L, H, _ = model_heads(model)
-    if tuple(head_mask.shape) != (L, H):
-        raise ValueError(f"head_mask has shape {tuple(head_mask.shape)}; it must be ({L}, {H})")
-    # (L, H) -> (L, H, 1): layer l's row broadcasts over z (B, T, H, hd)
-    scale = head_mask[..., None]
+    if tuple(head_mask.shape[-2:]) != (L, H) or head_mask.dim() not in (2, 3):
+        raise ValueError(
+            f"head_mask has shape {tuple(head_mask.shape)}; it must be ({L}, {H}) or (B, {L}, {H})"
+        )
+    if head_mask.dim() == 2:
+        # (L, H) -> (L, H, 1): layer l's row broadcasts over z (B, T, H, hd)
+        scale = head_mask[..., None]
+    else:
+        # (B, L, H) -> (L, B, 1, H, 1): layer l's (B, 1, H, 1) broadcasts over z (B, T, H, hd)
+        scale = head_mask.transpose(0, 1)[:, :, None, :, None]
     return hooked_heads(model, lambda layer, z: z * scale[layer].to(z.dtype))
 
 
@@ -137,18 +148,33 @@ def mean_importance(model, batches, base: float, means: Tensor) -> Tensor:
 
 
 def gradient_importance(model, batches) -> Tensor:
-    """(L, H) -d loss / d head_mask at all ones, one backward pass per batch for every head; the
-    parameters' .grad are left untouched. Call outside torch.inference_mode."""
-    mask = keep_all(model, batches[0][0].device).requires_grad_(True)
-    total = sum(int((y >= 0).sum()) for _, y in batches)
-    grad = torch.zeros_like(mask)
-    with torch.enable_grad(), scaled_heads(model, mask):
+    """(L, H) the mean over the rows with a real target of |d loss(row) / d head_mask| at all
+    ones (Michel et al. 2019), loss(row) its mean nats per real target: one backward pass per
+    batch through per-row masks (B, L, H). The parameters' .grad are left untouched. Call outside
+    torch.inference_mode."""
+    L, H, _ = model_heads(model)
+    total = torch.zeros(L, H, dtype=torch.float64)
+    rows = 0
+    with torch.enable_grad():
         for x, y in batches:
-            _, loss = model(x, y)
-            n = int((y >= 0).sum())
-            if n:
-                grad += torch.autograd.grad(loss * (n / total), mask)[0]
-    return (-grad).double().cpu()
+            mask = torch.ones(x.shape[0], L, H, device=x.device, requires_grad=True)
+            with scaled_heads(model, mask):
+                logits, _ = model(x)
+            B, T, V = logits.shape
+            # (B*T, V), (B*T,) -> (B, T): each position's loss, 0 at padding
+            per_token = F.cross_entropy(
+                logits.reshape(B * T, V).float(),
+                y.reshape(B * T),
+                ignore_index=-1,
+                reduction="none",
+            ).view(B, T)
+            real = (y >= 0).sum(dim=1)  # (B,)
+            # row i's loss depends on mask[i] alone: the sum's gradient is every row's own
+            row_loss = per_token.sum(dim=1) / real.clamp(min=1)
+            grad = torch.autograd.grad(row_loss.sum(), mask)[0]  # (B, L, H)
+            total += grad[real > 0].abs().sum(dim=0).double().cpu()
+            rows += int((real > 0).sum())
+    return total / max(rows, 1)
 
 
 def pruning(model, batches, base: float, importance: Tensor, tolerance: float):
@@ -191,6 +217,14 @@ def rank_correlation(a: Tensor, b: Tensor) -> float:
 # ----------------------------------------------------------------------------- circuits
 
 
+def copying_score(matrix: Tensor) -> Tensor:
+    """sum(l) / sum(|l|) over the square matrix's eigenvalues l (real part of the sum): -1 to 1,
+    0 where every eigenvalue is 0."""
+    eig = torch.linalg.eigvals(matrix.double())  # complex; conjugate pairs: the sum is real
+    mass = eig.abs().sum()
+    return eig.sum().real / mass if mass > 0 else torch.zeros((), dtype=torch.float64)
+
+
 @torch.no_grad()
 def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
     """The layer-0 heads' QK (H, V, V) [query, key token] and OV (H, V, V) [key, output token]
@@ -212,7 +246,5 @@ def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
         written = v_h @ wo[:, h * hd : (h + 1) * hd].T  # (V, hd) @ (hd, C) -> (V, C)
         table = (written @ wu.T).double()  # (V, C) @ (C, V) -> (V, V): [key token, output token]
         ov.append(table)
-        eig = torch.linalg.eigvals(table)  # the circuit's eigenvalues (complex)
-        mass = eig.abs().sum()
-        copying.append(eig.real.clamp(min=0).sum() / mass if mass > 0 else torch.tensor(0.5))
+        copying.append(copying_score(table))
     return tuple(torch.stack(t).double().cpu() for t in (qk, ov, copying))

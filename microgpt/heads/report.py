@@ -18,6 +18,12 @@ PRUNE_TOLERANCE = 0.01  # nats: the loss rise a pruned model may have
 MIN_MASS = 0.5  # a pattern names a head when it holds at least this share of its attention...
 MIN_LIFT = 1.5  # ...and at least this many times what uniform attention would put there
 RARE_FRACTION = 0.2  # the `rare` class: the least frequent fifth of the characters
+# what the JSON's less obvious numbers measure (written beside them, under "measures")
+MEASURES = {
+    "gradient_importance": "mean over rows of |d loss(row) / d head_mask|, Michel et al. 2019",
+    "copying": "layer 0: sum(l) / sum(|l|) of the OV circuit's eigenvalues l, -1 to 1, 0 for none",
+    "layer0_circuits": "the first LayerNorm of the token embeddings, without position embeddings",
+}
 
 
 @dataclass
@@ -60,7 +66,7 @@ class HeadReport:
     zero_importance: Tensor  # zero ablation (its output times 0): loss rise
     mean_importance: Tensor  # mean ablation (one mean per head): loss rise
     position_importance: Tensor  # mean ablation with one mean per position: loss rise
-    gradient: Tensor  # -d loss / d head_mask: the first-order estimate of `zero_importance`
+    gradient: Tensor  # mean over rows of |d loss(row) / d head_mask| (Michel et al. 2019)
     entropy: Tensor  # nats, mean over real queries
     spread: Tensor  # entropy / log(keys seen), in [0, 1]
     offsets: Tensor  # (L, H, K): mean weight on offset 0, 1, ..., K-1
@@ -75,7 +81,7 @@ class HeadReport:
     probe: Probe | None = None  # None where the block is too short for a span of 2
     qk: Tensor | None = None  # (H, V, V) layer 0: [query token, key token] scores
     ov: Tensor | None = None  # (H, V, V) layer 0: [key token, output token] logit rises
-    copying: Tensor | None = None  # (H,) layer 0: share of positive OV eigenvalue mass
+    copying: Tensor | None = None  # (H,) layer 0: OV eigenvalues' sum(l) / sum(|l|), -1 to 1
     labels: list[str] = field(default_factory=list)  # the V tokens, for the circuit tables
     # Spearman rank correlations of the importance measures over the heads: gradient_vs_zero,
     # gradient_vs_mean, zero_vs_mean, zero_vs_position_mean (nan where one is constant)
@@ -145,6 +151,7 @@ class HeadReport:
                 "prunable": self.prunable,
             },
             "summaries": {k: _number(v) for k, v in self.summaries().items()},
+            "measures": MEASURES,
             "seconds": self.seconds,
             **self.extra,
         }
@@ -207,7 +214,7 @@ class HeadReport:
             f"| {layer} | {h} | {role} | {self.scores[layer, h]:.2f} | "
             f"{'-' if math.isnan(lift) else f'{lift:.1f}'} | "
             f"{self.entropy[layer, h]:.3f} | {self.zero_importance[layer, h]:+.4f} | "
-            f"{self.position_importance[layer, h]:+.4f} | {self.gradient[layer, h]:+.4f} | "
+            f"{self.position_importance[layer, h]:+.4f} | {self.gradient[layer, h]:.4f} | "
             f"{'-' if probe is None else f'{probe.prefix[layer, h]:.2f}'} | "
             f"{'-' if copying is None else f'{copying:.2f}'} |"
         )
@@ -224,8 +231,10 @@ class HeadReport:
             f"Role: a pattern holding mass >= {thresholds()['min_mass']} of the attention at "
             f"lift >= {thresholds()['min_lift']} (times uniform attention); score = the role's "
             f"mass (mixed: the largest above-chance mass). Importance = loss rise (nats) when the "
-            f"head is zeroed, or replaced by its mean at each position; gradient = -d loss / d "
-            f"head_mask. Rank correlation (Spearman) of gradient and zero ablation "
+            f"head is zeroed, or replaced by its mean at each position; gradient = the mean over "
+            f"rows of |d loss(row) / d head_mask| (Michel et al. 2019); copying (layer 0) = "
+            f"sum(l) / sum(|l|) of the OV circuit's eigenvalues, -1 to 1, 0 for none. Rank "
+            f"correlation (Spearman) of gradient and zero ablation "
             f"{corr['gradient_vs_zero']:.2f}, zero and mean ablation {corr['zero_vs_mean']:.2f}, "
             f"zero and per-position mean {corr['zero_vs_position_mean']:.2f}.",
         ]
@@ -250,7 +259,9 @@ class HeadReport:
         lines = [
             "Layer-0 circuits through the embeddings: for each token, the key token each head's "
             "query scores highest (QK) and the output token that attending to it raises most "
-            "(OV).",
+            "(OV). The tokens enter as the first LayerNorm of their embeddings without "
+            "position embeddings, an input the model never sees: a sketch of layer 0, not its "
+            "real scores.",
             "",
             f"| token | {head} |",
             "|:---|" + "---|" * (2 * H),

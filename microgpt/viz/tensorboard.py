@@ -178,9 +178,10 @@ class TensorBoardLogger:
 
     def circuits(self, step: int, report: HeadReport) -> None:
         """`heads/qk/layer0`, `heads/ov/layer0`: the layer-0 heads' QK and OV tables, each row
-        softmaxed, one panel per head."""
+        softmaxed, one panel per head (tokens as the first LayerNorm of their embeddings, without
+        positions)."""
         for name, table, title in (
-            ("qk", report.qk, "query token looks for key token"),
+            ("qk", report.qk, "query token looks for key token (no positions)"),
             ("ov", report.ov, "key token raises output token"),
         ):
             probs = torch.softmax(table.float(), dim=-1)  # (H, V, V), rows sum to 1

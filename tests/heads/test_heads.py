@@ -380,15 +380,57 @@ def test_gradient_importance_of_a_head_with_zero_wo_is_zero(rows):
     assert grad[0, 1] == 0.0
     others = torch.ones(2, 4, dtype=torch.bool)
     others[0, 1] = False
-    assert (grad[others].abs() > 1e-6).all()
+    assert (grad[others] > 1e-6).all()
     assert all(p.grad is None for p in model.parameters())  # the weights' .grad untouched
-    # the first-order estimate of a small ablation: scaling a head's mask by 1 - eps
-    layer, h, eps = 1, 2, 1e-3
-    mask = torch.ones(2, 4)
-    mask[layer, h] = 1 - eps
-    batches = length_batches(x, y)
-    rise = batches_loss(model, batches, mask) - batches_loss(model, batches, torch.ones(2, 4))
-    assert grad[layer, h] * eps == pytest.approx(rise, rel=0.05)
+
+
+def test_gradient_importance_is_the_mean_of_each_rows_absolute_slope(rows):
+    """Michel et al.'s score by hand: each row alone, its loss with one head scaled by 1 - eps
+    and by 1 + eps (a central difference), |slope| averaged over the rows."""
+    x, y, tok = rows
+    model = random_model(tok)
+    grad = importance(model, x, y, mode="gradient")
+    eps = 1e-3
+    for layer, h in ((0, 0), (1, 2)):
+        down, up = torch.ones(2, 4), torch.ones(2, 4)
+        down[layer, h], up[layer, h] = 1 - eps, 1 + eps
+        slopes = []
+        for i in range(x.shape[0]):
+            if (y[i] >= 0).any():
+                row = length_batches(x[i : i + 1], y[i : i + 1])
+                rise = batches_loss(model, row, up) - batches_loss(model, row, down)
+                slopes.append(abs(rise) / (2 * eps))
+        assert float(grad[layer, h]) == pytest.approx(sum(slopes) / len(slopes), rel=0.02)
+
+
+def test_gradient_importance_counts_slopes_of_opposite_sign():
+    """Two rows whose losses move in opposite directions with the head: the derivative of their
+    mean loss mostly cancels, Michel et al.'s score is the mean of the two |slopes|. Hand-built: one layer,
+    one head whose output adds +/- to the logit of token 1, read by rows of token 1 or 2."""
+    model = GPT(GPTConfig(vocab_size=3, block_size=2, n_layer=1, n_embd=4, n_head=1,
+                          norm="rmsnorm"))  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.wte.weight.copy_(torch.tensor([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0]]))
+        w = model.blocks[0].attn.qkv.weight  # (12, 4): v[0] = x[1] - x[2]
+        w[8, 1], w[8, 2] = 1.0, -1.0
+        model.blocks[0].attn.proj.weight[3, 0] = 1.0  # out[3] = v[0]
+        model.lm_head.weight[1, 3] = 1.0  # logit of token 1 = out[3]
+    # row of token 1 -> target 1: the head raises the right logit; token 2 -> target 1: lowers it
+    x, y = torch.tensor([[1], [2]]), torch.tensor([[1], [1]])
+    grad = importance(model.eval(), x, y, mode="gradient")
+    # the residual is 2 at the token's channel and s = +/-2 m at channel 3 (norm1 leaves the
+    # embedding as it is); the final RMSNorm divides by sqrt((4 + s^2) / 4), so the logit of
+    # token 1 is l = 2 s / sqrt(4 + s^2), dl/dm = +/-2 * 8 / (4 + s^2)^1.5 at m = 1, and the
+    # loss log(2 + e^l) - l has dloss/dl = e^l / (2 + e^l) - 1
+    slopes = []
+    for sign in (1.0, -1.0):
+        s = 2.0 * sign
+        logit, dl_dm = 2 * s / math.sqrt(4 + s * s), sign * 16 / (4 + s * s) ** 1.5
+        slopes.append(abs((math.exp(logit) / (2 + math.exp(logit)) - 1) * dl_dm))
+    # (0.231 and 0.631 here: the derivative of the mean loss would be 0.2, its mean |.| 0.43)
+    assert float(grad[0, 0]) == pytest.approx(sum(slopes) / 2, rel=1e-3)
 
 
 def test_rank_correlation():
@@ -448,16 +490,33 @@ def test_layer0_circuits_match_a_hand_computation():
     expected_ov[0, 1] = -2.0
     torch.testing.assert_close(ov[0], expected_ov, rtol=1e-4, atol=1e-6)
     # [[0, -2, 0], [0, 0, 0], [2, 0, 0]] is nilpotent: every eigenvalue 0, no preference
-    assert copying[0] == 0.5
+    assert copying[0] == 0.0
     with torch.no_grad():  # a copying head: OV = diag(2, 2, 0), each token raises itself
         w[8:12].zero_()
         w[8, 0] = w[9, 1] = 1.0
         model.blocks[0].attn.proj.weight.zero_()
         model.blocks[0].attn.proj.weight[3, 0] = model.blocks[0].attn.proj.weight[2, 1] = 1.0
     assert layer0_circuits(model)[2][0] == pytest.approx(1.0)
-    with torch.no_grad():  # diag(-2, 2, 0): half the eigenvalue mass positive
+    with torch.no_grad():  # diag(-2, 2, 0): as much raised as lowered
         w[8, 0] = -1.0
-    assert layer0_circuits(model)[2][0] == pytest.approx(0.5)
+    assert layer0_circuits(model)[2][0] == pytest.approx(0.0, abs=1e-6)
     with torch.no_grad():  # diag(-2, -2, 0): an anti-copying head
         w[9, 1] = -1.0
-    assert layer0_circuits(model)[2][0] == pytest.approx(0.0, abs=1e-6)
+    assert layer0_circuits(model)[2][0] == pytest.approx(-1.0)
+
+
+def test_copying_score_of_known_matrices():
+    from microgpt.heads.circuits import copying_score
+
+    torch.manual_seed(0)
+    V = 27
+    near_identity = torch.eye(V) * 3 + 0.1 * torch.randn(V, V)
+    assert float(copying_score(near_identity)) > 0.95
+    assert float(copying_score(-torch.eye(V))) == pytest.approx(-1.0)
+    assert float(copying_score(torch.zeros(V, V))) == 0.0
+    # a rotation by 90 degrees: eigenvalues +/- i, nothing raised or lowered
+    assert float(copying_score(torch.tensor([[0.0, -1], [1, 0]]))) == pytest.approx(0.0, abs=1e-9)
+    # random matrices: no copying on average (the old positive-mass share gave 0.33 here)
+    scores = torch.stack([copying_score(torch.randn(V, V)) for _ in range(200)])
+    assert abs(float(scores.mean())) < 0.02
+    assert float(scores.abs().max()) < 0.5
