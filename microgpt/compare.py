@@ -16,7 +16,8 @@ them: config, metrics, checkpoint) and prints one row per run, sorted by head co
   spans; repeat gain: first copy's loss - the repeat's; copying: the most copying layer-0 head's
   OV score; named: heads with a role; then the count of each role some run has (mixed always).
   From `python -m microgpt.heads RUN`'s analysis of the row's checkpoint (best.pt, else
-  last.pt) where there is one, else the last `heads/...` scalars the run logged.
+  last.pt) where there is one, else the last `heads/...` scalars the run logged; heads step: of
+  which step, `*` and a line under the table where that is not the checkpoint's (or last) step.
 
 It also draws the validation loss curves, one per run, into `<folder>/val_loss.png` (--plot).
 """
@@ -41,7 +42,7 @@ from omegaconf.errors import OmegaConfBaseException
 from microgpt import runs
 from microgpt.errors import UserError, print_error
 from microgpt.files import check_new_file
-from microgpt.heads.report import ROLES
+from microgpt.heads.report import ROLES, read_analysis
 from microgpt.runs import RunFolder
 from microgpt.train.checkpoint import CheckpointError, load_checkpoint
 from microgpt.viz.plot import plot_lines
@@ -74,6 +75,8 @@ class RunSummary:
     val_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, loss/val)
     heads_summary: dict[str, float] = field(default_factory=dict)  # HeadReport.summaries()
     data: str = "?"  # the data it was trained on: path and a hash of its split's items
+    heads_step: int | None = None  # the step the head columns were measured at
+    latest_step: int | None = None  # the step they should be of (the checkpoint's, else last)
 
     @property
     def prunable(self) -> float:
@@ -137,8 +140,9 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     }
 
 
-def _from_checkpoint(run: Path) -> tuple[int | None, str]:
-    """The checkpoint's parameter count (tied weights once) and data ("path #hash of the split")."""
+def _from_checkpoint(run: Path) -> tuple[int | None, str, int | None]:
+    """The checkpoint's parameter count (tied weights once), data ("path #hash of the split") and
+    step (best.pt's, else last.pt's)."""
     folder = RunFolder(run)
     problems = []
     for path in (folder.best, folder.last):
@@ -148,18 +152,17 @@ def _from_checkpoint(run: Path) -> tuple[int | None, str]:
             except CheckpointError as e:
                 problems.append(str(e))
                 continue
-            seen, total = set(), 0
-            for t in ckpt["model"].values():
-                key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-                if key not in seen:
-                    seen.add(key)
-                    total += t.numel()
+            sizes = {  # tied weights share a storage: each counted once
+                (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
+                for t in ckpt["model"].values()
+            }
+            total = sum(sizes.values())
             split = json.dumps(ckpt.get("split"), sort_keys=True).encode()
             data = (ckpt.get("train_config") or {}).get("data", {}).get("path", "?")
-            return total, f"{data} #{hashlib.sha256(split).hexdigest()[:8]}"
+            return total, f"{data} #{hashlib.sha256(split).hexdigest()[:8]}", ckpt.get("step")
     if problems:  # every checkpoint it has is damaged
         raise CompareError(problems[0])
-    return None, "?"
+    return None, "?", None
 
 
 def read_run(run: Path, root: Path) -> RunSummary:
@@ -168,7 +171,7 @@ def read_run(run: Path, root: Path) -> RunSummary:
     heads = OmegaConf.select(cfg, "model.n_head")
     kv_heads = OmegaConf.select(cfg, "model.n_kv_head")
     scalars = _scalars(run)
-    params, data = _from_checkpoint(run)
+    params, data, step = _from_checkpoint(run)
     summary = RunSummary(
         _name(run, root), run, heads=heads, kv_heads=kv_heads, params=params, data=data
     )
@@ -185,7 +188,8 @@ def read_run(run: Path, root: Path) -> RunSummary:
         if layer and points:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
     summary.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
-    summary.heads_summary = _heads_summary(run, scalars)
+    heads = _heads_summary(run, scalars, step)
+    summary.heads_summary, summary.heads_step, summary.latest_step = heads
     return summary
 
 
@@ -193,21 +197,18 @@ def _name(run: Path, root: Path) -> str:
     return str(run.relative_to(root)) if run != root else run.name
 
 
-def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
-    """The analysis of the row's checkpoint (best.pt, else last.pt), else the logged scalars."""
+def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]], checkpoint_step):
+    """(summaries, the step they are of, the step they should be of): the analysis of the row's
+    checkpoint (best.pt, else last.pt), else each logged summary's last value (of the last step)."""
     folder = RunFolder(run)
     checkpoint = folder.default_checkpoint()
-    path = folder.analysis(checkpoint) if checkpoint is not None else None
-    if path is not None and path.is_file():
-        try:
-            return dict(json.loads(path.read_text())["summaries"])
-        except (ValueError, KeyError, TypeError):
-            pass  # unreadable: fall back to the event files
-    return {
-        tag: max(points)[1]  # the last step's value
-        for tag, points in scalars.items()
-        if tag.startswith("heads/") and points
-    }
+    analysis = read_analysis(folder.analysis(checkpoint)) if checkpoint is not None else None
+    if analysis is not None:
+        return *analysis, checkpoint_step
+    logged = {t: max(points) for t, points in scalars.items() if t.startswith("heads/") and points}
+    step = max((s for s, _ in logged.values()), default=None)
+    last = max((s for points in scalars.values() for s, _ in points), default=None)
+    return {tag: value for tag, (_, value) in logged.items()}, step, last
 
 
 def read_runs(folder: str | Path) -> list[RunSummary]:
@@ -265,17 +266,18 @@ def format_table(runs: list[RunSummary]) -> str:
     n_imp = max((len(r.importance_max) for r in runs), default=0)
     header = ["run", "heads", "params", "best val", "test", "tok/s"]
     header += _layer_header("entropy", n_layers)
-    # the roles some run has (mixed always; nan > 0 is False): 18 columns of zeros would hide the
-    # ones that count
+    # the roles some run has (mixed always; nan > 0 is False), not 18 columns mostly of zeros
     roles = [x for x in ROLES if x == "mixed" or any(r.role_counts[x] > 0 for r in runs)]
-    header += ["prunable", *_layer_header("importance", n_imp), *SUMMARY_COLUMNS, *roles]
+    header += ["heads step", "prunable", *_layer_header("importance", n_imp), *SUMMARY_COLUMNS]
+    header += roles
     rows = [_row(r, n_layers, n_imp, roles) for r in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = []
     for first, *rest in [header, *rows]:
         cells = [str(first).ljust(widths[0]), *(str(c).rjust(w) for c, w in zip(rest, widths[1:]))]
         lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines + _lowest_val_loss(runs))
+    stale = [line for line in map(_stale, runs) if line]
+    return "\n".join(lines + stale + _lowest_val_loss(runs))
 
 
 def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str]:
@@ -289,11 +291,21 @@ def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str
         _rate(r.tokens_per_sec),
     ]
     row += [_num(x, ".3f") for x in _pad(r.entropy, n_layers)]
+    row.append("-" if r.heads_step is None else f"{r.heads_step}{'*' if _stale(r) else ''}")
     row.append(_num(r.prunable, ".0f"))
     row += [_num(x, ".4f") for x in _pad(r.importance_max, n_imp)]
     row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
     row += [_num(r.role_counts[role], ".0f") for role in roles]
     return row
+
+
+def _stale(r: RunSummary) -> str:
+    if None in (r.heads_step, r.latest_step) or r.heads_step == r.latest_step:
+        return ""
+    return (
+        f"* {r.name}: its head columns are of step {r.heads_step}, not {r.latest_step} "
+        f"(python -m microgpt.heads {r.path} measures them again)"
+    )
 
 
 def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
@@ -312,10 +324,8 @@ def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
         if scored:
             best = min(scored, key=lambda r: r.best_val_loss)
             where = f" on {data}: {', '.join(r.name for r in group)}" if len(groups) > 1 else ""
-            lines.append(
-                f"lowest validation loss{where}: {best.name} ({best.label}, "
-                f"{best.best_val_loss:.4f})"
-            )
+            label = f"{best.name} ({best.label}, {best.best_val_loss:.4f})"
+            lines.append(f"lowest validation loss{where}: {label}")
     return lines
 
 
@@ -349,16 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m microgpt.compare", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument(
-        "folder", help="a sweep folder (multirun/<date>/<time>) or any folder holding runs"
-    )
-    parser.add_argument(
-        "--plot", help="where to write the validation loss PNG (default: FOLDER/val_loss.png)"
-    )
-    parser.add_argument("--no-plot", action="store_true", help="print the table only")
-    parser.add_argument(
-        "--overwrite", action="store_true", help="let --plot replace an existing file"
-    )
+    add = parser.add_argument
+    add("folder", help="a sweep folder (multirun/<date>/<time>) or any folder holding runs")
+    add("--plot", help="where to write the validation loss PNG (default: FOLDER/val_loss.png)")
+    add("--no-plot", action="store_true", help="print the table only")
+    add("--overwrite", action="store_true", help="let --plot replace an existing file")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_interrupt)  # as cli.startup_signals: one line, not death
     try:

@@ -119,7 +119,7 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     induction, gain, copying, named = row[-len(shown) - 4 : -len(shown)]
     assert float(induction) == pytest.approx(runs[0].summary("induction_max"), abs=0.01)
     assert float(gain) == pytest.approx(runs[0].summary("repeat_loss_gain"), abs=0.001)
-    assert 0 <= float(copying) <= 1 and int(named) == 1 - int(
+    assert -1 <= float(copying) <= 1 and int(named) == 1 - int(
         row[shown.index("mixed") - len(shown)]
     )
     assert int(prunable) == runs[0].prunable
@@ -137,6 +137,40 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
         assert two.prunable == 2 and two.importance_max == [0.125]
     finally:
         (root / "heads=2" / "heads-best.json").unlink()
+
+
+def test_each_runs_head_columns_show_their_step_and_a_stale_one_is_flagged(sweep, capsys):
+    """The resumed-sweep case: an analysis of best.pt made before the run went on (its step is
+    not the checkpoint's) gets a `*` and a line saying so; logged summaries are of the last
+    step."""
+    from microgpt.heads.command import main as heads_main
+
+    root, _ = sweep
+    analysis = root / "heads=2" / "heads-best.json"
+    assert heads_main([str(root / "heads=2")]) == 0
+    best_step = load_checkpoint(root / "heads=2" / "checkpoints" / "best.pt")["step"]
+    last_logged = max(json.loads(line)["step"] for line in open(root / "heads=1" / "metrics.jsonl"))
+    try:
+        capsys.readouterr()
+        assert main([str(root), "--no-plot"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        # the column's cell: "best val", "entropy L0" and "heads step" are two words each
+        at = lines[0].split().index("step") - 3
+        rows = {line.split()[0]: line.split() for line in lines[1:3]}
+        assert rows["heads=2"][at] == str(best_step)
+        assert rows["heads=1"][at] == str(last_logged)
+        assert not any(line.startswith("* ") for line in lines)
+        data = json.loads(analysis.read_text())
+        data["step"] = best_step - 1
+        analysis.write_text(json.dumps(data))
+        assert main([str(root), "--no-plot"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[2].split()[at] == f"{best_step - 1}*"
+        assert f"* heads=2: its head columns are of step {best_step - 1}, not {best_step} " in (
+            "\n".join(lines)
+        )
+    finally:
+        analysis.unlink()
 
 
 def test_runs_on_different_data_are_not_ranked_against_each_other(sweep, tmp_path, capsys):

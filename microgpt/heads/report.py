@@ -4,8 +4,10 @@ read the same whatever the head count, JSON and markdown."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from torch import Tensor
 
@@ -275,6 +277,16 @@ class HeadReport:
             )
             lines.append(f"| {_cell(label)} | {cells} |")
         return "\n".join(lines)
+
+
+def read_analysis(path: Path) -> tuple[dict[str, float], int | None] | None:
+    """(summaries, step) of an analysis file python -m microgpt.heads wrote (to_dict, with the
+    checkpoint's step); None where there is none or it cannot be read."""
+    try:
+        data = json.loads(path.read_text())
+        return dict(data["summaries"]), data.get("step")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _cell(label: str) -> str:

@@ -405,8 +405,9 @@ def test_gradient_importance_is_the_mean_of_each_rows_absolute_slope(rows):
 
 def test_gradient_importance_counts_slopes_of_opposite_sign():
     """Two rows whose losses move in opposite directions with the head: the derivative of their
-    mean loss mostly cancels, Michel et al.'s score is the mean of the two |slopes|. Hand-built: one layer,
-    one head whose output adds +/- to the logit of token 1, read by rows of token 1 or 2."""
+    mean loss mostly cancels, Michel et al.'s score is the mean of the two |slopes|. Hand-built:
+    one layer, one head whose output adds +/- to the logit of token 1, read by rows of token 1
+    or 2."""
     model = GPT(GPTConfig(vocab_size=3, block_size=2, n_layer=1, n_embd=4, n_head=1,
                           norm="rmsnorm"))  # fmt: skip
     with torch.no_grad():
