@@ -5,9 +5,6 @@
 Reads every run folder under the given folder (as `python train.py -m heads=1,2,4,8` writes
 them: config, metrics, checkpoint) and prints one row per run, sorted by head count:
 
-    run      heads  params  best val  test   tok/s  entropy L0  L1
-    heads=1      1  204,544   2.0712  2.0801  91.2k       0.93  1.10
-
 - best val: the lowest `loss/val`; test: `loss/test` (the best checkpoint's weights);
   tok/s: the median logged `tokens_per_sec`; entropy: each layer's mean attention entropy
   (nats) at the last logged step
@@ -365,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--no-plot", action="store_true", help="print the table only")
     add("--overwrite", action="store_true", help="let --plot replace an existing file")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # as cli.startup_signals: one line, not death
+    # as cli.startup_signals: one line, not death; an in-process caller gets its handler back
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         plot = None
         if not args.no_plot:  # --plot names a new file; the default is compare's own, replaced
@@ -389,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         name = e.args[0] if e.args else "SIGINT"
         print(f"microgpt: interrupted ({name}): nothing was written", file=sys.stderr, flush=True)
         return 128 + signal.Signals[name].value
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
