@@ -15,6 +15,8 @@ import hashlib
 import importlib.util
 import io
 import os
+import re
+import shutil
 import signal
 import sys
 from dataclasses import dataclass
@@ -141,3 +143,34 @@ def changes(before: dict, after: dict) -> tuple[list[str], list[str], list[str]]
     removed = sorted(k for k in before if k not in after)
     added = sorted(k for k in after if k not in before)
     return changed, removed, added
+
+
+def remove_added(root: Path, added) -> None:
+    """Put the sandbox back for the next case: remove what a command added."""
+    for p in added:
+        path = root / p
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def check_one_line(case, r: Result, success_on_stdout: bool = False) -> None:
+    """The harness's promise for a command: no traceback, the exit status expected, and a failure
+    is `case.lines` lines of `microgpt: error:` (the first matching case.message), nothing else
+    on train.py's or sample.py's stderr; a success prints case.message (on stdout, if
+    success_on_stdout) and no error."""
+    text = r.stdout + r.stderr
+    assert "Traceback" not in text, text[-3000:]
+    assert r.code == case.code, text[-3000:]
+    if case.code == 0:
+        shown = r.stdout if success_on_stdout else text
+        assert re.search(case.message, shown), shown[-2000:]
+        assert not r.errors, r.stderr
+        return
+    assert len(r.errors) == case.lines, r.stderr[-2000:]
+    where = r.errors[0] if case.lines else r.stderr
+    assert re.search(case.message, where), where
+    if case.command in ("train.py", "sample.py"):  # nothing else on stderr: the one line
+        others = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith("microgpt")]
+        assert not others, r.stderr
