@@ -46,6 +46,10 @@ class Result:
     stderr: str
 
     @property
+    def text(self) -> str:
+        return self.stdout + self.stderr
+
+    @property
     def errors(self) -> list[str]:
         return [line for line in self.stderr.splitlines() if line.startswith("microgpt: error")]
 
@@ -160,7 +164,7 @@ def check_one_line(case, r: Result, success_on_stdout: bool = False) -> None:
     is `case.lines` lines of `microgpt: error:` (the first matching case.message), nothing else
     on train.py's or sample.py's stderr; a success prints case.message (on stdout, if
     success_on_stdout) and no error."""
-    text = r.stdout + r.stderr
+    text = r.text
     assert "Traceback" not in text, text[-3000:]
     assert r.code == case.code, text[-3000:]
     if case.code == 0:

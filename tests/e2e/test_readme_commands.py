@@ -42,6 +42,7 @@ from typing import Callable
 import pytest
 
 from tests.conftest import REPO
+from tests.e2e.harness import Result
 from tests.e2e.harness import run as run_in_process
 
 README = REPO / "README.md"
@@ -100,17 +101,6 @@ def fake_play(n_chars: int, seed: int) -> str:
         parts.append(f"{rng.choice(speakers)}:\n" + "\n".join(lines) + "\n\n")
         size += len(parts[-1])
     return "".join(parts)
-
-
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def text(self) -> str:
-        return self.stdout + self.stderr
 
 
 class Sandbox:
@@ -383,7 +373,6 @@ def _run(sandbox: Sandbox, words: list[str], how: How) -> Result:
     if in_process and target in IN_PROCESS:  # the fast version: one process, same cli path
         name = target.removeprefix("microgpt.")
         r = run_in_process(name, *words[(3 if words[1] == "-m" else 2) :], cwd=cwd)
-        r = Result(r.code, r.stdout, r.stderr)
     else:
         env = _env()
         if words[0] == "torchrun":  # torchrun's own --master-port, as its environment variable
