@@ -1,9 +1,6 @@
-"""The Hydra glue shared by train.py and sample.py, and the one place user errors become one line.
-
-Before @hydra.main composes anything: the schemas and two resolvers (the run folder, a sweep
-job's folder; neither writes anything), quiet non-zero ranks, and the command line checked
-(microgpt.startup_checks). Hydra writes nothing into a run folder (`hydra.output_subdir: null`):
-the run claims it, then writes its own config and command (microgpt.runs).
+"""The Hydra glue shared by train.py and sample.py, and the one place user errors become one line:
+the schemas and two resolvers (the run folder, a sweep job's folder; neither writes anything),
+quiet non-zero ranks, the command line checked first (microgpt.startup_checks), resume settings.
 """
 
 from __future__ import annotations
@@ -25,13 +22,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from microgpt import runs
 from microgpt.config import parse_resume, register_configs
-from microgpt.errors import UserError, error_line, print_error
+from microgpt.errors import UserError, print_error
 from microgpt.startup_checks import check_command_line, sweep_jobs
 from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
 from microgpt.train.checkpoint import CheckpointError, load_checkpoint
 from microgpt.train.trainer import Interrupted, TrainingError
 
 SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"
+# Under torchrun every rank runs @hydra.main in the one run folder; ranks other than 0 write
+# nothing there (no train.log: console only, warnings and errors).
+OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.level=WARNING")
 
 
 def register() -> None:
@@ -44,21 +44,38 @@ def register() -> None:
     quiet_other_ranks(sys.argv)
 
 
+def main(hydra_main, conf_dir: Path, config_name: str) -> None:
+    """What train.py and sample.py run: check the command line, then hand it to Hydra. SIGTERM
+    before the training loop's own handler raises KeyboardInterrupt, so an interrupted start-up
+    says what happened and leaves no half-made run folder."""
+    sys.argv[1:] = quote_values(sys.argv[1:])
+    check_command_line(sys.argv[1:], conf_dir, config_name)
+
+    def handle(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGTERM, handle)
+    with user_errors():  # a signal while Hydra starts, before main's own user_errors
+        hydra_main()
+
+
+def quote_values(argv: list[str]) -> list[str]:
+    """key=value arguments whose value holds '=' (run=multirun/<d>/<t>/heads=4) with the value
+    quoted, as Hydra's grammar needs; quoted values, lists, dicts and interpolations as typed."""
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        typed = value[:1] in ("'", '"', "[", "{") or "${" in value
+        if not eq or arg.startswith("-") or "=" not in value or typed:
+            out.append(arg)
+        else:
+            quote = next((q for q in ("'", '"') if q not in value), "")
+            out.append(f"{key}={quote}{value}{quote}")  # both quotes: Hydra says what it can't read
+    return out
+
+
 # ----------------------------------------------------------------------------- run folders
-
-
-def _launcher_start_time() -> float | None:
-    """When torchrun's agent (our parent process) started, so that all its ranks pick one folder."""
-    if "LOCAL_WORLD_SIZE" not in os.environ:
-        return None
-    try:
-        fields = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
-        start_ticks = int(fields[19])  # field 22 of stat: start time in clock ticks after boot
-        stat = Path("/proc/stat").read_text().splitlines()
-        boot = next(int(line.split()[1]) for line in stat if line.startswith("btime"))
-        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def run_dir(resume, default: str) -> str:
@@ -69,26 +86,30 @@ def run_dir(resume, default: str) -> str:
         folder = runs.resume_folder(parse_resume(resume))
         if folder is not None:
             return str(folder)
-    start = _launcher_start_time()
-    if start is not None and default.startswith("outputs/"):
+    if "LOCAL_WORLD_SIZE" not in os.environ or not default.startswith("outputs/"):
+        return default
+    # when torchrun's agent (our parent process) started: field 22 of its stat, in clock ticks
+    with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
+        ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        stat = Path("/proc/stat").read_text().splitlines()
+        boot = next(int(line.split()[1]) for line in stat if line.startswith("btime"))
+        start = boot + ticks / os.sysconf("SC_CLK_TCK")
         return time.strftime("outputs/%Y-%m-%d/%H-%M-%S", time.localtime(start))
     return default
 
 
-def swept_keys(argv: list[str]) -> list[str]:
-    """The keys a `-m` command line sweeps over: heads=1,2,4 or seed=range(3) -> [heads, seed]."""
+def record_swept_keys(argv: list[str]) -> None:
+    """The keys a `-m` command line sweeps (heads=1,2,4 seed=range(3) -> heads,seed), for
+    job_dir, kept in the environment (launcher subprocesses see it)."""
+    if "-m" not in argv and "--multirun" not in argv:
+        return
     args = [a for a in quote_values(argv) if "=" in a and not a.startswith(("-", "hydra"))]
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException:
-        return []
-    return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
-
-
-def record_swept_keys(argv: list[str]) -> None:
-    """Remember the swept keys for job_dir (in the environment: launcher subprocesses see it)."""
-    if "-m" in argv or "--multirun" in argv:
-        os.environ[SWEPT_KEYS_ENV] = ",".join(swept_keys(argv))
+        parsed = []
+    keys = [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
+    os.environ[SWEPT_KEYS_ENV] = ",".join(keys)
 
 
 def job_dir(task_overrides, job_num) -> str:
@@ -122,11 +143,6 @@ class ShareCores(Callback):
         os.environ[THREADS_ENV] = str(share(cores, at_once))
 
 
-# Under torchrun every rank runs @hydra.main in the one run folder; ranks other than 0 write
-# nothing there (no train.log: console only, warnings and errors).
-OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.level=WARNING")
-
-
 def quiet_other_ranks(argv: list[str]) -> None:
     """Add OTHER_RANK_OVERRIDES to a torchrun worker's command line when its RANK is not 0."""
     if "LOCAL_WORLD_SIZE" not in os.environ or os.environ.get("RANK", "0") == "0":
@@ -146,17 +162,17 @@ def user_errors():
     try:
         yield
     except Interrupted as e:
-        print(f"microgpt: {e}\nmicrogpt: resume with: {resume_command(e.checkpoint)}",
-              file=sys.stderr)  # fmt: skip
+        resume = shlex.join(["python", Path(sys.argv[0]).name, f"resume={e.checkpoint}"])
+        print(f"microgpt: {e}\nmicrogpt: resume with: {resume}", file=sys.stderr)
         sys.exit(130)
     except (UserError, TrainingError, OSError) as e:
         removed = remove_debris()
-        note = f" (removed the unused run folder {removed})" if removed else ""
-        print_error(f"{error_line(e)}{note}")
+        print_error(e, f" (removed the unused run folder {removed})" if removed else "")
         sys.exit(2)
     except KeyboardInterrupt as e:  # args: (signal name, what happened), either may be missing
         signame = e.args[0] if e.args else "SIGINT"
         removed = remove_debris()
+        what = "checkpoints already written are intact"
         if len(e.args) > 1:
             what = e.args[1]
         elif removed:
@@ -164,16 +180,9 @@ def user_errors():
                 f"before the first checkpoint; removed the run folder {removed}, so there is "
                 f"nothing to resume: start again"
             )
-        else:
-            what = "checkpoints already written are intact"
         print(f"microgpt: interrupted ({signame}): {what}", file=sys.stderr)
         code = signal.Signals[signame].value if signame in signal.Signals.__members__ else 2
         sys.exit(128 + code)
-
-
-def resume_command(checkpoint) -> str:
-    """The short command that continues a run: the checkpoint holds every setting."""
-    return shlex.join(["python", Path(sys.argv[0]).name, f"resume={checkpoint}"])
 
 
 def remove_debris() -> str | None:
@@ -183,8 +192,8 @@ def remove_debris() -> str | None:
     with contextlib.suppress(ValueError):  # no Hydra run here (tests, other commands)
         hydra = HydraConfig.get()
         if hydra.job.config_name == "config":
-            made_for = hydra.runtime.output_dir
-    if made_for is not None and Path(made_for).resolve() == Path.cwd().resolve():
+            made_for = Path(hydra.runtime.output_dir)
+    if made_for is not None and made_for.resolve() == Path.cwd().resolve():
         made_for = None
     return runs.discard(_close_log_files, made_for)
 
@@ -196,17 +205,6 @@ def _close_log_files(folder: Path) -> None:
             if name and Path(name).parent == folder.absolute():
                 h.close()
                 logger.removeHandler(h)
-
-
-def startup_signals() -> None:
-    """SIGTERM before the training loop installs its own handler raises KeyboardInterrupt, so an
-    interrupted start-up says what happened and leaves no half-made run folder."""
-
-    def handle(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    with contextlib.suppress(ValueError):  # not the main thread
-        signal.signal(signal.SIGTERM, handle)
 
 
 # ----------------------------------------------------------------------------- resume
@@ -242,27 +240,3 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
         merged.heads = None
     merged.out_dir, merged.resume = str(cfg.out_dir), str(path)
     return merged
-
-
-def quote_values(argv: list[str]) -> list[str]:
-    """key=value arguments whose value holds '=' (run=multirun/<d>/<t>/heads=4) with the value
-    quoted, as Hydra's grammar needs; quoted values, lists, dicts and interpolations as typed."""
-    out = []
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        typed = value[:1] in ("'", '"', "[", "{") or "${" in value
-        if not eq or arg.startswith("-") or "=" not in value or typed:
-            out.append(arg)
-        else:
-            quote = next((q for q in ("'", '"') if q not in value), "")
-            out.append(f"{key}={quote}{value}{quote}")  # both quotes: Hydra says what it can't read
-    return out
-
-
-def main(hydra_main, conf_dir: Path, config_name: str) -> None:
-    """What train.py and sample.py run: check the command line, then hand it to Hydra."""
-    sys.argv[1:] = quote_values(sys.argv[1:])
-    check_command_line(sys.argv[1:], conf_dir, config_name)
-    startup_signals()
-    with user_errors():  # a signal while Hydra starts, before main's own user_errors
-        hydra_main()
