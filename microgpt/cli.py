@@ -45,12 +45,11 @@ def register() -> None:
 
 
 def main(hydra_main, conf_dir: Path, config_name: str) -> None:
-    """What train.py and sample.py run: check the command line, then hand it to Hydra. SIGTERM
-    before the training loop's own handler raises KeyboardInterrupt, so an interrupted start-up
-    says what happened and leaves no half-made run folder."""
+    """What train.py and sample.py run: check the command line, then hand it to Hydra."""
     sys.argv[1:] = quote_values(sys.argv[1:])
     check_command_line(sys.argv[1:], conf_dir, config_name)
 
+    # SIGTERM before the training loop's handler: one line, and no half-made run folder
     def handle(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -79,9 +78,8 @@ def quote_values(argv: list[str]) -> list[str]:
 
 
 def run_dir(resume, default: str) -> str:
-    """hydra.run.dir (resolver `microgpt_run_dir`): the run a resume continues, else `default`
-    (outputs/<date>/<time>; under torchrun the launcher's start time, one folder for all ranks).
-    A resume that names no run is refused by the start-up checks, not here."""
+    """hydra.run.dir: the run a resume continues, else `default` (under torchrun, named by the
+    launcher's start time: one folder for all ranks)."""
     with contextlib.suppress(runs.RunFolderError):
         folder = runs.resume_folder(parse_resume(resume))
         if folder is not None:
@@ -99,8 +97,7 @@ def run_dir(resume, default: str) -> str:
 
 
 def record_swept_keys(argv: list[str]) -> None:
-    """The keys a `-m` command line sweeps (heads=1,2,4 seed=range(3) -> heads,seed), for
-    job_dir, kept in the environment (launcher subprocesses see it)."""
+    """Keep the keys a -m command line sweeps in the environment, for job_dir in any process."""
     if "-m" not in argv and "--multirun" not in argv:
         return
     args = [a for a in quote_values(argv) if "=" in a and not a.startswith(("-", "hydra"))]
@@ -113,8 +110,8 @@ def record_swept_keys(argv: list[str]) -> None:
 
 
 def job_dir(task_overrides, job_num) -> str:
-    """hydra.sweep.subdir: a sweep job's folder named by its swept settings ("heads=4"), so that
-    TensorBoard's run list reads heads=1, heads=2, ...; else every override, else the number."""
+    """hydra.sweep.subdir: a job's folder named by its swept settings ("heads=4"), else by every
+    override, else by its number."""
     swept = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
     overrides = [str(o) for o in task_overrides]
     if swept:
@@ -129,9 +126,8 @@ def sweep_size(task_overrides) -> int:
 
 
 class ShareCores(Callback):
-    """hydra.callbacks.share_cores: before a parallel sweep on one machine (hydra/launcher=joblib)
-    starts, give each job its share of the cores in OMP_NUM_THREADS, which the workers inherit
-    (and threads=auto takes). An OMP_NUM_THREADS the user set stays."""
+    """Before a joblib sweep, give each job its share of the cores in OMP_NUM_THREADS (which
+    threads=auto takes), unless the user set it."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         launcher = config.hydra.launcher
@@ -156,9 +152,8 @@ def quiet_other_ranks(argv: list[str]) -> None:
 
 @contextlib.contextmanager
 def user_errors():
-    """Bad settings, data, checkpoints or folders end the program with one line, exit 2, not a
-    traceback; a signal with one line, exit 128 + its number. A run that stops before its first
-    checkpoint leaves no folder behind (remove_debris)."""
+    """A user error ends the program with one line, exit 2; a signal with one line, exit 128 + its
+    number; a run stopped before its first checkpoint leaves no folder (remove_debris)."""
     try:
         yield
     except Interrupted as e:
@@ -186,8 +181,8 @@ def user_errors():
 
 
 def remove_debris() -> str | None:
-    """After an error, remove the run folder this process claimed or Hydra made for it, when it
-    holds no checkpoint (microgpt.runs.discard). Returns the removed run folder, if any."""
+    """After an error, remove the run folder this process claimed or Hydra made, if it holds no
+    checkpoint (runs.discard); returns it."""
     made_for = None
     with contextlib.suppress(ValueError):  # no Hydra run here (tests, other commands)
         hydra = HydraConfig.get()
@@ -211,9 +206,8 @@ def _close_log_files(folder: Path) -> None:
 
 
 def resume_settings(cfg: DictConfig) -> DictConfig:
-    """A resume takes every setting from the checkpoint it continues (its train_config); settings
-    given on the command line replace the checkpoint's, and the trainer refuses those that may not
-    change (checkpoint.RESUMABLE_CHANGES). resume=<run folder> means its last.pt."""
+    """A resume's settings: the checkpoint's, with those given on the command line replacing them
+    (the trainer refuses those that may not change)."""
     resume = parse_resume(cfg.get("resume"))
     if not resume:
         return cfg

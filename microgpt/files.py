@@ -19,10 +19,8 @@ SYSTEM_ROOTS = ("/dev", "/proc", "/sys")  # devices and the kernel's files: neve
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", replace: bool = True):
-    """Yield a temporary file in `path`'s folder; once written and fsynced it takes `path`'s name
-    in one step, so a process killed at any moment leaves the old file whole. A symlink is
-    followed; a device or FIFO is refused (OSError). replace=False: a new file, or
-    FileExistsError (a hard link, which never replaces a file made meanwhile)."""
+    """Yield a temporary file that, written and fsynced, takes `path`'s name in one step (a
+    symlink's target's; a device is an OSError); replace=False: a new file or FileExistsError."""
     path = Path(os.path.realpath(path))
     if path.exists() and not path.is_file():
         raise OSError(errno.EINVAL, "not a regular file", str(path))
@@ -96,8 +94,7 @@ class OutputRefused(UserError):
 
 
 def is_run_folder(folder: str | os.PathLike) -> bool:
-    """THE rule for "is this a run folder?": its claim (run.json), or (a run from before claims)
-    a checkpoints/ folder."""
+    """THE rule for "is this a run folder?": its claim (run.json) or a checkpoints/ folder."""
     return (Path(folder) / RUN_FILE).exists() or (Path(folder) / CHECKPOINTS).is_dir()
 
 
@@ -113,11 +110,9 @@ def check_new_file(
     protected: dict | None = None,
     overwrite_hint: str = "overwrite=true",
 ) -> Path:
-    """Where `setting=path` may be written (a symlink's target), or OutputRefused naming why not:
-    a new file in an existing folder, or (overwrite=True) an existing regular file; never a
-    device, FIFO or socket, a file inside a run folder (a checkpoints/ or .hydra*/ folder's parent
-    counts) or a config folder (conf/ with a config.yaml), or a path in `protected` ({path: what
-    it is}). The caller makes the folder, or says it is missing."""
+    """Where `setting=path` may be written (a symlink's target): a new file, or with overwrite an
+    existing regular file; never a device, a file in a run or config folder, or a path in
+    `protected` ({path: what it is}). Else OutputRefused, naming why."""
     given = Path(os.path.expanduser(str(path)))
     shown = f"{setting}={path}"
     target = Path(os.path.realpath(given))

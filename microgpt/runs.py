@@ -1,15 +1,9 @@
-"""THE run folder: every run path, who owns the folder, and how commands find runs (train,
-sample, heads, compare and resume all use these rules). Plain Python and the file system.
-
-    RUN/ (outputs/<date>/<time>; a sweep job: multirun/<d>/<t>/heads=4)
-      run.json (the claim: run id, pid, time, command), .lock, config.yaml, train.log,
-      checkpoints/best.pt, last.pt, step-NNNNNN.pt, heads-best.json, heads-best.md
+"""THE run folder: every run path, who owns a folder, and how commands find runs.
 
 A new run claims a new or empty folder by creating run.json in one exclusive step (of two
-processes exactly one wins; the loser removes nothing); a resume writes only into its own run's
-folder or a new or empty one. A flock on .lock lasts as long as the run. A run that fails before
-its first checkpoint removes the folder it claimed (`discard`).
-"""
+processes one wins; the loser removes nothing); a resume writes only into its own run's folder or
+a new or empty one; a flock on .lock lasts as long as the run; a run that fails before its first
+checkpoint removes the folder it claimed. Plain Python and the file system only."""
 
 from __future__ import annotations
 
@@ -60,7 +54,7 @@ class RunFolder:
         return self.path / f"heads-{Path(checkpoint).stem}{suffix}"
 
     def run_id(self) -> str | None:
-        """The id in run.json; None when there is none or it cannot be read."""
+        """The id in run.json, or None."""
         try:
             return str(json.loads((self.path / RUN_FILE).read_text())["run_id"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -83,8 +77,7 @@ def run_of(checkpoint: str | os.PathLike) -> RunFolder:
 
 
 def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
-    """A run folder, its checkpoints/ folder, or a checkpoint file -> (the run, the checkpoint):
-    a folder's is best.pt, else last.pt."""
+    """A run folder, its checkpoints/ folder or a checkpoint file -> (run, checkpoint)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise RunFolderError(f"{p} does not exist; pass a run folder or a checkpoint file")
@@ -108,8 +101,7 @@ def find_checkpoints(roots=RUN_ROOTS, name: str = "best.pt") -> list[Path]:
 
 
 def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
-    """Every run at or under `folder` that has logged something (config.yaml and TensorBoard
-    event files), in name order; hidden folders (.submitit) are not runs."""
+    """Every run at or under `folder` with config.yaml and event files (not in hidden folders)."""
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise RunFolderError(
@@ -133,14 +125,13 @@ def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
 def latest_checkpoint(roots=RUN_ROOTS) -> Path | None:
     """The default checkpoint of the run written to most recently (what sample.py reads)."""
     found = find_checkpoints(roots, "best.pt") + find_checkpoints(roots, "last.pt")
-    if not found:
-        return None
-    return run_of(max(found, key=lambda p: p.stat().st_mtime)).default_checkpoint()
+    newest = max(found, key=lambda p: p.stat().st_mtime, default=None)
+    return run_of(newest).default_checkpoint() if newest else None
 
 
 def resume_checkpoint(resume: bool | str, folder: str | os.PathLike) -> Path | None:
-    """What a resume setting continues: True -> `folder`'s last.pt (refused if missing); a run
-    folder or its checkpoints/ folder -> its last.pt; a file -> itself; False -> None."""
+    """The checkpoint a resume setting continues: True -> `folder`'s last.pt; a run folder or its
+    checkpoints/ folder -> its last.pt; a file -> itself; False -> None."""
     if resume is True:
         path = RunFolder(folder).last
         if not path.exists():
@@ -163,8 +154,8 @@ def resume_checkpoint(resume: bool | str, folder: str | os.PathLike) -> Path | N
 
 
 def resume_folder(resume: bool | str) -> RunFolder | None:
-    """The folder a resume continues in: resume=true -> the run whose last.pt is newest; a run
-    folder or a checkpoint in a checkpoints/ folder -> that run. Else None (a new folder)."""
+    """The folder a resume continues in: true -> the run whose last.pt is newest; else the run of
+    the checkpoint it names, if in a checkpoints/ folder; else None (a new folder)."""
     if resume is True:
         found = find_checkpoints(RUN_ROOTS, "last.pt")
         return run_of(found[0]) if found else None
@@ -182,7 +173,6 @@ class _Owned:
     run_id: str | None = None
     made: bool = False
     lock_fd: int | None = None
-    refusal: RunFolderError | None = None
 
 
 _OWNED: dict[str, _Owned] = {}  # folder (absolute) -> what this process holds there
@@ -193,8 +183,8 @@ def _owned(folder) -> _Owned:
 
 
 def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]:
-    """What `folder` holds but Hydra's train.log (this process's log, ours; else an empty one)
-    and, claims=False, a claim another process is making (.run.json.*.tmp: its link decides)."""
+    """What `folder` holds but Hydra's train.log (ours, else an empty one) and, claims=False, a
+    claim another process is making (.run.json.*.tmp)."""
     return sorted(
         p.name
         for p in folder.iterdir()
@@ -204,8 +194,8 @@ def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]
 
 
 def new_run_error(folder: str | os.PathLike, what: str = "a run", ours: bool = True) -> str | None:
-    """Why a new run (or sweep: `what`) may not use `folder`, or None. ours=False before Hydra
-    starts: a train.log there then is not this process's log."""
+    """Why a new run (or sweep: `what`) may not use `folder`, or None; ours: a train.log there is
+    this process's."""
     run = RunFolder(folder)
     if run.path.exists() and not run.path.is_dir():
         return f"{run} is an existing file, not a folder; name a new folder"
@@ -226,10 +216,7 @@ def new_run_error(folder: str | os.PathLike, what: str = "a run", ours: bool = T
 
 def check_new(folder: str | os.PathLike) -> None:
     """Refuse (RunFolderError) a new run in a folder it may not use, unless claimed already."""
-    owned = _owned(folder)
-    if owned.refusal is not None:
-        raise owned.refusal
-    error = None if owned.run_id else new_run_error(folder)
+    error = None if _owned(folder).run_id else new_run_error(folder)
     if error is not None:
         raise RunFolderError(error)
 
@@ -247,28 +234,25 @@ def _write_claim(folder: Path, run_id: str) -> bool:
 
 
 def claim_new(folder: str | os.PathLike, run_id: str | None = None) -> str:
-    """Claim `folder` for a new run (or a resume, with its run id) and return the run id.
-    Refused (RunFolderError) when the folder holds a run or other files, or another process
-    claimed it first."""
+    """Claim `folder` for a new run (or a resume, with its run id) and return the run id, or
+    RunFolderError: it holds a run or other files, or another process claimed it first."""
     owned = _owned(folder)
-    if owned.run_id is None and owned.refusal is None:
+    if owned.run_id is None:
         run_id = run_id or new_run_id()
         error = new_run_error(folder)
-        if error is None and _write_claim(Path(folder).expanduser(), run_id):
-            owned.run_id, owned.made = run_id, True
-        else:
-            owned.refusal = RunFolderError(error or new_run_error(folder))
-    if owned.refusal is not None:
-        raise owned.refusal
+        if error is None and not _write_claim(Path(folder).expanduser(), run_id):
+            error = new_run_error(folder)  # another process claimed it first
+        if error is not None:
+            raise RunFolderError(error)
+        owned.run_id, owned.made = run_id, True
     return owned.run_id
 
 
 def claim_resume(
     folder: str | os.PathLike, checkpoint: str | os.PathLike, run_id: str | None
 ) -> str:
-    """Claim `folder` for a resume from `checkpoint`, whose run id is `run_id` (None: written
-    before run ids existed), and return the run id the resumed run carries. The folder must hold
-    that same run, or be new or empty; another run's folder is refused, naming both runs."""
+    """Claim `folder`, holding the same run or new or empty, for a resume from `checkpoint` (run
+    id `run_id`, None before run ids) and return the run id it carries; else RunFolderError."""
     run, owned = RunFolder(folder), _owned(folder)
     here = run.run_id()
     own_checkpoint = run_of(checkpoint).path.resolve() == run.path.resolve()
@@ -293,8 +277,7 @@ def claim_resume(
 
 
 def lock(folder: str | os.PathLike) -> None:
-    """Hold an OS lock (flock on <folder>/.lock) until `release`; the OS drops it if the process
-    dies. Held by another process: RunFolderError naming its pid."""
+    """Hold a flock on <folder>/.lock until `release` (or the process dies), else RunFolderError."""
     owned = _owned(folder)
     if owned.lock_fd is not None:
         return
@@ -314,8 +297,7 @@ def lock(folder: str | os.PathLike) -> None:
 
 
 def release(folder: str | os.PathLike, forget: bool = True) -> None:
-    """The run in `folder` has ended: drop its lock. forget=False keeps what this process made
-    there, for `discard` to remove after an error."""
+    """Drop the lock on `folder`; forget=False keeps what this process made there for `discard`."""
     key = os.path.abspath(Path(folder).expanduser())
     owned = _OWNED.pop(key, None) if forget else _OWNED.get(key)
     if owned is not None and owned.lock_fd is not None:
@@ -325,10 +307,8 @@ def release(folder: str | os.PathLike, forget: bool = True) -> None:
 
 
 def discard(before_removing=None, made_for=None) -> str | None:
-    """After an error, remove the run folders this process claimed empty and that hold no
-    checkpoint, and `made_for` (the folder Hydra made for this run) if it holds nothing but
-    Hydra's empty train.log. `before_removing(folder)` runs first (to close log files). Returns
-    the run folder removed, if any."""
+    """After an error, remove the folders this process claimed that hold no checkpoint, and
+    `made_for` (Hydra's) if it holds only an empty train.log; returns the last one removed."""
     doomed = [Path(key) for key, owned in _OWNED.items() if owned.made]
     for key in list(_OWNED):
         release(key)

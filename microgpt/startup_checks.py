@@ -45,8 +45,7 @@ def _leave_to_hydra_if_asked() -> None:
 
 
 def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> None:
-    """Before @hydra.main writes anything: every setting of every job (all of a -m sweep's) is
-    composed and validated, and each error is printed in one line (exit 2)."""
+    """Compose and validate every job (all of a -m sweep's); each error in one line, exit 2."""
     if any(a.split("=", 1)[0] in INFO_FLAGS | CONFIG_FLAGS for a in argv):
         return
     try:
@@ -62,8 +61,8 @@ def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> Non
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
-    """Every job of a -m command line, as Hydra's basic sweeper makes them: the product of each
-    swept setting's values (heads=1,2 seed=range(2) -> 4 jobs). HydraException if unreadable."""
+    """Every job of a -m command line, as Hydra's basic sweeper makes them (heads=1,2
+    seed=range(2) -> 4 jobs); HydraException if unreadable."""
     choices = {}
     for o in OverridesParser.create().parse_overrides(overrides):
         if o.is_sweep_override() and not o.is_discrete_sweep():
@@ -183,8 +182,7 @@ def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | 
 
 
 def _check_added_keys(task: list[str], schema: type) -> None:
-    """`+key=value` adds a key: one the schema does not have would be ignored, so it is refused
-    like any unknown setting (the schema's own keys may be added: `+heads=4` is heads=4)."""
+    """`+key=value` with a key the schema does not have (it would be ignored) is a UserError."""
     known = list(flatten(dataclasses.asdict(schema())))
     for override in task:
         key = override.split("=", 1)[0]
@@ -212,8 +210,8 @@ def _both_heads_error(job: list[str]) -> str | None:
 
 
 def _data_error(c: Config, job: list[str]) -> str | None:
-    """The data file of every job, before job 0 starts: a regular file (a FIFO would block the
-    read, a device never end). A resume trains on its checkpoint's data; repeats reads no file."""
+    """The data file of every job, before job 0 starts: a regular file (not a FIFO or device)."""
+    # a resume trains on its checkpoint's data; repeats reads no file
     if (parse_resume(c.resume) and "data.path" not in _settings(job)) or c.data.format == "repeats":
         return None
     path = resolve_data_path(c.data.path)
@@ -266,8 +264,7 @@ def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
 
 
 def _run_folder_error(c: Config, job: list[str]) -> str | None:
-    """For a new run, the run folder named on the command line (runs.new_run_error); for a
-    resume, a run to continue. Before Hydra writes there."""
+    """A new run's folder (runs.new_run_error), or a resume's run, before Hydra writes there."""
     named = _settings(job)
     error = _unwritable("hydra.run.dir", named.get("hydra.run.dir", "outputs"))
     resume = parse_resume(c.resume)
@@ -287,8 +284,7 @@ def _run_folder_error(c: Config, job: list[str]) -> str | None:
 
 
 def _check_sweep_folder(overrides: list[str]) -> None:
-    """A sweep owns its folder too: hydra.sweep.dir, when named, must be new or empty (never a
-    run, another sweep, conf/ or the user's files), before Hydra writes multirun.yaml there."""
+    """A sweep owns its folder too: hydra.sweep.dir, when named, must be new or empty."""
     named = _settings(overrides).get("hydra.sweep.dir")
     folder = named.strip("'\"") if named else "multirun"
     error = _unwritable("hydra.sweep.dir", folder)
@@ -301,8 +297,7 @@ def _check_sweep_folder(overrides: list[str]) -> None:
 
 
 def _unwritable(key: str, value: str) -> str | None:
-    """Why a run folder cannot be made at `value`: under /proc, /dev or /sys, inside a file, on a
-    read-only disk or one without room; None if it can."""
+    """Why a run folder cannot be made at `value` (a system path, a file, no room), or None."""
     folder = Path(os.path.abspath(Path(value).expanduser()))
     if is_system_path(folder):
         return (
