@@ -15,20 +15,17 @@ import time
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from microgpt import runs
 from microgpt.config import parse_resume, register_configs
 from microgpt.errors import UserError, print_error
-from microgpt.startup_checks import check_command_line, sweep_jobs
+from microgpt.startup_checks import SWEPT_KEYS_ENV, check_command_line, sweep_jobs
 from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
 from microgpt.train.checkpoint import CheckpointError, load_checkpoint
 from microgpt.train.trainer import Interrupted, TrainingError
 
-SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"
 # Under torchrun every rank runs @hydra.main in the one run folder; ranks other than 0 write
 # nothing there (no train.log: console only, warnings and errors).
 OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.level=WARNING")
@@ -37,7 +34,6 @@ OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.leve
 def register() -> None:
     """The config schemas (train, sample) and the resolvers, before @hydra.main composes."""
     register_configs()
-    record_swept_keys(sys.argv[1:])
     for name, fn in (("microgpt_run_dir", run_dir), ("microgpt_job_dir", job_dir)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
@@ -94,19 +90,6 @@ def run_dir(resume, default: str) -> str:
         start = boot + ticks / os.sysconf("SC_CLK_TCK")
         return time.strftime("outputs/%Y-%m-%d/%H-%M-%S", time.localtime(start))
     return default
-
-
-def record_swept_keys(argv: list[str]) -> None:
-    """Keep the keys a -m command line sweeps in the environment, for job_dir in any process."""
-    if "-m" not in argv and "--multirun" not in argv:
-        return
-    args = [a for a in quote_values(argv) if "=" in a and not a.startswith(("-", "hydra"))]
-    try:
-        parsed = OverridesParser.create().parse_overrides(args)
-    except HydraException:
-        parsed = []
-    keys = [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
-    os.environ[SWEPT_KEYS_ENV] = ",".join(keys)
 
 
 def job_dir(task_overrides, job_num) -> str:

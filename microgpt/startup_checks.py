@@ -32,6 +32,7 @@ CONFIG_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config
 FLAGS = {"-m", "--multirun", "-p", "--package", *INFO_FLAGS, *CONFIG_FLAGS}
 GROUPS = ("model", "data", "optim", "experiment")
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException)
+SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"  # the keys a -m command line sweeps, for cli.job_dir
 MIN_FREE = 16 * 2**20  # a run folder's disk needs room for a few checkpoints at the least
 
 
@@ -128,6 +129,8 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
                 f"value; for one value that is a list write key=[a,b], for text with a comma "
                 f"quote it: key='a,b'"
             )
+        if multirun:  # in the environment: launcher subprocesses see it too
+            os.environ[SWEPT_KEYS_ENV] = ",".join(o.get_key_element().lstrip("+~") for o in swept)
         if multirun and config_name == "config":
             _check_sweep_folder(overrides)
     except UserError as e:
