@@ -4,6 +4,7 @@ wrong types, `--heads=4`), and a run or sweep refused a folder it may not use.""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import itertools
@@ -176,12 +177,13 @@ def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | 
     try:
         _check_added_keys(task, schema)
         c = load_config(cfg, schema)
+        if schema is Config:
+            _check_heads(job)
+            _check_data(c, job)
+            _check_run_folder(c, job)
     except UserError as e:
         return str(e), ""
-    settings = json.dumps(dataclasses.asdict(c), sort_keys=True, default=str)
-    if schema is Config:
-        return _both_heads_error(job) or _data_error(c, job) or _run_folder_error(c, job), settings
-    return None, settings
+    return None, json.dumps(dataclasses.asdict(c), sort_keys=True, default=str)
 
 
 def _check_added_keys(task: list[str], schema: type) -> None:
@@ -201,34 +203,34 @@ def _check_added_keys(task: list[str], schema: type) -> None:
         )
 
 
-def _both_heads_error(job: list[str]) -> str | None:
+def _check_heads(job: list[str]) -> None:
     """heads=N sets model.n_head: both given and different, one would be silently dropped."""
-    heads, n_head = _settings(job).get("heads"), _settings(job).get("model.n_head")
+    heads, n_head = (_settings(job).get(key) for key in ("heads", "model.n_head"))
     if heads is not None and n_head is not None and heads != n_head:
-        return (
+        raise UserError(
             f"heads={heads} and model.n_head={n_head} name the same setting with different "
             f"values; give one of them"
         )
-    return None
 
 
-def _data_error(c: Config, job: list[str]) -> str | None:
+def _check_data(c: Config, job: list[str]) -> None:
     """The data file of every job, before job 0 starts: a regular file (not a FIFO or device)."""
     # a resume trains on its checkpoint's data; repeats reads no file
     if (parse_resume(c.resume) and "data.path" not in _settings(job)) or c.data.format == "repeats":
-        return None
+        return
     path = resolve_data_path(c.data.path)
     where = Path(os.path.abspath(path))
     fix = "point data.path=... at a text file"
-    if path.is_file():
-        return None
     if not path.exists():
         # a preset that names how its file is built (data=shakespeare) says so
         fix = f"build it first: {c.data.prepare}" if c.data.prepare else fix
-        return f"no data file at {where} (data.path={c.data.path}); {fix}"
+        raise UserError(f"no data file at {where} (data.path={c.data.path}); {fix}")
     if path.is_dir():
-        return f"data.path={c.data.path}: {where} is a folder, not a file; {fix}"
-    return f"data.path={c.data.path}: {where} is not a regular file (a device or FIFO); {fix}"
+        raise UserError(f"data.path={c.data.path}: {where} is a folder, not a file; {fix}")
+    if not path.is_file():
+        raise UserError(
+            f"data.path={c.data.path}: {where} is not a regular file (a device or FIFO); {fix}"
+        )
 
 
 def _first(e: BaseException) -> str:
@@ -266,64 +268,56 @@ def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
     return f"{named[-1] if named else _first(e)}: {_first(cause)}"
 
 
-def _run_folder_error(c: Config, job: list[str]) -> str | None:
+def _check_run_folder(c: Config, job: list[str]) -> None:
     """A new run's folder (runs.new_run_error), or a resume's run, before Hydra writes there."""
     named = _settings(job)
-    error = _unwritable("hydra.run.dir", named.get("hydra.run.dir", "outputs"))
+    _check_writable("hydra.run.dir", named.get("hydra.run.dir", "outputs"))
     resume = parse_resume(c.resume)
-    if error or resume is True:
-        return error
-    if resume:
-        try:
-            runs.resume_checkpoint(resume, ".")
-        except runs.RunFolderError as e:
-            return str(e)
-        return None
+    if isinstance(resume, str):
+        runs.resume_checkpoint(resume, ".")
     # under torchrun, rank 0 checks and claims the folder and the other ranks join it
-    if os.environ.get("RANK", "0") != "0":
-        return None
-    folders = [named.get("hydra.run.dir"), named.get("out_dir") if c.out_dir != "." else None]
-    return next(filter(None, (runs.new_run_error(f, ours=False) for f in folders if f)), None)
+    elif not resume and os.environ.get("RANK", "0") == "0":
+        folders = [named.get("hydra.run.dir"), named.get("out_dir") if c.out_dir != "." else None]
+        for error in filter(None, (runs.new_run_error(f, ours=False) for f in folders if f)):
+            raise UserError(error)
 
 
 def _check_sweep_folder(overrides: list[str]) -> None:
     """A sweep owns its folder too: hydra.sweep.dir, when named, must be new or empty."""
     named = _settings(overrides).get("hydra.sweep.dir")
     folder = named.strip("'\"") if named else "multirun"
-    error = _unwritable("hydra.sweep.dir", folder)
-    if not error and named and runs.RunFolder(folder).holds_run():
-        error = f"hydra.sweep.dir={folder} holds a run, never a sweep's; name a new folder"
-    if not error and named:
-        error = runs.new_run_error(folder, "a sweep", ours=False)
+    _check_writable("hydra.sweep.dir", folder)
+    if named and runs.RunFolder(folder).holds_run():
+        raise UserError(f"hydra.sweep.dir={folder} holds a run, never a sweep's; name a new folder")
+    error = named and runs.new_run_error(folder, "a sweep", ours=False)
     if error:
         raise UserError(error)
 
 
-def _unwritable(key: str, value: str) -> str | None:
-    """Why a run folder cannot be made at `value` (a system path, a file, no room), or None."""
+def _check_writable(key: str, value: str) -> None:
+    """A run folder can be made at `value`: not a system path or a file, on a disk with room."""
     folder = Path(os.path.abspath(Path(value).expanduser()))
     if is_system_path(folder):
-        return (
+        raise UserError(
             f"{key}={value} is under /{folder.parts[1]}, the system's files, not a disk; name a "
             f"folder on a disk"
         )
     existing = next(p for p in (folder, *folder.parents) if os.path.lexists(p))
     if existing == folder and not folder.is_dir():
-        return f"{key}={value} is an existing file, not a folder; name a new folder"
+        raise UserError(f"{key}={value} is an existing file, not a folder; name a new folder")
     if not existing.is_dir():
-        return f"{key}={value} is inside {existing}, which is a file, not a folder; name a folder"
+        raise UserError(
+            f"{key}={value} is inside {existing}, which is a file, not a folder; name a folder"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        return (
+        raise UserError(
             f"{key}={value}: cannot write in {existing} (a read-only disk or no permission); "
             f"name a folder you can write"
         )
-    try:
+    with contextlib.suppress(OSError):
         free = shutil.disk_usage(existing).free
-    except OSError:
-        return None
-    if free < MIN_FREE:
-        return (
-            f"{key}={value}: the disk of {existing} is full ({free // 2**20} MiB free); free some "
-            f"space or name a folder on another disk"
-        )
-    return None
+        if free < MIN_FREE:
+            raise UserError(
+                f"{key}={value}: the disk of {existing} is full ({free // 2**20} MiB free); free "
+                f"some space or name a folder on another disk"
+            )
