@@ -166,14 +166,11 @@ def user_errors():
 def remove_debris() -> str | None:
     """After an error, remove the run folder this process claimed or Hydra made, if it holds no
     checkpoint (runs.discard); returns it."""
-    made_for = None
-    with contextlib.suppress(ValueError):  # no Hydra run here (tests, other commands)
-        hydra = HydraConfig.get()
-        if hydra.job.config_name == "config":
-            made_for = Path(hydra.runtime.output_dir)
-    if made_for is not None and made_for.resolve() == Path.cwd().resolve():
-        made_for = None
-    return runs.discard(_close_log_files, made_for)
+    made_for = None  # no Hydra run here (tests, other commands), or a run in the working folder
+    if HydraConfig.initialized() and HydraConfig.get().job.config_name == "config":
+        made_for = Path(HydraConfig.get().runtime.output_dir)
+    here = made_for is not None and made_for.resolve() == Path.cwd().resolve()
+    return runs.discard(_close_log_files, None if here else made_for)
 
 
 def _close_log_files(folder: Path) -> None:
