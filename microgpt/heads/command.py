@@ -27,7 +27,7 @@ from microgpt.files import write_text
 from microgpt.heads.analyse import HeadsError, analyse
 from microgpt.heads.report import HeadReport
 from microgpt.system import DEVICES, check_threads, pick_device, set_threads
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 
 ANALYSIS_TARGETS = 16384  # the command analyses the first validation rows holding this many targets
 
@@ -48,9 +48,9 @@ def analyse_checkpoint(
     """(the report on the checkpoint's validation split, the run, the checkpoint); `path` is a run
     folder, its checkpoints/ folder or a checkpoint (runs.resolve)."""
     run, ckpt_path = runs.resolve(path)
-    ckpt = load_checkpoint(ckpt_path)
-    model, tokenizer = model_from_checkpoint(ckpt, device, ckpt_path)
-    split = ckpt.get("split") or {}
+    ckpt = Checkpoint.load(ckpt_path)
+    model, tokenizer = ckpt.build_model(device)
+    split = ckpt.split or {}
     if not split.get("val") and split.get("format") != "text":
         raise HeadsError(f"{ckpt_path} stores no validation split to analyse the heads on")
     data = data_of_checkpoint(ckpt, device)

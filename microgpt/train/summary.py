@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from microgpt import runs, system
 from microgpt.files import remove_leftovers, write_text
 from microgpt.sample.report import sample_for_run
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import LossWindow, StepResult, evaluate
 from microgpt.viz.tensorboard import TensorBoardLogger
 
@@ -121,14 +121,14 @@ def finish(trainer, metrics: dict) -> None:
     best_path = runs.RunFolder(trainer.out_dir).best
     model, best = trainer.eval_model, None
     if best_path.exists():
-        best = load_checkpoint(best_path, map_location="cpu")
-        model, _ = model_from_checkpoint(best, device=trainer.device, path=best_path)
+        best = Checkpoint.load(best_path, map_location="cpu")
+        model, _ = best.build_model(trainer.device)
     test = evaluate(model, trainer.datasets["test"], c.train.eval_batch_size, trainer.autocast)
     metrics["test_loss"] = test
     trainer.writer.scalars(trainer.step, {"loss/test": test})
     if best is not None:  # best.pt gains the test loss
-        best["metrics"]["test_loss"] = test
-        save_checkpoint(best, best_path)
+        best.metrics["test_loss"] = test
+        best.save(best_path)
     lines = []
     if c.train.num_samples:
         shown = sample_for_run(model, trainer.data, c.train.num_samples, seed=c.seed)

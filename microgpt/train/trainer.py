@@ -33,13 +33,7 @@ from microgpt.heads.analyse import analyse, probe_attention
 from microgpt.model import GPT
 from microgpt.sample.report import sample_for_run
 from microgpt.train import summary
-from microgpt.train.checkpoint import (
-    check_resumable,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from microgpt.train.checkpoint import Checkpoint, rng_state, set_rng_state
 from microgpt.train.loss import LossWindow, StepResult, evaluate
 from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
 from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged, interrupted
@@ -265,24 +259,25 @@ class Trainer:
 
     # ---- evaluation, checkpoints, logging
 
-    def _checkpoint(self, metrics: dict, model: nn.Module | None = None) -> dict:
-        return {
-            "model": (model or self.model).state_dict(),
-            "model_config": self.model_config.to_dict(),
-            "tokenizer": self.tokenizer.to_dict(),
-            "train_config": self.config.to_dict(),
-            "step": self.step,
-            "metrics": dict(metrics),
-            "split": self.split.to_dict(),
-            "run_id": self.run_id,
-            "data_sha256": self.data_sha256,
-        }
+    def _checkpoint(self, metrics: dict, model: nn.Module | None = None, resume=None) -> Checkpoint:
+        return Checkpoint(
+            model=(model or self.model).state_dict(),
+            model_config=self.model_config.to_dict(),
+            tokenizer=self.tokenizer.to_dict(),
+            train_config=self.config.to_dict(),
+            step=self.step,
+            metrics=dict(metrics),
+            split=self.split.to_dict(),
+            run_id=self.run_id,
+            data_sha256=self.data_sha256,
+            resume=resume,
+        )
 
     def _save_snapshot(self, metrics: dict) -> None:
         """checkpoints/step-NNNNNN.pt: the (averaged) weights and what describes them, no
         optimizer: for sample.py ckpt= and python -m microgpt.heads at this step."""
         path = runs.RunFolder(self.out_dir).snapshot(self.step)
-        save_checkpoint(self._checkpoint(metrics, self.eval_model), path)
+        self._checkpoint(metrics, self.eval_model).save(path)
 
     def _save_last(self, metrics: dict) -> None:
         """last.pt with the resume state; every rank calls it (each rank's RNG and loss window)."""
@@ -301,17 +296,17 @@ class Trainer:
         }
         last = runs.RunFolder(self.out_dir).last
         system.run_on_main(
-            lambda: save_checkpoint({**self._checkpoint(metrics), "resume": resume}, last),
+            lambda: self._checkpoint(metrics, resume=resume).save(last),
             self.dist,
         )
 
     def _load_resume(self, path: Path) -> None:
         # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
         # state are copied to the device by load_state_dict
-        ckpt = load_checkpoint(path, map_location="cpu")
-        check_resumable(ckpt, self._checkpoint({}), path, self.global_batch, self.dist.world_size)
-        r = ckpt["resume"]
-        self.model.load_state_dict(ckpt["model"])
+        ckpt = Checkpoint.load(path, map_location="cpu")
+        ckpt.check_resumable(self._checkpoint({}), self.global_batch, self.dist.world_size)
+        r = ckpt.resume
+        self.model.load_state_dict(ckpt.model)
         self.optimizer.load_state_dict(r["optimizer"])
         self.batches.load_state_dict(r["sampler"])
         if self.ema is not None and r.get("ema") is not None:
@@ -325,10 +320,10 @@ class Trainer:
         else:
             set_rng_state(r["rng"])
         self.best_val_loss = r["best_val_loss"]
-        self.step = ckpt["step"]
-        self.history = {k: v for k, v in ckpt["metrics"].items() if k != "interrupted_at"}
+        self.step = ckpt.step
+        self.history = {k: v for k, v in ckpt.metrics.items() if k != "interrupted_at"}
         self.resumed_from = path
-        self.run_id = ckpt.get("run_id")  # None: written before run ids existed
+        self.run_id = ckpt.run_id  # None: written before run ids existed
 
     def _log_heads(self, step: int) -> None:
         """The probe's attention maps and the head analysis on validation items (rank 0)."""
@@ -361,7 +356,7 @@ class Trainer:
         self.writer.samples(self.step, shown.lines)
         if improved:
             best = runs.RunFolder(self.out_dir).best
-            save_checkpoint(self._checkpoint({**metrics, **out}, self.eval_model), best)
+            self._checkpoint({**metrics, **out}, self.eval_model).save(best)
         train_part = f", train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
         log.info(
             f"step {self.step}: val loss {val_loss:.4f} (best {self.best_val_loss:.4f}){train_part}"
