@@ -59,7 +59,7 @@ def analyse_checkpoint(
     keep = int(((y >= 0).sum(dim=1).cumsum(0) <= ANALYSIS_TARGETS).sum().clamp(min=1))
     x, y = x[:keep], y[:keep]  # every name; the first 128 windows of 128 characters of a text
     report = analyse(model, x, y, tokenizer, training_counts(data))
-    report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.get("step")}
+    report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.step}
     return report, run, ckpt_path
 
 

@@ -1,10 +1,8 @@
 """A self-describing checkpoint: the typed `Checkpoint`, saved atomically, loaded safely.
 
-On disk it is a dict of plain containers and tensors only, so it loads with
-`torch.load(weights_only=True)` and nothing in it can run code: format and version, the
-Checkpoint's fields, and `checksum`: "sha256:<hex>" of everything else, checked at load, so a
-flipped or zeroed byte is an error naming the file, never weights that load silently. A save goes
-through microgpt.files.atomic_write: a process killed at any moment leaves the previous one whole.
+On disk a dict of plain containers and tensors (torch.load(weights_only=True) runs no code):
+format, version, the fields and "sha256:<hex>" of all else, checked at load, so a flipped byte is
+an error naming the file. Saves go through files.atomic_write: a killed save leaves the old one.
 """
 
 from __future__ import annotations
@@ -58,7 +56,7 @@ class Checkpoint:
     run_id: str | None = None
     data_sha256: str | None = None
     resume: dict | None = None
-    # where it was loaded from (not saved): named in its errors
+    # where it was loaded from (not saved), for its errors
     path: Path = field(default=Path("checkpoint"), compare=False)
 
     @property
@@ -69,18 +67,14 @@ class Checkpoint:
 
     def to_dict(self) -> dict:
         """What is saved: format, version and the fields (no `resume` in a weights-only one)."""
-        out = {"format": FORMAT, "version": VERSION}
-        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "path"})
-        if self.resume is None:
-            del out["resume"]
-        return out
+        saved = [f.name for f in fields(self) if f.name != "path"]
+        saved = [k for k in saved if k != "resume" or self.resume is not None]
+        return {"format": FORMAT, "version": VERSION, **{k: getattr(self, k) for k in saved}}
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write it with its checksum to `path` atomically: temporary file, flush, fsync, rename.
-        A failed write (a full or read-only disk) is a CheckpointError that says which checkpoint
-        of the run is still whole and how to resume from it."""
-        path = Path(path)
-        full = self.to_dict()
+        """Write it with its checksum to `path` atomically; a failed write (a full or read-only
+        disk) is a CheckpointError saying which checkpoint of the run is whole, how to resume."""
+        path, full = Path(path), self.to_dict()
         full["checksum"] = checksum(full)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,11 +105,9 @@ class Checkpoint:
         required = {"model", "model_config", "tokenizer"}
         if not isinstance(raw, dict) or raw.get("format") != FORMAT or not required <= raw.keys():
             problem = f"is not a microgpt checkpoint (no {FORMAT!r} format marker or model)"
-        elif raw.get("version", 0) > VERSION:
-            v = raw["version"]
-            problem = (
-                f"was written by a newer microgpt (checkpoint version {v} > {VERSION}); upgrade"
-            )
+        elif (v := raw.get("version", 0)) > VERSION:
+            problem = f"was written by a newer microgpt (checkpoint version {v} > {VERSION})"
+            problem += "; upgrade"
         elif "checksum" in raw and raw["checksum"] != checksum(raw):
             problem = (
                 "is corrupt: its content does not match the checksum written with it (a changed, "
@@ -148,47 +140,48 @@ class Checkpoint:
     def check_resumable(self, current: Checkpoint, global_batch: int, world_size: int) -> None:
         """Refuse a resume from this last.pt into the run whose own checkpoint would be `current`,
         naming what differs: settings, model, data, the global batch, or no steps left."""
-        path, config = self.path, current.train_config
         if self.resume is None:
             raise CheckpointError(
-                f"{path} has no training state to resume from (best.pt holds weights only); "
+                f"{self.path} has no training state to resume from (best.pt holds weights only); "
                 f"resume from checkpoints/last.pt"
             )
-        _check_settings(self.train_config, config, path)
-        mine = current.model_config
+        config, mine = current.train_config, current.model_config
+        _check_settings(self.train_config, config, self.path)
         differing = sorted(k for k, v in self.model_config.items() if v != mine.get(k))
+        same_data = self.split == current.split and self.tokenizer == current.tokenizer
+        was, now = self.data.get("path"), config["data"]["path"]
+        max_steps, saved_batch = config["train"]["max_steps"], self.resume["sampler"]["batch_size"]
+        ranks = self.resume.get("world_size", 1)
         if differing:
-            raise ConfigError(
-                f"cannot resume from {path}: the model differs in {', '.join(differing)}"
-            )
-        if self.split != current.split or self.tokenizer != current.tokenizer:
-            was, now = self.data["path"], config["data"]["path"]
-            # another file named: the data of a run cannot change
+            why = f"the model differs in {', '.join(differing)}"
+        # another file named: the data of a run cannot change
+        elif not same_data and was != now:
             why = (
                 f"the data of a run cannot change, and data.path={now} holds other data than the "
                 f"run's {was}; resume with the run's own data (or a copy of it), or start a new "
                 f"run on {now}"
-                if was != now
-                else f"{now} no longer holds the data the run was trained on (different items or "
+            )
+        elif not same_data:
+            why = (
+                f"{now} no longer holds the data the run was trained on (different items or "
                 f"split); restore it or start a new run"
             )
-            raise ConfigError(f"cannot resume from {path}: {why}")
-        max_steps = config["train"]["max_steps"]
-        if self.step >= max_steps:
+        elif self.step >= max_steps:
             raise ConfigError(
-                f"nothing to resume: {path} is at step {self.step} and train.max_steps="
+                f"nothing to resume: {self.path} is at step {self.step} and train.max_steps="
                 f"{max_steps}; pass a larger train.max_steps to train on"
             )
-        saved_batch = self.resume["sampler"]["batch_size"]
         # the data order is drawn per global batch
-        if saved_batch != global_batch:
-            ranks = self.resume.get("world_size", 1)
-            raise ConfigError(
-                f"cannot resume from {path}: it was trained with a global batch of {saved_batch} "
-                f"({ranks} rank{'s' if ranks != 1 else ''}) but this run's is {global_batch} "
+        elif saved_batch != global_batch:
+            why = (
+                f"it was trained with a global batch of {saved_batch} ({ranks} "
+                f"rank{'s' if ranks != 1 else ''}) but this run's is {global_batch} "
                 f"(train.batch_size={config['train']['batch_size']} x {world_size} ranks); "
                 f"resume on {ranks} rank(s)"
             )
+        else:
+            return
+        raise ConfigError(f"cannot resume from {self.path}: {why}")
 
 
 def checksum(checkpoint: dict) -> str:
@@ -219,8 +212,8 @@ def checksum(checkpoint: dict) -> str:
 
 
 def _read(path: Path, map_location):
-    """torch.load(weights_only=True) of a non-empty regular file that starts as a zip does (a
-    FIFO would block the read forever; a device never ends); a CheckpointError if it is not."""
+    """torch.load(weights_only=True) of a non-empty regular file that starts as a zip does (a FIFO
+    would block the read forever; a device never ends)."""
     if not path.exists():
         problem = "does not exist"
     elif path.is_dir():
@@ -269,16 +262,16 @@ def _first_line(e: BaseException) -> str:
     return text[0].split(". ")[0][:200] if text else type(e).__name__
 
 
+def may_change(key: str) -> bool:
+    """Whether a resume may change the setting `key` (RESUMABLE_CHANGES)."""
+    return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)
+
+
 def _check_settings(saved: dict, current: dict, path: Path) -> None:
     """Refuse to resume when a setting outside RESUMABLE_CHANGES differs from the checkpoint's."""
     # a setting added to microgpt after the checkpoint was written counts as its default
-    a = {**flatten(asdict(Config())), **flatten(saved)}
-    b = flatten(current)
-
-    def may_change(key: str) -> bool:
-        return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)
-
-    differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not may_change(k))
+    a, b = {**flatten(asdict(Config())), **flatten(saved)}, flatten(current)
+    differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not may_change(k))
     if differing:
         details = ", ".join(
             f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in differing
@@ -294,10 +287,8 @@ def _check_settings(saved: dict, current: dict, path: Path) -> None:
 def rng_state() -> dict:
     """This process's random state: torch (CPU), Python, and CUDA where it is in use."""
     version, state, gauss = random.getstate()
-    out = {
-        "torch": torch.get_rng_state(),
-        "python": {"version": version, "state": list(state), "gauss": gauss},
-    }
+    python = {"version": version, "state": list(state), "gauss": gauss}
+    out = {"torch": torch.get_rng_state(), "python": python}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda"] = torch.cuda.get_rng_state_all()
     return out
