@@ -1,16 +1,12 @@
-"""A self-describing checkpoint: the typed `Checkpoint`, saved atomically, loaded safely.
-
-On disk a dict of plain containers and tensors (torch.load(weights_only=True) runs no code):
-format, version, the fields and "sha256:<hex>" of all else, checked at load, so a flipped byte is
-an error naming the file. Saves go through files.atomic_write: a killed save leaves the old one.
-"""
+"""A self-describing checkpoint, the typed `Checkpoint`: on disk a dict of plain containers and
+tensors (loaded with weights_only=True: nothing in it runs code) with a sha256 checksum checked at
+load, saved atomically (files.atomic_write: a killed save leaves the previous checkpoint whole)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import pickle
-import random
 import zipfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -42,9 +38,8 @@ class CheckpointError(UserError):
 
 @dataclass
 class Checkpoint:
-    """What a checkpoint holds: the plain module's state_dict and what rebuilds it, the run's
-    settings, step, metrics and split; `resume` (last.pt only) is what an exact resume needs:
-    optimizer, sampler, scaler, EMA, RNG states (per rank), best_val_loss, world_size."""
+    """The plain module's state_dict and what rebuilds it, the run's settings, step, metrics and
+    split; `resume` (last.pt only): what an exact resume needs (optimizer, sampler, RNG, ...)."""
 
     model: dict
     model_config: dict
@@ -105,8 +100,8 @@ class Checkpoint:
         required = {"model", "model_config", "tokenizer"}
         if not isinstance(raw, dict) or raw.get("format") != FORMAT or not required <= raw.keys():
             problem = f"is not a microgpt checkpoint (no {FORMAT!r} format marker or model)"
-        elif (v := raw.get("version", 0)) > VERSION:
-            problem = f"was written by a newer microgpt (checkpoint version {v} > {VERSION})"
+        elif (version := raw.get("version", 0)) > VERSION:
+            problem = f"was written by a newer microgpt (checkpoint version {version} > {VERSION})"
             problem += "; upgrade"
         elif "checksum" in raw and raw["checksum"] != checksum(raw):
             problem = (
@@ -185,8 +180,8 @@ class Checkpoint:
 
 
 def checksum(checkpoint: dict) -> str:
-    """ "sha256:<hex>" of a checkpoint's content, its own checksum left out: each tensor's dtype,
-    shape and bytes, every other value's repr, in key order (the same on any device)."""
+    """ "sha256:<hex>" of a checkpoint's content but its checksum: each tensor's dtype, shape and
+    bytes, every other value's repr, in key order (the same on any device)."""
     h = hashlib.sha256()
 
     def feed(x) -> None:
@@ -262,16 +257,16 @@ def _first_line(e: BaseException) -> str:
     return text[0].split(". ")[0][:200] if text else type(e).__name__
 
 
-def may_change(key: str) -> bool:
-    """Whether a resume may change the setting `key` (RESUMABLE_CHANGES)."""
-    return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)
-
-
 def _check_settings(saved: dict, current: dict, path: Path) -> None:
     """Refuse to resume when a setting outside RESUMABLE_CHANGES differs from the checkpoint's."""
     # a setting added to microgpt after the checkpoint was written counts as its default
     a, b = {**flatten(asdict(Config())), **flatten(saved)}, flatten(current)
-    differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not may_change(k))
+    # "log." names every setting under log
+    groups = tuple(r for r in RESUMABLE_CHANGES if r.endswith("."))
+    changed = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]
+    differing = sorted(
+        k for k in changed if k not in RESUMABLE_CHANGES and not k.startswith(groups)
+    )
     if differing:
         details = ", ".join(
             f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in differing
@@ -282,23 +277,3 @@ def _check_settings(saved: dict, current: dict, path: Path) -> None:
             f"with the checkpoint's settings (only {allowed} may change), or start a new run "
             f"without resume"
         )
-
-
-def rng_state() -> dict:
-    """This process's random state: torch (CPU), Python, and CUDA where it is in use."""
-    version, state, gauss = random.getstate()
-    python = {"version": version, "state": list(state), "gauss": gauss}
-    out = {"torch": torch.get_rng_state(), "python": python}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore rng_state()'s result (from a checkpoint loaded to any device): RNG states are CPU
-    byte tensors, wherever torch.load's map_location put them."""
-    torch.set_rng_state(state["torch"].detach().to("cpu", torch.uint8))
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([t.detach().to("cpu", torch.uint8) for t in state["cuda"]])

@@ -57,9 +57,9 @@ def test_resume_state_is_loaded_on_the_cpu_whatever_the_device(tiny_cfg, monkeyp
 
 
 def test_set_rng_state_takes_states_of_any_dtype_and_device_type_kept_as_bytes():
-    state = microgpt.train.checkpoint.rng_state()
+    state = microgpt.train.trainer.rng_state()
     as_long = {**state, "torch": state["torch"].long()}  # what a careless copy might leave
-    microgpt.train.checkpoint.set_rng_state(as_long)
+    microgpt.train.trainer.set_rng_state(as_long)
     assert torch.equal(torch.get_rng_state(), state["torch"])
 
 
