@@ -1,9 +1,6 @@
-"""What rank 0 tells about a run: at its start the claimed folder, its config and the summary
-line; while it trains the progress bar and the train loss; at its end the test loss of best.pt's
-weights (as makemore reports it), samples.txt, the HParams row and the last log lines.
-
-The functions take the Trainer (they read its fields and call nothing above it).
-"""
+"""What rank 0 tells about a run: at its start the claimed folder, config and summary line; while
+it trains the progress bar and train loss; at its end best.pt's test loss (as makemore reports
+it), samples.txt and the HParams row. The functions read the Trainer's fields."""
 
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ def progress_bar(trainer) -> tqdm:
 
 
 def log_window(trainer, out: StepResult, bar: tqdm) -> dict:
-    """The train loss over the window, summed over ranks; scalars and the bar (rank 0); then a
-    new window."""
+    """The window's train loss, summed over ranks; scalars and the bar (rank 0); a new window."""
     w = trainer.window
     loss = system.sum_over_ranks(float(w.loss), trainer.dist) / w.steps
     now = time.perf_counter()  # after float(): the device has caught up
@@ -85,8 +81,9 @@ def summary(trainer) -> str:
     c, m = trainer.config, trainer.model_config
     kv = f" ({m.n_kv_head} kv heads)" if m.n_kv_head != m.n_head else ""
     precision = "" if trainer.precision == "fp32" else f" {trainer.precision}"
-    world = trainer.dist.world_size
-    ranks = f" ({c.train.batch_size} x {world} ranks)" if trainer.dist.enabled else ""
+    ranks = (
+        f" ({c.train.batch_size} x {trainer.dist.world_size} ranks)" if trainer.dist.enabled else ""
+    )
     return (
         f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads{kv}, "
         f"attn {m.attn_impl}, {trainer.model.num_params():,} parameters | data "
