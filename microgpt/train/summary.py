@@ -99,14 +99,10 @@ def summary(trainer) -> str:
 def final_metrics(trainer, metrics: dict, elapsed: float, tokens: int, other_work: float) -> dict:
     """What `train` returns (every rank): the last metrics, the run's size and its throughput
     (training alone: `other_work`, the seconds spent evaluating and saving, left out)."""
-    metrics = {
-        **metrics,
-        "step": trainer.step,
-        "params": trainer.model.num_params(),
-        "elapsed_s": elapsed,
-        "global_batch": trainer.global_batch,
-        "run_dir": str(trainer.out_dir),
-    }
+    metrics = {**metrics, "step": trainer.step, "params": trainer.model.num_params()}
+    metrics.update(
+        elapsed_s=elapsed, global_batch=trainer.global_batch, run_dir=str(trainer.out_dir)
+    )
     if elapsed > other_work and tokens:  # training throughput, as logged
         metrics["tokens_per_sec"] = tokens / (elapsed - other_work)
     return metrics
@@ -132,20 +128,10 @@ def finish(trainer, metrics: dict) -> None:
         lines = shown.lines
         write_text(trainer.out_dir / "samples.txt", "\n".join(lines) + "\n")
         metrics["samples"] = shown.items
-    hparams = {
-        "heads": m.n_head,
-        "kv_heads": m.n_kv_head,
-        "n_layer": m.n_layer,
-        "n_embd": m.n_embd,
-        "params": metrics["params"],
-        "model": m.name,
-        "attn_impl": m.attn_impl,
-        "batch_size": trainer.global_batch,
-        "lr": c.optim.lr,
-        "max_steps": c.train.max_steps,
-        "dropout": m.dropout,
-        "seed": c.seed,
-    }
+    hparams = {"heads": m.n_head, "kv_heads": m.n_kv_head, "n_layer": m.n_layer, "n_embd": m.n_embd}
+    hparams.update(params=metrics["params"], model=m.name, attn_impl=m.attn_impl)
+    hparams.update(batch_size=trainer.global_batch, lr=c.optim.lr, max_steps=c.train.max_steps)
+    hparams.update(dropout=m.dropout, seed=c.seed)
     keys = ("best_val_loss", "val_loss", "test_loss")
     trainer.writer.hparams(
         hparams, {f"hparams/{k}": metrics[k] for k in keys if k in metrics}, step=trainer.step

@@ -274,16 +274,11 @@ class Trainer:
         """last.pt with the resume state; every rank calls it (each rank's RNG and loss window)."""
         mine = {"rng": rng_state(), "window": self.window.state_dict()}
         ranks = system.gather_objects(mine, self.dist)
-        resume = {
-            "optimizer": self.optimizer.state_dict(),
-            "sampler": self.batches.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
-            "rng": ranks[0]["rng"],  # what a resume on another number of ranks would use
-            "ranks": ranks,
-            "best_val_loss": self.best_val_loss,
-            "world_size": self.dist.world_size,
-        }
+        ema = self.ema.state_dict() if self.ema is not None else None
+        resume = {"optimizer": self.optimizer.state_dict(), "sampler": self.batches.state_dict()}
+        # rng: rank 0's, what a resume on another number of ranks uses
+        resume.update(scaler=self.scaler.state_dict(), ema=ema, rng=ranks[0]["rng"], ranks=ranks)
+        resume.update(best_val_loss=self.best_val_loss, world_size=self.dist.world_size)
         last = runs.RunFolder(self.out_dir).last
         system.run_on_main(lambda: self._checkpoint(metrics, resume=resume).save(last), self.dist)
 
