@@ -1,16 +1,12 @@
 """The microgpt tab of TensorBoard: a dynamic plugin (the `tensorboard_plugins` entry point in
-pyproject.toml), shown when the log directory holds microgpt runs.
+pyproject.toml), shown when the log directory holds microgpt runs. Its routes, under
+http://HOST:PORT/data/plugin/microgpt/:
 
-TensorBoard loads the page `data/plugin_entry.html?name=microgpt` in an iframe; it imports
-`index.js` from this plugin's routes, which draws the tab and asks the routes below for data:
-
-    /index.js, /style.css          the page (static/, plain JavaScript and CSS, no build step)
+    /index.js, /style.css          the page (static/: plain JavaScript and CSS, no build step)
     /runs                          {"runs": [{"name", "checkpoints", "analysed"}], "example"}
     /attention?run=&checkpoint=&input=
-                                   one run's heads on the input (microgpt.viz.plugin.attention);
-                                   400 and {"error": message} for a message the page shows
-
-All under http://HOST:PORT/data/plugin/microgpt/.
+                                   one run's heads on the input (RunStore.attention); 400 and
+                                   {"error": message} for a message the page shows
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ class MicrogptPlugin(base_plugin.TBPlugin):
         self.store = RunStore(context.logdir) if context.logdir else None
 
     def is_active(self) -> bool:
-        """True when the log directory holds microgpt runs."""
         return bool(self.logdir) and bool(runs_under(self.logdir))
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
@@ -47,15 +42,16 @@ class MicrogptPlugin(base_plugin.TBPlugin):
         )
 
     def get_plugin_apps(self) -> dict:
-        apps = {path: self._static for path in FILES}
-        apps.update({"/runs": self._runs, "/attention": self._attention})
-        return apps
+        return {
+            **dict.fromkeys(FILES, self._static),
+            "/runs": self._runs,
+            "/attention": self._attention,
+        }
 
     @wrappers.Request.application
     def _static(self, request):
         name = request.path.rsplit("/", 1)[-1]
-        body = (STATIC / name).read_bytes()
-        return http_util.Respond(request, body, FILES["/" + name])
+        return http_util.Respond(request, (STATIC / name).read_bytes(), FILES["/" + name])
 
     @wrappers.Request.application
     def _runs(self, request):
