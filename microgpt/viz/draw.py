@@ -33,36 +33,18 @@ def colormap(values) -> np.ndarray:
     return np.round(_VIRIDIS[lo] * (1 - frac) + _VIRIDIS[lo + 1] * frac).astype(np.uint8)
 
 
-def font(size: int = FONT_SIZE):
-    # Pillow >= 10.1 scales its default font; older Pillow has a fixed bitmap one
-    try:
-        return ImageFont.load_default(size=size)
-    except TypeError:
-        return ImageFont.load_default()
-
-
-# measures text before a canvas exists
-_PROBE = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+def font(size: int = FONT_SIZE) -> ImageFont.FreeTypeFont:
+    return ImageFont.load_default(size=size)
 
 
 def text_size(text: str, fnt) -> tuple[int, int]:
-    left, top, right, bottom = _PROBE.textbbox((0, 0), text, font=fnt)
+    left, top, right, bottom = fnt.getbbox(text)
     return right - left, bottom - top
 
 
 def draw_text(draw, xy, text: str, fnt, anchor: str = "mm", fill=TEXT) -> None:
-    """Text placed by a Pillow anchor ("mm" centred, "rm" right-middle, "ma" top-centre): by the
-    font's line metrics, so "p" and "h" share a baseline; the old bitmap font: by the ink box."""
-    try:
-        return draw.text(xy, text, fill=fill, font=fnt, anchor=anchor)
-    except ValueError:
-        # bitmap fonts take no anchor
-        left, top, right, bottom = draw.textbbox((0, 0), text, font=fnt)
-    fx = {"l": 0.0, "m": 0.5, "r": 1.0}[anchor[0]]
-    fy = {"a": 0.0, "t": 0.0, "m": 0.5}.get(anchor[1], 1.0)
-    x = xy[0] - left - fx * (right - left)
-    y = xy[1] - top - fy * (bottom - top)
-    draw.text((round(x), round(y)), text, fill=fill, font=fnt)
+    """Text placed by a Pillow anchor: "mm" centred, "rm" right-middle, "ma" top-centre."""
+    draw.text(xy, text, fill=fill, font=fnt, anchor=anchor)
 
 
 def _heatmap(values, row_labels, col_labels, title, cell_w, cell_h, mask=None, annotate=False):

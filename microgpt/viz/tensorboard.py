@@ -135,11 +135,9 @@ class TensorBoardLogger:
         self.scalars(step, _per_head("attention_entropy/layer{l}/head{h}", _numpy(entropy)))
 
     def heads(self, step: int, report: HeadReport) -> None:
-        """A head report: its summaries under `heads/` (the same tags whatever the head count),
-        each head's entropy and numbers (`per_head/layer{l}/head{h}/{name}`), the offset profiles,
-        the layer-0 circuits, the table as text (`heads/table`) and, once, the custom-scalars
-        layout. `hparams` adds the summaries to the run's metrics."""
-        # the first report: the custom-scalars layout, once
+        """A head report: summaries under `heads/` (the same tags whatever the head count), each
+        head's numbers under `per_head/`, offset profiles, layer-0 circuits, the table as text
+        (`heads/table`) and, with the first report, the custom-scalars layout."""
         if not self.last_head_summary:
             self.writer.add_custom_scalars(heads_layout(report.n_layer))
         self.last_head_summary = report.summaries()
@@ -152,24 +150,19 @@ class TensorBoardLogger:
             per_head[f"per_head/layer0/head{h}/copying"] = float(c)
         self.scalars(step, per_head)
         self.offset_profiles(step, report.offsets, report.start)
-        if report.qk is not None:
-            self.circuits(step, report)
-        self._text("heads/table", report.markdown(), step)
-
-    def circuits(self, step: int, report: HeadReport) -> None:
-        """`heads/qk/layer0`, `heads/ov/layer0`: the layer-0 heads' QK and OV tables, each row
-        softmaxed, one panel per head (tokens as the first LayerNorm of their embeddings, without
-        positions)."""
+        # the layer-0 heads' QK and OV tables, one panel per head, each row softmaxed
         for name, table, title in (
             ("qk", report.qk, "query token looks for key token (no positions)"),
             ("ov", report.ov, "key token raises output token"),
         ):
-            # (H, V, V), rows sum to 1
-            probs = _numpy(torch.softmax(table.float(), dim=-1))
-            panels = [
-                render_table(p, report.labels, f"head {h}: {title}") for h, p in enumerate(probs)
-            ]
-            self._image(f"heads/{name}/layer0", compose_layer(panels, 0), step)
+            if table is not None:
+                probs = _numpy(torch.softmax(table.float(), dim=-1))
+                panels = [
+                    render_table(p, report.labels, f"head {h}: {title}")
+                    for h, p in enumerate(probs)
+                ]
+                self._image(f"heads/{name}/layer0", compose_layer(panels, 0), step)
+        self._text("heads/table", report.markdown(), step)
 
     def _image(self, tag: str, img: np.ndarray, step: int) -> None:
         self.writer.add_image(tag, img, step, dataformats="HWC")
@@ -204,12 +197,6 @@ class TensorBoardLogger:
     def close(self) -> None:
         self.writer.close()
         self.metrics_file.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def heads_layout(n_layer: int) -> dict:

@@ -6,6 +6,7 @@ token, as it was trained (`<s>emma`); a text run reads the characters alone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -48,9 +49,11 @@ class Loaded:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def runs_under(logdir: str | os.PathLike) -> dict[str, RunFolder]:
+def runs_under(logdir: str | os.PathLike | None) -> dict[str, RunFolder]:
     """{name: run} for every microgpt run under `logdir`, named by its path from there
     ("heads=2"; the folder's own name when `logdir` is the run); {} when there are none."""
+    if not logdir:
+        return {}
     root = Path(logdir).expanduser()
     try:
         found = [run for run in find_runs(root) if run.holds_run()]
@@ -174,8 +177,9 @@ def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[d
 class RunStore:
     """The runs under one log directory and their models, as the tab asks for them."""
 
-    def __init__(self, logdir: str | os.PathLike, cache: ModelCache | None = None):
-        self.logdir = Path(logdir).expanduser()
+    def __init__(self, logdir: str | os.PathLike | None, cache: ModelCache | None = None):
+        # None or "" when TensorBoard was started without --logdir: no runs
+        self.logdir = Path(logdir).expanduser() if logdir else None
         self.cache = cache or ModelCache()
 
     def runs(self) -> list[dict]:
@@ -189,19 +193,19 @@ class RunStore:
 
     def example(self) -> str | None:
         """An input to start with: the first validation name of the first run that has one."""
-        for name, run in runs_under(self.logdir).items():
+        for run in runs_under(self.logdir).values():
             checkpoints = checkpoints_of(run)
-            try:
-                loaded = self._load(name, run, checkpoints[0]) if checkpoints else None
-            except InputError:
-                continue
-            if loaded is not None and loaded.example:
-                return loaded.example
+            with contextlib.suppress(InputError):
+                loaded = self.cache.get(run.checkpoints / checkpoints[0]) if checkpoints else None
+                if loaded is not None and loaded.example:
+                    return loaded.example
         return None
 
     @torch.no_grad()
     def attention(self, name: str, checkpoint: str | None, text: str) -> dict:
         """What one run's panel shows for `text`; an InputError the page shows instead."""
+        if self.logdir is None:
+            raise InputError("TensorBoard was started without --logdir")
         run = runs_under(self.logdir).get(name)
         if run is None:
             raise InputError(f"no run {name!r} under {self.logdir}")
@@ -214,7 +218,10 @@ class RunStore:
         checkpoint = checkpoint or checkpoints[0]
         if checkpoint not in checkpoints:
             raise InputError(f"{name} has no checkpoint {checkpoint!r}; it has {checkpoints}")
-        loaded = self._load(name, run, checkpoint)
+        try:
+            loaded = self.cache.get(run.checkpoints / checkpoint)
+        except InputError as e:
+            raise InputError(f"{name}: {e}") from None
         ids = encode_input(loaded, text, name)
         config, analysis = loaded.model.config, analysis_of(run, checkpoint)
         _, _, attention = loaded.model.forward_with_attention(torch.tensor([ids]))
@@ -231,9 +238,3 @@ class RunStore:
             "analysis": run.analysis(checkpoint).name if analysis else None,
             "heads": head_labels(analysis, config.n_layer, config.n_head),
         }
-
-    def _load(self, name: str, run: RunFolder, checkpoint: str) -> Loaded:
-        try:
-            return self.cache.get(run.checkpoints / checkpoint)
-        except InputError as e:
-            raise InputError(f"{name}: {e}") from None

@@ -30,11 +30,10 @@ class MicrogptPlugin(base_plugin.TBPlugin):
     plugin_name = "microgpt"
 
     def __init__(self, context: base_plugin.TBContext):
-        self.logdir = context.logdir
-        self.store = RunStore(context.logdir) if context.logdir else None
+        self.store = RunStore(context.logdir)
 
     def is_active(self) -> bool:
-        return bool(self.logdir) and bool(runs_under(self.logdir))
+        return bool(runs_under(self.store.logdir))
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
         return base_plugin.FrontendMetadata(
@@ -42,11 +41,8 @@ class MicrogptPlugin(base_plugin.TBPlugin):
         )
 
     def get_plugin_apps(self) -> dict:
-        return {
-            **dict.fromkeys(FILES, self._static),
-            "/runs": self._runs,
-            "/attention": self._attention,
-        }
+        routes = {"/runs": self._runs, "/attention": self._attention}
+        return {**dict.fromkeys(FILES, self._static), **routes}
 
     @wrappers.Request.application
     def _static(self, request):
@@ -55,16 +51,12 @@ class MicrogptPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _runs(self, request):
-        if self.store is None:
-            return _json(request, {"runs": [], "example": None})
         return _json(request, {"runs": self.store.runs(), "example": self.store.example()})
 
     @wrappers.Request.application
     def _attention(self, request):
         args = request.args
         try:
-            if self.store is None:
-                raise InputError("TensorBoard was started without --logdir")
             body = self.store.attention(
                 args.get("run", ""), args.get("checkpoint") or None, args.get("input", "")
             )
