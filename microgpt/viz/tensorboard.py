@@ -5,6 +5,7 @@ same in every run (`attention/layer0/head1`, ...) so runs line up side by side."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
 import time
@@ -64,10 +65,8 @@ def read_metrics(path: str | Path) -> list[dict]:
     """The objects of a metrics.jsonl, in order; a last line cut short by a crash is skipped."""
     lines = []
     for text in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
+        with contextlib.suppress(ValueError):
             lines.append(json.loads(text))
-        except ValueError:
-            continue
     return lines
 
 
@@ -124,8 +123,8 @@ class TensorBoardLogger:
             self._image(f"attention/layer{layer}", compose_layer(heads, layer), step)
 
     def offset_profiles(self, step: int, profiles: Sequence, starts: Sequence) -> None:
-        """`heads/offsets/layer{l}`: profiles[l] (H, K) and starts[l] (H,), as
-        render_offset_profile draws them."""
+        """`heads/offsets/layer{l}`: profiles[l] (H, K) and starts[l] (H,) as drawn by
+        render_offset_profile."""
         for layer, (profile, start) in enumerate(zip(profiles, starts, strict=True)):
             img = render_offset_profile(_numpy(profile), _numpy(start), f"layer {layer}")
             self._image(f"heads/offsets/layer{layer}", img, step)
@@ -180,9 +179,8 @@ class TensorBoardLogger:
         self._text("samples", body, step)
 
     def hparams(self, hparams: Mapping, metrics: Mapping, step: int | None = None) -> None:
-        """One HParams row, in the run's own folder (not add_hparams's subfolder). `metrics` are
-        also written as scalars (where the tab reads their values), joined by the last head
-        summaries (written already)."""
+        """One HParams row in the run's own folder (not add_hparams's subfolder): `metrics`, also
+        written as scalars (where the tab reads them), and the last head summaries."""
         values = {str(k): float("nan") if v is None else float(v) for k, v in metrics.items()}
         all_metrics = {**values, **self.last_head_summary}
         # the experiment, session start and session end
@@ -207,27 +205,24 @@ def heads_layout(n_layer: int) -> dict:
     importance = r"per_head/layer{n}/head\d+/importance$"
     induction = r"per_head/layer{n}/head\d+/induction$"
     summaries = {
-        "entropy min/mean/max per layer": [r"heads/layer\d+/entropy_(min|mean|max)$"],
-        "importance max per layer": [r"heads/layer\d+/importance_max$"],
-        "prunable heads": [r"heads/prunable$"],
-        "heads per role": [rf"heads/role/({'|'.join(ROLES)})$"],
-        "induction and copying": [r"heads/(induction_max|duplicate_max|copying_max)$"],
-        "repeated spans: loss on the first copy and the repeat": [
+        "entropy min/mean/max per layer": r"heads/layer\d+/entropy_(min|mean|max)$",
+        "importance max per layer": r"heads/layer\d+/importance_max$",
+        "prunable heads": r"heads/prunable$",
+        "heads per role": rf"heads/role/({'|'.join(ROLES)})$",
+        "induction and copying": r"heads/(induction_max|duplicate_max|copying_max)$",
+        "repeated spans: loss on the first copy and the repeat": (
             r"heads/repeat_loss(_first|_gain)?$"
-        ],
+        ),
     }
 
     def per_layer(title: str, *tags: str) -> dict:
         # one chart per layer, {n} the layer in the title and the tags
-        return {
-            title.format(n=n): ["Multiline", [t.format(n=n) for t in tags]] for n in range(n_layer)
-        }
+        return {title.format(n=n): ["Multiline", [t.format(n=n) for t in tags]] for n in range(L)}
 
+    L, only_importance = n_layer, "layer {n}: importance of each head (loss rise, nats)"
     return {
         "heads": per_layer("layer {n}: entropy and importance of each head", entropy, importance),
-        "head importance": per_layer(
-            "layer {n}: importance of each head (loss rise, nats)", importance
-        ),
+        "head importance": per_layer(only_importance, importance),
         "head induction": per_layer("layer {n}: prefix matching of each head", induction),
-        "head summaries": {title: ["Multiline", tags] for title, tags in summaries.items()},
+        "head summaries": {title: ["Multiline", [tag]] for title, tag in summaries.items()},
     }

@@ -1,8 +1,6 @@
-"""What the microgpt tab shows, as JSON: the runs under a log directory and every head's attention
-of one run's checkpoint on a typed input (`RunStore`). Checkpoints load lazily onto the CPU, safely
-(microgpt.train.checkpoint), into a `ModelCache` bounded by count and bytes. A user's mistake is an
-`InputError` whose message the page shows as it is. A names run reads an item after the boundary
-token, as it was trained (`<s>emma`); a text run reads the characters alone."""
+"""What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory, and every
+head's attention of one run's checkpoint on a typed input, loaded lazily and safely onto the CPU
+into a bounded `ModelCache`. A user's mistake is an `InputError`, whose message the page shows."""
 
 from __future__ import annotations
 
@@ -73,15 +71,6 @@ def checkpoints_of(run: RunFolder) -> list[str]:
     return names
 
 
-def analysis_of(run: RunFolder, checkpoint: str) -> dict | None:
-    """The head analysis of `checkpoint` (python -m microgpt.heads), or None when there is none or
-    it cannot be read."""
-    try:
-        return json.loads(run.analysis(checkpoint).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def load_model(path: Path) -> Loaded:
     """Load a checkpoint safely onto the CPU; an InputError saying what is wrong with it."""
     try:
@@ -134,8 +123,8 @@ class ModelCache:
 
 
 def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
-    """The ids the model reads for `text`, after the boundary token but for a text run; an
-    InputError for an empty input, unknown characters, or more than the model's context."""
+    """The ids the model reads for `text`: after the boundary token as it was trained (`<s>emma`),
+    but for a text run; an InputError for an empty input, unknown characters, or too many."""
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     if not text:
         kind = "a name" if loaded.format != "text" else "a line of text"
@@ -223,7 +212,11 @@ class RunStore:
         except InputError as e:
             raise InputError(f"{name}: {e}") from None
         ids = encode_input(loaded, text, name)
-        config, analysis = loaded.model.config, analysis_of(run, checkpoint)
+        # the head analysis (python -m microgpt.heads), where there is one that can be read
+        analysis = None
+        with contextlib.suppress(OSError, ValueError):
+            analysis = json.loads(run.analysis(checkpoint).read_text())
+        config = loaded.model.config
         _, _, attention = loaded.model.forward_with_attention(torch.tensor([ids]))
         return {
             "run": name,
