@@ -41,10 +41,6 @@ def colormap(values) -> np.ndarray:
     return np.round(_VIRIDIS[lo] * (1 - frac) + _VIRIDIS[lo + 1] * frac).astype(np.uint8)
 
 
-def font(size: int = FONT_SIZE) -> ImageFont.FreeTypeFont:
-    return ImageFont.load_default(size=size)
-
-
 def text_size(text: str, fnt) -> tuple[int, int]:
     left, top, right, bottom = fnt.getbbox(text)
     return right - left, bottom - top
@@ -60,7 +56,7 @@ def _heatmap(values, row_labels, col_labels, title, cell_w, cell_h, mask=None, a
     `annotate` writes each value (2 decimals) in its cell where it fits."""
     R, C = values.shape
     # smaller cells, smaller labels
-    fnt = font(min(FONT_SIZE, max(8, cell_w - 1)))
+    fnt = ImageFont.load_default(size=min(FONT_SIZE, max(8, cell_w - 1)))
     pad = 4
     # the same for every label set: a stable layout
     label_h = text_size("Mgy", fnt)[1]
@@ -124,7 +120,7 @@ def render_heads(weights_per_head, query_labels, key_labels, cell=18, mask=None)
 
 def colorbar(length: int = 80, thickness: int = 10) -> np.ndarray:
     """A small "0 [dark .. bright] 1" legend."""
-    fnt = font()
+    fnt = ImageFont.load_default(size=FONT_SIZE)
     w0, _ = text_size("0", fnt)
     w1, th = text_size("1", fnt)
     height = max(thickness, th) + 4
@@ -144,7 +140,7 @@ def compose_layer(images: Sequence[np.ndarray], layer: int, gap: int = 16) -> np
     columns = min(HEADS_PER_ROW, len(images))
     rows = math.ceil(len(images) / columns)
     grid_w = columns * cell_w + gap * (columns - 1)
-    fnt = font(FONT_SIZE + 2)
+    fnt = ImageFont.load_default(size=FONT_SIZE + 2)
     tw, th = text_size(f"layer {layer}", fnt)
     bar = colorbar()
     head_h = max(th, bar.shape[0]) + 8
@@ -215,7 +211,7 @@ def plot_lines(
     saved as a PNG at `path` (folders made). Non-finite y values are left out."""
     if not any(points for _, points in curves):
         raise ValueError("no points to plot")
-    big, small = font(14), font(12)
+    big, small = ImageFont.load_default(size=14), ImageFont.load_default(size=12)
     img = Image.new("RGB", (width, height), BACKGROUND)
     d = ImageDraw.Draw(img)
     legend_w = max(d.textlength(label, font=small) for label, _ in curves) + 48
