@@ -52,8 +52,7 @@ def draw_text(draw, xy, text: str, fnt, anchor: str = "mm", fill=TEXT) -> None:
 
 
 def _heatmap(values, row_labels, col_labels, title, cell_w, cell_h, mask=None, annotate=False):
-    """(R, C) values in [0, 1] -> labelled coloured cells, grey where `mask` is False;
-    `annotate` writes each value (2 decimals) in its cell where it fits."""
+    """(R, C) values in [0, 1] -> labelled cells, grey where `mask` is False, values written."""
     R, C = values.shape
     # smaller cells, smaller labels
     fnt = ImageFont.load_default(size=min(FONT_SIZE, max(8, cell_w - 1)))
@@ -98,8 +97,7 @@ def _heatmap(values, row_labels, col_labels, title, cell_w, cell_h, mask=None, a
 
 
 def render_attention(weights, query_labels, key_labels, title=None, cell=18, mask=None):
-    """One head's weights (T, Tk) -> a heatmap, row i = query i, column j = key j; light grey
-    where `mask` (T, Tk) is False (keys the query may not see)."""
+    """One head's weights (T, Tk) -> a map, rows = queries; grey where `mask` hides the key."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 2 or (len(query_labels), len(key_labels)) != w.shape:
         raise ValueError(
@@ -157,8 +155,7 @@ def compose_layer(images: Sequence[np.ndarray], layer: int, gap: int = 16) -> np
 
 
 def render_offset_profile(profile, start, title: str = "layer 0", cell=(36, 20)) -> np.ndarray:
-    """profile (H, K): each head's weight on offset 0, -1, ..., -(K-1); start (H,): on the
-    boundary token -> one row per head, a column per offset and a last "start", values written."""
+    """Each head's weight (H, K) on offsets 0, -1, ... and (H,) on the boundary token -> a table."""
     p, s = np.asarray(profile, dtype=np.float64), np.asarray(start, dtype=np.float64)
     if p.ndim != 2 or s.shape != (p.shape[0],):
         raise ValueError(f"profile must be (H, K) and start (H,), got {p.shape} and {s.shape}")
@@ -168,8 +165,7 @@ def render_offset_profile(profile, start, title: str = "layer 0", cell=(36, 20))
 
 
 def render_table(values, labels: Sequence[str], title: str | None = None, cell: int = 14):
-    """A (V, V) table in [0, 1] over the vocabulary (a layer-0 head's QK or OV circuit, rows
-    softmaxed) -> a heatmap labelled by the tokens, blanks and control characters spelled out."""
+    """A (V, V) table in [0, 1] over the vocabulary (a QK or OV circuit) -> a labelled heatmap."""
     v = np.asarray(values, dtype=np.float64)
     if v.shape != (len(labels), len(labels)):
         raise ValueError(f"values must be ({len(labels)}, {len(labels)}), got shape {v.shape}")
@@ -207,8 +203,7 @@ def tick_label(v: float, ticks: list[float]) -> str:
 def plot_lines(
     curves, path, title="", xlabel="step", ylabel="", legend_title="", width=900, height=540
 ) -> Path:
-    """[(label, [(x, y), ...]), ...] -> one coloured line per curve, with axes, ticks and a legend,
-    saved as a PNG at `path` (folders made). Non-finite y values are left out."""
+    """[(label, [(x, y), ...]), ...] -> a PNG at `path`, a line per curve (non-finite y skipped)."""
     if not any(points for _, points in curves):
         raise ValueError("no points to plot")
     big, small = ImageFont.load_default(size=14), ImageFont.load_default(size=12)
@@ -254,8 +249,7 @@ def plot_lines(
 
 
 def _draw_axes(img, d, box: tuple, ticks: tuple, labels: tuple, big, small) -> None:
-    """The grid lines and ticks ({value: pixel} along x, then y), the frame, the title and the
-    axis labels."""
+    """Grid lines and ticks (x, then y: {value: pixel}), the frame, the title and axis labels."""
     (left, top, right, bottom), (xt, yt), (title, xlabel, ylabel) = box, ticks, labels
     for v, y in yt.items():
         d.line([(left, y), (right, y)], fill=GRID)

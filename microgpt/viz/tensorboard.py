@@ -105,8 +105,7 @@ class TensorBoardLogger:
         self.metrics_file.flush()
 
     def attention_maps(self, step: int, attention: Sequence, labels: Sequence[str]) -> None:
-        """One probe item's attention per layer, (H, T, Tk) or (1, H, T, Tk), labelled by the Tk
-        tokens: `attention/layer{l}/head{h}` and `attention/layer{l}` (the heads in a grid)."""
+        """Each layer's (H, T, Tk) or (1, H, T, Tk) maps: `attention/layer{l}[/head{h}]`."""
         for layer, att in enumerate(attention):
             w = _numpy(att)
             w = w[0] if w.ndim == 4 and w.shape[0] == 1 else w
@@ -123,8 +122,7 @@ class TensorBoardLogger:
             self._image(f"attention/layer{layer}", compose_layer(heads, layer), step)
 
     def offset_profiles(self, step: int, profiles: Sequence, starts: Sequence) -> None:
-        """`heads/offsets/layer{l}`: profiles[l] (H, K) and starts[l] (H,) as drawn by
-        render_offset_profile."""
+        """`heads/offsets/layer{l}`: profiles[l] (H, K) and starts[l] (H,), one table per layer."""
         for layer, (profile, start) in enumerate(zip(profiles, starts, strict=True)):
             img = render_offset_profile(_numpy(profile), _numpy(start), f"layer {layer}")
             self._image(f"heads/offsets/layer{layer}", img, step)
@@ -173,8 +171,7 @@ class TensorBoardLogger:
         self.writer.file_writer.add_summary(summary, step)
 
     def samples(self, step: int, lines: Sequence[str]) -> None:
-        """The text summary "samples", indented four spaces: a Markdown code block, so lines
-        never merge and nothing is read as markup."""
+        """The text "samples", as a Markdown code block: lines never merge, nothing is markup."""
         body = "\n".join("    " + line for line in lines) if lines else "(no samples)"
         self._text("samples", body, step)
 

@@ -64,8 +64,7 @@ def runs_under(logdir: str | os.PathLike | None) -> dict[str, RunFolder]:
 
 
 def checkpoints_of(run: RunFolder) -> list[str]:
-    """The checkpoint files of `run`: its default (best.pt, else last.pt) first, then the other
-    of the two, then step-N.pt in step order."""
+    """`run`'s checkpoints: best.pt (the default), last.pt, then step-N.pt in step order."""
     names = [p.name for p in (run.best, run.last) if p.is_file()]
     names += sorted(p.name for p in run.checkpoints.glob("step-*.pt") if p.is_file())
     return names
@@ -147,8 +146,7 @@ def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
 
 
 def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[dict | None]]:
-    """[layer][head] -> {"role", "score", "importance"} from a head analysis (importance: the
-    loss rise when the head is zeroed); None where it is missing or of another model."""
+    """[layer][head] -> {"role", "score", "importance"}; None without this model's analysis."""
     labels = [[None] * n_head for _ in range(n_layer)]
     if not analysis or (analysis.get("n_layer"), analysis.get("n_head")) != (n_layer, n_head):
         return labels

@@ -1,12 +1,9 @@
-"""The microgpt tab of TensorBoard: a dynamic plugin (the `tensorboard_plugins` entry point in
-pyproject.toml), shown when the log directory holds microgpt runs. Its routes, under
-http://HOST:PORT/data/plugin/microgpt/:
+"""The microgpt tab of TensorBoard (pyproject.toml's `tensorboard_plugins` entry point), shown when
+the log directory holds microgpt runs. Its routes, under http://HOST:PORT/data/plugin/microgpt/:
 
-    /index.js, /style.css          the page (static/: plain JavaScript and CSS, no build step)
-    /runs                          {"runs": [{"name", "checkpoints", "analysed"}], "example"}
-    /attention?run=&checkpoint=&input=
-                                   one run's heads on the input (RunStore.attention); 400 and
-                                   {"error": message} for a message the page shows
+    /index.js, /style.css                the page (static/: plain JavaScript and CSS, no build)
+    /runs                                {"runs": [{"name", "checkpoints", "analysed"}], "example"}
+    /attention?run=&checkpoint=&input=   RunStore.attention, or 400 and {"error": message}
 """
 
 from __future__ import annotations
