@@ -18,18 +18,14 @@ _HEX = "440154 472d7b 3b528b 2c728e 21918c 28ae80 5ec962 addc30 fde725"
 _VIRIDIS = np.array([list(bytes.fromhex(c)) for c in _HEX.split()], dtype=np.float64)
 BACKGROUND = (255, 255, 255)
 TEXT = (20, 20, 20)
-# values written on dark cells
-LIGHT_TEXT = (250, 250, 250)
-# cells a query may not attend to (the causal mask)
-MASKED = (222, 222, 222)
-# a plot's grid lines
-GRID = (228, 228, 228)
+LIGHT_TEXT = (250, 250, 250)  # values written on dark cells
+MASKED = (222, 222, 222)  # cells a query may not attend to (the causal mask)
+GRID = (228, 228, 228)  # a plot's grid lines
 # Tableau 10, the usual categorical palette: distinct, and readable on white (line plots).
 _TABLEAU = "1f77b4 ff7f0e 2ca02c d62728 9467bd 8c564b e377c2 7f7f7f bcbd22 17becf"
 PALETTE = [tuple(bytes.fromhex(c)) for c in _TABLEAU.split()]
 FONT_SIZE = 12
-# a layer's head maps: at most this many side by side, then a new row
-HEADS_PER_ROW = 4
+HEADS_PER_ROW = 4  # a layer's head maps: at most this many side by side, then a new row
 
 
 def colormap(values) -> np.ndarray:
@@ -54,11 +50,9 @@ def draw_text(draw, xy, text: str, fnt, anchor: str = "mm", fill=TEXT) -> None:
 def _heatmap(values, row_labels, col_labels, title, cell_w, cell_h, mask=None, annotate=False):
     """(R, C) values in [0, 1] -> labelled cells, grey where `mask` is False, values written."""
     R, C = values.shape
-    # smaller cells, smaller labels
     fnt = ImageFont.load_default(size=min(FONT_SIZE, max(8, cell_w - 1)))
     pad = 4
-    # the same for every label set: a stable layout
-    label_h = text_size("Mgy", fnt)[1]
+    label_h = text_size("Mgy", fnt)[1]  # the same for every label set: a stable layout
     label_w = max([text_size(s, fnt)[0] for s in row_labels] + [cell_w // 2])
     title_w, title_h = (n + 2 * pad for n in text_size(title, fnt)) if title else (0, 0)
     left, top = pad + label_w + pad, title_h + pad + label_h + pad

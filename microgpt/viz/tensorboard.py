@@ -1,7 +1,6 @@
-"""The TensorBoard logger of a training run (`TensorBoardLogger`): scalars (also to metrics.jsonl),
-per-head attention maps, samples, one HParams row and a head analysis (summaries, per-head numbers,
-offset profiles, layer-0 circuits, the custom-scalars layout), in the run's own folder. Tags are the
-same in every run (`attention/layer0/head1`, ...) so runs line up side by side."""
+"""The TensorBoard logger of a training run: scalars (also to metrics.jsonl), per-head attention
+maps, samples, one HParams row and head analyses, all in the run's own folder, under the same tags
+in every run (`attention/layer0/head1`, ...) so that runs line up side by side."""
 
 from __future__ import annotations
 
@@ -166,8 +165,7 @@ class TensorBoardLogger:
 
     def _text(self, tag: str, body: str, step: int) -> None:
         summary = text_summary(tag, body)
-        # add_text would name it "<tag>/text_summary"
-        summary.value[0].tag = tag
+        summary.value[0].tag = tag  # add_text would name it "<tag>/text_summary"
         self.writer.file_writer.add_summary(summary, step)
 
     def samples(self, step: int, lines: Sequence[str]) -> None:

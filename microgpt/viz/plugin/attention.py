@@ -19,11 +19,9 @@ from microgpt.tokenizer import CharTokenizer
 from microgpt.train.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from microgpt.viz.tensorboard import labels_for
 
-# models kept loaded at once, and their weights' bytes at most
-MAX_MODELS = 8
-MAX_BYTES = 512 * 2**20
-# attention weights are sent rounded to this many decimals
-DIGITS = 3
+MAX_MODELS = 8  # models kept loaded at once
+MAX_BYTES = 512 * 2**20  # and their weights' bytes at most
+DIGITS = 3  # attention weights are sent rounded to this many decimals
 
 
 class InputError(ValueError):
@@ -38,8 +36,7 @@ class Loaded:
     tokenizer: CharTokenizer
     format: str
     step: int
-    # the first validation item, for a names run
-    example: str | None
+    example: str | None  # the first validation item, for a names run
 
     @property
     def nbytes(self) -> int:
