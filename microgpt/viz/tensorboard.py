@@ -45,8 +45,7 @@ def _numpy(x) -> np.ndarray:
 
 
 def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
-    """Nested dicts flattened to dotted keys; values the HParams tab shows: numbers stay numbers,
-    bools "true"/"false" (torch would store 1/0), None "none", anything else its str()."""
+    """Dotted keys -> numbers, "true"/"false" (not torch's 1/0), "none", or else str(value)."""
     out = {}
     for k, v in flatten(hparams).items():
         if isinstance(v, np.generic) or (isinstance(v, torch.Tensor) and v.numel() == 1):
@@ -131,9 +130,8 @@ class TensorBoardLogger:
         self.scalars(step, _per_head("attention_entropy/layer{l}/head{h}", _numpy(entropy)))
 
     def heads(self, step: int, report: HeadReport) -> None:
-        """A head report: summaries under `heads/` (the same tags whatever the head count), each
-        head's numbers under `per_head/`, offset profiles, layer-0 circuits, the table as text
-        (`heads/table`) and, with the first report, the custom-scalars layout."""
+        """A head report: summaries under `heads/` (the same tags for any head count), `per_head/`,
+        offset profiles, layer-0 circuits, `heads/table` and, the first time, the layout."""
         if not self.last_head_summary:
             self.writer.add_custom_scalars(heads_layout(report.n_layer))
         self.last_head_summary = report.summaries()

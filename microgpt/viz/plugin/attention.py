@@ -86,9 +86,8 @@ def load_model(path: Path) -> Loaded:
 
 
 class ModelCache:
-    """Loaded checkpoints, least recently used dropped first once more than `max_models` are
-    held or their weights take more than `max_bytes`. A checkpoint rewritten since it was loaded
-    (another size or time) is loaded again. Safe to share between the server's threads."""
+    """Loaded checkpoints, thread-safe, least recently used dropped past `max_models` or
+    `max_bytes`; a checkpoint rewritten since (another size or time) is loaded again."""
 
     def __init__(self, max_models: int = MAX_MODELS, max_bytes: int = MAX_BYTES):
         self.max_models, self.max_bytes = max_models, max_bytes
