@@ -42,7 +42,7 @@ from microgpt.files import check_new_file
 from microgpt.heads.report import ROLES, read_analysis
 from microgpt.runs import RunFolder
 from microgpt.train.checkpoint import Checkpoint, CheckpointError
-from microgpt.viz.plot import plot_lines
+from microgpt.viz.draw import plot_lines
 from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)
