@@ -1,12 +1,8 @@
-"""Every schema the commands accept, as dataclasses that conf/*.yaml mirror, validated once.
-
-- `Config`: `python train.py`; its `model` group is the model's own `GPTConfig`.
-- `SampleConfig`: `python sample.py`.
-
-Hydra never calls __post_init__ on structured configs, so `load_config` converts the composed
-DictConfig with OmegaConf.to_object, which builds these dataclasses and runs every check below.
-A bad value stops the command before any work with an error that names the setting and what
-would be valid. Library code receives the resulting dataclass (plain Python), never a DictConfig.
+"""Every schema the commands accept, as dataclasses that conf/*.yaml mirror: `Config` (train.py;
+its `model` group is the model's own `GPTConfig`) and `SampleConfig` (sample.py). Each group checks
+itself in __post_init__, which Hydra never calls: `load_config` converts the composed config with
+OmegaConf.to_object, so a bad value stops the command before any work with an error that names the
+setting. Library code receives the plain dataclasses, never a DictConfig.
 """
 
 from __future__ import annotations
@@ -18,12 +14,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import system
 from microgpt.data.dataset import FORMATS
-from microgpt.data.repeats import check_repeats
 from microgpt.data.text import DEFAULT_BLOCK_SIZE as TEXT_BLOCK_SIZE
 from microgpt.errors import SamplingError, UserError
 from microgpt.model import GPTConfig, check_gpt_settings
@@ -35,10 +31,19 @@ DECAYS = ("cosine", "linear", "constant")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
 MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
 SAMPLES_PER_SECOND = 5_000  # small model, batched: 1,000 names in 0.165 s (docs/benchmarks.md)
+# what generating one character of data.format=repeats costs at its peak: the generator's (N, T)
+# tensors, the Python lists and strings, the encoded dataset (about 60 bytes measured)
+REPEAT_CHAR_BYTES = 100
 
 
 class ConfigError(UserError):
     """A bad setting; the message names it and what would be valid."""
+
+
+def require(ok: bool, message: str, error: type[Exception] = ConfigError) -> None:
+    """Raise `error(message)` unless `ok`: each rule below in one line."""
+    if not ok:
+        raise error(message)
 
 
 def flatten(d, prefix: str = "") -> dict:
@@ -63,6 +68,35 @@ class RepeatsConfig:
     items: int = 100000  # items generated (then split train/val/test like lines)
     seed: int = 0  # the generator's own seed
 
+    def check(self) -> None:
+        """Checked only for data.format=repeats, before anything is generated, down to the memory
+        the items would take."""
+        chars, span, length, items = self.chars, list(self.span), self.length, self.items
+        require(
+            chars and len(set(chars)) == len(chars),
+            f"data.repeats.chars={chars!r} must be distinct characters, at least one: the "
+            f"vocabulary the items are drawn from (default: a to z)",
+        )
+        require(
+            len(span) == 2 and 1 <= span[0] <= span[1] and 2 * span[1] <= length,
+            f"data.repeats.span={span} must be [lo, hi] with 1 <= lo <= hi and two "
+            f"copies fitting data.repeats.length={length} (hi <= {max(0, length // 2)})",
+        )
+        require(
+            items >= 3,
+            f"data.repeats.items={items} must be at least 3 (one each for train, val and test)",
+        )
+        require(0 <= self.seed < 2**63, f"data.repeats.seed={self.seed} must be in [0, 2**63)")
+        # per item: its characters, and a random order of the whole vocabulary (repeated_spans)
+        need = items * ((length + 1) * REPEAT_CHAR_BYTES + 12 * len(chars))
+        free = available_memory(torch.device("cpu"))
+        if free is not None and need > free // 2:
+            raise ConfigError(
+                f"data.repeats.items={items:,} of data.repeats.length={length:,} characters would "
+                f"take about {gib(need)} of memory to generate, more than half of the {gib(free)} "
+                f"available; lower data.repeats.items or data.repeats.length"
+            )
+
 
 @dataclass
 class DataConfig:
@@ -74,18 +108,14 @@ class DataConfig:
     repeats: RepeatsConfig = field(default_factory=RepeatsConfig)  # format=repeats: the generator
 
     def __post_init__(self):
-        if self.format not in FORMATS:
-            raise ConfigError(
-                f"data.format={self.format!r} is unknown; choose one of {list(FORMATS)} "
-                f"(lines: one item per line, like names; text: one stream, like a play; repeats: "
-                f"generated items where a random span repeats)"
-            )
+        require(
+            self.format in FORMATS,
+            f"data.format={self.format!r} is unknown; choose one of {list(FORMATS)} "
+            f"(lines: one item per line, like names; text: one stream, like a play; repeats: "
+            f"generated items where a random span repeats)",
+        )
         if self.format == "repeats":
-            r = self.repeats
-            try:
-                check_repeats(r.chars, tuple(r.span), r.length, r.items, r.seed)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+            self.repeats.check()
 
 
 @dataclass
@@ -102,34 +132,32 @@ class OptimConfig:
 
     def __post_init__(self):
         for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):
-            if not math.isfinite(getattr(self, name)):
-                raise ConfigError(f"optim.{name}={getattr(self, name)} must be a finite number")
-        if not self.lr > 0:
-            raise ConfigError(f"optim.lr={self.lr} must be > 0 (typical: 1e-3)")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ConfigError(
-                f"optim.betas={list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]"
-            )
-        if not self.eps > 0:
-            raise ConfigError(f"optim.eps={self.eps} must be > 0 (typical: 1e-8)")
+            value = getattr(self, name)
+            require(math.isfinite(value), f"optim.{name}={value} must be a finite number")
+        require(self.lr > 0, f"optim.lr={self.lr} must be > 0 (typical: 1e-3)")
+        require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            f"optim.betas={list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]",
+        )
+        require(self.eps > 0, f"optim.eps={self.eps} must be > 0 (typical: 1e-8)")
         # AdamW's step is lr * m / (sqrt(v) + eps), with |m|, sqrt(v) << 1
-        if self.eps >= MAX_EPS:
-            raise ConfigError(
-                f"optim.eps={self.eps} divides every update by at least {self.eps:g}: the weights "
-                f"would not move; use a small value (typical: 1e-8, at most {MAX_EPS:g})"
-            )
-        if self.weight_decay < 0:
-            raise ConfigError(f"optim.weight_decay={self.weight_decay} must be >= 0")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
-        if self.decay not in DECAYS:
-            raise ConfigError(
-                f"optim.decay={self.decay!r} is unknown; choose one of {list(DECAYS)}"
-            )
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        if self.grad_clip < 0:
-            raise ConfigError(f"optim.grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)")
+        require(
+            self.eps < MAX_EPS,
+            f"optim.eps={self.eps} divides every update by at least {self.eps:g}: the weights "
+            f"would not move; use a small value (typical: 1e-8, at most {MAX_EPS:g})",
+        )
+        require(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
+        require(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} must be >= 0")
+        require(
+            self.decay in DECAYS,
+            f"optim.decay={self.decay!r} is unknown; choose one of {list(DECAYS)}",
+        )
+        require(
+            0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]"
+        )
+        require(
+            self.grad_clip >= 0, f"optim.grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)"
+        )
 
 
 @dataclass
@@ -150,28 +178,25 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every"):
-            _at_least_one(f"train.{name}", getattr(self, name))
-        if self.save_every < 0:
-            raise ConfigError(f"train.save_every={self.save_every} must be >= 0 (0 = off)")
-        if self.group_by_length < 0:
-            raise ConfigError(
-                f"train.group_by_length={self.group_by_length} must be >= 0 (0 = off)"
-            )
-        if not 0 <= self.ema < 1:
-            raise ConfigError(f"train.ema={self.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
-        if self.num_samples < 0:
-            raise ConfigError(f"train.num_samples={self.num_samples} must be 0 or more")
-        if self.num_samples > MAX_TRAIN_SAMPLES:
-            raise ConfigError(
-                f"train.num_samples={self.num_samples} would sample for about "
-                f"{self.num_samples / SAMPLES_PER_SECOND / 3600:,.1f} hours on a CPU after the "
-                f"last step, before the test loss is written; at most {MAX_TRAIN_SAMPLES:,} here: "
-                f"sample more afterwards with python sample.py num_samples=N out=FILE"
-            )
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                f"train.precision={self.precision!r} is unknown; choose one of {list(PRECISIONS)}"
-            )
+            value = getattr(self, name)
+            require(value >= 1, f"train.{name}={value} must be at least 1")
+        for name in ("save_every", "group_by_length"):
+            value = getattr(self, name)
+            require(value >= 0, f"train.{name}={value} must be >= 0 (0 = off)")
+        require(0 <= self.ema < 1, f"train.ema={self.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
+        n = self.num_samples
+        require(n >= 0, f"train.num_samples={n} must be 0 or more")
+        require(
+            n <= MAX_TRAIN_SAMPLES,
+            f"train.num_samples={n} would sample for about {n / SAMPLES_PER_SECOND / 3600:,.1f} "
+            f"hours on a CPU after the last step, before the test loss is written; at most "
+            f"{MAX_TRAIN_SAMPLES:,} here: sample more afterwards with python sample.py "
+            f"num_samples=N out=FILE",
+        )
+        require(
+            self.precision in PRECISIONS,
+            f"train.precision={self.precision!r} is unknown; choose one of {list(PRECISIONS)}",
+        )
 
 
 @dataclass
@@ -181,13 +206,9 @@ class LogConfig:
     head_items: int = 256  # validation items the head analysis (roles, importance, pruning) uses
 
     def __post_init__(self):
-        _at_least_one("log.attn_every", self.attn_every)
-        _at_least_one("log.head_items", self.head_items)
-
-
-def _at_least_one(name: str, value: int) -> None:
-    if value < 1:
-        raise ConfigError(f"{name}={value} must be at least 1")
+        for name in ("attn_every", "head_items"):
+            value = getattr(self, name)
+            require(value >= 1, f"log.{name}={value} must be at least 1")
 
 
 @dataclass
@@ -208,27 +229,28 @@ class Config:
     resume: Any = False  # false | true (the run folder's checkpoints/last.pt) | a checkpoint path
 
     def __post_init__(self):
-        if self.heads is not None and self.heads != self.model.n_head:
-            raise ConfigError(f"heads={self.heads} but model.n_head={self.model.n_head}: set one")
-        if self.model.vocab_size is not None:
-            raise ConfigError(
-                f"model.vocab_size={self.model.vocab_size}: the vocabulary comes from the data "
-                f"(every character of data.path), so this setting would be ignored; remove it"
-            )
-        if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed={self.seed} must be in [0, 2**63)")
-        block = self.model.block_size
-        if self.data.format == "text" and block is not None and block < 2:
-            raise ConfigError(
-                f"model.block_size={block} with data.format=text: a window of one character "
-                f"gives attention nothing to look at but itself (a bigram model, no heads to "
-                f"analyse); use at least 2 (null = {TEXT_BLOCK_SIZE})"
-            )
+        m = self.model
+        require(
+            self.heads in (None, m.n_head),
+            f"heads={self.heads} but model.n_head={m.n_head}: set one",
+        )
+        require(
+            m.vocab_size is None,
+            f"model.vocab_size={m.vocab_size}: the vocabulary comes from the data (every "
+            f"character of data.path), so this setting would be ignored; remove it",
+        )
+        require(0 <= self.seed < 2**63, f"seed={self.seed} must be in [0, 2**63)")
+        require(
+            self.data.format != "text" or m.block_size is None or m.block_size >= 2,
+            f"model.block_size={m.block_size} with data.format=text: a window of one character "
+            f"gives attention nothing to look at but itself (a bigram model, no heads to "
+            f"analyse); use at least 2 (null = {TEXT_BLOCK_SIZE})",
+        )
         _check_machine(self.device, self.threads, ConfigError)
-        if not isinstance(self.resume, (bool, str)) or self.resume == "":
-            raise ConfigError(
-                f"resume={self.resume!r} must be false, true, or the path of a checkpoint"
-            )
+        require(
+            isinstance(self.resume, (bool, str)) and self.resume != "",
+            f"resume={self.resume!r} must be false, true, or the path of a checkpoint",
+        )
 
     @property
     def resume_requested(self) -> bool | str:
@@ -276,39 +298,53 @@ class SampleConfig:
 
     def __post_init__(self):
         for name in ("num_samples", "batch_size", "max_len", "seed"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise SamplingError(f"{name}={value!r} must be an integer")
-        if self.num_samples is not None and self.num_samples < 1:
-            raise SamplingError(f"num_samples={self.num_samples} must be at least 1")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise SamplingError(
-                f"batch_size={self.batch_size} must be at least 1 (or null = all at once)"
-            )
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise SamplingError(f"seed={self.seed} must be in [0, 2**63) (or null = random)")
+            v = getattr(self, name)
+            is_int = isinstance(v, int) and not isinstance(v, bool)
+            require(v is None or is_int, f"{name}={v!r} must be an integer", SamplingError)
+        n, batch, seed = self.num_samples, self.batch_size, self.seed
+        require(n is None or n >= 1, f"num_samples={n} must be at least 1", SamplingError)
+        require(
+            batch is None or batch >= 1,
+            f"batch_size={batch} must be at least 1 (or null = all at once)",
+            SamplingError,
+        )
+        require(
+            seed is None or 0 <= seed < 2**63,
+            f"seed={seed} must be in [0, 2**63) (or null = random)",
+            SamplingError,
+        )
         check_sampling_args(self.temperature, self.top_k, self.top_p)
-        if not isinstance(self.prefix, str):
-            raise SamplingError(f"prefix={self.prefix!r} must be a string")
+        require(
+            isinstance(self.prefix, str), f"prefix={self.prefix!r} must be a string", SamplingError
+        )
         if self.max_len is not None:
             check_max_new(self.max_len)
         _check_machine(self.device, self.threads, SamplingError)
-        if self.ckpt is not None and self.run is not None:
-            raise SamplingError(
-                f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})"
-            )
-        if self.out is not None and self.out != "-":  # -: standard output
+        require(
+            self.ckpt is None or self.run is None,
+            f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})",
+            SamplingError,
+        )
+        # out=-: standard output
+        if self.out is not None and self.out != "-":
             out = Path(self.out).expanduser()
-            if self.out == "" or out.is_dir():
-                raise SamplingError(f"out={self.out!r} must be a file path, not a folder")
-            if not out.parent.is_dir():
-                raise SamplingError(f"out={self.out}: folder {out.parent} does not exist")
+            require(
+                self.out != "" and not out.is_dir(),
+                f"out={self.out!r} must be a file path, not a folder",
+                SamplingError,
+            )
+            require(
+                out.parent.is_dir(),
+                f"out={self.out}: folder {out.parent} does not exist",
+                SamplingError,
+            )
 
 
 def _check_machine(device: str, threads, error: type[Exception]) -> None:
     """device= and threads=, which train.py and sample.py share."""
-    if device not in DEVICES:
-        raise error(f"device={device!r} is unknown; choose one of {list(DEVICES)}")
+    require(
+        device in DEVICES, f"device={device!r} is unknown; choose one of {list(DEVICES)}", error
+    )
     try:
         check_threads(threads)
     except ThreadsError as e:
