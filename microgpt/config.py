@@ -1,25 +1,25 @@
-"""Every schema the commands accept, as dataclasses that conf/*.yaml mirror: `Config` (train.py;
-its `model` group is the model's own `GPTConfig`) and `SampleConfig` (sample.py). Each group checks
-itself in __post_init__, which Hydra never calls: `load_config` converts the composed config with
-OmegaConf.to_object, so a bad value stops the command before any work with an error that names the
-setting. Library code receives the plain dataclasses, never a DictConfig.
+"""The schemas of train.py (`Config`, its `model` group the model's own `GPTConfig`) and sample.py
+(`SampleConfig`), mirrored by conf/*.yaml. Each group checks itself in __post_init__, which Hydra
+never calls: `load_config` converts with OmegaConf.to_object, so a bad value stops the command
+before any work, named. Library code receives these plain dataclasses, never a DictConfig.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import system
 from microgpt.data.dataset import FORMATS
+from microgpt.data.repeats import check_repeats
 from microgpt.data.text import DEFAULT_BLOCK_SIZE as TEXT_BLOCK_SIZE
 from microgpt.errors import SamplingError, UserError
 from microgpt.model import GPTConfig, check_gpt_settings
@@ -31,9 +31,6 @@ DECAYS = ("cosine", "linear", "constant")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
 MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
 SAMPLES_PER_SECOND = 5_000  # small model, batched: 1,000 names in 0.165 s (docs/benchmarks.md)
-# what generating one character of data.format=repeats costs at its peak: the generator's (N, T)
-# tensors, the Python lists and strings, the encoded dataset (about 60 bytes measured)
-REPEAT_CHAR_BYTES = 100
 
 
 class ConfigError(UserError):
@@ -50,10 +47,7 @@ def flatten(d, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}: nested mappings as dotted keys."""
     out = {}
     for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
 
@@ -67,35 +61,6 @@ class RepeatsConfig:
     length: int = 32  # characters per item (the block is length + 1)
     items: int = 100000  # items generated (then split train/val/test like lines)
     seed: int = 0  # the generator's own seed
-
-    def check(self) -> None:
-        """Checked only for data.format=repeats, before anything is generated, down to the memory
-        the items would take."""
-        chars, span, length, items = self.chars, list(self.span), self.length, self.items
-        require(
-            chars and len(set(chars)) == len(chars),
-            f"data.repeats.chars={chars!r} must be distinct characters, at least one: the "
-            f"vocabulary the items are drawn from (default: a to z)",
-        )
-        require(
-            len(span) == 2 and 1 <= span[0] <= span[1] and 2 * span[1] <= length,
-            f"data.repeats.span={span} must be [lo, hi] with 1 <= lo <= hi and two "
-            f"copies fitting data.repeats.length={length} (hi <= {max(0, length // 2)})",
-        )
-        require(
-            items >= 3,
-            f"data.repeats.items={items} must be at least 3 (one each for train, val and test)",
-        )
-        require(0 <= self.seed < 2**63, f"data.repeats.seed={self.seed} must be in [0, 2**63)")
-        # per item: its characters, and a random order of the whole vocabulary (repeated_spans)
-        need = items * ((length + 1) * REPEAT_CHAR_BYTES + 12 * len(chars))
-        free = available_memory(torch.device("cpu"))
-        if free is not None and need > free // 2:
-            raise ConfigError(
-                f"data.repeats.items={items:,} of data.repeats.length={length:,} characters would "
-                f"take about {gib(need)} of memory to generate, more than half of the {gib(free)} "
-                f"available; lower data.repeats.items or data.repeats.length"
-            )
 
 
 @dataclass
@@ -115,7 +80,10 @@ class DataConfig:
             f"generated items where a random span repeats)",
         )
         if self.format == "repeats":
-            self.repeats.check()
+            try:
+                check_repeats(self.repeats)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
 
 @dataclass
@@ -213,8 +181,8 @@ class LogConfig:
 
 @dataclass
 class Config:
-    """`python train.py`: each group above checks its own settings as it is built; this checks
-    the settings that span groups, and those of its own."""
+    """`python train.py`: each group checks itself; this checks its own settings and those that
+    span groups."""
 
     model: GPTConfig = field(default_factory=lambda: GPTConfig(vocab_size=None, block_size=None))
     data: DataConfig = field(default_factory=DataConfig)
@@ -297,47 +265,38 @@ class SampleConfig:
     run: str | None = None  # a run folder: its checkpoints/best.pt, else last.pt
 
     def __post_init__(self):
-        for name in ("num_samples", "batch_size", "max_len", "seed"):
+        check = functools.partial(require, error=SamplingError)
+        for name in ("num_samples", "batch_size", "seed"):
             v = getattr(self, name)
             is_int = isinstance(v, int) and not isinstance(v, bool)
-            require(v is None or is_int, f"{name}={v!r} must be an integer", SamplingError)
+            check(v is None or is_int, f"{name}={v!r} must be an integer")
         n, batch, seed = self.num_samples, self.batch_size, self.seed
-        require(n is None or n >= 1, f"num_samples={n} must be at least 1", SamplingError)
-        require(
+        check(n is None or n >= 1, f"num_samples={n} must be at least 1")
+        check(
             batch is None or batch >= 1,
             f"batch_size={batch} must be at least 1 (or null = all at once)",
-            SamplingError,
         )
-        require(
+        check(
             seed is None or 0 <= seed < 2**63,
             f"seed={seed} must be in [0, 2**63) (or null = random)",
-            SamplingError,
         )
         check_sampling_args(self.temperature, self.top_k, self.top_p)
-        require(
-            isinstance(self.prefix, str), f"prefix={self.prefix!r} must be a string", SamplingError
-        )
+        check(isinstance(self.prefix, str), f"prefix={self.prefix!r} must be a string")
         if self.max_len is not None:
             check_max_new(self.max_len)
         _check_machine(self.device, self.threads, SamplingError)
-        require(
+        check(
             self.ckpt is None or self.run is None,
             f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})",
-            SamplingError,
         )
         # out=-: standard output
         if self.out is not None and self.out != "-":
             out = Path(self.out).expanduser()
-            require(
+            check(
                 self.out != "" and not out.is_dir(),
                 f"out={self.out!r} must be a file path, not a folder",
-                SamplingError,
             )
-            require(
-                out.parent.is_dir(),
-                f"out={self.out}: folder {out.parent} does not exist",
-                SamplingError,
-            )
+            check(out.parent.is_dir(), f"out={self.out}: folder {out.parent} does not exist")
 
 
 def _check_machine(device: str, threads, error: type[Exception]) -> None:
@@ -351,21 +310,17 @@ def _check_machine(device: str, threads, error: type[Exception]) -> None:
         raise error(str(e)) from None
 
 
-SCHEMAS = {"schema": Config, "sample_schema": SampleConfig}  # the names conf/*.yaml use
-
-
 def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (conf/config.yaml and conf/sample.yaml list
-    them first in their defaults)."""
+    """Register the schemas with Hydra's ConfigStore (first in conf/*.yaml's defaults)."""
     from hydra.core.config_store import ConfigStore
 
-    for name, schema in SCHEMAS.items():
-        ConfigStore.instance().store(name=name, node=schema)
+    ConfigStore.instance().store(name="schema", node=Config)
+    ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
 
 
 def load_config(cfg, schema: type = Config):
-    """Validate a composed config (DictConfig, dict, or the schema itself) into `schema` (Config
-    or SampleConfig). Raises ConfigError (SamplingError for SampleConfig) naming the setting."""
+    """A composed config (DictConfig, dict, or the schema itself) validated into `schema`; a
+    ConfigError (SamplingError for SampleConfig) names a bad setting."""
     error = SamplingError if schema is SampleConfig else ConfigError
     if isinstance(cfg, schema):
         return cfg
@@ -381,8 +336,6 @@ def load_config(cfg, schema: type = Config):
         return config
     except ThreadsError as e:
         raise error(str(e)) from None
-    except (ConfigError, SamplingError):
-        raise
     except OmegaConfBaseException as e:
         if isinstance(e.__cause__, (ConfigError, SamplingError)):
             raise error(str(e.__cause__)) from None
@@ -407,9 +360,8 @@ def _apply_heads(merged: DictConfig) -> None:
 
 
 def training_bytes(config: GPTConfig, batch_size: int) -> int:
-    """A rough upper estimate of the memory one training step takes: weights, gradients and
-    AdamW's two moments, plus the activations kept for the backward pass of a full block
-    (float32; attention weights counted as if materialised)."""
+    """A rough upper estimate of one training step's memory (float32): weights, gradients, AdamW's
+    moments, and a full block's activations for the backward pass (attention weights included)."""
     C, T, L, H = config.n_embd, config.block_size, config.n_layer, config.n_head
     params = config.vocab_size * C * (1 if config.tie_weights else 2) + T * C
     ratio = config.mlp_ratio if config.mlp else 0

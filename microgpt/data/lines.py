@@ -30,8 +30,8 @@ ITEMS_FILE = "a text file with one item per line"
 
 
 def read_data_file(path: str | Path, kind: str) -> tuple[bytes, Path]:
-    """(the bytes of the file at `path`, its absolute path); a DataError names the file and asks
-    data.path for `kind` where it is missing, a directory, a pipe or a device."""
+    """(the bytes of the file at `path`, its absolute path); a DataError where it is missing, a
+    directory, a pipe or a device."""
     path = Path(path).expanduser()
     where = path.resolve()
     if not path.exists():
@@ -44,8 +44,7 @@ def read_data_file(path: str | Path, kind: str) -> tuple[bytes, Path]:
 
 
 def read_items(path: str | Path) -> list[str]:
-    """The items of a UTF-8 text file, one per line: stripped, blank lines skipped, duplicates
-    dropped (the first occurrence keeps its place)."""
+    """The items of a UTF-8 file, one per line: stripped, no blanks, no duplicates, in order."""
     raw, where = read_data_file(path, ITEMS_FILE)
     text = decode_utf8(raw, where)
     if "\r" in text and "\n" not in text.strip():
@@ -102,8 +101,8 @@ class Split:
 
 
 def split_items(items: Sequence[str], seed: int) -> Split:
-    """Shuffle with `random.Random(seed)`; test and val get min(1000, 10%) items each (at least
-    one), train the rest. The same items and seed always give the same split."""
+    """Shuffled by `random.Random(seed)`: test and val get min(1000, 10%) items each (at least
+    one), train the rest."""
     if len(items) < len(SPLIT_NAMES):
         raise DataError(
             f"only {len(items)} item(s); splitting needs at least 3, one for each of train/val/test"
@@ -120,8 +119,7 @@ def block_size_for(items: Sequence[str]) -> int:
 
 
 def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
-    """A DataError naming the first item longer than block_size - 1 characters (by its number and
-    first characters: an item may be a whole 20,000-character line)."""
+    """A DataError naming the first item longer than block_size - 1 (by number and start)."""
     too_long = next((i for i, item in enumerate(items) if len(item) > block_size - 1), None)
     if too_long is None:
         return
@@ -161,10 +159,8 @@ def encode_items(
 
 
 class BatchSampler:
-    """Random batches of indices into N items: a fresh permutation each epoch, taken in
-    consecutive slices of `batch_size`; a batch that reaches the end of one permutation takes the
-    rest from the next, so every epoch visits every index exactly once. `state_dict` and
-    `load_state_dict` resume the exact sequence."""
+    """Batches of indices into N items: a fresh permutation each epoch, cut into consecutive
+    batches that run on into the next epoch; `state_dict` resumes the exact sequence."""
 
     def __init__(self, n: int, batch_size: int, seed: int, lengths=None, group_by_length=0):
         assert n >= 1 and batch_size >= 1, f"needs n, batch_size >= 1, got {n}, {batch_size}"
@@ -182,9 +178,8 @@ class BatchSampler:
         return max(self.epoch - 1, 0) + self.position / self.n if self._perm is not None else 0.0
 
     def _draw_order(self) -> Tensor:
-        """One epoch's order: a random permutation; with `group_by_length` = k, each run of
-        k * batch_size indices is sorted by length and cut into batches, and the batches shuffled:
-        a batch holds items of similar length (less padding) while its content stays random."""
+        """One epoch's order: a random permutation; with `group_by_length` = k, runs of
+        k * batch_size indices sorted by length, cut into batches, the batches shuffled."""
         perm = torch.randperm(self.n, generator=self.generator)
         if not self.group_by_length or self.n <= self.batch_size:
             return perm
@@ -238,8 +233,8 @@ class BatchSampler:
 
 
 class ItemBatches(BatchSampler):
-    """Training batches of whole items: `next(rank, batch_size)` gives this rank's (x, y) (B, T),
-    its number of targets and the global batch's. The same interface as text.WindowBatches."""
+    """Training batches of items: `next(rank, batch_size)` gives this rank's (x, y) (B, T), its
+    number of targets and the global batch's, like text.WindowBatches."""
 
     def __init__(self, dataset: CharDataset, global_batch: int, seed: int, group_by_length=0):
         super().__init__(len(dataset), global_batch, seed, dataset.lengths, group_by_length)
@@ -265,15 +260,11 @@ class Rows:
 
 
 class CharDataset(Rows):
-    """One split's encoded rows X, Y (N, block_size) on a device. With `trim` (the default) a
-    batch keeps only the columns its longest item needs: names average about 7 characters
-    against a block of about 16, so most of the padding never reaches the model."""
+    """One split's rows X, Y (N, block_size) on a device; with `trim`, a batch keeps only the
+    columns its longest item needs (most padding never reaches the model)."""
 
     def __init__(self, X: Tensor, Y: Tensor, device: str | torch.device = "cpu", trim: bool = True):
-        if X.shape != Y.shape or X.dim() != 2:
-            raise ValueError(
-                f"X and Y must both be (N, block_size), got {tuple(X.shape)}, {tuple(Y.shape)}"
-            )
+        assert X.shape == Y.shape and X.dim() == 2, f"X, Y not (N, T): {X.shape}, {Y.shape}"
         self.X, self.Y, self.trim = X.to(device), Y.to(device), trim
         # item lengths stay on the CPU so trimming needs no device sync
         self.lengths = (Y >= 0).sum(dim=1).cpu() - 1  # (N,) characters per item

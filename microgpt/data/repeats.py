@@ -19,7 +19,11 @@ import torch
 from torch import Tensor
 
 from microgpt.data.lines import IGNORE_ID
+from microgpt.system import available_memory, gib
 from microgpt.tokenizer import BOUNDARY_ID
+
+# the peak memory of generating one character of repeat_items (about 60 bytes measured)
+REPEAT_CHAR_BYTES = 100
 
 
 @dataclass
@@ -124,3 +128,34 @@ def repeat_items(n: int, chars: str, span: tuple[int, int], length: int, seed: i
     rows = repeated_spans(n, len(chars) + 1, span, g, block_size=length + 1, fill=True)
     table = [""] + list(chars)  # id -> character; the rows' ids 1..len(chars)
     return ["".join(table[i] for i in row) for row in rows.x[:, 1:].tolist()]
+
+
+def check_repeats(r) -> None:
+    """data.repeats (a config.RepeatsConfig), before anything is generated: a ValueError names the
+    setting and why, down to the memory the items would take."""
+    chars, span, length, items = r.chars, list(r.span), r.length, r.items
+    if not chars or len(set(chars)) != len(chars):
+        raise ValueError(
+            f"data.repeats.chars={chars!r} must be distinct characters, at least one: the "
+            f"vocabulary the items are drawn from (default: a to z)"
+        )
+    if not (len(span) == 2 and 1 <= span[0] <= span[1] and 2 * span[1] <= length):
+        raise ValueError(
+            f"data.repeats.span={span} must be [lo, hi] with 1 <= lo <= hi and two "
+            f"copies fitting data.repeats.length={length} (hi <= {max(0, length // 2)})"
+        )
+    if items < 3:
+        raise ValueError(
+            f"data.repeats.items={items} must be at least 3 (one each for train, val and test)"
+        )
+    if not 0 <= r.seed < 2**63:
+        raise ValueError(f"data.repeats.seed={r.seed} must be in [0, 2**63)")
+    # per item: its characters, and a random order of the whole vocabulary (_random_spans)
+    need = items * ((length + 1) * REPEAT_CHAR_BYTES + 12 * len(chars))
+    free = available_memory(torch.device("cpu"))
+    if free is not None and need > free // 2:
+        raise ValueError(
+            f"data.repeats.items={items:,} of data.repeats.length={length:,} characters would "
+            f"take about {gib(need)} of memory to generate, more than half of the {gib(free)} "
+            f"available; lower data.repeats.items or data.repeats.length"
+        )

@@ -32,9 +32,8 @@ ENCODE_CHUNK = 1 << 22  # characters converted at once: bounds the memory of enc
 
 
 def read_text(path: str | Path) -> str:
-    """The characters of a UTF-8 text file: a leading byte-order mark dropped, \\r\\n and lone \\r
-    line ends turned into \\n, NFC-normalised. A missing, empty, binary or non-UTF-8 file is a
-    DataError naming the file and the fix."""
+    """The characters of a UTF-8 file: no byte-order mark, \\n line ends, NFC; a missing, empty,
+    binary or non-UTF-8 file is a DataError."""
     raw, where = read_data_file(path, "a text file")
     if b"\0" in raw:
         raise DataError(
@@ -50,8 +49,7 @@ def read_text(path: str | Path) -> str:
 
 
 def encode_text(text: str, tokenizer: CharTokenizer) -> Tensor:
-    """(N,) ids of the characters of `text`, in the smallest dtype that holds them (uint8 for up
-    to 256 ids). Vectorised, a few million characters at a time: no list per character."""
+    """(N,) ids of `text` in the smallest dtype that holds them, a few million at a time."""
     # code point -> id; -1: not in the vocabulary
     table = np.full(0x110000, -1, dtype=np.int32)
     for c, i in tokenizer.stoi.items():
@@ -79,8 +77,7 @@ class TextSplit:
 
     @classmethod
     def of(cls, n: int, digest: str, block_size: int, source: str = "the text") -> TextSplit:
-        """The split of a text of n characters; each slice needs block_size + 1 characters (one
-        whole window): a shorter text is a DataError with the sizes."""
+        """The split of n characters; a slice shorter than one window is a DataError."""
         a = int(n * SPLIT_FRACTIONS[0])
         b = a + int(n * SPLIT_FRACTIONS[1])
         split = cls((a, b, n), digest)
@@ -120,9 +117,8 @@ class TextSplit:
 
 
 class WindowBatches:
-    """Training batches of random windows of the train ids: `next(rank, batch_size)` gives this
-    rank's (x, y) (B, T) on `device`, its number of targets and the global batch's. The starts
-    come from a seeded generator; `state_dict`/`load_state_dict` resume the exact sequence."""
+    """Training batches of random windows of the train ids, like lines.ItemBatches; the starts
+    come from a seeded generator and `state_dict` resumes the exact sequence."""
 
     def __init__(self, ids: Tensor, block_size: int, global_batch: int, seed: int, device="cpu"):
         if len(ids) < block_size + 1:
@@ -166,13 +162,11 @@ class WindowBatches:
 
 
 class TextWindows(Rows):
-    """One split cut into non-overlapping windows for evaluation: row i predicts characters
-    i*T + 1 .. (i+1)*T of the split from the T before each; the last row is shorter (its padding
-    has target IGNORE_ID). Every character but the first is a target exactly once."""
+    """One split in non-overlapping windows for evaluation: row i predicts characters
+    i*T + 1 .. (i+1)*T; the last row is padded with IGNORE_ID targets."""
 
     def __init__(self, ids: Tensor, block_size: int, device="cpu"):
-        if len(ids) < 2:
-            raise DataError("a split needs at least 2 characters to evaluate")
+        assert len(ids) >= 2, "a split needs at least 2 characters to evaluate"
         self.ids, self.block_size, self.device = ids, block_size, torch.device(device)
 
     def __len__(self) -> int:
@@ -190,8 +184,7 @@ class TextWindows(Rows):
 
 
 def probe_passage(ids: Tensor, length: int = PROBE_LENGTH, newline_id: int | None = None) -> Tensor:
-    """A fixed passage of the validation ids for the attention maps: `length` ids from the start of
-    its first whole line (where it has a newline early enough), else from its start."""
+    """`length` validation ids for the attention maps, from the start of a line where one fits."""
     start = 0
     if newline_id is not None:
         hits = (ids[: max(len(ids) - length, 0)] == newline_id).nonzero()
@@ -201,9 +194,8 @@ def probe_passage(ids: Tensor, length: int = PROBE_LENGTH, newline_id: int | Non
 
 
 class VerbatimIndex:
-    """Answers "does this stretch appear verbatim in the text?" and "how long is the longest
-    stretch of this sample that does?" exactly, over an index of the text's 4-grams (its sorted
-    codes and their positions: about 16 bytes per character, built once)."""
+    """Which stretches of a sample appear verbatim in the text, exactly, over an index of the
+    text's 4-grams (sorted codes and positions: about 16 bytes per character)."""
 
     def __init__(self, ids: Tensor, vocab_size: int):
         self.ids = ids = ids.numpy()  # compact: uint8 for most texts
