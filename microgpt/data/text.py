@@ -221,8 +221,6 @@ class VerbatimIndex:
 
     def contains(self, stretch) -> bool:
         s = np.asarray(stretch, dtype=np.int64)
-        if len(s) == 0:
-            return True
         if len(s) <= self.Q:
             lo, hi = self._range(s)
             return hi > lo
@@ -232,8 +230,6 @@ class VerbatimIndex:
         lo, hi = ranges[k]
         starts = self.order[lo:hi] - k
         starts = starts[(starts >= 0) & (starts + len(s) <= len(self.ids))]
-        if len(starts) == 0:
-            return False
         return bool((self.ids[starts[:, None] + np.arange(len(s))] == s).all(axis=1).any())
 
     def longest(self, sample) -> tuple[int, int]:
