@@ -190,19 +190,14 @@ class BatchSampler:
         order = torch.randperm(len(pieces), generator=self.generator)
         return torch.cat([pieces[i] for i in order.tolist()])
 
-    def _next_permutation(self) -> None:
-        self._state_before_perm = self.generator.get_state()
-        self._perm = self._draw_order()
-        self.epoch += 1
-        self.position = 0
-
     def next_batch(self) -> Tensor:
         """The next `batch_size` indices, a LongTensor on the CPU."""
         parts = []
         need = self.batch_size
         while need:
             if self._perm is None or self.position == self.n:
-                self._next_permutation()
+                self._state_before_perm = self.generator.get_state()
+                self._perm, self.epoch, self.position = self._draw_order(), self.epoch + 1, 0
             take = min(need, self.n - self.position)
             parts.append(self._perm[self.position : self.position + take])
             self.position += take
