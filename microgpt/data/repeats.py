@@ -28,8 +28,8 @@ REPEAT_CHAR_BYTES = 100
 
 @dataclass
 class Repeats:
-    """Rows of repeated spans: x, y (N, T) and, per row, where its two copies' comparable
-    targets are: first (N, T) and repeat (N, T) bool masks over the target positions."""
+    """Rows of repeated spans x, y (N, T), and bool masks (N, T) of the comparable targets in the
+    first copy and in the repeat."""
 
     x: Tensor
     y: Tensor
@@ -76,15 +76,10 @@ def repeated_spans(
     distinct: bool = True,
     fill: bool = False,
 ) -> Repeats:
-    """n rows of a boundary token and a random span repeated twice.
-
-    span: L, or (lo, hi) for a length drawn uniformly in lo..hi per row. block_size: the row
-    width (default 2 * L_max + 1). distinct: a span's characters are all different when
-    L <= vocab_size - 1. fill: the two copies start after a random number of random characters
-    and the row is filled to its end with random characters (no padding), so that neither the
-    position nor the length of the span tells where the earlier copy is: the training rows of
-    the induction experiment.
-    """
+    """n rows of a boundary token and a random span (L, or a length in (lo, hi)) repeated twice;
+    block_size: the row width (default 2 * L_max + 1). distinct: a span's characters all differ
+    (when L < vocab_size). fill: the copies start after random characters and random characters
+    fill the row, so nothing but the content tells where the earlier copy is (training rows)."""
     lo, hi = (span, span) if isinstance(span, int) else span
     chars = vocab_size - 1
     T = _row_width(span, lo, hi, chars, block_size)
@@ -119,11 +114,8 @@ def repeated_spans(
 
 
 def repeat_items(n: int, chars: str, span: tuple[int, int], length: int, seed: int) -> list[str]:
-    """n strings of `length` characters from `chars`, each holding a random span of distinct
-    characters (length drawn in span = (lo, hi)) twice in a row, after a random number of
-    random characters and followed by more: the items of the induction experiment's data
-    (`data.format=repeats`, checked by config.RepeatsConfig). The same arguments give the same
-    items."""
+    """The items of `data.format=repeats`: n strings of `length` characters from `chars`, each
+    holding a span of distinct characters (length in span = (lo, hi)) twice, amid random ones."""
     g = torch.Generator().manual_seed(seed)
     rows = repeated_spans(n, len(chars) + 1, span, g, block_size=length + 1, fill=True)
     table = [""] + list(chars)  # id -> character; the rows' ids 1..len(chars)
