@@ -10,16 +10,10 @@ import math
 import pytest
 import torch
 
-from microgpt.heads.analyse import (
-    ROLES,
-    analyse,
-    batches_loss,
-    importance,
-    length_batches,
-    replaced_heads,
-    scaled_heads,
-)
+from microgpt.heads.analyse import analyse, importance, length_batches
+from microgpt.heads.circuits import batches_loss, replaced_head, scaled_heads
 from microgpt.heads.command import main
+from microgpt.heads.report import ROLES
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
 
 BLOCK = 8
@@ -220,12 +214,8 @@ def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
     expected = batches_loss(folded, batches) - batches_loss(model, batches)
     got = importance(model, x, y, mode="mean")
     assert got[layer, h] == pytest.approx(expected, abs=1e-5)
-    # the hook itself: replacing every head by a constant gives the same logits as the fold
-    values = torch.zeros(2, 4, hd)
-    values[layer, h] = mean
-    replace = torch.zeros(2, 4, dtype=torch.bool)
-    replace[layer, h] = True
-    with torch.no_grad(), replaced_heads(model, replace, values):
+    # the hook itself: replacing the head by its mean gives the same logits as the fold
+    with torch.no_grad(), replaced_head(model, layer, h, mean):
         torch.testing.assert_close(model(x)[0], folded(x)[0], rtol=0, atol=1e-5)
     assert not attn.hook_z._forward_hooks  # hooks removed
 
@@ -354,7 +344,7 @@ def test_importance_moves_the_rows_to_the_models_device(rows):
 
 
 def test_a_role_needs_the_majority_of_the_attention_above_chance():
-    from microgpt.heads.analyse import roles_of
+    from microgpt.heads.roles import roles_of
 
     mass = {
         "previous": torch.tensor([[0.6, 0.45, 0.3]]),
