@@ -169,10 +169,9 @@ def analyse(
     batch_size: int = BATCH_SIZE,
     probe: bool = True,
 ) -> HeadReport:
-    """Roles, importance and pruning of every head of `model` on rows x, y (N, T), the probe
-    (probe=False skips it) and the layer-0 circuits. tokenizer: for the key classes of characters
-    (without it only `boundary` and `rare`) and the circuits' labels; counts (V,): each token's
-    training frequency, for `rare` (default: in these rows). The model's mode is kept."""
+    """The HeadReport of `model` on rows x, y (N, T). tokenizer: for the key classes of characters
+    (else only `boundary` and `rare`) and the circuits' labels; counts (V,): each token's training
+    frequency, for `rare` (default: in these rows). The model's mode is kept."""
     if x.shape[0] == 0:
         raise HeadsError("no rows to analyse")
     t0 = time.perf_counter()
@@ -182,56 +181,54 @@ def analyse(
     if counts is None:
         counts = torch.bincount(y[y >= 0].flatten().cpu(), minlength=V)[:V]
     batches = length_batches(x.to(device), y.to(device), batch_size)
+    members = roles.class_members(chars, V, counts)
     with _eval(model):
-        members = roles.class_members(chars, V, counts)
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # the baseline with an all-ones mask: the exact arithmetic of every ablated pass
         base = batches_loss(model, batches, keep_all(model, device))
-        ablations = _ablations(model, batches, base, means, at, tolerance)
         found = run_probe(model, device) if probe else None
         qk, ov, copying = circuits.layer0_circuits(model)
-    with _eval(model, inference=False):
-        gradient = circuits.gradient_importance(model, batches)
     return HeadReport(
         n_layer=model.config.n_layer,
         n_head=model.config.n_head,
         items=int(x.shape[0]),
         tokens=int((y >= 0).sum()),
         loss=base,
-        gradient=gradient,
-        **ablations,
+        **_importances(model, batches, base, means, at, tolerance),
         **roles.patterns_of(sums),
         probe=found,
         qk=qk,
         ov=ov,
         copying=copying,
         labels=[BOUNDARY_LABEL] + list(chars if chars is not None else map(str, range(1, V))),
-        correlations=_correlations(gradient, ablations),
         tolerance=tolerance,
         seconds=time.perf_counter() - t0,
     )
 
 
-def _ablations(model, batches, base: float, means: Tensor, at: Tensor, tolerance: float) -> dict:
-    """Each head's importance by zero, mean and per-position mean ablation, and the pruning
-    curve (by zero ablation): HeadReport's fields."""
-    zero = circuits.zero_importance(model, batches, base)
-    order, losses, prunable = circuits.pruning(model, batches, base, zero, tolerance)
+def _importances(model, batches, base: float, means, at, tolerance: float) -> dict:
+    """HeadReport's importance fields: by zero, mean, per-position mean ablation and gradient,
+    their rank correlations, and the pruning curve (by zero ablation)."""
+    with _eval(model):
+        zero = circuits.zero_importance(model, batches, base)
+        mean = circuits.mean_importance(model, batches, base, means)
+        position = circuits.mean_importance(model, batches, base, at)
+        order, losses, prunable = circuits.pruning(model, batches, base, zero, tolerance)
+    with _eval(model, inference=False):
+        gradient = circuits.gradient_importance(model, batches)
+    rank = circuits.rank_correlation
     return {
         "zero_importance": zero,
-        "mean_importance": circuits.mean_importance(model, batches, base, means),
-        "position_importance": circuits.mean_importance(model, batches, base, at),
+        "mean_importance": mean,
+        "position_importance": position,
+        "gradient": gradient,
         "pruning_order": order,
         "pruning_losses": losses,
         "prunable": prunable,
-    }
-
-
-def _correlations(gradient: Tensor, ablations: dict) -> dict[str, float]:
-    zero, mean = ablations["zero_importance"], ablations["mean_importance"]
-    return {
-        "gradient_vs_zero": circuits.rank_correlation(gradient, zero),
-        "gradient_vs_mean": circuits.rank_correlation(gradient, mean),
-        "zero_vs_mean": circuits.rank_correlation(zero, mean),
-        "zero_vs_position_mean": circuits.rank_correlation(zero, ablations["position_importance"]),
+        "correlations": {
+            "gradient_vs_zero": rank(gradient, zero),
+            "gradient_vs_mean": rank(gradient, mean),
+            "zero_vs_mean": rank(zero, mean),
+            "zero_vs_position_mean": rank(zero, position),
+        },
     }
