@@ -140,25 +140,6 @@ def run_probe(model, device) -> Probe | None:
     )
 
 
-def importance(model, x: Tensor, y: Tensor, mode: str = "zero") -> Tensor:
-    """(L, H) float64: the rise in mean loss per character when each head alone is ablated,
-    "zero", "mean" (its mean output over the rows) or "position" (its mean at each position); or
-    "gradient": the mean over the rows of |d loss(row) / d head_mask| (a sensitivity)."""
-    if mode not in ("zero", "mean", "position", "gradient"):
-        raise ValueError(f"mode={mode!r}: choose 'zero', 'mean', 'position' or 'gradient'")
-    device = next(model.parameters()).device
-    batches = length_batches(x.to(device), y.to(device))
-    if mode == "gradient":
-        with _eval(model, inference=False):
-            return circuits.gradient_importance(model, batches)
-    with _eval(model):
-        base = batches_loss(model, batches, keep_all(model, device))
-        if mode == "zero":
-            return circuits.zero_importance(model, batches, base)
-        means, at, _ = _first_pass(model, batches, {}, None, x.shape[1])
-        return circuits.mean_importance(model, batches, base, means if mode == "mean" else at)
-
-
 def analyse(
     model,
     x: Tensor,

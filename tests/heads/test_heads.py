@@ -10,8 +10,13 @@ import math
 import pytest
 import torch
 
-from microgpt.heads.analyse import analyse, importance, length_batches
-from microgpt.heads.circuits import batches_loss, replaced_head, scaled_heads
+from microgpt.heads.analyse import analyse, length_batches
+from microgpt.heads.circuits import (
+    batches_loss,
+    gradient_importance,
+    replaced_head,
+    scaled_heads,
+)
 from microgpt.heads.command import main
 from microgpt.heads.report import ROLES
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
@@ -35,6 +40,16 @@ def random_model(tok, impl="sdpa", n_head=4, n_layer=2, seed=0, **kw) -> GPT:
         for p in model.parameters():
             p.mul_(8.0 if p.dim() > 1 else 1.0)
     return model.eval()
+
+
+def importance(model: GPT, x, y, mode: str = "zero"):
+    """One of analyse's importance measures of every head, (L, H); the gradient alone for rows too
+    short for a role (one character)."""
+    if mode == "gradient":
+        return gradient_importance(model.eval(), length_batches(x, y))
+    report = analyse(model, x, y, probe=False)
+    fields = {"zero": "zero_importance", "mean": "mean_importance"}
+    return getattr(report, fields.get(mode, "position_importance"))
 
 
 def masked(model: GPT, x, head_mask, y=None):
@@ -333,7 +348,7 @@ def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_importance_moves_the_rows_to_the_models_device(rows):
-    """issue 22, item 5: importance() (unlike analyse) ran a GPU model on CPU rows and crashed."""
+    """issue 22, item 5: importance() ran a GPU model on CPU rows and crashed: no more."""
     x, y, tok = rows
     model = random_model(tok)
     on_cpu = importance(model, x, y)
