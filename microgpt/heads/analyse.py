@@ -3,15 +3,10 @@
     report = analyse(model, x, y, tokenizer)   # a HeadReport; the model's mode is left as it was
     print(report.markdown())                   # one row per head
 
-Plain functions over a GPT and validation rows x, y (N, T) from microgpt.data (y = -1 at
-padding), batched by length. `analyse` runs one forward pass with the attention, for the patterns
-each head attends to (microgpt.heads.roles) and each head's mean output; a gradient pass; one pass
-per head and ablation (microgpt.heads.circuits) and along the pruning curve, least important first
-by zero ablation (`prunable`: heads that go before the loss has risen by PRUNE_TOLERANCE); the
-repeated-span probe of induction and copying (its own seed: the same rows in every run), with each
-head zeroed there; and the layer-0 circuits. **spread**: a head's attention entropy over the
-i + 1 keys it may see over log(i + 1), so 0 is one key and 1 uniform (queries i >= 1); `entropy`
-is the plain mean entropy in nats over every real query (as the attention_entropy/* scalars).
+On validation rows x, y (N, T) (y = -1 at padding), batched by length: one pass with the
+attention for the patterns (microgpt.heads.roles) and the heads' mean outputs, the ablations,
+gradient and pruning (microgpt.heads.circuits), the repeated-span probe, the layer-0 circuits.
+`spread`: the attention's entropy over log(i + 1), 0 one key, 1 uniform; `entropy` in nats.
 """
 
 from __future__ import annotations
@@ -70,15 +65,8 @@ def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
 def attention_entropy(attention: Sequence[Tensor], query_mask: Tensor) -> Tensor:
     """(L, H): each head's mean attention entropy in nats over the real queries (query_mask (B, T),
     `y >= 0`) of attention per layer (B, H, T, Tk); log(n) uniform over n keys, 0 for one key."""
-    mask = query_mask.to(dtype=torch.float32)  # (B, T)
-    count = mask.sum().clamp(min=1.0)
-    rows = []
-    for att in attention:
-        p = att.detach().float()  # (B, H, T, Tk)
-        ent = -torch.special.xlogy(p, p).sum(dim=-1)  # (B, H, T); 0 * log 0 = 0
-        m = mask.to(ent.device)[:, None, :]  # (B, T) -> (B, 1, T)
-        rows.append((ent * m).sum(dim=(0, 2)) / count.to(ent.device))  # (H,)
-    return torch.stack(rows).cpu()  # (L, H)
+    sums = [roles.entropy_sums(a.detach().double(), query_mask.to(a.device)) for a in attention]
+    return torch.stack([s["entropy"] / s["entropy_n"].clamp(min=1) for s in sums]).float().cpu()
 
 
 def _first_pass(model, batches, members, chars, width: int):

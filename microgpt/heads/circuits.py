@@ -1,21 +1,13 @@
 """Whether a head matters (importance) and what it reads and writes (its layer-0 circuits).
 
-Plain functions on a GPT and batches of rows (x, y) (microgpt.heads.analyse.length_batches);
-losses are mean nats per real target (y >= 0), each batch weighted by its targets. Every
-intervention is a forward hook on the one hook point before W_O, `attn.hook_z` (`hooked_heads`).
-
-**Importance** of a head is the rise in loss when it alone is ablated: zero (its output times 0,
-a head_mask of ones with a 0 there), mean (its output replaced by its mean over every real
-position), position mean (at position t by its mean at t: fair to a positional head), or
-gradient (Michel et al. 2019): the mean over the rows of |d loss(row) / d mask_h| at all ones,
-one backward pass per batch through per-row masks (B, L, H); unsigned, a sensitivity.
-
-**Circuits at layer 0**, through the embeddings (Elhage et al. 2021), with e_a = norm1(wte[a])
-the attention's input for token a (position embeddings left out): QK[a, b] = (e_a W_Q^h) .
-(e_b W_K^h) / sqrt(hd), the score a query token a gives a key token b; OV[b, c] =
-lm_head(W_O^h (e_b W_V^h))[c], how much attending to b raises the logit of c on the direct path;
-copying = sum(l) / sum(|l|) over OV's eigenvalues l, -1 to 1: 1 raises the token it reads, -1
-lowers it, 0 for none (a random matrix: its eigenvalues' sum, the trace, is about 0).
+Functions on a GPT and batches of rows (x, y); losses are mean nats per real target (y >= 0). Every
+intervention is a forward hook on the one hook point before W_O, `attn.hook_z`. A head's
+importance is the loss rise when it alone is zeroed, or replaced by its mean output (over every
+real position, or at each position: fair to a positional head); its gradient importance (Michel
+et al. 2019) the mean over rows of |d loss(row) / d mask_h|, a sensitivity. Layer 0's circuits
+through the embeddings (Elhage et al. 2021), e_a = norm1(wte[a]): QK[a, b] = (e_a W_Q) . (e_b W_K)
+/ sqrt(hd); OV[b, c] = lm_head(W_O (e_b W_V))[c], the rise of c's logit when attending to b;
+copying = sum(l) / sum(|l|) over OV's eigenvalues, 1 raising the token read, -1 lowering it.
 """
 
 from __future__ import annotations

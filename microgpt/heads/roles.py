@@ -112,12 +112,7 @@ def pattern_sums(
         keys = r.sum(dim=-1)  # (B, T)
         out[name + "_chance"] = (keys * inv * q).sum()
         out[name + "_n"] = ((keys > 0).to(att.dtype) * q).sum()
-    # entropy in nats over every real query, and spread: it over log(i + 1), 1 = uniform
-    ent = -torch.special.xlogy(att, att).sum(dim=-1)  # (B, H, T)
-    spread = ent[..., 1:] / torch.log(i[1:] + 1.0)  # (B, H, T-1)
-    qr = real.to(att.dtype)
-    out["spread"], out["spread_n"] = torch.einsum("bht,bt->h", spread, qr[:, 1:]), qr[:, 1:].sum()
-    out["entropy"], out["entropy_n"] = torch.einsum("bht,bt->h", ent, qr), qr.sum()
+    out.update(entropy_sums(att, real))
     return out
 
 
@@ -159,6 +154,21 @@ def _class_sums(att, x, q, inv, members: dict[str, Tensor]) -> dict[str, Tensor]
     for c, name in enumerate(names):
         out[name], out[name + "_chance"], out[name + "_n"] = mass[:, c], chance[c], n[c]
     return out
+
+
+def entropy_sums(att: Tensor, real: Tensor) -> dict[str, Tensor]:
+    """`entropy`: the attention's entropy in nats summed over the real queries (B, T), `spread`:
+    it over log(i + 1) (1 = uniform) over those i >= 1, and their query counts `{name}_n`."""
+    i = torch.arange(att.shape[2], device=att.device)
+    ent = -torch.special.xlogy(att, att).sum(dim=-1)  # (B, H, T)
+    spread = ent[..., 1:] / torch.log(i[1:] + 1.0)  # (B, H, T-1)
+    qr = real.to(att.dtype)
+    return {
+        "spread": torch.einsum("bht,bt->h", spread, qr[:, 1:]),
+        "spread_n": qr[:, 1:].sum(),
+        "entropy": torch.einsum("bht,bt->h", ent, qr),
+        "entropy_n": qr.sum(),
+    }
 
 
 def add_sums(total: dict[str, Tensor], more: dict[str, Tensor]) -> None:
