@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from microgpt.data.repeats import repeated_spans, span_for
 from microgpt.heads import circuits, roles
 from microgpt.heads.circuits import batches_loss, keep_all, model_heads, token_losses
 from microgpt.heads.report import PRUNE_TOLERANCE, HeadReport, Probe
@@ -25,6 +26,8 @@ from microgpt.system import eval_mode
 
 BATCH_SIZE = 256  # rows per forward pass
 BOUNDARY_LABEL = "<s>"  # the boundary token in the circuit tables
+PROBE_ROWS = 200  # rows of repeated spans in the induction probe
+PROBE_SEED = 1234  # the probe's own seed: every run and step sees the same rows
 
 
 class HeadsError(ValueError):
@@ -101,12 +104,13 @@ def _first_pass(model, batches, members, chars, width: int):
 
 @torch.no_grad()
 def run_probe(model, device) -> Probe | None:
-    """The repeated-span probe on `model` (in eval mode): per-head prefix matching and duplicate
-    scores, the loss on the first copy and the repeat, and the repeat's loss with each head
-    zeroed. None where the model's block is too short for a span of 2."""
-    rows = roles.probe_rows(model.config.vocab_size, model.config.block_size)
-    if rows is None:
+    """The repeated-span probe (microgpt.data.repeats: a boundary token, a span of distinct random
+    characters as long as the block allows, the span again) on `model`, in eval mode; None where
+    the span would be < 2."""
+    span, V = span_for(model.config.block_size), model.config.vocab_size
+    if span < 2 or V < 3:
         return None
+    rows = repeated_spans(PROBE_ROWS, V, span, torch.Generator().manual_seed(PROBE_SEED))
     x, y, repeat = rows.x.to(device), rows.y.to(device), rows.repeat.to(device)
     logits, _, attention = model.forward_with_attention(x)
     per_token = token_losses(logits, y)  # (B, T)

@@ -32,14 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from microgpt.data.repeats import repeated_spans, span_for
 from microgpt.heads.report import CLASSES, MIN_LIFT, MIN_MASS, POSITIONAL, RARE_FRACTION, ROLES
 from microgpt.tokenizer import BOUNDARY_ID
 
 OFFSETS = 8  # offsets 0..7 in a profile
 VOWELS = set("aeiou")
-PROBE_ROWS = 200  # rows of repeated spans in the induction probe
-PROBE_SEED = 1234  # the probe's own seed: every run and step sees the same rows
 
 
 def class_members(chars: str | None, vocab_size: int, counts: Tensor | None) -> dict[str, Tensor]:
@@ -212,15 +209,6 @@ def roles_of(mass: dict[str, Tensor], lift: dict[str, Tensor]) -> tuple[list[lis
 
 
 # ----------------------------------------------------------------------------- the probe
-
-
-def probe_rows(vocab_size: int, block_size: int, n: int = PROBE_ROWS, seed: int = PROBE_SEED):
-    """The probe's rows (microgpt.data.repeats.Repeats): a boundary token, a span of distinct random
-    characters as long as the block allows, the span again; None where the span would be < 2."""
-    span = span_for(block_size)
-    if span < 2 or vocab_size < 3:
-        return None
-    return repeated_spans(n, vocab_size, span, torch.Generator().manual_seed(seed))
 
 
 def probe_scores(attention: list[Tensor], x: Tensor, queries: Tensor) -> tuple[Tensor, Tensor]:
