@@ -76,10 +76,6 @@ class RunSummary:
         return math.nan if value is None else value
 
     @property
-    def prunable(self) -> float:
-        return self.summary("prunable")
-
-    @property
     def importance_max(self) -> list[float]:
         """Per layer, the largest single-head importance."""
         layers = []
@@ -279,7 +275,7 @@ def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str
     ]
     row += [_num(x, ".3f") for x in _pad(r.entropy, n_layers)]
     row.append("-" if r.heads_step is None else f"{r.heads_step}{'*' if _stale(r) else ''}")
-    row.append(_num(r.prunable, ".0f"))
+    row.append(_num(r.summary("prunable"), ".0f"))
     row += [_num(x, ".4f") for x in _pad(r.importance_max, n_imp)]
     row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
     row += [_num(r.role_counts[role], ".0f") for role in roles]

@@ -185,12 +185,9 @@ def rank_correlation(a: Tensor, b: Tensor) -> float:
         return math.nan
 
     def ranks(v: Tensor) -> Tensor:
-        order = torch.argsort(v, stable=True)
-        r = torch.empty_like(v)
-        r[order] = torch.arange(len(v), dtype=v.dtype)
-        for value in v.unique():  # ties: their mean rank
-            same = v == value
-            r[same] = r[same].mean()
+        _, inverse, counts = torch.unique(v, return_inverse=True, return_counts=True)
+        first = counts.cumsum(0) - counts  # each distinct value's first rank, in sorted order
+        r = (first + (counts - 1) / 2).double()[inverse]  # ties: their mean rank
         return r - r.mean()
 
     ra, rb = ranks(a), ranks(b)

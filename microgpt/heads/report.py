@@ -185,11 +185,7 @@ class HeadReport:
         }
         if self.probe is not None:
             p = self.probe
-            values |= {
-                "induction": p.prefix,
-                "duplicate": p.duplicate,
-                "repeat_loss_ablated": p.ablated,
-            }
+            values.update(induction=p.prefix, duplicate=p.duplicate, repeat_loss_ablated=p.ablated)
         row |= {name: v[at].tolist() for name, v in values.items()}
         if layer == 0 and self.copying is not None:
             row["copying"] = float(self.copying[h])
