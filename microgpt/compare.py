@@ -36,7 +36,7 @@ from microgpt.errors import UserError, print_error
 from microgpt.files import check_new_file
 from microgpt.heads.report import ROLES, read_analysis
 from microgpt.runs import RunFolder
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint
+from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.viz.plot import plot_lines
 from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
@@ -135,18 +135,18 @@ def _from_checkpoint(run: Path) -> tuple[int | None, str, int | None]:
     for path in (folder.best, folder.last):
         if path.is_file():
             try:
-                ckpt = load_checkpoint(path)
+                ckpt = Checkpoint.load(path)
             except CheckpointError as e:
                 problems.append(str(e))
                 continue
             sizes = {  # tied weights share a storage: each counted once
                 (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
-                for t in ckpt["model"].values()
+                for t in ckpt.model.values()
             }
             total = sum(sizes.values())
-            split = json.dumps(ckpt.get("split"), sort_keys=True).encode()
-            data = (ckpt.get("train_config") or {}).get("data", {}).get("path", "?")
-            return total, f"{data} #{hashlib.sha256(split).hexdigest()[:8]}", ckpt.get("step")
+            split = json.dumps(ckpt.split, sort_keys=True).encode()
+            data = ckpt.data.get("path", "?")
+            return total, f"{data} #{hashlib.sha256(split).hexdigest()[:8]}", ckpt.step
     if problems:  # every checkpoint it has is damaged
         raise CompareError(problems[0])
     return None, "?", None

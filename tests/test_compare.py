@@ -10,7 +10,7 @@ from PIL import Image
 from microgpt.compare import CompareError, find_runs, main, read_runs
 from microgpt.data.lines import CharDataset
 from microgpt.heads.analyse import analyse
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import train
 from tests.conftest import TINY, compose_config, make_names
 
@@ -94,10 +94,10 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     root, _ = sweep
     runs = read_runs(root)
     for r in runs:  # the run's last analysis, made again from last.pt on the same rows
-        ckpt = load_checkpoint(r.path / "checkpoints" / "last.pt")
-        model, tok = model_from_checkpoint(ckpt)
-        val = CharDataset.from_items(ckpt["split"]["val"], tok, model.config.block_size)
-        items = ckpt["train_config"]["log"]["head_items"]
+        ckpt = Checkpoint.load(r.path / "checkpoints" / "last.pt")
+        model, tok = ckpt.build_model()
+        val = CharDataset.from_items(ckpt.split["val"], tok, model.config.block_size)
+        items = ckpt.train_config["log"]["head_items"]
         expected = analyse(model, val.X[:items], val.Y[:items])
         assert r.role_counts == {role: float(n) for role, n in expected.role_counts().items()}
         assert r.summary("prunable") == expected.prunable
@@ -148,7 +148,7 @@ def test_each_runs_head_columns_show_their_step_and_a_stale_one_is_flagged(sweep
     root, _ = sweep
     analysis = root / "heads=2" / "heads-best.json"
     assert heads_main([str(root / "heads=2")]) == 0
-    best_step = load_checkpoint(root / "heads=2" / "checkpoints" / "best.pt")["step"]
+    best_step = Checkpoint.load(root / "heads=2" / "checkpoints" / "best.pt").step
     last_logged = max(json.loads(line)["step"] for line in open(root / "heads=1" / "metrics.jsonl"))
     try:
         capsys.readouterr()

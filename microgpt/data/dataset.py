@@ -193,14 +193,14 @@ def _load_text(path: Path, block_size: int, device) -> Data:
     return Data(path, "text", tokenizer, split, block_size, datasets, split.part(ids, "train"))
 
 
-def data_of_checkpoint(ckpt: dict, device: str | torch.device = "cpu") -> Data:
-    """The evaluation data of the run that wrote `ckpt` (a loaded checkpoint): lines from the split
+def data_of_checkpoint(ckpt, device: str | torch.device = "cpu") -> Data:
+    """The evaluation data of the run that wrote `ckpt` (a loaded Checkpoint): lines from the split
     stored in it; text re-read from the run's data file and checked against the stored digest (a
     DataError says the file is missing or changed, and what to do)."""
-    from_ckpt = CharTokenizer.from_dict(ckpt["tokenizer"])
-    block_size = int(ckpt["model_config"]["block_size"])
-    data_config = (ckpt.get("train_config") or {}).get("data") or {}
-    stored = ckpt.get("split")
+    from_ckpt = CharTokenizer.from_dict(ckpt.tokenizer)
+    block_size = int(ckpt.model_config["block_size"])
+    data_config = ckpt.data
+    stored = ckpt.split
     if data_config.get("format", "lines") != "text":
         split = Split.from_dict(stored)
         datasets = {

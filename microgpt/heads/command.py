@@ -24,7 +24,7 @@ from microgpt.files import write_text
 from microgpt.heads.analyse import HeadsError, analyse
 from microgpt.heads.report import HeadReport
 from microgpt.system import DEVICES, check_threads, pick_device, set_threads
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 
 ANALYSIS_TARGETS = 16384  # the command analyses the first validation rows holding this many targets
 
@@ -45,9 +45,9 @@ def analyse_checkpoint(
     """(the report on the checkpoint's validation split, the run, the checkpoint); `path` is a run
     folder, its checkpoints/ folder or a checkpoint (runs.resolve)."""
     run, ckpt_path = runs.resolve(path)
-    ckpt = load_checkpoint(ckpt_path)
-    model, tokenizer = model_from_checkpoint(ckpt, device, ckpt_path)
-    split = ckpt.get("split") or {}
+    ckpt = Checkpoint.load(ckpt_path)
+    model, tokenizer = ckpt.build_model(device)
+    split = ckpt.split or {}
     if not split.get("val") and split.get("format") != "text":
         raise HeadsError(f"{ckpt_path} stores no validation split to analyse the heads on")
     data = data_of_checkpoint(ckpt, device)
@@ -56,7 +56,7 @@ def analyse_checkpoint(
     keep = int(((y >= 0).sum(dim=1).cumsum(0) <= ANALYSIS_TARGETS).sum().clamp(min=1))
     x, y = x[:keep], y[:keep]  # every name; the first 128 windows of 128 characters of a text
     report = analyse(model, x, y, tokenizer, training_counts(data))
-    report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.get("step")}
+    report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.step}
     return report, run, ckpt_path
 
 

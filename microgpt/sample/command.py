@@ -22,7 +22,7 @@ from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
 from microgpt.sample.generate import SamplingError
 from microgpt.sample.report import PASSAGE_LENGTH, Samples, sample_names, sample_passages
 from microgpt.system import available_memory, gib, pick_device, set_threads
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 
 TRAIN_COMMAND = "python train.py heads=4"
 PROJECT = Path(__file__).resolve().parent.parent  # where relative data paths are also tried
@@ -63,7 +63,7 @@ def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=None)
     the run written to most recently under `roots` (outputs/, multirun/)."""
     roots = RUN_ROOTS if roots is None else roots
     if ckpt is not None:
-        return Path(ckpt).expanduser()  # load_checkpoint says what is wrong with it, if anything
+        return Path(ckpt).expanduser()  # Checkpoint.load says what is wrong with it, if anything
     if run is not None:
         try:
             return resolve(run)[1]
@@ -161,17 +161,17 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
     device = pick_device(c.device, SamplingError)
     set_threads(c.threads)
     path = find_checkpoint(c.ckpt, c.run)
-    ckpt = load_checkpoint(path, map_location="cpu")
-    data_path = (ckpt.get("train_config") or {}).get("data", {}).get("path")
-    text_run = ((ckpt.get("train_config") or {}).get("data") or {}).get("format") == "text"
+    ckpt = Checkpoint.load(path, map_location="cpu")
+    data_path = ckpt.data.get("path")
+    text_run = ckpt.data.get("format") == "text"
     try:
-        split = Split.from_dict(ckpt["split"]) if "split" in ckpt else None
+        split = Split.from_dict(ckpt.split) if ckpt.split is not None else None
     except DataError:
         split = None
     lists = ("train", "val", "test") if not text_run else ()  # a text run's split: no items
     items = {i for name in lists for i in getattr(split, name, None) or []}
     out = check_out(c.out, path, data_path, c.overwrite, items) if c.out is not None else None
-    model, tokenizer = model_from_checkpoint(ckpt, device=device, path=path)
+    model, tokenizer = ckpt.build_model(device)
     count = c.num_samples if c.num_samples is not None else (PASSAGES if text_run else NAMES)
     length = (c.max_len or PASSAGE_LENGTH) if text_run else model.config.block_size
     check_items_fit(count, length)
@@ -190,10 +190,10 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
     seconds = time.perf_counter() - start
     names, marked = shown.items, shown.marked or []
 
-    metrics = ckpt.get("metrics")
+    metrics = ckpt.metrics
     metrics = metrics if isinstance(metrics, dict) else {}  # a hand-edited one: shown as n/a
     val_loss = metrics.get("val_loss", metrics.get("best_val_loss"))
-    step = ckpt.get("step")
+    step = ckpt.step
     header = (
         f"checkpoint {path} (step {step if step is not None else '?'}, val loss "
         f"{f'{val_loss:.4f}' if isinstance(val_loss, (int, float)) else 'n/a'}), seed {seed}"
@@ -247,7 +247,7 @@ def _names(model, tokenizer, split, c: SampleConfig, seed: int, progress=None) -
     )
 
 
-def _passages(ckpt: dict, model, tokenizer, c: SampleConfig, seed: int):
+def _passages(ckpt: Checkpoint, model, tokenizer, c: SampleConfig, seed: int):
     """A text run's passages, and notes for the output: the prompt cut to the context, or why the
     longest verbatim stretch is not measured (the run's text file missing or changed)."""
     notes = []

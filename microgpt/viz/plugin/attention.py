@@ -31,7 +31,7 @@ import torch
 
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.viz.tensorboard import labels_for
 
 MAX_MODELS = 8  # models kept loaded at once
@@ -110,17 +110,17 @@ def analysis_of(run: RunFolder, checkpoint: str) -> dict | None:
 def load_model(path: Path) -> Loaded:
     """Load a checkpoint safely onto the CPU; an InputError saying what is wrong with it."""
     try:
-        ckpt = load_checkpoint(path, map_location="cpu")
-        model, tokenizer = model_from_checkpoint(ckpt, "cpu", path)
+        ckpt = Checkpoint.load(path, map_location="cpu")
+        model, tokenizer = ckpt.build_model("cpu")
     except CheckpointError as e:
         raise InputError(str(e)) from None
-    data = ckpt.get("train_config", {}).get("data", {})
-    val = ckpt.get("split", {}).get("val") if isinstance(ckpt.get("split"), dict) else None
+    data = ckpt.data
+    val = ckpt.split.get("val") if isinstance(ckpt.split, dict) else None
     return Loaded(
         model=model,
         tokenizer=tokenizer,
         format=data.get("format", "lines"),
-        step=int(ckpt.get("step", 0)),
+        step=int(ckpt.step or 0),
         example=val[0] if isinstance(val, list) and val else None,
     )
 
