@@ -6,7 +6,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from microgpt.heads.analyse import ROLES, attention_entropy
+from microgpt.heads.analyse import attention_entropy
+from microgpt.heads.report import ROLES
 from microgpt.tokenizer import CharTokenizer
 from microgpt.viz.draw import render_offset_profile
 from microgpt.viz.tensorboard import (
