@@ -100,7 +100,7 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
         items = ckpt.train_config["log"]["head_items"]
         expected = analyse(model, val.X[:items], val.Y[:items])
         assert r.role_counts == {role: float(n) for role, n in expected.role_counts().items()}
-        assert r.prunable == expected.prunable
+        assert r.summary("prunable") == expected.prunable
         assert r.importance_max == pytest.approx(
             [float(expected.zero_importance[0].max())], abs=1e-6
         )
@@ -122,7 +122,7 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     assert -1 <= float(copying) <= 1 and int(named) == 1 - int(
         row[shown.index("mixed") - len(shown)]
     )
-    assert int(prunable) == runs[0].prunable
+    assert int(prunable) == runs[0].summary("prunable")
     assert float(importance) == pytest.approx(runs[0].importance_max[0], abs=1e-4)
 
     # the analysis of best.pt (the whole validation split) wins over the scalars
@@ -134,7 +134,7 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     (root / "heads=2" / "heads-best.json").write_text(json.dumps(data))
     try:
         two = read_runs(root)[1]
-        assert two.prunable == 2 and two.importance_max == [0.125]
+        assert two.summary("prunable") == 2 and two.importance_max == [0.125]
     finally:
         (root / "heads=2" / "heads-best.json").unlink()
 

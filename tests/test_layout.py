@@ -153,8 +153,6 @@ def test_no_block_of_six_lines_is_written_twice():
 # rewrite owns and is splitting at the time of writing: an entry goes when its function is split
 # (the test below fails on a stale entry), and a new entry needs its own reason here.
 LONG_FUNCTIONS = {
-    # the head analysis (heads/: one analyse() entry point)
-    "heads.analyse:analyse",
     # sampling (sample/: the sampling settings checked once, in config.SampleConfig)
     "sample.command:sample_from_config",
 }

@@ -3,17 +3,14 @@
     python -m microgpt.heads outputs/<date>/<time>                     # its best.pt, else last.pt
     python -m microgpt.heads outputs/<date>/<time>/checkpoints/step-000500.pt
 
-Analyses the checkpoint on the validation split stored in it (microgpt.heads.analyse), prints a
-row per head, and writes the analysis into the run folder named after the checkpoint
-(microgpt.runs: heads-best.json and heads-best.md for best.pt, heads-step-000500.json for
-step-000500.pt, ...), so an analysis never replaces another checkpoint's.
+Prints a row per head on the checkpoint's validation split and writes the analysis beside it,
+named after the checkpoint (heads-best.json and .md, heads-step-000500.json, ...: runs.RunFolder).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -68,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m microgpt.heads",
         description="What each head of a trained run does, and whether it matters.",
     )
-    parser.add_argument("run", help="a run folder (outputs/<date>/<time>) or a checkpoint file")
-    parser.add_argument("--device", default="cpu", help="where to run the model (default: cpu)")
-    parser.add_argument(
+    add = parser.add_argument
+    add("run", help="a run folder (outputs/<date>/<time>) or a checkpoint file")
+    add("--device", default="cpu", help="where to run the model (default: cpu)")
+    add(
         "--threads",
         default="auto",
         help="CPU threads: auto (the cores this process may use, or OMP_NUM_THREADS) or a number",
@@ -101,7 +99,3 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     print(f"wrote {json_path} and {md_path} ({report.seconds:.1f} s)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
