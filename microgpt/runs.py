@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from microgpt.errors import UserError
-from microgpt.files import CHECKPOINTS, RUN_FILE, atomic_write, is_run_folder
+from microgpt.files import CHECKPOINTS, RUN_FILE, atomic_write, is_run_folder, is_system_path
 
 RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
 HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
+MIN_FREE = 16 * 2**20  # a run folder's disk needs room for a few checkpoints at the least
 
 
 class RunFolderError(UserError):
@@ -193,22 +194,48 @@ def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]
     )
 
 
-def new_run_error(folder: str | os.PathLike, what: str = "a run", ours: bool = True) -> str | None:
-    """Why a new run (or sweep: `what`) may not use `folder`, or None; ours: a train.log there is
-    this process's."""
-    run = RunFolder(folder)
-    if run.path.exists() and not run.path.is_dir():
-        return f"{run} is an existing file, not a folder; name a new folder"
-    if run.holds_run():
+def new_run_error(
+    folder: str | os.PathLike, setting: str = "", what: str | None = "a run", ours: bool = True
+) -> str | None:
+    """Why a new run (a sweep: `what`; None: any run, a resume's) may not use `folder`, or None: a
+    system path, a file, a read-only or full disk, a run or other files there; `setting` names it,
+    and ours: a train.log there is this process's."""
+    path = Path(os.path.abspath(Path(folder).expanduser()))
+    shown = f"{setting}={folder}" if setting else str(folder)
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+    free = MIN_FREE
+    with contextlib.suppress(OSError):
+        free = shutil.disk_usage(existing).free
+    if is_system_path(path):
+        return f"{shown} is under /{path.parts[1]}, not on a disk; name a folder on a disk"
+    if existing == path and not path.is_dir():
+        return f"{shown} is an existing file, not a folder; name a new folder"
+    if not existing.is_dir():
+        return f"{shown} is inside {existing}, which is a file, not a folder; name a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
         return (
-            f"{run} already holds a run; continue it with resume={run}, or write the new run "
+            f"{shown}: cannot write in {existing} (a read-only disk or no permission); name a "
+            f"folder you can write"
+        )
+    if free < MIN_FREE:
+        return (
+            f"{shown}: the disk of {existing} is full ({free // 2**20} MiB free); free some space "
+            f"or name a folder on another disk"
+        )
+    if what is None:
+        return None
+    if is_run_folder(path):
+        if what != "a run":
+            return f"{shown} already holds a run; {what} never writes into one: name a new folder"
+        return (
+            f"{shown} already holds a run; continue it with resume={folder}, or write the new run "
             f"to another folder"
         )
-    foreign = _foreign(run.path, ours) if run.path.is_dir() else []
+    foreign = _foreign(path, ours) if path.is_dir() else []
     if foreign:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        listed = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         return (
-            f"{run} is not empty ({shown}) and holds no run: {what} writes only into a new or "
+            f"{shown} is not empty ({listed}) and holds no run: {what} writes only into a new or "
             f"empty folder, so nothing there is written over; name another folder"
         )
     return None
