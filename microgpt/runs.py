@@ -197,9 +197,8 @@ def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]
 def new_run_error(
     folder: str | os.PathLike, setting: str = "", what: str | None = "a run", ours: bool = True
 ) -> str | None:
-    """Why a new run (a sweep: `what`; None: any run, a resume's) may not use `folder`, or None: a
-    system path, a file, a read-only or full disk, a run or other files there; `setting` names it,
-    and ours: a train.log there is this process's."""
+    """Why a new run (a sweep: `what`; None: any run) may not use `folder` (`setting`), or None: a
+    system path, a file, a read-only or full disk, a run or other files (ours: its train.log)."""
     path = Path(os.path.abspath(Path(folder).expanduser()))
     shown = f"{setting}={folder}" if setting else str(folder)
     existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
@@ -208,10 +207,9 @@ def new_run_error(
         free = shutil.disk_usage(existing).free
     if is_system_path(path):
         return f"{shown} is under /{path.parts[1]}, not on a disk; name a folder on a disk"
-    if existing == path and not path.is_dir():
-        return f"{shown} is an existing file, not a folder; name a new folder"
     if not existing.is_dir():
-        return f"{shown} is inside {existing}, which is a file, not a folder; name a folder"
+        where = "an existing file" if existing == path else f"inside {existing}, which is a file"
+        return f"{shown} is {where}, not a folder; name a new folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return (
             f"{shown}: cannot write in {existing} (a read-only disk or no permission); name a "
