@@ -155,8 +155,6 @@ def test_no_block_of_six_lines_is_written_twice():
 LONG_FUNCTIONS = {
     # the head analysis (heads/: one analyse() entry point)
     "heads.analyse:analyse",
-    # sampling (sample/: the sampling settings checked once, in config.SampleConfig)
-    "sample.command:sample_from_config",
 }
 MAX_FUNCTION_LINES = 50
 
