@@ -188,13 +188,9 @@ def available_memory(device: torch.device) -> int | None:
     MemAvailable on Linux; None where it cannot be told."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    unknown = (OSError, ValueError, IndexError, StopIteration)
+    with contextlib.suppress(*unknown), open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     return None
 
 
@@ -206,14 +202,9 @@ class ThreadsError(UserError):
     """A bad `threads` setting; the message names it and what would be valid."""
 
 
-def max_threads() -> int:
-    """The most threads a setting may ask for: 4 per usable core, at least 64 (more only slows a
-    run down, and very many crash the OpenMP runtime)."""
-    return max(64, 4 * usable_cores())
-
-
 def check_threads(value, name: str = "threads") -> None:
-    """`auto` or a whole number from 1 to max_threads(); else ThreadsError naming the setting."""
+    """`auto` or a whole number of threads, at most 4 per usable core or 64 (more only slows a
+    run down, and very many crash the OpenMP runtime); else ThreadsError naming the setting."""
     if value == "auto":
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -221,10 +212,11 @@ def check_threads(value, name: str = "threads") -> None:
             f"{name}={value!r} must be auto (the cores this process may use, shared among the "
             f"jobs running at once) or a whole number of threads >= 1"
         )
-    if value > max_threads():
+    most = max(64, 4 * usable_cores())
+    if value > most:
         raise ThreadsError(
-            f"{name}={value} is more threads than this machine can use (at most {max_threads()}: "
-            f"4 per usable core); use threads=auto or a number up to {max_threads()}"
+            f"{name}={value} is more threads than this machine can use (at most {most}: "
+            f"4 per usable core); use threads=auto or a number up to {most}"
         )
 
 

@@ -87,12 +87,13 @@ def sample_next(
 
 @torch.inference_mode()  # no autograd graph: sampling is 25% faster for it on small models
 def decode(
-    model, idx, start, temperature, top_k, top_p, generator, use_cache=True, stop=False
+    model, idx, start, stop, generator, temperature=1.0, top_k=None, top_p=None, use_cache=True
 ) -> torch.Tensor:
-    """Fill the rows of `idx` (B, N) from column `start` on, a sampled token a column, and return
-    them. Each token is drawn from the block_size tokens before it: the KV cache serves while they
-    all fit, then the window slides and is recomputed. stop: a row ends at its first boundary
-    token (boundary tokens follow), and the rows are cut once every one has ended."""
+    """Fill the rows of `idx` (B, N) from column `start` on, a token drawn with `generator` a
+    column (sample_next's settings), and return them. Each token is drawn from the block_size
+    tokens before it: the KV cache serves while they all fit, then the window slides and is
+    recomputed. stop: a row ends at its first boundary token (boundary tokens follow), and the rows
+    are cut once every one has ended."""
     T = model.config.block_size
     use_cache = use_cache and start < min(T, idx.size(1))
     cache = KVCache.for_model(model, idx.size(0)) if use_cache else None
@@ -119,17 +120,15 @@ def decode(
     return idx
 
 
-def _item_rows(model, num_samples: int, prefix: list[int], max_new: int | None) -> torch.Tensor:
-    """(num_samples, 1 + len(prefix) + new) ids to decode items into: the boundary token, the
-    prefix, then room for the new tokens (an item holds at most block_size - 1 characters)."""
+def _items(model, n: int, prefix: list[int], max_new: int | None, *sampling) -> torch.Tensor:
+    """(n, len(prefix) + new) ids: `n` items decoded after the boundary token and the prefix,
+    of at most max_new new tokens and block_size - 1 characters (the longest item trained on)."""
     new = model.config.block_size - 1 - len(prefix)
     new = new if max_new is None else min(new, max_new)
     device = model.wte.weight.device
-    idx = torch.full(
-        (num_samples, 1 + len(prefix) + new), BOUNDARY_ID, dtype=torch.long, device=device
-    )
+    idx = torch.full((n, 1 + len(prefix) + new), BOUNDARY_ID, dtype=torch.long, device=device)
     idx[:, 1 : 1 + len(prefix)] = torch.tensor(prefix, dtype=torch.long, device=device)
-    return idx
+    return decode(model, idx, 1 + len(prefix), *sampling)[:, 1:]
 
 
 def _check_prefix(prefix: list[int], vocab_size: int, block_size: int) -> None:
@@ -164,9 +163,8 @@ def generate(
     check_sampling_args(temperature, top_k, top_p)
     prefix = [int(t) for t in (prefix if prefix is not None else [])]
     _check_prefix(prefix, model.config.vocab_size, model.config.block_size)
-    rows = _item_rows(model, num_samples, prefix, max_new_tokens)
-    sampling = (temperature, top_k, top_p, generator, use_cache, stop_at_boundary)
-    return decode(model, rows, len(prefix) + 1, *sampling)[:, 1:]
+    sampling = (stop_at_boundary, generator, temperature, top_k, top_p, use_cache)
+    return _items(model, num_samples, prefix, max_new_tokens, *sampling)
 
 
 def seeded(device: torch.device, seed: int | None) -> torch.Generator:
@@ -204,15 +202,15 @@ def sample_items(
         )
     generator = seeded(device, seed)
     max_new = None if max_len is None else max_len - len(prefix)
-    sampling = (temperature, top_k, top_p, generator, use_cache, True)
+    sampling = (True, generator, temperature, top_k, top_p, use_cache)
     c, threads = model.config, torch.get_num_threads()
     small = device.type == "cpu" and batch_size * c.n_layer * c.n_embd**2 < SINGLE_THREAD_WORK
     torch.set_num_threads(1 if small else threads)
     items: list[str] = []
     try:
         while len(items) < num_samples:
-            rows = _item_rows(model, min(batch_size, num_samples - len(items)), prefix_ids, max_new)
-            rows = decode(model, rows, len(prefix_ids) + 1, *sampling)[:, 1:]
+            n = min(batch_size, num_samples - len(items))
+            rows = _items(model, n, prefix_ids, max_new, *sampling)
             items.extend(tokenizer.decode(row) for row in rows.tolist())
             if progress is not None:
                 progress(len(items), num_samples)

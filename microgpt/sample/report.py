@@ -53,23 +53,13 @@ def sample_names(model, tokenizer, split, n: int, seed: int | None, **settings) 
 
 
 def sample_passages(
-    model,
-    tokenizer,
-    index: VerbatimIndex | None,
-    n: int,
-    seed: int | None,
-    prefix: str = "",
-    max_len: int | None = None,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    use_cache: bool = True,
+    model, tokenizer, index: VerbatimIndex | None, n: int, seed, prefix="", max_len=None, **sampling
 ) -> Samples:
     """`n` continuations of `prefix` (default: a new line, where the text's lines start) by
-    `max_len` characters (default PASSAGE_LENGTH). A prefix with characters outside the vocabulary
-    is a SamplingError listing them; a longer one than the context keeps its last block_size - 1
-    characters (see `note`). With an index of the training text, each passage gets its longest
-    verbatim stretch."""
+    `max_len` characters (default PASSAGE_LENGTH), with decode's `sampling` settings. A prefix with
+    characters outside the vocabulary is a SamplingError listing them; one longer than the
+    context keeps its last block_size - 1 characters (see `note`). With an index of the training
+    text, each passage gets its longest verbatim stretch."""
     if unknown := tokenizer.unknown_chars(prefix):
         raise SamplingError(
             f"prefix has characters this model's vocabulary does not know: "
@@ -87,8 +77,8 @@ def sample_passages(
     device = next(model.parameters()).device
     rows = torch.empty((n, len(prompt) + max_len), dtype=torch.long, device=device)
     rows[:, : len(prompt)] = torch.tensor(tokenizer.encode(prompt), device=device)
-    sampling = (temperature, top_k, top_p, seeded(device, seed), use_cache)
-    new = decode(model, rows, len(prompt), *sampling)[:, len(prompt) :].tolist()
+    rows = decode(model, rows, len(prompt), stop=False, generator=seeded(device, seed), **sampling)
+    new = rows[:, len(prompt) :].tolist()
     passages = [prompt + "".join(tokenizer.itos.get(i, "?") for i in row) for row in new]
     verbatim = [index.longest(row)[0] for row in new] if index is not None else None
     return Samples(passages, format_passages(passages, verbatim), verbatim=verbatim, note=note)
