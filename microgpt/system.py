@@ -1,18 +1,15 @@
 """The machine a command runs on: device and precision, data-parallel ranks, CPU threads; and
 `eval_mode`, the model in eval mode while a block runs.
 
-Ranks: torchrun (or any `env://` launcher) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT,
-which win whenever set. In a submitit job of several tasks (`hydra/launcher=slurm` or
-`submitit_local`) without them, submitit's `TorchDistributedEnvironment` exports them from SLURM's
-(or SUBMITIT_LOCAL_*) variables (docs/cluster.md). Otherwise this is one process, rank 0 of 1: a
-plain `python train.py` in an allocation of several tasks never waits for ranks that never come.
+Ranks come from torchrun's variables (RANK, WORLD_SIZE, ...), else, in a submitit job of several
+tasks, from submitit's `TorchDistributedEnvironment` (docs/cluster.md); else this is rank 0 of 1,
+and a plain `python train.py` in a multi-task allocation never waits for ranks that never come.
 
-Threads: PyTorch takes one thread per core, and two processes that each take every core wait on
-each other's spinning threads (2 cores, the default model: 35 steps/s alone, 0.8 each with two at
-once; issue 20). So `threads=auto` takes the cores this process may use (`sched_getaffinity`:
-taskset, cpusets, containers, SLURM) or, when set, OMP_NUM_THREADS: a parallel sweep writes each
-job's share there (`microgpt.cli.ShareCores`), torchrun writes 1. `threads=N` asks for N. Idle
-threads sleep rather than spin: `microgpt/__init__.py` sets OMP_WAIT_POLICY=PASSIVE.
+Threads: two processes that each take every core wait on each other's threads (2 cores, the
+default model: 35 steps/s alone, 0.8 each with two at once; issue 20). So `threads=auto` takes the
+cores this process may use (`sched_getaffinity`: taskset, cpusets, SLURM) or, when set,
+OMP_NUM_THREADS: a parallel sweep's share (`microgpt.cli.ShareCores`), or torchrun's 1.
+`threads=N` asks for N. Idle threads sleep: `microgpt/__init__.py` sets OMP_WAIT_POLICY=PASSIVE.
 """
 
 from __future__ import annotations
@@ -61,8 +58,9 @@ def dist_info_from_env() -> DistInfo:
             if job.world_size > 1:
                 # CUDA_VISIBLE_DEVICES is left as SLURM set it: cuda_index() copes with all or one
                 job.export(set_cuda_visible_devices=False, overwrite=True)
-    return DistInfo(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")),
-                    int(env.get("LOCAL_RANK", "0")))  # fmt: skip
+    return DistInfo(
+        int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0"))
+    )
 
 
 def setup(device_type: str) -> DistInfo:
@@ -77,8 +75,7 @@ def setup(device_type: str) -> DistInfo:
 
 
 def cuda_index(info: DistInfo) -> int:
-    """This rank's GPU: local_rank among the visible GPUs, or the only one when the launcher
-    (SLURM with --gpus-per-task, say) already shows each rank just its own."""
+    """This rank's GPU: local_rank among those visible (SLURM may show each rank just its own)."""
     count = torch.cuda.device_count()
     return info.local_rank % count if count else 0
 
@@ -98,9 +95,7 @@ def _all_reduce(value, dtype: torch.dtype, op, info: DistInfo):
     """`value` reduced with `op` over all ranks (every rank must call it at the same point)."""
     if not info.enabled:
         return value
-    t = torch.tensor([value], dtype=dtype)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
+    t = torch.tensor([value], dtype=dtype, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(t, op=op)
     return t.item()
 
@@ -146,14 +141,14 @@ def run_on_main(fn, info: DistInfo):
         except Exception as e:  # re-raised below, on every rank
             error = e
     failed = broadcast_from_main(None if error is None else (type(error), str(error)), info)
-    if error is not None:
-        raise error
-    if failed is not None:
+    if failed is not None and error is None:
         cls, message = failed
         try:
-            raise cls(message)
+            error = cls(message)
         except TypeError:  # a class that takes other arguments
-            raise RuntimeError(message) from None
+            error = RuntimeError(message)
+    if error is not None:
+        raise error
     return result
 
 
@@ -169,9 +164,8 @@ def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
 
 
 def pick_precision(name: str, device: torch.device, error: type[Exception] = ValueError) -> str:
-    """train.precision -> "fp32", "bf16" or "fp16". auto: bf16 on a GPU that supports it, else
-    fp16 (with a gradient scaler) on CUDA, fp32 elsewhere. bf16 asked of a GPU without it (T4,
-    V100) raises `error`."""
+    """train.precision -> "fp32", "bf16" or "fp16". auto: bf16 on a GPU that has it, else fp16 on
+    CUDA, fp32 elsewhere; bf16 asked of a GPU without it (T4, V100) raises `error`."""
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False)
     if name == "auto":
         return ("bf16" if bf16_ok else "fp16") if device.type == "cuda" else "fp32"
@@ -184,8 +178,7 @@ def pick_precision(name: str, device: torch.device, error: type[Exception] = Val
 
 
 def available_memory(device: torch.device) -> int | None:
-    """Bytes free for new tensors on `device`: the GPU's free memory, or the machine's
-    MemAvailable on Linux; None where it cannot be told."""
+    """Bytes free on `device`: the GPU's free memory, or MemAvailable on Linux; else None."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     unknown = (OSError, ValueError, IndexError, StopIteration)
@@ -222,10 +215,9 @@ def check_threads(value, name: str = "threads") -> None:
 
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity), else the machine's count."""
-    try:
+    if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # macOS and Windows have no sched_getaffinity
-        return os.cpu_count() or 1
+    return os.cpu_count() or 1  # macOS and Windows have no sched_getaffinity
 
 
 def env_threads(environ: Mapping[str, str]) -> int | None:
@@ -252,9 +244,8 @@ def choose_threads(setting, cores: int, environ: Mapping[str, str]) -> int:
 
 
 def jobs_at_once(n_jobs: int, jobs: int, cores: int) -> int:
-    """How many of a sweep's `jobs` a joblib launcher runs at once with `n_jobs` workers: joblib
-    reads n_jobs < 0 as cores + 1 + n_jobs (-1 = every core), and never runs more than there
-    are jobs."""
+    """How many of a sweep's `jobs` a joblib launcher runs at once with `n_jobs` workers (n_jobs < 0
+    means cores + 1 + n_jobs: -1 = every core)."""
     workers = n_jobs if n_jobs > 0 else cores + 1 + n_jobs
     return max(1, min(workers, jobs))
 

@@ -21,9 +21,7 @@ from microgpt.sample.report import PASSAGE_LENGTH, sample_names, sample_passages
 from microgpt.system import available_memory, gib, pick_device, set_threads
 from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
 
-TRAIN_COMMAND = "python train.py heads=4"
-# the repository, where relative data paths are also tried
-PROJECT = Path(__file__).resolve().parents[2]
+PROJECT = Path(__file__).resolve().parents[2]  # relative data paths are also tried from here
 NAMES, PASSAGES = 20, 3  # num_samples=null: names of a lines run, passages of a text run
 # what one sampled item costs in memory until it is printed: the string (about 50 bytes and its
 # characters), its place in the lists, its (item, where) mark and its printed line
@@ -50,11 +48,9 @@ class SampleResult:
 
 
 def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=RUN_ROOTS) -> Path:
-    """The checkpoint to sample from: `ckpt`; else the default checkpoint of the run `run` names
-    (a run folder, its checkpoints/ folder or a checkpoint); else that of the run written to most
-    recently under `roots`."""
+    """`ckpt` (load_checkpoint says what is wrong with it, if anything); else the default
+    checkpoint of the run `run` names; else that of the newest run under `roots`."""
     if ckpt is not None:
-        # load_checkpoint says what is wrong with it, if anything
         return Path(ckpt).expanduser()
     if run is not None:
         try:
@@ -66,22 +62,19 @@ def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=RUN_R
         where = " or ".join(f"{r}/" for r in roots)
         raise SamplingError(
             f"no checkpoint found: no run under {where} in {Path.cwd()} has checkpoints/best.pt or "
-            f"last.pt. Train one first: {TRAIN_COMMAND} (or pass ckpt=PATH or run=FOLDER)"
+            f"last.pt. Train one first: python train.py heads=4 (or pass ckpt=PATH or run=FOLDER)"
         )
     return latest
 
 
-def check_out(
-    out: str, checkpoint: Path, data_path: str | None, overwrite: bool, items: set[str]
-) -> Path | None:
-    """The file `out=` may write (microgpt.files.check_new_file), never the checkpoint sampled
-    from, nor the run's data file wherever a relative path was resolved from, nor any file that
-    lists every item of the run's split (the data, found by content). out=-: None (stdout)."""
-    if out == STDOUT:
+def check_out(out, checkpoint: Path, data_path, overwrite: bool, items: set[str]) -> Path | None:
+    """The file `out=` may write (files.check_new_file), never the checkpoint sampled from, nor the
+    run's data file (a relative path from wherever it was resolved), nor any file that lists every
+    item of the run's split (the data, found by content). None: no out=, or out=- (stdout)."""
+    if out is None or out == STDOUT:
         return None
     protected = {checkpoint: "the checkpoint being sampled from"}
     if data_path:
-        # a relative path as resolved from the working directory or from the repository
         p = Path(data_path).expanduser()
         tried = [Path.cwd() / p, resolve_data_path(data_path), PROJECT / p]
         protected |= dict.fromkeys(tried, "the data file the model was trained on")
@@ -99,16 +92,14 @@ def check_out(
 
 def _holds_items(path: Path, items: set[str]) -> bool:
     """Whether the file at `path` lists every one of `items`, one per line (a data file)."""
-    if path.stat().st_size > 1 << 30:
-        # too big to read for the check: not a file of sampled names either
+    if path.stat().st_size > 1 << 30:  # too big to read: no file of sampled names either
         return True
     lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
     return items <= {line.strip() for line in lines}
 
 
 def check_items_fit(num_samples: int, length: int) -> None:
-    """Refuse, before sampling, a number of items of up to `length` characters that this
-    machine's memory cannot hold."""
+    """Refuse items of up to `length` characters that this machine's memory cannot hold."""
     each = ITEM_BYTES + 3 * length
     free = available_memory(torch.device("cpu"))
     if free is not None and num_samples * each > free // 2:
@@ -120,8 +111,7 @@ def check_items_fit(num_samples: int, length: int) -> None:
 
 
 def sample_from_config(cfg, progress=None) -> SampleResult:
-    """Everything `python sample.py` does but printing: validate, find and load the checkpoint,
-    sample, mark each item, and write `out` if asked. `progress(done, total)` follows each batch
+    """Everything `python sample.py` does but printing. `progress(done, total)` follows each batch
     of names."""
     # every setting that does not need the model, before any loading
     c = load_config(cfg, SampleConfig)
@@ -137,7 +127,7 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
         split = None
     lists = ("train", "val", "test") if not text_run else ()  # a text run's split: no items
     items = {i for name in lists for i in getattr(split, name, None) or []}
-    out = check_out(c.out, path, data_path, c.overwrite, items) if c.out is not None else None
+    out = check_out(c.out, path, data_path, c.overwrite, items)
     model, tokenizer = model_from_checkpoint(ckpt, device=device, path=path)
     count = c.num_samples if c.num_samples is not None else (PASSAGES if text_run else NAMES)
     check_items_fit(count, (c.max_len or PASSAGE_LENGTH) if text_run else model.config.block_size)
@@ -168,9 +158,8 @@ def run_sampling(**settings) -> SampleResult:
 
 
 def _sample(c, ckpt, text_run, model, tokenizer, split, count: int, seed: int, progress):
-    """The Samples of a names or a text run, and the notes shown above them: the prompt cut to
-    the context, or why the longest verbatim stretch is not measured (the text file missing or
-    changed). An interrupt says that the items were discarded."""
+    """The Samples of a names or a text run, and the notes shown above them (the prompt cut to the
+    context; memorisation not measured, the text file missing or changed)."""
     settings = dict(prefix=c.prefix, max_len=c.max_len, use_cache=c.use_cache)
     settings |= dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
     notes = []
@@ -192,8 +181,7 @@ def _sample(c, ckpt, text_run, model, tokenizer, split, count: int, seed: int, p
 
 
 def _write_out(out: Path, lines: list[str], c: SampleConfig) -> None:
-    """Write `lines` to `out` atomically, as a new file unless overwrite: an error leaves the old
-    file."""
+    """Write `lines` to `out` atomically (as a new file unless overwrite): an error leaves it."""
     try:
         write_text(out, "".join(line + "\n" for line in lines), replace=c.overwrite)
     except FileExistsError:

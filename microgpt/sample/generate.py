@@ -1,14 +1,10 @@
-"""Decoding: choosing the next token, sampling many items at once, and marking them new or known.
+"""Decoding: `sample_next` (logits -> one token per row: temperature, top-k, top-p); `decode`,
+the loop that fills token rows from a GPT with the KV cache, sliding past the context; `generate`
+(item rows) and `sample_items` (strings, in batches).
 
-- `sample_next`: logits -> one token per row (temperature, top-k, top-p); knows nothing of models.
-- `decode`: the loop that fills token rows from a GPT, with the KV cache by default, sliding the
-  window past the context (a text run's passages, microgpt.sample.report).
-- `generate(model, ...)`: item rows from a GPT, all at once; `sample_items`: strings, in batches.
-- `mark_items` / `format_marked`: each item "new" or found in a split, makemore style.
-
-Sampling settings are checked once, where they enter: `generate`, or the sample command's
-SampleConfig (`check_sampling_args`). What follows trusts them; what depends on the model (the
-prefix, the cache's memory) is checked where the model is known.
+Sampling settings are checked once, where they enter (`generate`, or SampleConfig through
+`check_sampling_args`), and trusted after; what needs the model (the prefix, the cache's memory)
+is checked where the model is known.
 """
 
 from __future__ import annotations
@@ -24,23 +20,20 @@ from microgpt.tokenizer import BOUNDARY_ID
 
 DEFAULT_BATCH = 1024  # items sampled at once when batch_size is None, at most
 CACHE_BUDGET = 256 * 2**20  # bytes: the default batch shrinks so that its KV cache fits in this
-# Below this much work per decoding step (batch x n_layer x n_embd^2), a CPU forward pass is a few
-# hundred small ops, and handing each to a pool of threads costs more than it saves. Measured on 2
-# busy cores with the small preset (4 layers, n_embd 64): 1,000 names 5-40x faster on one thread
-# than on two, 10,000 names 3-4x faster. Bigger work keeps PyTorch's thread count.
+# Below this much work per decoding step (batch x n_layer x n_embd^2), a CPU forward pass is small
+# ops that a thread pool slows down: on 2 busy cores with the small preset, 1,000 names 5-40x and
+# 10,000 names 3-4x faster on one thread than on two. Bigger work keeps PyTorch's thread count.
 SINGLE_THREAD_WORK = 2**30
 
 
 def cache_bytes_per_row(model) -> int:
     """The KV cache's bytes for one sampled item: keys and values of every layer, full block."""
-    c = model.config
-    itemsize = next(model.parameters()).element_size()
+    c, itemsize = model.config, next(model.parameters()).element_size()
     return 2 * c.n_layer * c.n_kv_head * c.block_size * c.head_dim * itemsize
 
 
 def default_batch(model, num_samples: int) -> int:
-    """Items sampled at once when no batch size is given: up to DEFAULT_BATCH, and no more than
-    the KV cache of CACHE_BUDGET bytes holds (a model with a long block_size samples fewer)."""
+    """Items sampled at once by default: up to DEFAULT_BATCH, as many as CACHE_BUDGET holds."""
     return max(1, min(num_samples, DEFAULT_BATCH, CACHE_BUDGET // cache_bytes_per_row(model)))
 
 
@@ -52,20 +45,12 @@ def check_sampling_args(temperature: float, top_k: int | None, top_p: float | No
             f"(0 = greedy, 1 = the model's own distribution)"
         )
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise SamplingError(
-            f"top_k={top_k!r} must be an integer >= 1 (or null to keep every token)"
-        )
+        raise SamplingError(f"top_k={top_k!r} must be an integer >= 1 (null keeps every token)")
     if top_p is not None and not 0 < top_p <= 1:
         raise SamplingError(f"top_p={top_p!r} must be in (0, 1] (1 keeps every token)")
 
 
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> torch.Tensor:
     """logits (B, V) -> one token id per row (B,). temperature 0 is greedy (argmax); otherwise the
     logits are divided by it, cut to the top_k most likely tokens, then to the smallest set whose
     probability reaches top_p, and a token is drawn with `generator`."""
@@ -89,17 +74,14 @@ def sample_next(
 def decode(
     model, idx, start, stop, generator, temperature=1.0, top_k=None, top_p=None, use_cache=True
 ) -> torch.Tensor:
-    """Fill the rows of `idx` (B, N) from column `start` on, a token drawn with `generator` a
-    column (sample_next's settings), and return them. Each token is drawn from the block_size
-    tokens before it: the KV cache serves while they all fit, then the window slides and is
-    recomputed. stop: a row ends at its first boundary token (boundary tokens follow), and the rows
-    are cut once every one has ended."""
+    """The rows of `idx` (B, N) filled from column `start` on, each token drawn (sample_next) from
+    the block_size before it: cached while they all fit, then a sliding window, recomputed. stop:
+    a row ends at its first boundary token (boundary tokens follow); all ended, the rows are cut."""
     T = model.config.block_size
     use_cache = use_cache and start < min(T, idx.size(1))
     cache = KVCache.for_model(model, idx.size(0)) if use_cache else None
     done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-    # columns already in the cache
-    cached = 0
+    cached = 0  # columns already in the cache
     with eval_mode(model):  # no dropout while sampling: the same generator state, the same rows
         for end in range(start, idx.size(1)):
             if cache is not None and end <= T:
@@ -114,8 +96,7 @@ def decode(
                 nxt.masked_fill_(done, BOUNDARY_ID)
                 done |= nxt == BOUNDARY_ID
             idx[:, end] = nxt
-            # one host sync per step: cheap next to a forward pass
-            if stop and bool(done.all()):
+            if stop and bool(done.all()):  # one host sync a step: cheap next to a forward pass
                 return idx[:, : end + 1]
     return idx
 
@@ -154,10 +135,9 @@ def generate(
     max_new_tokens: int | None = None,
     stop_at_boundary: bool = True,
 ) -> torch.Tensor:
-    """(num_samples, n) ids sampled from `model` (a GPT): `prefix` (ids), then the new tokens. A
-    row ends at its first boundary token or at block_size - 1 characters, the longest item the
-    model was trained on; the same generator state gives the same rows with and without the
-    cache. stop_at_boundary=False fills every row to its full length (benchmarks)."""
+    """(num_samples, n) ids sampled from `model` (a GPT): `prefix` (ids), then items' new tokens
+    (see _items), the same with and without the cache for the same generator state.
+    stop_at_boundary=False fills every row to its full length (benchmarks)."""
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise SamplingError(f"num_samples={num_samples!r} must be an integer >= 1")
     check_sampling_args(temperature, top_k, top_p)
@@ -232,25 +212,3 @@ def _prefix_ids(model, tokenizer, prefix: str, max_len: int | None) -> list[int]
     prefix_ids = tokenizer.encode(prefix)
     _check_prefix(prefix_ids, model.config.vocab_size, model.config.block_size)
     return prefix_ids
-
-
-def mark_items(items: list[str], split) -> list[tuple[str, str]]:
-    """Each item with where it was found: "train", "val", "test", "new", or "empty" (an item that
-    ended at once). split: a data.Split, or None (every non-empty item is then "new")."""
-    found = split.where if split is not None else lambda item: None
-    return [(item, "empty" if item == "" else found(item) or "new") for item in items]
-
-
-def format_marked(marked: list[tuple[str, str]]) -> list[str]:
-    """Printable lines, makemore style: each item with its mark, then a summary line."""
-    width = max((len(item) for item, _ in marked), default=0)
-    lines = [
-        f"{item:<{width}}  {f'({where})' if where in ('new', 'empty') else f'(in {where})'}"
-        for item, where in marked
-    ]
-    n_new = sum(where == "new" for _, where in marked)
-    n_empty = sum(where == "empty" for _, where in marked)
-    n_unique = len({item for item, where in marked if where != "empty"})
-    empty = f", {n_empty} empty" if n_empty else ""
-    lines.append(f"{n_new} of {len(marked)} new, {n_unique} unique{empty}")
-    return lines

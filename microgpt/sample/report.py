@@ -1,35 +1,23 @@
-"""What a run shows of its model's samples, in either data format.
-
-- names (`data.format=lines`): items marked "new" or found in a split, makemore style;
-- passages (`data.format=text`): a prompt continued by `max_len` characters, each with the
-  longest stretch of its continuation found verbatim in the training text (the number to watch
-  for memorisation; the prompt itself is not counted).
-
-`sample_for_run(model, data, n, seed)` is what the trainer logs at each evaluation and writes to
-samples.txt at the end; `python sample.py` calls `sample_names` / `sample_passages` itself.
+"""What a run shows of its samples: names marked "new" or found in a split (makemore style), or
+passages continuing a prompt, each with the longest stretch of its continuation found verbatim in
+the training text (the number to watch for memorisation). `sample_for_run` is what the trainer
+logs and writes to samples.txt; `python sample.py` calls `sample_names` / `sample_passages`.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
 from microgpt.data.dataset import Data
 from microgpt.data.text import VerbatimIndex
-from microgpt.sample.generate import (
-    SamplingError,
-    decode,
-    format_marked,
-    mark_items,
-    sample_items,
-    seeded,
-)
+from microgpt.sample.generate import SamplingError, decode, sample_items, seeded
 
 PASSAGE_LENGTH = 300  # new characters of a text sample, when max_len is not given
-# max_len: a passage takes one step of the model per new character
-MAX_NEW_CHARS = 100_000
+MAX_NEW_CHARS = 100_000  # the most max_len of a passage: one step of the model per character
 CHARS_PER_SECOND = 3_000  # the micro model continuing one passage on 2 CPU cores, measured
 EVAL_NAMES, EVAL_PASSAGES = 10, 1  # items each evaluation logs
 
@@ -52,14 +40,34 @@ def sample_names(model, tokenizer, split, n: int, seed: int | None, **settings) 
     return Samples(names, format_marked(marked), marked=marked)
 
 
+def mark_items(items: list[str], split) -> list[tuple[str, str]]:
+    """Each item with where it was found: "train", "val", "test", "new", or "empty" (an item that
+    ended at once). split: a data.Split, or None (every non-empty item is then "new")."""
+    found = split.where if split is not None else lambda item: None
+    return [(item, "empty" if item == "" else found(item) or "new") for item in items]
+
+
+def format_marked(marked: list[tuple[str, str]]) -> list[str]:
+    """Printable lines, makemore style: each item with its mark, then a summary line."""
+    width = max((len(item) for item, _ in marked), default=0)
+    lines = [
+        f"{item:<{width}}  {f'({where})' if where in ('new', 'empty') else f'(in {where})'}"
+        for item, where in marked
+    ]
+    count = Counter(where for _, where in marked)
+    unique = len({item for item, where in marked if where != "empty"})
+    empty = f", {count['empty']} empty" if count["empty"] else ""
+    lines.append(f"{count['new']} of {len(marked)} new, {unique} unique{empty}")
+    return lines
+
+
 def sample_passages(
     model, tokenizer, index: VerbatimIndex | None, n: int, seed, prefix="", max_len=None, **sampling
 ) -> Samples:
-    """`n` continuations of `prefix` (default: a new line, where the text's lines start) by
-    `max_len` characters (default PASSAGE_LENGTH), with decode's `sampling` settings. A prefix with
-    characters outside the vocabulary is a SamplingError listing them; one longer than the
-    context keeps its last block_size - 1 characters (see `note`). With an index of the training
-    text, each passage gets its longest verbatim stretch."""
+    """`n` continuations of `prefix` (default: a new line) by `max_len` characters (default
+    PASSAGE_LENGTH), with decode's `sampling` settings; a prefix longer than the context keeps its
+    last block_size - 1 characters (`note`). With an `index`, each passage's longest verbatim
+    stretch of the training text."""
     if unknown := tokenizer.unknown_chars(prefix):
         raise SamplingError(
             f"prefix has characters this model's vocabulary does not know: "
