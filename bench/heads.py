@@ -32,7 +32,7 @@ from microgpt.data.lines import CharDataset  # noqa: E402
 from microgpt.heads.analyse import analyse  # noqa: E402
 from microgpt.model import GPT, GPTConfig  # noqa: E402
 from microgpt.runs import resolve  # noqa: E402
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from microgpt.train.checkpoint import Checkpoint  # noqa: E402
 
 TARGET_S = 5.0
 DOCS_JSON = REPO / "docs" / "heads_bench.json"
@@ -43,9 +43,9 @@ def setting(run: str | None):
     preset's."""
     if run:
         _, path = resolve(run)
-        ckpt = load_checkpoint(path)
-        model, tokenizer = model_from_checkpoint(ckpt, "cpu", path)
-        val = CharDataset.from_items(ckpt["split"]["val"], tokenizer, model.config.block_size)
+        ckpt = Checkpoint.load(path)
+        model, tokenizer = ckpt.build_model("cpu")
+        val = CharDataset.from_items(ckpt.split["val"], tokenizer, model.config.block_size)
         return model, val.X, val.Y, tokenizer, str(path)
     data = load_data(REPO / "data" / "names.txt", seed=1337)
     torch.manual_seed(0)

@@ -18,11 +18,9 @@ from microgpt.train.loss import evaluate
 def sampling_model(args, device: torch.device, tmp: Path):
     """The small preset: from --ckpt, or trained here for --sample-train-steps steps."""
     if args.ckpt:
-        from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+        from microgpt.train.checkpoint import Checkpoint
 
-        model, tok = model_from_checkpoint(
-            load_checkpoint(args.ckpt), device=device, path=args.ckpt
-        )
+        model, tok = Checkpoint.load(args.ckpt).build_model(device)
         return model, tok, f"checkpoint {args.ckpt}"
     tr = make_trainer(["model=small"], args, tmp)
     for _ in range(args.sample_train_steps):

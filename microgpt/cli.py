@@ -28,7 +28,7 @@ from microgpt.config import parse_resume, register_configs
 from microgpt.errors import UserError, error_line, print_error
 from microgpt.startup_checks import check_command_line, sweep_jobs
 from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint
+from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.train.trainer import Interrupted, TrainingError
 
 SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"
@@ -221,7 +221,7 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
         return cfg
     try:
         path = runs.resume_checkpoint(resume, str(cfg.out_dir))
-        saved = load_checkpoint(path)["train_config"]
+        saved = Checkpoint.load(path).train_config
     except (runs.RunFolderError, CheckpointError, KeyError, TypeError):
         return cfg  # the trainer says what is wrong with it
     legacy = saved.get("log") if isinstance(saved.get("log"), dict) else {}

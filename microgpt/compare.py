@@ -2,21 +2,16 @@
 
     python -m microgpt.compare multirun/2026-05-01/12-00-00 [--plot val_loss.png]
 
-Reads every run folder under the given folder (as `python train.py -m heads=1,2,4,8` writes
-them: config, metrics, checkpoint) and prints one row per run, sorted by head count:
-
-- best val: the lowest `loss/val`; test: `loss/test` (the best checkpoint's weights);
-  tok/s: the median logged `tokens_per_sec`; entropy: each layer's mean attention entropy
-  (nats) at the last logged step
-- prunable: heads removable together for a validation loss rise < 0.01 nats; importance: each
-  layer's largest single-head loss rise; induction: the best prefix-matching score on repeated
-  spans; repeat gain: first copy's loss - the repeat's; copying: the most copying layer-0 head's
-  OV score; named: heads with a role; then the count of each role some run has (mixed always).
-  From `python -m microgpt.heads RUN`'s analysis of the row's checkpoint (best.pt, else
-  last.pt) where there is one, else the last `heads/...` scalars the run logged; heads step: of
-  which step, `*` and a line under the table where that is not the checkpoint's (or last) step.
-
-It also draws the validation loss curves, one per run, into `<folder>/val_loss.png` (--plot).
+Reads every run folder under the folder (config, metrics, checkpoint, as `python train.py -m
+heads=1,2,4,8` writes them) and prints one row per run, by head count: best val (the lowest
+`loss/val`), test (`loss/test`, of the best weights), tok/s (the median `tokens_per_sec`), each
+layer's mean attention entropy (nats) at the last step; then the head columns (heads/ summaries,
+microgpt.heads.report): prunable, each layer's largest importance, induction, repeat gain,
+copying, named and the count of each role some run has (mixed always). They come from `python -m
+microgpt.heads RUN`'s analysis of the row's checkpoint (best.pt, else last.pt), else from the last
+logged `heads/...` scalars; heads step says of which step, with `*` and a line under the table
+where that is not the checkpoint's (or the last) step. It draws the validation loss curves, one
+per run, into `<folder>/val_loss.png` (--plot).
 """
 
 from __future__ import annotations
@@ -41,8 +36,8 @@ from microgpt.errors import UserError, print_error
 from microgpt.files import check_new_file
 from microgpt.heads.report import ROLES, read_analysis
 from microgpt.runs import RunFolder
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint
-from microgpt.viz.plot import plot_lines
+from microgpt.train.checkpoint import Checkpoint, CheckpointError
+from microgpt.viz.draw import plot_lines
 from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)
@@ -75,26 +70,22 @@ class RunSummary:
     heads_step: int | None = None  # the step the head columns were measured at
     latest_step: int | None = None  # the step they should be of (the checkpoint's, else last)
 
-    @property
-    def prunable(self) -> float:
-        return self.heads_summary.get("heads/prunable", math.nan)
+    def summary(self, name: str) -> float:
+        """A head summary (`heads/<name>`), nan when the run has none (or it did not apply)."""
+        value = self.heads_summary.get(f"heads/{name}")
+        return math.nan if value is None else value
 
     @property
     def importance_max(self) -> list[float]:
         """Per layer, the largest single-head importance."""
         layers = []
         while f"heads/layer{len(layers)}/importance_max" in self.heads_summary:
-            layers.append(self.heads_summary[f"heads/layer{len(layers)}/importance_max"])
+            layers.append(self.summary(f"layer{len(layers)}/importance_max"))
         return layers
-
-    def summary(self, name: str) -> float:
-        """A head summary (`heads/<name>`), nan when the run has none (or it did not apply)."""
-        value = self.heads_summary.get(f"heads/{name}", math.nan)
-        return math.nan if value is None else value
 
     @property
     def role_counts(self) -> dict[str, float]:
-        return {role: self.heads_summary.get(f"heads/role/{role}", math.nan) for role in ROLES}
+        return {role: self.summary(f"role/{role}") for role in ROLES}
 
     @property
     def label(self) -> str:
@@ -117,24 +108,23 @@ def find_runs(folder: str | Path) -> list[Path]:
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]}: from metrics.jsonl (fast), else the event files."""
-    if (run / METRICS_FILE).is_file():
-        out: dict[str, list[tuple[int, float]]] = {}
-        for i, line in enumerate(read_metrics(run / METRICS_FILE), 1):
-            if not isinstance(line, dict) or not isinstance(line.get("step"), int):
-                raise CompareError(f"{METRICS_FILE}: record {i} is not a {{step: ..., tag: value}}")
-            for tag, value in line.items():
-                if tag not in ("step", "time"):
-                    out.setdefault(tag, []).append((line["step"], value))
-        return out
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    if not (run / METRICS_FILE).is_file():
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(
-        str(run), size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1}
-    )
-    acc.Reload()
-    return {
-        tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags().get("scalars", [])
-    }
+        acc = EventAccumulator(
+            str(run), size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1}
+        )
+        acc.Reload()
+        tags = acc.Tags().get("scalars", [])
+        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in tags}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for i, line in enumerate(read_metrics(run / METRICS_FILE), 1):
+        if not isinstance(line, dict) or not isinstance(line.get("step"), int):
+            raise CompareError(f"{METRICS_FILE}: record {i} is not a {{step: ..., tag: value}}")
+        for tag, value in line.items():
+            if tag not in ("step", "time"):
+                out.setdefault(tag, []).append((line["step"], value))
+    return out
 
 
 def _from_checkpoint(run: Path) -> tuple[int | None, str, int | None]:
@@ -145,18 +135,18 @@ def _from_checkpoint(run: Path) -> tuple[int | None, str, int | None]:
     for path in (folder.best, folder.last):
         if path.is_file():
             try:
-                ckpt = load_checkpoint(path)
+                ckpt = Checkpoint.load(path)
             except CheckpointError as e:
                 problems.append(str(e))
                 continue
             sizes = {  # tied weights share a storage: each counted once
                 (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
-                for t in ckpt["model"].values()
+                for t in ckpt.model.values()
             }
             total = sum(sizes.values())
-            split = json.dumps(ckpt.get("split"), sort_keys=True).encode()
-            data = (ckpt.get("train_config") or {}).get("data", {}).get("path", "?")
-            return total, f"{data} #{hashlib.sha256(split).hexdigest()[:8]}", ckpt.get("step")
+            split = json.dumps(ckpt.split, sort_keys=True).encode()
+            data = ckpt.data.get("path", "?")
+            return total, f"{data} #{hashlib.sha256(split).hexdigest()[:8]}", ckpt.step
     if problems:  # every checkpoint it has is damaged
         raise CompareError(problems[0])
     return None, "?", None
@@ -164,17 +154,13 @@ def _from_checkpoint(run: Path) -> tuple[int | None, str, int | None]:
 
 def read_run(run: Path, root: Path) -> RunSummary:
     cfg = OmegaConf.load(run / "config.yaml")
-    # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
-    heads = OmegaConf.select(cfg, "model.n_head")
-    kv_heads = OmegaConf.select(cfg, "model.n_kv_head")
     scalars = _scalars(run)
     params, data, step = _from_checkpoint(run)
-    summary = RunSummary(
-        _name(run, root), run, heads=heads, kv_heads=kv_heads, params=params, data=data
-    )
+    # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
+    heads, kv_heads = (OmegaConf.select(cfg, f"model.{k}") for k in ("n_head", "n_kv_head"))
+    summary = RunSummary(_name(run, root), run, heads, kv_heads, params, data=data)
     summary.val_curve = sorted(scalars.get("loss/val", []))
-    if summary.val_curve:
-        summary.best_val_loss = min(v for _, v in summary.val_curve)
+    summary.best_val_loss = min((v for _, v in summary.val_curve), default=math.nan)
     if scalars.get("loss/test"):
         summary.test_loss = scalars["loss/test"][-1][1]
     if scalars.get("tokens_per_sec"):
@@ -185,8 +171,9 @@ def read_run(run: Path, root: Path) -> RunSummary:
         if layer and points:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
     summary.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
-    heads = _heads_summary(run, scalars, step)
-    summary.heads_summary, summary.heads_step, summary.latest_step = heads
+    summary.heads_summary, summary.heads_step, summary.latest_step = _heads_summary(
+        run, scalars, step
+    )
     return summary
 
 
@@ -220,20 +207,19 @@ UNREADABLE = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSE
 def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
     """(the runs that can be read, sorted by head count then name; (name, why) for the others)."""
     root = Path(folder)
-    runs, unreadable = [], []
+    found, unreadable = [], []
     for run in find_runs(root):
         try:
-            runs.append(read_run(run, root))
+            found.append(read_run(run, root))
         except (*UNREADABLE, OmegaConfBaseException, yaml.YAMLError) as e:
-            name = _name(run, root)
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if isinstance(e, (OmegaConfBaseException, yaml.YAMLError)):
                 why = f"config.yaml: {why}"
             elif isinstance(e, UnicodeDecodeError):
                 why = f"{METRICS_FILE} is not UTF-8 text"
-            unreadable.append((name, why))
-    runs.sort(key=lambda r: (r.heads if r.heads is not None else math.inf, r.name))
-    return runs, unreadable
+            unreadable.append((_name(run, root), why))
+    found.sort(key=lambda r: (r.heads if r.heads is not None else math.inf, r.name))
+    return found, unreadable
 
 
 # ----------------------------------------------------------------------------- the table
@@ -289,7 +275,7 @@ def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str
     ]
     row += [_num(x, ".3f") for x in _pad(r.entropy, n_layers)]
     row.append("-" if r.heads_step is None else f"{r.heads_step}{'*' if _stale(r) else ''}")
-    row.append(_num(r.prunable, ".0f"))
+    row.append(_num(r.summary("prunable"), ".0f"))
     row += [_num(x, ".4f") for x in _pad(r.importance_max, n_imp)]
     row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
     row += [_num(r.role_counts[role], ".0f") for role in roles]

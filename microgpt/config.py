@@ -1,17 +1,13 @@
-"""Every schema the commands accept, as dataclasses that conf/*.yaml mirror, validated once.
-
-- `Config`: `python train.py`; its `model` group is the model's own `GPTConfig`.
-- `SampleConfig`: `python sample.py`.
-
-Hydra never calls __post_init__ on structured configs, so `load_config` converts the composed
-DictConfig with OmegaConf.to_object, which builds these dataclasses and runs every check below.
-A bad value stops the command before any work with an error that names the setting and what
-would be valid. Library code receives the resulting dataclass (plain Python), never a DictConfig.
+"""The schemas of train.py (`Config`, its `model` group the model's own `GPTConfig`) and sample.py
+(`SampleConfig`), mirrored by conf/*.yaml. Each group checks itself in __post_init__, which Hydra
+never calls: `load_config` converts with OmegaConf.to_object, so a bad value stops the command
+before any work, named. Library code receives these plain dataclasses, never a DictConfig.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -41,14 +37,17 @@ class ConfigError(UserError):
     """A bad setting; the message names it and what would be valid."""
 
 
+def require(ok: bool, message: str, error: type[Exception] = ConfigError) -> None:
+    """Raise `error(message)` unless `ok`: each rule below in one line."""
+    if not ok:
+        raise error(message)
+
+
 def flatten(d, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}: nested mappings as dotted keys."""
     out = {}
     for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
 
@@ -74,16 +73,15 @@ class DataConfig:
     repeats: RepeatsConfig = field(default_factory=RepeatsConfig)  # format=repeats: the generator
 
     def __post_init__(self):
-        if self.format not in FORMATS:
-            raise ConfigError(
-                f"data.format={self.format!r} is unknown; choose one of {list(FORMATS)} "
-                f"(lines: one item per line, like names; text: one stream, like a play; repeats: "
-                f"generated items where a random span repeats)"
-            )
+        require(
+            self.format in FORMATS,
+            f"data.format={self.format!r} is unknown; choose one of {list(FORMATS)} "
+            f"(lines: one item per line, like names; text: one stream, like a play; repeats: "
+            f"generated items where a random span repeats)",
+        )
         if self.format == "repeats":
-            r = self.repeats
             try:
-                check_repeats(r.chars, tuple(r.span), r.length, r.items, r.seed)
+                check_repeats(self.repeats)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
 
@@ -102,34 +100,32 @@ class OptimConfig:
 
     def __post_init__(self):
         for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):
-            if not math.isfinite(getattr(self, name)):
-                raise ConfigError(f"optim.{name}={getattr(self, name)} must be a finite number")
-        if not self.lr > 0:
-            raise ConfigError(f"optim.lr={self.lr} must be > 0 (typical: 1e-3)")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ConfigError(
-                f"optim.betas={list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]"
-            )
-        if not self.eps > 0:
-            raise ConfigError(f"optim.eps={self.eps} must be > 0 (typical: 1e-8)")
+            value = getattr(self, name)
+            require(math.isfinite(value), f"optim.{name}={value} must be a finite number")
+        require(self.lr > 0, f"optim.lr={self.lr} must be > 0 (typical: 1e-3)")
+        require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            f"optim.betas={list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]",
+        )
+        require(self.eps > 0, f"optim.eps={self.eps} must be > 0 (typical: 1e-8)")
         # AdamW's step is lr * m / (sqrt(v) + eps), with |m|, sqrt(v) << 1
-        if self.eps >= MAX_EPS:
-            raise ConfigError(
-                f"optim.eps={self.eps} divides every update by at least {self.eps:g}: the weights "
-                f"would not move; use a small value (typical: 1e-8, at most {MAX_EPS:g})"
-            )
-        if self.weight_decay < 0:
-            raise ConfigError(f"optim.weight_decay={self.weight_decay} must be >= 0")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
-        if self.decay not in DECAYS:
-            raise ConfigError(
-                f"optim.decay={self.decay!r} is unknown; choose one of {list(DECAYS)}"
-            )
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        if self.grad_clip < 0:
-            raise ConfigError(f"optim.grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)")
+        require(
+            self.eps < MAX_EPS,
+            f"optim.eps={self.eps} divides every update by at least {self.eps:g}: the weights "
+            f"would not move; use a small value (typical: 1e-8, at most {MAX_EPS:g})",
+        )
+        require(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
+        require(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} must be >= 0")
+        require(
+            self.decay in DECAYS,
+            f"optim.decay={self.decay!r} is unknown; choose one of {list(DECAYS)}",
+        )
+        require(
+            0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]"
+        )
+        require(
+            self.grad_clip >= 0, f"optim.grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)"
+        )
 
 
 @dataclass
@@ -150,28 +146,25 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every"):
-            _at_least_one(f"train.{name}", getattr(self, name))
-        if self.save_every < 0:
-            raise ConfigError(f"train.save_every={self.save_every} must be >= 0 (0 = off)")
-        if self.group_by_length < 0:
-            raise ConfigError(
-                f"train.group_by_length={self.group_by_length} must be >= 0 (0 = off)"
-            )
-        if not 0 <= self.ema < 1:
-            raise ConfigError(f"train.ema={self.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
-        if self.num_samples < 0:
-            raise ConfigError(f"train.num_samples={self.num_samples} must be 0 or more")
-        if self.num_samples > MAX_TRAIN_SAMPLES:
-            raise ConfigError(
-                f"train.num_samples={self.num_samples} would sample for about "
-                f"{self.num_samples / SAMPLES_PER_SECOND / 3600:,.1f} hours on a CPU after the "
-                f"last step, before the test loss is written; at most {MAX_TRAIN_SAMPLES:,} here: "
-                f"sample more afterwards with python sample.py num_samples=N out=FILE"
-            )
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                f"train.precision={self.precision!r} is unknown; choose one of {list(PRECISIONS)}"
-            )
+            value = getattr(self, name)
+            require(value >= 1, f"train.{name}={value} must be at least 1")
+        for name in ("save_every", "group_by_length"):
+            value = getattr(self, name)
+            require(value >= 0, f"train.{name}={value} must be >= 0 (0 = off)")
+        require(0 <= self.ema < 1, f"train.ema={self.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
+        n = self.num_samples
+        require(n >= 0, f"train.num_samples={n} must be 0 or more")
+        require(
+            n <= MAX_TRAIN_SAMPLES,
+            f"train.num_samples={n} would sample for about {n / SAMPLES_PER_SECOND / 3600:,.1f} "
+            f"hours on a CPU after the last step, before the test loss is written; at most "
+            f"{MAX_TRAIN_SAMPLES:,} here: sample more afterwards with python sample.py "
+            f"num_samples=N out=FILE",
+        )
+        require(
+            self.precision in PRECISIONS,
+            f"train.precision={self.precision!r} is unknown; choose one of {list(PRECISIONS)}",
+        )
 
 
 @dataclass
@@ -181,19 +174,15 @@ class LogConfig:
     head_items: int = 256  # validation items the head analysis (roles, importance, pruning) uses
 
     def __post_init__(self):
-        _at_least_one("log.attn_every", self.attn_every)
-        _at_least_one("log.head_items", self.head_items)
-
-
-def _at_least_one(name: str, value: int) -> None:
-    if value < 1:
-        raise ConfigError(f"{name}={value} must be at least 1")
+        for name in ("attn_every", "head_items"):
+            value = getattr(self, name)
+            require(value >= 1, f"log.{name}={value} must be at least 1")
 
 
 @dataclass
 class Config:
-    """`python train.py`: each group above checks its own settings as it is built; this checks
-    the settings that span groups, and those of its own."""
+    """`python train.py`: each group checks itself; this checks its own settings and those that
+    span groups."""
 
     model: GPTConfig = field(default_factory=lambda: GPTConfig(vocab_size=None, block_size=None))
     data: DataConfig = field(default_factory=DataConfig)
@@ -208,27 +197,28 @@ class Config:
     resume: Any = False  # false | true (the run folder's checkpoints/last.pt) | a checkpoint path
 
     def __post_init__(self):
-        if self.heads is not None and self.heads != self.model.n_head:
-            raise ConfigError(f"heads={self.heads} but model.n_head={self.model.n_head}: set one")
-        if self.model.vocab_size is not None:
-            raise ConfigError(
-                f"model.vocab_size={self.model.vocab_size}: the vocabulary comes from the data "
-                f"(every character of data.path), so this setting would be ignored; remove it"
-            )
-        if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed={self.seed} must be in [0, 2**63)")
-        block = self.model.block_size
-        if self.data.format == "text" and block is not None and block < 2:
-            raise ConfigError(
-                f"model.block_size={block} with data.format=text: a window of one character "
-                f"gives attention nothing to look at but itself (a bigram model, no heads to "
-                f"analyse); use at least 2 (null = {TEXT_BLOCK_SIZE})"
-            )
+        m = self.model
+        require(
+            self.heads in (None, m.n_head),
+            f"heads={self.heads} but model.n_head={m.n_head}: set one",
+        )
+        require(
+            m.vocab_size is None,
+            f"model.vocab_size={m.vocab_size}: the vocabulary comes from the data (every "
+            f"character of data.path), so this setting would be ignored; remove it",
+        )
+        require(0 <= self.seed < 2**63, f"seed={self.seed} must be in [0, 2**63)")
+        require(
+            self.data.format != "text" or m.block_size is None or m.block_size >= 2,
+            f"model.block_size={m.block_size} with data.format=text: a window of one character "
+            f"gives attention nothing to look at but itself (a bigram model, no heads to "
+            f"analyse); use at least 2 (null = {TEXT_BLOCK_SIZE})",
+        )
         _check_machine(self.device, self.threads, ConfigError)
-        if not isinstance(self.resume, (bool, str)) or self.resume == "":
-            raise ConfigError(
-                f"resume={self.resume!r} must be false, true, or the path of a checkpoint"
-            )
+        require(
+            isinstance(self.resume, (bool, str)) and self.resume != "",
+            f"resume={self.resume!r} must be false, true, or the path of a checkpoint",
+        )
 
     @property
     def resume_requested(self) -> bool | str:
@@ -275,61 +265,62 @@ class SampleConfig:
     run: str | None = None  # a run folder: its checkpoints/best.pt, else last.pt
 
     def __post_init__(self):
-        for name in ("num_samples", "batch_size", "max_len", "seed"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise SamplingError(f"{name}={value!r} must be an integer")
-        if self.num_samples is not None and self.num_samples < 1:
-            raise SamplingError(f"num_samples={self.num_samples} must be at least 1")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise SamplingError(
-                f"batch_size={self.batch_size} must be at least 1 (or null = all at once)"
-            )
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise SamplingError(f"seed={self.seed} must be in [0, 2**63) (or null = random)")
+        check = functools.partial(require, error=SamplingError)
+        for name in ("num_samples", "batch_size", "seed"):
+            v = getattr(self, name)
+            is_int = isinstance(v, int) and not isinstance(v, bool)
+            check(v is None or is_int, f"{name}={v!r} must be an integer")
+        n, batch, seed = self.num_samples, self.batch_size, self.seed
+        check(n is None or n >= 1, f"num_samples={n} must be at least 1")
+        check(
+            batch is None or batch >= 1,
+            f"batch_size={batch} must be at least 1 (or null = all at once)",
+        )
+        check(
+            seed is None or 0 <= seed < 2**63,
+            f"seed={seed} must be in [0, 2**63) (or null = random)",
+        )
         check_sampling_args(self.temperature, self.top_k, self.top_p)
-        if not isinstance(self.prefix, str):
-            raise SamplingError(f"prefix={self.prefix!r} must be a string")
+        check(isinstance(self.prefix, str), f"prefix={self.prefix!r} must be a string")
         if self.max_len is not None:
             check_max_new(self.max_len)
         _check_machine(self.device, self.threads, SamplingError)
-        if self.ckpt is not None and self.run is not None:
-            raise SamplingError(
-                f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})"
-            )
-        if self.out is not None and self.out != "-":  # -: standard output
+        check(
+            self.ckpt is None or self.run is None,
+            f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})",
+        )
+        # out=-: standard output
+        if self.out is not None and self.out != "-":
             out = Path(self.out).expanduser()
-            if self.out == "" or out.is_dir():
-                raise SamplingError(f"out={self.out!r} must be a file path, not a folder")
-            if not out.parent.is_dir():
-                raise SamplingError(f"out={self.out}: folder {out.parent} does not exist")
+            check(
+                self.out != "" and not out.is_dir(),
+                f"out={self.out!r} must be a file path, not a folder",
+            )
+            check(out.parent.is_dir(), f"out={self.out}: folder {out.parent} does not exist")
 
 
 def _check_machine(device: str, threads, error: type[Exception]) -> None:
     """device= and threads=, which train.py and sample.py share."""
-    if device not in DEVICES:
-        raise error(f"device={device!r} is unknown; choose one of {list(DEVICES)}")
+    require(
+        device in DEVICES, f"device={device!r} is unknown; choose one of {list(DEVICES)}", error
+    )
     try:
         check_threads(threads)
     except ThreadsError as e:
         raise error(str(e)) from None
 
 
-SCHEMAS = {"schema": Config, "sample_schema": SampleConfig}  # the names conf/*.yaml use
-
-
 def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (conf/config.yaml and conf/sample.yaml list
-    them first in their defaults)."""
+    """Register the schemas with Hydra's ConfigStore (first in conf/*.yaml's defaults)."""
     from hydra.core.config_store import ConfigStore
 
-    for name, schema in SCHEMAS.items():
-        ConfigStore.instance().store(name=name, node=schema)
+    ConfigStore.instance().store(name="schema", node=Config)
+    ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
 
 
 def load_config(cfg, schema: type = Config):
-    """Validate a composed config (DictConfig, dict, or the schema itself) into `schema` (Config
-    or SampleConfig). Raises ConfigError (SamplingError for SampleConfig) naming the setting."""
+    """A composed config (DictConfig, dict, or the schema itself) validated into `schema`; a
+    ConfigError (SamplingError for SampleConfig) names a bad setting."""
     error = SamplingError if schema is SampleConfig else ConfigError
     if isinstance(cfg, schema):
         return cfg
@@ -345,8 +336,6 @@ def load_config(cfg, schema: type = Config):
         return config
     except ThreadsError as e:
         raise error(str(e)) from None
-    except (ConfigError, SamplingError):
-        raise
     except OmegaConfBaseException as e:
         if isinstance(e.__cause__, (ConfigError, SamplingError)):
             raise error(str(e.__cause__)) from None
@@ -371,9 +360,8 @@ def _apply_heads(merged: DictConfig) -> None:
 
 
 def training_bytes(config: GPTConfig, batch_size: int) -> int:
-    """A rough upper estimate of the memory one training step takes: weights, gradients and
-    AdamW's two moments, plus the activations kept for the backward pass of a full block
-    (float32; attention weights counted as if materialised)."""
+    """A rough upper estimate of one training step's memory (float32): weights, gradients, AdamW's
+    moments, and a full block's activations for the backward pass (attention weights included)."""
     C, T, L, H = config.n_embd, config.block_size, config.n_layer, config.n_head
     params = config.vocab_size * C * (1 if config.tie_weights else 2) + T * C
     ratio = config.mlp_ratio if config.mlp else 0

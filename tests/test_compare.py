@@ -10,7 +10,7 @@ from PIL import Image
 from microgpt.compare import CompareError, find_runs, main, read_runs
 from microgpt.data.lines import CharDataset
 from microgpt.heads.analyse import analyse
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import train
 from tests.conftest import TINY, compose_config, make_names
 
@@ -94,13 +94,13 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     root, _ = sweep
     runs = read_runs(root)
     for r in runs:  # the run's last analysis, made again from last.pt on the same rows
-        ckpt = load_checkpoint(r.path / "checkpoints" / "last.pt")
-        model, tok = model_from_checkpoint(ckpt)
-        val = CharDataset.from_items(ckpt["split"]["val"], tok, model.config.block_size)
-        items = ckpt["train_config"]["log"]["head_items"]
+        ckpt = Checkpoint.load(r.path / "checkpoints" / "last.pt")
+        model, tok = ckpt.build_model()
+        val = CharDataset.from_items(ckpt.split["val"], tok, model.config.block_size)
+        items = ckpt.train_config["log"]["head_items"]
         expected = analyse(model, val.X[:items], val.Y[:items])
         assert r.role_counts == {role: float(n) for role, n in expected.role_counts().items()}
-        assert r.prunable == expected.prunable
+        assert r.summary("prunable") == expected.prunable
         assert r.importance_max == pytest.approx(
             [float(expected.zero_importance[0].max())], abs=1e-6
         )
@@ -122,7 +122,7 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     assert -1 <= float(copying) <= 1 and int(named) == 1 - int(
         row[shown.index("mixed") - len(shown)]
     )
-    assert int(prunable) == runs[0].prunable
+    assert int(prunable) == runs[0].summary("prunable")
     assert float(importance) == pytest.approx(runs[0].importance_max[0], abs=1e-4)
 
     # the analysis of best.pt (the whole validation split) wins over the scalars
@@ -134,7 +134,7 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     (root / "heads=2" / "heads-best.json").write_text(json.dumps(data))
     try:
         two = read_runs(root)[1]
-        assert two.prunable == 2 and two.importance_max == [0.125]
+        assert two.summary("prunable") == 2 and two.importance_max == [0.125]
     finally:
         (root / "heads=2" / "heads-best.json").unlink()
 
@@ -148,7 +148,7 @@ def test_each_runs_head_columns_show_their_step_and_a_stale_one_is_flagged(sweep
     root, _ = sweep
     analysis = root / "heads=2" / "heads-best.json"
     assert heads_main([str(root / "heads=2")]) == 0
-    best_step = load_checkpoint(root / "heads=2" / "checkpoints" / "best.pt")["step"]
+    best_step = Checkpoint.load(root / "heads=2" / "checkpoints" / "best.pt").step
     last_logged = max(json.loads(line)["step"] for line in open(root / "heads=1" / "metrics.jsonl"))
     try:
         capsys.readouterr()

@@ -17,7 +17,7 @@ import pytest
 from microgpt import runs
 from microgpt.cli import quote_values, remove_debris
 from microgpt.runs import RunFolderError
-from microgpt.train.checkpoint import load_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import Trainer, train
 from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import REPO, TINY, make_names
@@ -57,7 +57,7 @@ def test_every_checkpoint_carries_the_run_id_of_its_folder(tiny_cfg, tmp_path):
     run_id = run.run_id()
     assert run_id and len(run_id) > 12
     for path in sorted(run.checkpoints.glob("*.pt")):  # best, last, step-000006, step-000012
-        assert load_checkpoint(path)["run_id"] == run_id, path.name
+        assert Checkpoint.load(path).run_id == run_id, path.name
 
 
 def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_path):
@@ -77,9 +77,9 @@ def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_
     # into its own folder, or a new one, the resume goes on and keeps its run id
     train(tiny_cfg(f"resume={a.last}", "train.max_steps=9", out=tmp_path / "c"))
     c = runs.RunFolder(tmp_path / "c")
-    assert c.run_id() == a.run_id() == load_checkpoint(c.last)["run_id"]
+    assert c.run_id() == a.run_id() == Checkpoint.load(c.last).run_id
     train(tiny_cfg(f"resume={a.path}", "train.max_steps=9", out=a.path))
-    assert load_checkpoint(a.last)["step"] == 9
+    assert Checkpoint.load(a.last).step == 9
 
 
 @pytest.mark.parametrize("files", [["config.yaml"], ["samples.txt", "notes/x.md"]])
@@ -179,7 +179,7 @@ def test_two_trainings_started_together_on_one_folder(tmp_path):
     (err,) = [e for code, e in results if code == 2]
     assert "already holds a run" in err and "Traceback" not in err, err
     run = runs.RunFolder(tmp_path / "run")
-    assert load_checkpoint(run.last)["run_id"] == run.run_id()
+    assert Checkpoint.load(run.last).run_id == run.run_id()
     assert (run.path / "config.yaml").is_file()
     assert not list(run.path.glob(".hydra*")), "Hydra wrote into the run folder"
 
@@ -228,9 +228,9 @@ def test_the_checkpoint_names_its_data_by_an_absolute_path_and_its_hash(tmp_path
     from tests.conftest import compose_config
 
     train(compose_config([*TINY, "data.path=data/names.txt", f"out_dir={tmp_path / 'run'}"]))
-    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
-    assert ckpt["train_config"]["data"]["path"] == str(data)
-    assert ckpt["data_sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    ckpt = Checkpoint.load(tmp_path / "run" / "checkpoints" / "best.pt")
+    assert ckpt.train_config["data"]["path"] == str(data)
+    assert ckpt.data_sha256 == hashlib.sha256(data.read_bytes()).hexdigest()
 
 
 # ------------------------------------------------------------------------- the command line
@@ -299,13 +299,12 @@ def test_tokens_per_sec_counts_training_alone(tiny_cfg, tmp_path, monkeypatch):
 def test_a_checkpoint_from_before_the_rename_of_log_head_items_resumes(tiny_cfg, tmp_path):
     """log.head_items was log.entropy_items: a last.pt that says so still resumes."""
     from microgpt.cli import resume_settings
-    from microgpt.train.checkpoint import save_checkpoint
 
     train(tiny_cfg("train.max_steps=6"))
     last = tmp_path / "run" / "checkpoints" / "last.pt"
-    ckpt = load_checkpoint(last)
-    ckpt["train_config"]["log"]["entropy_items"] = ckpt["train_config"]["log"].pop("head_items")
-    save_checkpoint(ckpt, last)
+    ckpt = Checkpoint.load(last)
+    ckpt.train_config["log"]["entropy_items"] = ckpt.train_config["log"].pop("head_items")
+    ckpt.save(last)
     merged = resume_settings(tiny_cfg(f"resume={last}"))  # outside Hydra: the saved settings
     assert merged.log.head_items == 32 and "entropy_items" not in merged.log
     merged.train.max_steps = 9

@@ -20,7 +20,7 @@ import torch
 from microgpt import system
 from microgpt.config import load_config
 from microgpt.model import GPT, GPTConfig
-from microgpt.train.checkpoint import load_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import Trainer, train
 from tests.conftest import REPO, TINY, compose_config, make_names
 
@@ -115,20 +115,20 @@ def test_two_ranks_end_with_the_weights_of_one_process_with_the_whole_batch(torc
             ]
         )
     )
-    a = load_checkpoint(tmp_path / "single" / "checkpoints" / "last.pt")
-    b = load_checkpoint(ddp_run / "checkpoints" / "last.pt")
-    assert a["step"] == b["step"] == STEPS
+    a = Checkpoint.load(tmp_path / "single" / "checkpoints" / "last.pt")
+    b = Checkpoint.load(ddp_run / "checkpoints" / "last.pt")
+    assert a.step == b.step == STEPS
     # saved from the plain module, never the DDP wrapper: keys load into a plain GPT
-    assert list(a["model"]) == list(b["model"])
-    assert not any(k.startswith(("module.", "_orig_mod.")) for k in b["model"])
-    GPT(GPTConfig(**b["model_config"])).load_state_dict(b["model"])
-    worst = max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"])
+    assert list(a.model) == list(b.model)
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in b.model)
+    GPT(GPTConfig(**b.model_config)).load_state_dict(b.model)
+    worst = max((a.model[k] - b.model[k]).abs().max().item() for k in a.model)
     assert worst < 1e-5, f"largest weight difference {worst:.3g}"
     # evaluation, done by rank 0 alone on the whole split, gives the single process's numbers;
     # the logged train loss is the global batch's (all ranks), not rank 0's slice
-    assert b["metrics"]["val_loss"] == pytest.approx(single["val_loss"], abs=1e-5)
-    assert b["metrics"]["train_loss"] == pytest.approx(single["train_loss"], abs=1e-5)
-    assert b["resume"]["world_size"] == 2
+    assert b.metrics["val_loss"] == pytest.approx(single["val_loss"], abs=1e-5)
+    assert b.metrics["train_loss"] == pytest.approx(single["train_loss"], abs=1e-5)
+    assert b.resume["world_size"] == 2
 
 
 def test_resuming_with_another_global_batch_is_refused(torchrun_run, tmp_path):
@@ -262,13 +262,13 @@ def test_compiled_training_on_cpu_saves_a_plain_checkpoint(tiny_cfg, tmp_path):
     assert trainer.train_model is not trainer.model  # the compiled wrapper trains
     start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     metrics = trainer.run()
-    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    ckpt = Checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt")
     assert metrics["step"] == 4
-    assert list(ckpt["model"]) == list(GPT(trainer.model_config).state_dict())
+    assert list(ckpt.model) == list(GPT(trainer.model_config).state_dict())
     trained = trainer.train_model.state_dict()  # the wrapper's own keys: _orig_mod.<name>
-    assert set(trained) == {f"_orig_mod.{k}" for k in ckpt["model"]}
-    assert all(torch.equal(ckpt["model"][k], trained[f"_orig_mod.{k}"]) for k in ckpt["model"])
-    assert not all(torch.equal(ckpt["model"][k], start[k]) for k in start)
+    assert set(trained) == {f"_orig_mod.{k}" for k in ckpt.model}
+    assert all(torch.equal(ckpt.model[k], trained[f"_orig_mod.{k}"]) for k in ckpt.model)
+    assert not all(torch.equal(ckpt.model[k], start[k]) for k in start)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -345,12 +345,12 @@ def test_ddp_resume_with_dropout_is_exact(tmp_path):
     torchrun_train(tmp_path, *common, "train.max_steps=8", f"hydra.run.dir={whole}")
     torchrun_train(tmp_path, *common, "train.max_steps=4", f"hydra.run.dir={split}")
     last = split / "checkpoints" / "last.pt"
-    ranks = load_checkpoint(last)["resume"]["ranks"]
+    ranks = Checkpoint.load(last).resume["ranks"]
     assert not torch.equal(ranks[0]["rng"]["torch"], ranks[1]["rng"]["torch"])  # two streams
     torchrun_train(
         tmp_path, *common, "train.max_steps=8", f"hydra.run.dir={split}", f"resume={last}"
     )
-    a = load_checkpoint(whole / "checkpoints" / "last.pt")
-    b = load_checkpoint(last)
-    assert a["step"] == b["step"] == 8
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    a = Checkpoint.load(whole / "checkpoints" / "last.pt")
+    b = Checkpoint.load(last)
+    assert a.step == b.step == 8
+    assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)

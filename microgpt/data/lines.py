@@ -1,24 +1,11 @@
-"""The lines format (`data.format=lines`, names): one item per line -> checked, split
-train/val/test, encoded, batched.
-
-The pipeline, in the order a training run uses it:
-
-    items = read_items("data/names.txt")            # stripped, no blanks, no duplicates
-    split = split_items(items, seed=0)              # Split(train, val, test), deterministic
-    tok = CharTokenizer.from_items(items)
-    X, Y = encode_items(split.train, tok, block_size_for(items))
-    train = CharDataset(X, Y, device="cuda")
-    sampler = BatchSampler(len(train), batch_size=32, seed=0)
-    x, y = train.batch(sampler.next_batch())        # (B, T) each, T trimmed to the batch
-
-Rows follow makemore: "emma" with block_size 8 becomes
+"""The lines format (`data.format=lines`, names): one item per line, read and checked, shuffled
+into train/val/test, encoded into rows and batched. Rows follow makemore: "emma" in a block of 8 is
 
     x = [0, e, m, m, a, 0,  0,  0]    # the boundary token, the characters, padding
     y = [e, m, m, a, 0, -1, -1, -1]   # the characters, the end boundary, ignored padding
 
-The loss is the mean negative log-likelihood per character in nats, the end token included:
-`F.cross_entropy(logits.view(-1, V), y.view(-1), ignore_index=-1)`. To average it exactly over a
-whole split, weight each batch's mean by its number of targets, `(y >= 0).sum()`.
+The loss is nats per character, the end token included, and ignores the targets -1; to average it
+exactly over a split, weight each batch's mean by its number of targets, `(y >= 0).sum()`.
 """
 
 from __future__ import annotations
@@ -33,38 +20,32 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from microgpt.data.text import IGNORE_ID
 from microgpt.errors import DataError, decode_utf8
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
+IGNORE_ID = -1  # the target of padded positions (the loss ignores it)
 MAX_EVAL_ITEMS = 1000  # the most items each of val and test get
 SPLIT_NAMES = ("train", "val", "test")
+ITEMS_FILE = "a text file with one item per line"
 
 
-# ----------------------------------------------------------------------------- reading
-
-
-def read_items(path: str | Path) -> list[str]:
-    """The items of a UTF-8 text file, one per line: stripped, blank lines skipped, duplicates
-    dropped (the first occurrence keeps its place)."""
+def read_data_file(path: str | Path, kind: str) -> tuple[bytes, Path]:
+    """(the bytes of the file at `path`, its absolute path); a DataError where it is missing, a
+    directory, a pipe or a device."""
     path = Path(path).expanduser()
     where = path.resolve()
     if not path.exists():
-        raise DataError(
-            f"no data file at {where}; point data.path=... at a text file with one item per line "
-            f"(python data/prepare.py builds data/names.txt)"
-        )
-    if path.is_dir():
-        raise DataError(
-            f"data path {where} is a directory; "
-            f"set data.path=... to a text file with one item per line"
-        )
+        hint = " (python data/prepare.py builds data/names.txt)" if kind == ITEMS_FILE else ""
+        raise DataError(f"no data file at {where}; point data.path=... at {kind}{hint}")
     if not path.is_file():
-        raise DataError(
-            f"data path {where} is not a regular file (a pipe or device?); "
-            f"set data.path=... to a text file with one item per line"
-        )
-    raw = path.read_bytes()
+        what = "a directory" if path.is_dir() else "not a regular file (a pipe or device?)"
+        raise DataError(f"data path {where} is {what}; set data.path=... to {kind}")
+    return path.read_bytes(), where
+
+
+def read_items(path: str | Path) -> list[str]:
+    """The items of a UTF-8 file, one per line: stripped, no blanks, no duplicates, in order."""
+    raw, where = read_data_file(path, ITEMS_FILE)
     text = decode_utf8(raw, where)
     if "\r" in text and "\n" not in text.strip():
         raise DataError(
@@ -86,9 +67,6 @@ def read_items(path: str | Path) -> list[str]:
     return items
 
 
-# ----------------------------------------------------------------------------- splitting
-
-
 @dataclass(frozen=True)
 class Split:
     """Disjoint train/val/test lists of items. Treat the lists as read-only: `where` caches them."""
@@ -105,6 +83,10 @@ class Split:
         """ "train", "val" or "test": the split that holds `item`; None for an item in none."""
         return self._split_of.get(item)
 
+    def describe(self) -> str:
+        """e.g. "25,910 train / 1,000 val / 1,000 test items"."""
+        return f"{len(self.train):,} train / {len(self.val):,} val / {len(self.test):,} test items"
+
     def to_dict(self) -> dict[str, list[str]]:
         """Plain lists (safe for torch.load(weights_only=True) and JSON)."""
         return {name: list(getattr(self, name)) for name in SPLIT_NAMES}
@@ -119,35 +101,25 @@ class Split:
 
 
 def split_items(items: Sequence[str], seed: int) -> Split:
-    """Shuffle with `random.Random(seed)`; test and val get min(1000, 10%) items each (at least
-    one), train the rest. The same items and seed always give the same split."""
+    """Shuffled by `random.Random(seed)`: test and val get min(1000, 10%) items each (at least
+    one), train the rest."""
     if len(items) < len(SPLIT_NAMES):
         raise DataError(
             f"only {len(items)} item(s); splitting needs at least 3, one for each of train/val/test"
         )
     shuffled = list(items)
     random.Random(seed).shuffle(shuffled)
-    n_eval = max(1, min(MAX_EVAL_ITEMS, len(shuffled) // 10))
-    return Split(
-        train=shuffled[2 * n_eval :],
-        val=shuffled[n_eval : 2 * n_eval],
-        test=shuffled[:n_eval],
-    )
-
-
-# ----------------------------------------------------------------------------- encoding
+    n = max(1, min(MAX_EVAL_ITEMS, len(shuffled) // 10))
+    return Split(train=shuffled[2 * n :], val=shuffled[n : 2 * n], test=shuffled[:n])
 
 
 def block_size_for(items: Sequence[str]) -> int:
     """The smallest block_size that fits every item: the longest item plus the boundary token."""
-    if not items:
-        raise DataError("no items to size the block from")
     return max(map(len, items)) + 1
 
 
 def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
-    """A DataError naming the first item longer than block_size - 1 characters (by its number and
-    first characters: an item may be a whole 20,000-character line)."""
+    """A DataError naming the first item longer than block_size - 1 (by number and start)."""
     too_long = next((i for i, item in enumerate(items) if len(item) > block_size - 1), None)
     if too_long is None:
         return
@@ -178,7 +150,6 @@ def encode_items(
     # filled[i, j] is True where row i has a character at position j; row-major boolean
     # assignment puts the flat ids back item by item, in order
     filled = torch.arange(block_size - 1)[None, :] < lengths[:, None]  # (N, block_size - 1)
-
     X = torch.full((n, block_size), BOUNDARY_ID, dtype=torch.long)
     X[:, 1:][filled] = flat
     Y = torch.full((n, block_size), IGNORE_ID, dtype=torch.long)
@@ -187,35 +158,14 @@ def encode_items(
     return X, Y
 
 
-# ----------------------------------------------------------------------------- batching
-
-
 class BatchSampler:
-    """Random batches of indices into N items: a fresh permutation each epoch, taken in
-    consecutive slices of `batch_size`. A batch that reaches the end of one permutation takes the
-    rest from the start of the next, so every batch has exactly `batch_size` indices and every
-    epoch visits every index exactly once. `state_dict`/`load_state_dict` resume the exact
-    sequence."""
+    """Batches of indices into N items: a fresh permutation each epoch, cut into consecutive
+    batches that run on into the next epoch; `state_dict` resumes the exact sequence."""
 
-    def __init__(
-        self,
-        n: int,
-        batch_size: int,
-        seed: int,
-        lengths: Tensor | None = None,
-        group_by_length: int = 0,
-    ):
-        if n < 1 or batch_size < 1:
-            raise ValueError(
-                f"BatchSampler needs n >= 1 and batch_size >= 1, got {n}, {batch_size}"
-            )
-        self.n = n
-        self.batch_size = batch_size
-        self.seed = seed
-        if group_by_length and (lengths is None or len(lengths) != n):
-            raise ValueError("group_by_length needs the n item lengths")
-        self.lengths = lengths
-        self.group_by_length = group_by_length
+    def __init__(self, n: int, batch_size: int, seed: int, lengths=None, group_by_length=0):
+        assert n >= 1 and batch_size >= 1, f"needs n, batch_size >= 1, got {n}, {batch_size}"
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.lengths, self.group_by_length = lengths, group_by_length
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch = 0  # permutations drawn so far; the current one is number `epoch`
         self.position = 0  # indices of the current permutation already handed out
@@ -228,29 +178,17 @@ class BatchSampler:
         return max(self.epoch - 1, 0) + self.position / self.n if self._perm is not None else 0.0
 
     def _draw_order(self) -> Tensor:
-        """One epoch's order of the indices: a random permutation; with `group_by_length` = k, each
-        run of k * batch_size consecutive indices is sorted by length and cut into batches, and the
-        batches are shuffled, so a batch holds items of similar length (less padding to compute)
-        while what goes into each batch stays random."""
+        """One epoch's order: a random permutation; with `group_by_length` = k, runs of
+        k * batch_size indices sorted by length, cut into batches, the batches shuffled."""
         perm = torch.randperm(self.n, generator=self.generator)
         if not self.group_by_length or self.n <= self.batch_size:
             return perm
-        chunk = self.group_by_length * self.batch_size
         pieces = []
-        for start in range(0, self.n, chunk):
-            part = perm[start : start + chunk]
-            part = part[
-                torch.sort(self.lengths[part], stable=True).indices
-            ]  # by length, within the chunk
-            pieces.extend(part.split(self.batch_size))
-        order = torch.randperm(len(pieces), generator=self.generator)  # batches in random order
+        for part in perm.split(self.group_by_length * self.batch_size):
+            by_length = torch.sort(self.lengths[part], stable=True).indices
+            pieces.extend(part[by_length].split(self.batch_size))
+        order = torch.randperm(len(pieces), generator=self.generator)
         return torch.cat([pieces[i] for i in order.tolist()])
-
-    def _next_permutation(self) -> None:
-        self._state_before_perm = self.generator.get_state()
-        self._perm = self._draw_order()
-        self.epoch += 1
-        self.position = 0
 
     def next_batch(self) -> Tensor:
         """The next `batch_size` indices, a LongTensor on the CPU."""
@@ -258,7 +196,8 @@ class BatchSampler:
         need = self.batch_size
         while need:
             if self._perm is None or self.position == self.n:
-                self._next_permutation()
+                self._state_before_perm = self.generator.get_state()
+                self._perm, self.epoch, self.position = self._draw_order(), self.epoch + 1, 0
             take = min(need, self.n - self.position)
             parts.append(self._perm[self.position : self.position + take])
             self.position += take
@@ -267,17 +206,10 @@ class BatchSampler:
 
     def state_dict(self) -> dict:
         """Plain containers: ints and the generator state (a uint8 tensor)."""
-        generator_state = (
-            self._state_before_perm if self._perm is not None else self.generator.get_state()
-        )
-        return {
-            "n": self.n,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "position": self.position,
-            "generator_state": generator_state.clone(),
-        }
+        drawn = self._perm is not None
+        state = self._state_before_perm if drawn else self.generator.get_state()
+        keys = ("n", "batch_size", "seed", "epoch", "position")
+        return {**{k: getattr(self, k) for k in keys}, "generator_state": state.clone()}
 
     def load_state_dict(self, state: dict) -> None:
         if state["n"] != self.n:
@@ -285,45 +217,55 @@ class BatchSampler:
                 f"sampler state is for {state['n']} items but this sampler has {self.n}; "
                 f"resume with the same data and split"
             )
-        self.batch_size = state["batch_size"]
-        self.seed = state["seed"]
+        for k in ("batch_size", "seed", "epoch", "position"):
+            setattr(self, k, state[k])
         self.generator.set_state(state["generator_state"])
-        self.epoch = state["epoch"]
-        self.position = state["position"]
-        if self.epoch > 0:  # redraw the current permutation from the state just before it
+        self._perm = self._state_before_perm = None
+        if self.epoch > 0:
+            # redraw the current permutation from the state just before it
             self._state_before_perm = state["generator_state"].clone()
             self._perm = self._draw_order()
-        else:
-            self._perm = self._state_before_perm = None
 
 
-class CharDataset:
-    """One split's encoded rows X, Y (N, block_size) on a device, handed out in batches.
+class ItemBatches(BatchSampler):
+    """Training batches of items: `next(rank, batch_size)` gives this rank's (x, y) (B, T), its
+    number of targets and the global batch's, like text.WindowBatches."""
 
-    With `trim` (the default) a batch keeps only the columns its longest item needs (its length
-    plus one, for the boundary token): names average about 7 characters against a block of about
-    16, so most of the padding never reaches the model."""
+    def __init__(self, dataset: CharDataset, global_batch: int, seed: int, group_by_length=0):
+        super().__init__(len(dataset), global_batch, seed, dataset.lengths, group_by_length)
+        self.dataset = dataset
+
+    def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
+        # (global batch,) indices, the same on every rank
+        idx = self.next_batch()
+        mine = idx[rank * batch_size : (rank + 1) * batch_size]
+        x, y = self.dataset.batch(mine)
+        # targets: each item's characters and its end token
+        lengths = self.dataset.lengths
+        return x, y, int((lengths[mine] + 1).sum()), int((lengths[idx] + 1).sum())
+
+
+class Rows:
+    """Evaluation rows handed out in batches; a subclass gives `__len__` and `batch(idx)`."""
+
+    def iter_batches(self, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """Every row once, in order, in batches of `batch_size` (the last may be smaller)."""
+        for start in range(0, len(self), batch_size):
+            yield self.batch(torch.arange(start, min(start + batch_size, len(self))))
+
+
+class CharDataset(Rows):
+    """One split's rows X, Y (N, block_size) on a device; with `trim`, a batch keeps only the
+    columns its longest item needs (most padding never reaches the model)."""
 
     def __init__(self, X: Tensor, Y: Tensor, device: str | torch.device = "cpu", trim: bool = True):
-        if X.shape != Y.shape or X.dim() != 2:
-            raise ValueError(
-                f"X and Y must both be (N, block_size), got {tuple(X.shape)}, {tuple(Y.shape)}"
-            )
-        self.X = X.to(device)
-        self.Y = Y.to(device)
-        self.trim = trim
+        assert X.shape == Y.shape and X.dim() == 2, f"X, Y not (N, T): {X.shape}, {Y.shape}"
+        self.X, self.Y, self.trim = X.to(device), Y.to(device), trim
         # item lengths stay on the CPU so trimming needs no device sync
         self.lengths = (Y >= 0).sum(dim=1).cpu() - 1  # (N,) characters per item
 
     @classmethod
-    def from_items(
-        cls,
-        items: Sequence[str],
-        tokenizer: CharTokenizer,
-        block_size: int,
-        device: str | torch.device = "cpu",
-        trim: bool = True,
-    ) -> CharDataset:
+    def from_items(cls, items, tokenizer, block_size, device="cpu", trim=True) -> CharDataset:
         return cls(*encode_items(items, tokenizer, block_size), device=device, trim=trim)
 
     @property
@@ -337,41 +279,8 @@ class CharDataset:
         """(x, y) for the rows `idx`, each (B, T) with T <= block_size."""
         idx = idx.cpu()
         width = int(self.lengths[idx].max()) + 1 if self.trim else self.block_size
-        if self.X.is_cuda:  # a pinned source lets the copy run without waiting for the GPU
+        # a pinned source lets the copy run without waiting for the GPU
+        if self.X.is_cuda:
             idx = idx.pin_memory()
         rows = idx.to(self.X.device, non_blocking=True)
         return self.X[rows, :width], self.Y[rows, :width]
-
-    def iter_batches(self, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """Every row once, in order, in batches of `batch_size` (the last may be smaller)."""
-        for start in range(0, len(self), batch_size):
-            yield self.batch(torch.arange(start, min(start + batch_size, len(self))))
-
-
-class ItemBatches:
-    """Training batches of whole items: `next(rank, batch_size)` gives this rank's (x, y) (B, T),
-    its number of targets and the global batch's. The same interface as text.WindowBatches."""
-
-    def __init__(self, dataset: CharDataset, global_batch: int, seed: int, group_by_length=0):
-        self.dataset = dataset
-        self.sampler = BatchSampler(
-            len(dataset), global_batch, seed, dataset.lengths, group_by_length
-        )
-
-    def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
-        idx = self.sampler.next_batch()  # (global batch,) indices, the same on every rank
-        lengths = self.dataset.lengths
-        mine = idx[rank * batch_size : (rank + 1) * batch_size]
-        x, y = self.dataset.batch(mine)  # (B, T) each
-        # targets: each item's characters and its end token
-        return x, y, int((lengths[mine] + 1).sum()), int((lengths[idx] + 1).sum())
-
-    @property
-    def epochs_done(self) -> float:
-        return self.sampler.epochs_done
-
-    def state_dict(self) -> dict:
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state)

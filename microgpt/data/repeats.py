@@ -1,21 +1,14 @@
 """Sequences of repeated random spans: the probe of induction and in-context copying, and the
-training data of the induction experiment (Elhage et al. 2021, Olsson et al. 2022).
-
-A row is the boundary token, a span of L random characters, then the same span again:
+training data of the induction experiment (Elhage et al. 2021, Olsson et al. 2022). A row is the
+boundary token, a span of L random characters, then the same span again:
 
     x = [0, s1, s2, ..., sL, s1, s2, ..., sL, 0...]    # then padding up to the block
     y = [s1, s2, ..., sL, s1, s2, ..., sL, -1, -1...]  # the next token; -1 is ignored
 
-The first copy cannot be predicted (at best the loss is about ln of the characters left); in the
-repeat, from s2 on, each character is the one after the previous occurrence of the current one:
-an induction head (attend to the token after an earlier occurrence of this one, copy it) predicts
-it. The loss is compared on the same targets in both copies, s2..sL: the first copy's at
-positions 1..L-1, the repeat's at positions L+1..2L-1 (s1 of the repeat, at position L, is
-unpredictable and counted in neither).
-
-`repeated_spans` draws the characters of each span from the ids 1..vocab_size-1 (never the
-boundary), without replacement when L allows (so each character's earlier occurrence is unique),
-with a torch.Generator: the same seed gives the same rows, on any machine.
+The first copy cannot be predicted; in the repeat, from s2 on, an induction head (attend to the
+token after an earlier occurrence of this one, copy it) predicts each character. The loss is
+compared on the same targets s2..sL in both copies: the first copy's at positions 1..L-1, the
+repeat's at L+1..2L-1. A seeded torch.Generator gives the same rows on any machine.
 """
 
 from __future__ import annotations
@@ -25,19 +18,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from microgpt.data.lines import IGNORE_ID
 from microgpt.system import available_memory, gib
 from microgpt.tokenizer import BOUNDARY_ID
 
-IGNORE_ID = -1  # a padded target, skipped by the loss
-# what generating one character of repeat_items costs at its peak: the generator's (N, T) tensors,
-# the Python lists and strings, the encoded dataset (about 60 bytes measured)
+# the peak memory of generating one character of repeat_items (about 60 bytes measured)
 REPEAT_CHAR_BYTES = 100
 
 
 @dataclass
 class Repeats:
-    """Rows of repeated spans: x, y (N, T) and, per row, where its two copies' comparable
-    targets are: first (N, T) and repeat (N, T) bool masks over the target positions."""
+    """Rows of repeated spans x, y (N, T), and bool masks (N, T) of the comparable targets in the
+    first copy and in the repeat."""
 
     x: Tensor
     y: Tensor
@@ -84,15 +76,10 @@ def repeated_spans(
     distinct: bool = True,
     fill: bool = False,
 ) -> Repeats:
-    """n rows of a boundary token and a random span repeated twice.
-
-    span: L, or (lo, hi) for a length drawn uniformly in lo..hi per row. block_size: the row
-    width (default 2 * L_max + 1). distinct: a span's characters are all different when
-    L <= vocab_size - 1. fill: the two copies start after a random number of random characters
-    and the row is filled to its end with random characters (no padding), so that neither the
-    position nor the length of the span tells where the earlier copy is: the training rows of
-    the induction experiment.
-    """
+    """n rows of a boundary token and a random span (L, or a length in (lo, hi)) repeated twice;
+    block_size: the row width (default 2 * L_max + 1). distinct: a span's characters all differ
+    (when L < vocab_size). fill: the copies start after random characters and random characters
+    fill the row, so nothing but the content tells where the earlier copy is (training rows)."""
     lo, hi = (span, span) if isinstance(span, int) else span
     chars = vocab_size - 1
     T = _row_width(span, lo, hi, chars, block_size)
@@ -127,21 +114,18 @@ def repeated_spans(
 
 
 def repeat_items(n: int, chars: str, span: tuple[int, int], length: int, seed: int) -> list[str]:
-    """n strings of `length` characters from `chars`, each holding a random span of distinct
-    characters (length drawn in span = (lo, hi)) twice in a row, after a random number of
-    random characters and followed by more: the items of the induction experiment's data
-    (`data.format=repeats`). The same arguments give the same items."""
-    if len(set(chars)) != len(chars) or not chars:
-        raise ValueError(f"chars={chars!r} must be distinct characters, at least one")
+    """The items of `data.format=repeats`: n strings of `length` characters from `chars`, each
+    holding a span of distinct characters (length in span = (lo, hi)) twice, amid random ones."""
     g = torch.Generator().manual_seed(seed)
     rows = repeated_spans(n, len(chars) + 1, span, g, block_size=length + 1, fill=True)
     table = [""] + list(chars)  # id -> character; the rows' ids 1..len(chars)
     return ["".join(table[i] for i in row) for row in rows.x[:, 1:].tolist()]
 
 
-def check_repeats(chars: str, span: tuple, length: int, items: int, seed: int) -> None:
-    """repeat_items' settings (data.repeats), before anything is generated: a ValueError names the
+def check_repeats(r) -> None:
+    """data.repeats (a config.RepeatsConfig), before anything is generated: a ValueError names the
     setting and why, down to the memory the items would take."""
+    chars, span, length, items = r.chars, list(r.span), r.length, r.items
     if not chars or len(set(chars)) != len(chars):
         raise ValueError(
             f"data.repeats.chars={chars!r} must be distinct characters, at least one: the "
@@ -149,15 +133,15 @@ def check_repeats(chars: str, span: tuple, length: int, items: int, seed: int) -
         )
     if not (len(span) == 2 and 1 <= span[0] <= span[1] and 2 * span[1] <= length):
         raise ValueError(
-            f"data.repeats.span={list(span)} must be [lo, hi] with 1 <= lo <= hi and two "
+            f"data.repeats.span={span} must be [lo, hi] with 1 <= lo <= hi and two "
             f"copies fitting data.repeats.length={length} (hi <= {max(0, length // 2)})"
         )
     if items < 3:
         raise ValueError(
             f"data.repeats.items={items} must be at least 3 (one each for train, val and test)"
         )
-    if not 0 <= seed < 2**63:
-        raise ValueError(f"data.repeats.seed={seed} must be in [0, 2**63)")
+    if not 0 <= r.seed < 2**63:
+        raise ValueError(f"data.repeats.seed={r.seed} must be in [0, 2**63)")
     # per item: its characters, and a random order of the whole vocabulary (_random_spans)
     need = items * ((length + 1) * REPEAT_CHAR_BYTES + 12 * len(chars))
     free = available_memory(torch.device("cpu"))

@@ -1,30 +1,17 @@
-"""Continuous text (`data.format=text`): one stream of characters, split into contiguous slices,
-trained on random windows and evaluated over every character of a split.
+"""Continuous text (`data.format=text`): one stream of characters, split into contiguous slices
+(the first 90% train, then 5% val, 5% test), trained on random windows and evaluated over every
+character of a split.
 
-    text = read_text("data/shakespeare.txt")      # checked, BOM dropped, \\n line ends, NFC
-    tok = CharTokenizer.from_items([text])        # the vocabulary of the whole file
-    ids = encode_text(text, tok)                  # (N,) uint8 (int16/int32: large vocabularies)
-    split = TextSplit.of(len(ids), digest, T)     # the first 90% train, then 5% val, 5% test
-    batches = WindowBatches(split.part(ids, "train"), T, global_batch=64, seed=0)
-    x, y, n_mine, n_global = batches.next(rank=0, batch_size=64)   # (B, T) each
-    val = TextWindows(split.part(ids, "val"), T)          # for evaluate() and analysis
-
-A training window is `block_size + 1` consecutive characters from a uniformly random start in
-the train slice: x its first block_size, y its last. The start positions come from a seeded
-torch.Generator whose state is saved in last.pt, so a resumed run draws the same windows.
-
-Evaluation cuts a split into non-overlapping windows of block_size targets, the last one shorter
-(its padding is ignored): every character of the split but the first is predicted exactly once,
-with between 0 and block_size - 1 characters of context (the window's start). The loss is nats per
+A training window is `block_size + 1` consecutive characters from a uniformly random start in the
+train slice: x its first block_size, y its last. The starts come from a seeded torch.Generator
+whose state is saved in last.pt, so a resumed run draws the same windows. Evaluation cuts a split
+into non-overlapping windows of block_size targets, the last one shorter (its padding ignored):
+every character of the split but the first is predicted exactly once. The loss is nats per
 character; bits per character = nats / ln 2.
-
-Memorisation: `VerbatimIndex(train ids).longest(sample)` is the length of the longest stretch of
-the sample that appears verbatim in the training text (an index of its 4-grams; exact).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import unicodedata
 from dataclasses import dataclass
@@ -34,29 +21,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from microgpt.data.lines import IGNORE_ID, Rows, read_data_file
 from microgpt.errors import DataError, decode_utf8
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)  # train, val, test: contiguous, in this order
-IGNORE_ID = -1  # the target of padded positions (the loss ignores it)
 DEFAULT_BLOCK_SIZE = 128  # model.block_size=null in text mode
 PROBE_LENGTH = 64  # characters of the validation passage drawn in the attention maps
 ENCODE_CHUNK = 1 << 22  # characters converted at once: bounds the memory of encoding a big file
 
 
-# ----------------------------------------------------------------------------- reading
-
-
 def read_text(path: str | Path) -> str:
-    """The characters of a UTF-8 text file: a leading byte-order mark dropped, \\r\\n and lone \\r
-    line ends turned into \\n, NFC-normalised. A missing, empty, binary or non-UTF-8 file is a
-    DataError naming the file and the fix."""
-    path = Path(path).expanduser()
-    where = path.resolve()
-    if not path.is_file():
-        what = "is a directory" if path.is_dir() else "does not exist or is not a regular file"
-        raise DataError(f"data path {where} {what}; set data.path=... to a text file")
-    raw = path.read_bytes()
+    """The characters of a UTF-8 file: no byte-order mark, \\n line ends, NFC; a missing, empty,
+    binary or non-UTF-8 file is a DataError."""
+    raw, where = read_data_file(path, "a text file")
     if b"\0" in raw:
         raise DataError(
             f"data file {where} holds NUL bytes: it looks binary, not text; "
@@ -64,27 +42,21 @@ def read_text(path: str | Path) -> str:
         )
     text = decode_utf8(raw, where)
     del raw
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = unicodedata.normalize("NFC", text)
+    text = unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n"))
     if not text.strip():
         raise DataError(f"data file {where} is empty (or only whitespace); put some text in it")
     return text
 
 
-def id_dtype(vocab_size: int) -> torch.dtype:
-    """The smallest integer dtype that holds every id."""
-    if vocab_size <= 256:
-        return torch.uint8
-    return torch.int16 if vocab_size <= 2**15 else torch.int32
-
-
 def encode_text(text: str, tokenizer: CharTokenizer) -> Tensor:
-    """(N,) ids of the characters of `text`, in the smallest dtype that holds them (uint8 for up
-    to 255 characters). Vectorised, a few million characters at a time: no list per character."""
-    table = np.full(0x110000, -1, dtype=np.int32)  # code point -> id; -1: not in the vocabulary
+    """(N,) ids of `text` in the smallest dtype that holds them, a few million at a time."""
+    # code point -> id; -1: not in the vocabulary
+    table = np.full(0x110000, -1, dtype=np.int32)
     for c, i in tokenizer.stoi.items():
         table[ord(c)] = i
-    out = torch.empty(len(text), dtype=id_dtype(tokenizer.vocab_size))
+    V = tokenizer.vocab_size
+    dtype = torch.uint8 if V <= 256 else torch.int16 if V <= 2**15 else torch.int32
+    out = torch.empty(len(text), dtype=dtype)
     for start in range(0, len(text), ENCODE_CHUNK):
         piece = text[start : start + ENCODE_CHUNK]
         ids = table[np.frombuffer(piece.encode("utf-32-le"), np.uint32)]
@@ -93,14 +65,6 @@ def encode_text(text: str, tokenizer: CharTokenizer) -> Tensor:
             raise DataError(f"characters outside the vocabulary: {''.join(unknown)!r}")
         out[start : start + len(ids)] = torch.from_numpy(ids).to(out.dtype)
     return out
-
-
-def text_digest(text: str) -> str:
-    """A short content hash of the (normalised) text: a resume or a later analysis checks it."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-# ----------------------------------------------------------------------------- splitting
 
 
 @dataclass(frozen=True)
@@ -113,11 +77,11 @@ class TextSplit:
 
     @classmethod
     def of(cls, n: int, digest: str, block_size: int, source: str = "the text") -> TextSplit:
-        """The first 90% train, the next 5% val, the last 5% test. Each split needs at least
-        block_size + 1 characters (one whole window): a shorter text is a DataError with sizes."""
+        """The split of n characters; a slice shorter than one window is a DataError."""
         a = int(n * SPLIT_FRACTIONS[0])
         b = a + int(n * SPLIT_FRACTIONS[1])
-        sizes = (a, b - a, n - b)
+        split = cls((a, b, n), digest)
+        sizes = split.sizes()
         need = block_size + 1
         if min(sizes) < need:
             raise DataError(
@@ -127,7 +91,7 @@ class TextSplit:
                 f"{math.ceil(need / min(SPLIT_FRACTIONS)):,}; use a longer text or a smaller "
                 f"model.block_size"
             )
-        return cls((a, b, n), digest)
+        return split
 
     def sizes(self) -> tuple[int, int, int]:
         a, b, n = self.bounds
@@ -152,34 +116,40 @@ class TextSplit:
         return cls(tuple(int(b) for b in d["bounds"]), str(d["digest"]))
 
 
-# ----------------------------------------------------------------------------- windows
+class WindowBatches:
+    """Training batches of random windows of the train ids, like lines.ItemBatches; the starts
+    come from a seeded generator and `state_dict` resumes the exact sequence."""
 
-
-class WindowSampler:
-    """Random window starts in [0, n): `batch_size` at a time from a seeded generator.
-    `state_dict`/`load_state_dict` resume the exact sequence."""
-
-    def __init__(self, n: int, batch_size: int, seed: int):
-        if n < 1 or batch_size < 1:
-            raise ValueError(
-                f"WindowSampler needs n >= 1 and batch_size >= 1, got {n}, {batch_size}"
+    def __init__(self, ids: Tensor, block_size: int, global_batch: int, seed: int, device="cpu"):
+        if len(ids) < block_size + 1:
+            raise DataError(
+                f"{len(ids)} training characters cannot fill a window of {block_size + 1}"
             )
-        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.ids, self.block_size, self.device = ids, block_size, torch.device(device)
+        # window starts are drawn in [0, n)
+        self.n, self.batch_size, self.seed = len(ids) - block_size, global_batch, seed
         self.generator = torch.Generator().manual_seed(seed)
         self.drawn = 0  # windows handed out so far
+        self.offsets = torch.arange(block_size + 1)  # (T + 1,)
 
-    def next_batch(self) -> Tensor:
+    def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
+        # (global batch,) starts, the same on every rank
+        starts = torch.randint(self.n, (self.batch_size,), generator=self.generator)
         self.drawn += self.batch_size
-        return torch.randint(self.n, (self.batch_size,), generator=self.generator)
+        mine = starts[rank * batch_size : (rank + 1) * batch_size]
+        windows = self.ids[mine[:, None] + self.offsets].long()  # (B, T + 1)
+        windows = windows.to(self.device, non_blocking=True)
+        x, y = windows[:, :-1], windows[:, 1:]  # (B, T) each
+        return x, y, len(mine) * self.block_size, len(starts) * self.block_size
+
+    @property
+    def epochs_done(self) -> float:
+        return self.drawn * self.block_size / len(self.ids)
 
     def state_dict(self) -> dict:
-        return {
-            "n": self.n,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "drawn": self.drawn,
-            "generator_state": self.generator.get_state().clone(),
-        }
+        keys = ("n", "batch_size", "seed", "drawn")
+        state = self.generator.get_state().clone()
+        return {**{k: getattr(self, k) for k in keys}, "generator_state": state}
 
     def load_state_dict(self, state: dict) -> None:
         if state["n"] != self.n:
@@ -191,54 +161,16 @@ class WindowSampler:
         self.generator.set_state(state["generator_state"])
 
 
-class WindowBatches:
-    """Training batches of random windows of the train ids: `next(rank, batch_size)` gives this
-    rank's (x, y) (B, T) on `device`, its number of targets and the global batch's."""
-
-    def __init__(self, ids: Tensor, block_size: int, global_batch: int, seed: int, device="cpu"):
-        if len(ids) < block_size + 1:
-            raise DataError(
-                f"{len(ids)} training characters cannot fill a window of {block_size + 1}"
-            )
-        self.ids, self.block_size, self.device = ids, block_size, torch.device(device)
-        self.sampler = WindowSampler(len(ids) - block_size, global_batch, seed)
-        self.offsets = torch.arange(block_size + 1)  # (T + 1,)
-
-    def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
-        starts = self.sampler.next_batch()  # (global batch,), the same on every rank
-        mine = starts[rank * batch_size : (rank + 1) * batch_size]
-        windows = self.ids[mine[:, None] + self.offsets].long()  # (B, T + 1)
-        windows = windows.to(self.device, non_blocking=True)
-        x, y = windows[:, :-1], windows[:, 1:]  # (B, T) each
-        return x, y, len(mine) * self.block_size, len(starts) * self.block_size
-
-    @property
-    def epochs_done(self) -> float:
-        return self.sampler.drawn * self.block_size / len(self.ids)
-
-    def state_dict(self) -> dict:
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state)
-
-
-class TextWindows:
-    """One split cut into non-overlapping windows for evaluation: row i predicts characters
-    i*T + 1 .. (i+1)*T of the split from the T before each; the last row is shorter (its padding
-    has target IGNORE_ID). Every character but the first is a target exactly once."""
+class TextWindows(Rows):
+    """One split in non-overlapping windows for evaluation: row i predicts characters
+    i*T + 1 .. (i+1)*T; the last row is padded with IGNORE_ID targets."""
 
     def __init__(self, ids: Tensor, block_size: int, device="cpu"):
-        if len(ids) < 2:
-            raise DataError("a split needs at least 2 characters to evaluate")
+        assert len(ids) >= 2, "a split needs at least 2 characters to evaluate"
         self.ids, self.block_size, self.device = ids, block_size, torch.device(device)
 
     def __len__(self) -> int:
         return math.ceil((len(self.ids) - 1) / self.block_size)
-
-    @property
-    def targets(self) -> int:
-        return len(self.ids) - 1
 
     def batch(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         """(x, y) (B, T) for the windows `idx`; the last window's tail is padding."""
@@ -250,15 +182,9 @@ class TextWindows:
         y = windows[:, 1:].masked_fill(~real[:, 1:], IGNORE_ID)
         return x.to(self.device), y.to(self.device)
 
-    def iter_batches(self, batch_size: int):
-        """Every window once, in order, `batch_size` at a time (the last batch may be smaller)."""
-        for start in range(0, len(self), batch_size):
-            yield self.batch(torch.arange(start, min(start + batch_size, len(self))))
-
 
 def probe_passage(ids: Tensor, length: int = PROBE_LENGTH, newline_id: int | None = None) -> Tensor:
-    """A fixed passage of the validation ids for the attention maps: `length` ids from the start of
-    its first whole line (where it has a newline early enough), else from its start."""
+    """`length` validation ids for the attention maps, from the start of a line where one fits."""
     start = 0
     if newline_id is not None:
         hits = (ids[: max(len(ids) - length, 0)] == newline_id).nonzero()
@@ -267,13 +193,9 @@ def probe_passage(ids: Tensor, length: int = PROBE_LENGTH, newline_id: int | Non
     return ids[start : start + length]
 
 
-# ----------------------------------------------------------------------------- memorisation
-
-
 class VerbatimIndex:
-    """Answers "does this stretch appear verbatim in the text?" and "how long is the longest
-    stretch of this sample that does?" exactly, over an index of the text's 4-grams (its sorted
-    codes and their positions: about 16 bytes per character, built once)."""
+    """Which stretches of a sample appear verbatim in the text, exactly, over an index of the
+    text's 4-grams (sorted codes and positions: about 16 bytes per character)."""
 
     def __init__(self, ids: Tensor, vocab_size: int):
         self.ids = ids = ids.numpy()  # compact: uint8 for most texts
@@ -294,16 +216,11 @@ class VerbatimIndex:
         lo = 0
         for k in range(self.Q):
             lo = lo * self.base + (int(gram[k]) if k < len(gram) else 0)
-        width = self.base ** (self.Q - len(gram))
-        return (
-            int(np.searchsorted(self.codes, lo, "left")),
-            int(np.searchsorted(self.codes, lo + width, "left")),
-        )
+        hi = lo + self.base ** (self.Q - len(gram))
+        return int(np.searchsorted(self.codes, lo)), int(np.searchsorted(self.codes, hi))
 
     def contains(self, stretch) -> bool:
         s = np.asarray(stretch, dtype=np.int64)
-        if len(s) == 0:
-            return True
         if len(s) <= self.Q:
             lo, hi = self._range(s)
             return hi > lo
@@ -313,8 +230,6 @@ class VerbatimIndex:
         lo, hi = ranges[k]
         starts = self.order[lo:hi] - k
         starts = starts[(starts >= 0) & (starts + len(s) <= len(self.ids))]
-        if len(starts) == 0:
-            return False
         return bool((self.ids[starts[:, None] + np.arange(len(s))] == s).all(axis=1).any())
 
     def longest(self, sample) -> tuple[int, int]:

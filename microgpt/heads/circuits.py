@@ -1,40 +1,20 @@
 """Whether a head matters (importance) and what it reads and writes (its layer-0 circuits).
 
-Plain functions on a GPT and batches of rows (x, y) (microgpt.heads.analyse.length_batches);
-losses are mean nats per real target (y >= 0), each batch weighted by its targets.
-
-**Importance** of a head is the rise in loss when it alone is ablated:
-
-- zero: its output times 0 before W_O (`scaled_heads`, a head_mask of ones with a 0 there);
-- mean: its output replaced by its mean over every real position of the rows;
-- position mean: its output at position t replaced by its mean at t over the rows with a real
-  query there (the ablation that is fair to a positional head, whose output depends on t);
-- gradient (Michel et al. 2019): the mean over the rows (examples) of |d loss(row) / d mask_h|
-  at all ones, with loss(row) the row's mean nats per real target; per-row masks (B, L, H) give
-  every row's gradient of every head in one backward pass per batch. Unsigned: how sensitive each
-  row's loss is to the head, not the sign of a mean derivative that training drives to zero.
-
-Every intervention (scaling, replacing or capturing the heads' outputs) is a forward hook on the
-model's one hook point before W_O, `attn.hook_z` (`hooked_heads`), which every attention
-implementation passes.
-
-**Circuits at layer 0**, through the embeddings (Elhage et al. 2021), for each layer-0 head h
-with e_a = norm1(wte[a]) the attention's input for token a (position embeddings left out):
-
-- QK[a, b] = (e_a W_Q^h) . (e_b W_K^h) / sqrt(hd): the score a query token a gives a key token b;
-- OV[b, c] = lm_head(W_O^h (e_b W_V^h))[c]: how much attending to token b raises the logit of
-  token c, on the direct path to the output (the final norm and later layers left out);
-- copying: the OV matrix's eigenvalues l as sum(l) / sum(|l|) (its real part; Elhage et al.'s
-  measure), from -1 to 1: 1 for a head that raises the token it reads (copying), -1 for one
-  lowering it, 0 for none (a random matrix's eigenvalues: mean 0, their sum is its trace).
+Functions on a GPT and batches of rows (x, y); losses are mean nats per real target (y >= 0). Every
+intervention is a forward hook on the one hook point before W_O, `attn.hook_z`. A head's
+importance is the loss rise when it alone is zeroed, or replaced by its mean output (over every
+real position, or at each position: fair to a positional head); its gradient importance (Michel
+et al. 2019) the mean over rows of |d loss(row) / d mask_h|, a sensitivity. Layer 0's circuits
+through the embeddings (Elhage et al. 2021), e_a = norm1(wte[a]): QK[a, b] = (e_a W_Q) . (e_b W_K)
+/ sqrt(hd); OV[b, c] = lm_head(W_O (e_b W_V))[c], the rise of c's logit when attending to b;
+copying = sum(l) / sum(|l|) over OV's eigenvalues, 1 raising the token read, -1 lowering it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -46,9 +26,31 @@ def model_heads(model) -> tuple[int, int, int]:
     return c.n_layer, c.n_head, c.head_dim
 
 
-def keep_all(model, device) -> Tensor:
+def keep_all(model, device, drop: tuple[int, int] | None = None) -> Tensor:
+    """A head mask (L, H) of ones: every head kept, but for `drop` (layer, head), zeroed."""
     L, H, _ = model_heads(model)
-    return torch.ones(L, H, device=device)
+    mask = torch.ones(L, H, device=device)
+    if drop is not None:
+        mask[drop] = 0.0
+    return mask
+
+
+def each_head(model, measure: Callable[[int, int], float]) -> Tensor:
+    """(L, H) float64: measure(layer, head) for every head."""
+    L, H, _ = model_heads(model)
+    values = [[measure(layer, h) for h in range(H)] for layer in range(L)]
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def token_losses(logits: Tensor, y: Tensor) -> Tensor:
+    """(B, T, V), (B, T) -> (B, T) cross-entropy per position (0 where y = -1)."""
+    B, T, V = logits.shape
+    # (B, T, V) -> (B*T, V) and (B, T) -> (B*T,): one loss per position
+    flat = F.cross_entropy(
+        logits.reshape(B * T, V).float(), y.reshape(B * T), ignore_index=-1, reduction="none"
+    )
+    # (B*T,) -> (B, T)
+    return flat.view(B, T)
 
 
 # ----------------------------------------------------------------------------- interventions
@@ -70,9 +72,9 @@ def hooked_heads(model, hook) -> Iterator[None]:
 
 
 def scaled_heads(model, head_mask: Tensor | None):
-    """While open, head h of layer l outputs head_mask[l, h] times its output (1 keeps it, 0 is
-    the zero ablation; a mask that requires grad gives d loss / d mask). A mask (B, L, H) scales
-    each row of a batch of B rows by its own (L, H). None: no intervention."""
+    """While open, head h of layer l outputs head_mask[l, h] times its output (a mask that
+    requires grad gives d loss / d mask); a mask (B, L, H) scales each row by its own (L, H).
+    None: no intervention."""
     if head_mask is None:
         return contextlib.nullcontext()
     L, H, _ = model_heads(model)
@@ -89,26 +91,22 @@ def scaled_heads(model, head_mask: Tensor | None):
     return hooked_heads(model, lambda layer, z: z * scale[layer].to(z.dtype))
 
 
-def replaced_heads(model, replace: Tensor, values: Tensor):
-    """While open, each head where `replace` (L, H) is True outputs values[l, h] instead of its
-    own output: (L, H, hd) the same at every position, or (L, H, T, hd) one per position (a batch
-    of width T' <= T takes the first T')."""
-    heads = [replace[layer].nonzero().flatten().tolist() for layer in range(len(model.blocks))]
-    # per layer: (k, hd) or (k, T, hd) for its k replaced heads
-    chosen = [values[layer, h] for layer, h in enumerate(heads)]
+def replaced_head(model, layer: int, head: int, value: Tensor):
+    """While open, the head outputs `value` instead of its own output: (hd,) at every position,
+    or (T, hd) one per position (a batch of width T' <= T takes the first T')."""
 
-    def hook(layer, z):
-        if not heads[layer]:
+    def hook(at: int, z: Tensor) -> Tensor | None:
+        if at != layer:
             return None
-        v = chosen[layer]
-        if v.dim() == 3:
-            # (k, T, hd) -> (k, T', hd) -> (T', k, hd)
-            v = v[:, : z.shape[1]].transpose(0, 1)
         z = z.clone()
-        z[..., heads[layer], :] = v.to(z)
+        # z (B, T', H, hd): the head's (B, T', hd) gets value (hd,) or value[:T'] (T', hd)
+        z[:, :, head] = (value if value.dim() == 1 else value[: z.shape[1]]).to(z)
         return z
 
     return hooked_heads(model, hook)
+
+
+# ----------------------------------------------------------------------------- importance
 
 
 @torch.no_grad()
@@ -124,34 +122,29 @@ def batches_loss(model, batches, head_mask: Tensor | None = None) -> float:
 
 
 def zero_importance(model, batches, base: float) -> Tensor:
-    keep = keep_all(model, batches[0][0].device)
-    L, H = keep.shape
-    out = torch.zeros(L, H, dtype=torch.float64)
-    for layer, h in itertools.product(range(L), range(H)):
-        mask = keep.clone()
-        mask[layer, h] = 0.0
-        out[layer, h] = batches_loss(model, batches, mask) - base
-    return out
+    device = batches[0][0].device
+
+    def rise(layer: int, h: int) -> float:
+        return batches_loss(model, batches, keep_all(model, device, drop=(layer, h))) - base
+
+    return each_head(model, rise)
 
 
 def mean_importance(model, batches, base: float, means: Tensor) -> Tensor:
     """means: (L, H, hd) for the mean ablation, (L, H, T, hd) for the per-position one."""
-    L, H, _ = model_heads(model)
-    out = torch.zeros(L, H, dtype=torch.float64)
-    device = batches[0][0].device
-    for layer, h in itertools.product(range(L), range(H)):
-        replace = torch.zeros(L, H, dtype=torch.bool)
-        replace[layer, h] = True
-        with replaced_heads(model, replace, means.to(device)):
-            out[layer, h] = batches_loss(model, batches) - base
-    return out
+    means = means.to(batches[0][0].device)
+
+    def rise(layer: int, h: int) -> float:
+        with replaced_head(model, layer, h, means[layer, h]):
+            return batches_loss(model, batches) - base
+
+    return each_head(model, rise)
 
 
 def gradient_importance(model, batches) -> Tensor:
     """(L, H) the mean over the rows with a real target of |d loss(row) / d head_mask| at all
-    ones (Michel et al. 2019), loss(row) its mean nats per real target: one backward pass per
-    batch through per-row masks (B, L, H). The parameters' .grad are left untouched. Call outside
-    torch.inference_mode."""
+    ones, loss(row) its mean nats per real target. The parameters' .grad are left untouched.
+    Call outside torch.inference_mode."""
     L, H, _ = model_heads(model)
     total = torch.zeros(L, H, dtype=torch.float64)
     rows = 0
@@ -160,17 +153,9 @@ def gradient_importance(model, batches) -> Tensor:
             mask = torch.ones(x.shape[0], L, H, device=x.device, requires_grad=True)
             with scaled_heads(model, mask):
                 logits, _ = model(x)
-            B, T, V = logits.shape
-            # (B*T, V), (B*T,) -> (B, T): each position's loss, 0 at padding
-            per_token = F.cross_entropy(
-                logits.reshape(B * T, V).float(),
-                y.reshape(B * T),
-                ignore_index=-1,
-                reduction="none",
-            ).view(B, T)
             real = (y >= 0).sum(dim=1)  # (B,)
             # row i's loss depends on mask[i] alone: the sum's gradient is every row's own
-            row_loss = per_token.sum(dim=1) / real.clamp(min=1)
+            row_loss = token_losses(logits, y).sum(dim=1) / real.clamp(min=1)
             grad = torch.autograd.grad(row_loss.sum(), mask)[0]  # (B, L, H)
             total += grad[real > 0].abs().sum(dim=0).double().cpu()
             rows += int((real > 0).sum())
@@ -200,16 +185,12 @@ def rank_correlation(a: Tensor, b: Tensor) -> float:
         return math.nan
 
     def ranks(v: Tensor) -> Tensor:
-        order = torch.argsort(v, stable=True)
-        r = torch.empty_like(v)
-        r[order] = torch.arange(len(v), dtype=v.dtype)
-        for value in v.unique():  # ties: their mean rank
-            same = v == value
-            r[same] = r[same].mean()
-        return r
+        _, inverse, counts = torch.unique(v, return_inverse=True, return_counts=True)
+        first = counts.cumsum(0) - counts  # each distinct value's first rank, in sorted order
+        r = (first + (counts - 1) / 2).double()[inverse]  # ties: their mean rank
+        return r - r.mean()
 
     ra, rb = ranks(a), ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
     denom = float(ra.norm() * rb.norm())
     return float((ra * rb).sum()) / denom if denom > 0 else math.nan
 
@@ -235,16 +216,12 @@ def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
     e = block.norm1(model.wte.weight)  # (V, C): the attention's input for each token
     q, k, v = block.attn.qkv(e).split([C, kv_dim, kv_dim], dim=1)  # (V, C), 2 x (V, kv_dim)
     wo = block.attn.proj.weight  # (C, C): column block h is head h's W_O
-    wu = model.lm_head.weight  # (V, C)
-    qk, ov, copying = [], [], []
+    qk, ov = [], []
     for h in range(H):
-        g = h // group  # the key/value head it reads
-        q_h = q[:, h * hd : (h + 1) * hd]  # (V, hd)
-        k_h = k[:, g * hd : (g + 1) * hd]  # (V, hd)
-        v_h = v[:, g * hd : (g + 1) * hd]  # (V, hd)
-        qk.append(q_h @ k_h.T / math.sqrt(hd))  # (V, V)
-        written = v_h @ wo[:, h * hd : (h + 1) * hd].T  # (V, hd) @ (hd, C) -> (V, C)
-        table = (written @ wu.T).double()  # (V, C) @ (C, V) -> (V, V): [key token, output token]
-        ov.append(table)
-        copying.append(copying_score(table))
-    return tuple(torch.stack(t).double().cpu() for t in (qk, ov, copying))
+        # the query head's channels, and those of the key/value head it reads
+        mine, read = slice(h * hd, (h + 1) * hd), slice(h // group * hd, (h // group + 1) * hd)
+        qk.append(q[:, mine] @ k[:, read].T / math.sqrt(hd))  # (V, hd) @ (hd, V) -> (V, V)
+        written = v[:, read] @ wo[:, mine].T  # (V, hd) @ (hd, C) -> (V, C)
+        ov.append(written @ model.lm_head.weight.T)  # (V, C) @ (C, V) -> [key, output token]
+    qk, ov = torch.stack(qk).double().cpu(), torch.stack(ov).double().cpu()
+    return qk, ov, torch.stack([copying_score(t) for t in ov])

@@ -3,17 +3,14 @@
     python -m microgpt.heads outputs/<date>/<time>                     # its best.pt, else last.pt
     python -m microgpt.heads outputs/<date>/<time>/checkpoints/step-000500.pt
 
-Analyses the checkpoint on the validation split stored in it (microgpt.heads.analyse), prints a
-row per head, and writes the analysis into the run folder named after the checkpoint
-(microgpt.runs: heads-best.json and heads-best.md for best.pt, heads-step-000500.json for
-step-000500.pt, ...), so an analysis never replaces another checkpoint's.
+Prints a row per head on the checkpoint's validation split and writes the analysis beside it,
+named after the checkpoint (heads-best.json and .md, heads-step-000500.json, ...: runs.RunFolder).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -27,7 +24,7 @@ from microgpt.files import write_text
 from microgpt.heads.analyse import HeadsError, analyse
 from microgpt.heads.report import HeadReport
 from microgpt.system import DEVICES, check_threads, pick_device, set_threads
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 
 ANALYSIS_TARGETS = 16384  # the command analyses the first validation rows holding this many targets
 
@@ -48,9 +45,9 @@ def analyse_checkpoint(
     """(the report on the checkpoint's validation split, the run, the checkpoint); `path` is a run
     folder, its checkpoints/ folder or a checkpoint (runs.resolve)."""
     run, ckpt_path = runs.resolve(path)
-    ckpt = load_checkpoint(ckpt_path)
-    model, tokenizer = model_from_checkpoint(ckpt, device, ckpt_path)
-    split = ckpt.get("split") or {}
+    ckpt = Checkpoint.load(ckpt_path)
+    model, tokenizer = ckpt.build_model(device)
+    split = ckpt.split or {}
     if not split.get("val") and split.get("format") != "text":
         raise HeadsError(f"{ckpt_path} stores no validation split to analyse the heads on")
     data = data_of_checkpoint(ckpt, device)
@@ -59,7 +56,7 @@ def analyse_checkpoint(
     keep = int(((y >= 0).sum(dim=1).cumsum(0) <= ANALYSIS_TARGETS).sum().clamp(min=1))
     x, y = x[:keep], y[:keep]  # every name; the first 128 windows of 128 characters of a text
     report = analyse(model, x, y, tokenizer, training_counts(data))
-    report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.get("step")}
+    report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.step}
     return report, run, ckpt_path
 
 
@@ -68,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m microgpt.heads",
         description="What each head of a trained run does, and whether it matters.",
     )
-    parser.add_argument("run", help="a run folder (outputs/<date>/<time>) or a checkpoint file")
-    parser.add_argument("--device", default="cpu", help="where to run the model (default: cpu)")
-    parser.add_argument(
+    add = parser.add_argument
+    add("run", help="a run folder (outputs/<date>/<time>) or a checkpoint file")
+    add("--device", default="cpu", help="where to run the model (default: cpu)")
+    add(
         "--threads",
         default="auto",
         help="CPU threads: auto (the cores this process may use, or OMP_NUM_THREADS) or a number",
@@ -101,7 +99,3 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     print(f"wrote {json_path} and {md_path} ({report.seconds:.1f} s)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,6 +20,7 @@ PRUNE_TOLERANCE = 0.01  # nats: the loss rise a pruned model may have
 MIN_MASS = 0.5  # a pattern names a head when it holds at least this share of its attention...
 MIN_LIFT = 1.5  # ...and at least this many times what uniform attention would put there
 RARE_FRACTION = 0.2  # the `rare` class: the least frequent fifth of the characters
+THRESHOLDS = {"min_mass": MIN_MASS, "min_lift": MIN_LIFT, "rare_fraction": RARE_FRACTION}
 # what the JSON's less obvious numbers measure (written beside them, under "measures")
 MEASURES = {
     "gradient_importance": "mean over rows of |d loss(row) / d head_mask|, Michel et al. 2019",
@@ -142,7 +143,7 @@ class HeadReport:
         out = {
             **{k: getattr(self, k) for k in ("n_layer", "n_head", "items", "tokens", "loss")},
             "roles": list(ROLES),
-            "thresholds": thresholds(),
+            "thresholds": THRESHOLDS,
             "heads": heads,
             "correlations": {k: _number(v) for k, v in self.correlations.items()},
             "probe": self.probe.to_dict() if self.probe is not None else None,
@@ -167,28 +168,25 @@ class HeadReport:
 
     def _head_dict(self, layer: int, h: int) -> dict:
         at = (layer, h)
-        patterns = {
+        row = {"layer": layer, "head": h, "role": self.roles[layer][h]}
+        row["score"] = float(self.scores[at])
+        row["patterns"] = {
             k: {"mass": float(m[at]), "lift": float(self.lift[k][at])} for k, m in self.mass.items()
         }
-        row = {
-            "layer": layer,
-            "head": h,
-            "role": self.roles[layer][h],
-            "score": float(self.scores[layer, h]),
-            "patterns": patterns,
-            "entropy": float(self.entropy[layer, h]),
-            "spread": float(self.spread[layer, h]),
-            "start": float(self.start[layer, h]),
-            "offsets": self.offsets[layer, h].tolist(),
-            "zero_importance": float(self.zero_importance[layer, h]),
-            "mean_importance": float(self.mean_importance[layer, h]),
-            "position_mean_importance": float(self.position_importance[layer, h]),
-            "gradient_importance": float(self.gradient[layer, h]),
+        values = {
+            "entropy": self.entropy,
+            "spread": self.spread,
+            "start": self.start,
+            "offsets": self.offsets,
+            "zero_importance": self.zero_importance,
+            "mean_importance": self.mean_importance,
+            "position_mean_importance": self.position_importance,
+            "gradient_importance": self.gradient,
         }
         if self.probe is not None:
-            row["induction"] = float(self.probe.prefix[layer, h])
-            row["duplicate"] = float(self.probe.duplicate[layer, h])
-            row["repeat_loss_ablated"] = float(self.probe.ablated[layer, h])
+            p = self.probe
+            values.update(induction=p.prefix, duplicate=p.duplicate, repeat_loss_ablated=p.ablated)
+        row |= {name: v[at].tolist() for name, v in values.items()}
         if layer == 0 and self.copying is not None:
             row["copying"] = float(self.copying[h])
         return row
@@ -230,8 +228,8 @@ class HeadReport:
             f"\nLoss {self.loss:.4f} nats/char over {self.items:,} items ({self.tokens:,} "
             f"characters). Prunable: {self.prunable} of {total} heads removed together raise it "
             f"by < {self.tolerance:g} nats ({gone}).",
-            f"Role: a pattern holding mass >= {thresholds()['min_mass']} of the attention at "
-            f"lift >= {thresholds()['min_lift']} (times uniform attention); score = the role's "
+            f"Role: a pattern holding mass >= {THRESHOLDS['min_mass']} of the attention at "
+            f"lift >= {THRESHOLDS['min_lift']} (times uniform attention); score = the role's "
             f"mass (mixed: the largest above-chance mass). Importance = loss rise (nats) when the "
             f"head is zeroed, or replaced by its mean at each position; gradient = the mean over "
             f"rows of |d loss(row) / d head_mask| (Michel et al. 2019); copying (layer 0) = "
@@ -292,7 +290,3 @@ def read_analysis(path: Path) -> tuple[dict[str, float], int | None] | None:
 def _cell(label: str) -> str:
     """A token as a markdown table cell: whitespace and pipes made visible."""
     return {"\n": "\\n", " ": "␣", "\t": "\\t", "|": "\\|"}.get(label, label)
-
-
-def thresholds() -> dict[str, float]:
-    return {"min_mass": MIN_MASS, "min_lift": MIN_LIFT, "rare_fraction": RARE_FRACTION}

@@ -19,7 +19,7 @@ from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
 from microgpt.sample.generate import SamplingError
 from microgpt.sample.report import PASSAGE_LENGTH, sample_names, sample_passages
 from microgpt.system import available_memory, gib, pick_device, set_threads
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 
 PROJECT = Path(__file__).resolve().parents[2]  # relative data paths are also tried from here
 NAMES, PASSAGES = 20, 3  # num_samples=null: names of a lines run, passages of a text run
@@ -48,7 +48,7 @@ class SampleResult:
 
 
 def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=RUN_ROOTS) -> Path:
-    """`ckpt` (load_checkpoint says what is wrong with it, if anything); else the default
+    """`ckpt` (Checkpoint.load says what is wrong with it, if anything); else the default
     checkpoint of the run `run` names; else that of the newest run under `roots`."""
     if ckpt is not None:
         return Path(ckpt).expanduser()
@@ -118,26 +118,26 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
     device = pick_device(c.device, SamplingError)
     set_threads(c.threads)
     path = find_checkpoint(c.ckpt, c.run)
-    ckpt = load_checkpoint(path, map_location="cpu")
-    data_path = (ckpt.get("train_config") or {}).get("data", {}).get("path")
-    text_run = ((ckpt.get("train_config") or {}).get("data") or {}).get("format") == "text"
+    ckpt = Checkpoint.load(path, map_location="cpu")
+    data_path = ckpt.data.get("path")
+    text_run = ckpt.data.get("format") == "text"
     try:
-        split = Split.from_dict(ckpt["split"]) if "split" in ckpt else None
+        split = Split.from_dict(ckpt.split) if ckpt.split is not None else None
     except DataError:
         split = None
     lists = ("train", "val", "test") if not text_run else ()  # a text run's split: no items
     items = {i for name in lists for i in getattr(split, name, None) or []}
     out = check_out(c.out, path, data_path, c.overwrite, items)
-    model, tokenizer = model_from_checkpoint(ckpt, device=device, path=path)
+    model, tokenizer = ckpt.build_model(device)
     count = c.num_samples if c.num_samples is not None else (PASSAGES if text_run else NAMES)
     check_items_fit(count, (c.max_len or PASSAGE_LENGTH) if text_run else model.config.block_size)
     seed = c.seed if c.seed is not None else int.from_bytes(os.urandom(4), "little")
     shown, notes = _sample(c, ckpt, text_run, model, tokenizer, split, count, seed, progress)
 
-    metrics = ckpt.get("metrics")
+    metrics = ckpt.metrics
     metrics = metrics if isinstance(metrics, dict) else {}  # a hand-edited one: shown as n/a
     val_loss = metrics.get("val_loss", metrics.get("best_val_loss"))
-    step = ckpt.get("step")
+    step = ckpt.step
     loss = f"{val_loss:.4f}" if isinstance(val_loss, (int, float)) else "n/a"
     header = (
         f"checkpoint {path} (step {'?' if step is None else step}, val loss {loss}), seed {seed}"

@@ -1,22 +1,14 @@
-"""Save (atomically) and load (safely) a self-describing checkpoint.
-
-A checkpoint is a dict of plain containers and tensors only, so it loads with
-`torch.load(weights_only=True)` and nothing in it can run code: format and version, `model` (the
-plain module's state_dict), `model_config`, `tokenizer`, `train_config`, `step`, `metrics`,
-`split` (the items of each split), `run_id`, `resume` (last.pt: optimizer, schedule, RNG states,
-data order) and `checksum`: "sha256:<hex>" of everything else, checked at load, so a flipped or
-zeroed byte is an error naming the file, never weights that load silently. A save goes through
-microgpt.files.atomic_write: a process killed at any moment leaves the previous checkpoint whole.
-"""
+"""A self-describing checkpoint, the typed `Checkpoint`: on disk a dict of plain containers and
+tensors (loaded with weights_only=True: nothing in it runs code) with a sha256 checksum checked at
+load, saved atomically (files.atomic_write: a killed save leaves the previous checkpoint whole)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import pickle
-import random
 import zipfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -29,17 +21,167 @@ from microgpt.tokenizer import CharTokenizer
 
 FORMAT = "microgpt-checkpoint"
 VERSION = 1
-REQUIRED_KEYS = ("model", "model_config", "tokenizer")
-ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive; anything else is never unpickled
+# torch.save writes a zip archive; anything else is never unpickled
+ZIP_MAGIC = b"PK\x03\x04"
+# Settings that may differ when a run is resumed; every other setting must match the checkpoint's.
+RESUMABLE_CHANGES = (
+    "train.max_steps", "train.eval_every", "train.save_every", "train.eval_batch_size",
+    "train.log_every", "train.num_samples", "train.progress", "train.compile", "train.precision",
+    # the data's content (items, split, tokenizer) must match, wherever it lies
+    "data.path", "data.prepare", "log.", "device", "threads", "out_dir", "resume",
+)  # fmt: skip
 
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be used; the message names the file and the problem."""
 
 
+@dataclass
+class Checkpoint:
+    """The plain module's state_dict and what rebuilds it, the run's settings, step, metrics and
+    split; `resume` (last.pt only): what an exact resume needs (optimizer, sampler, RNG, ...)."""
+
+    model: dict
+    model_config: dict
+    tokenizer: dict
+    train_config: dict | None = None
+    step: int | None = None
+    metrics: dict = field(default_factory=dict)
+    split: dict | None = None
+    run_id: str | None = None
+    data_sha256: str | None = None
+    resume: dict | None = None
+    # where it was loaded from (not saved), for its errors
+    path: Path = field(default=Path("checkpoint"), compare=False)
+
+    @property
+    def data(self) -> dict:
+        """The run's data settings (path, format); {} where the checkpoint names none."""
+        data = (self.train_config or {}).get("data")
+        return data if isinstance(data, dict) else {}
+
+    def to_dict(self) -> dict:
+        """What is saved: format, version and the fields (no `resume` in a weights-only one)."""
+        saved = [f.name for f in fields(self) if f.name != "path"]
+        saved = [k for k in saved if k != "resume" or self.resume is not None]
+        return {"format": FORMAT, "version": VERSION, **{k: getattr(self, k) for k in saved}}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write it with its checksum to `path` atomically; a failed write (a full or read-only
+        disk) is a CheckpointError saying which checkpoint of the run is whole, how to resume."""
+        path, full = Path(path), self.to_dict()
+        full["checksum"] = checksum(full)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(path) as f:
+                torch.save(full, f)
+        # torch.save reports a failed write as RuntimeError
+        except (OSError, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and "write" not in str(e):
+                raise
+            last = path.parent / "last.pt"
+            # an atomic write that failed left last.pt as it was
+            kept = (
+                f"the last good checkpoint, {last}, is whole: free the space (or fix the "
+                f"permissions), then continue with python train.py resume={last}"
+                if last.is_file()
+                else "no checkpoint of this run was written yet: free the space, then start again"
+            )
+            raise CheckpointError(f"cannot write {path}: {_why(e)}; {kept}") from None
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, map_location="cpu") -> Checkpoint:
+        """Load with torch.load(weights_only=True), the checksum checked; a CheckpointError
+        naming the file if it cannot be used."""
+        path = Path(path)
+        raw = _read(path, map_location)
+        names = {f.name for f in fields(cls)} - {"path"}
+        required = {"model", "model_config", "tokenizer"}
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT or not required <= raw.keys():
+            problem = f"is not a microgpt checkpoint (no {FORMAT!r} format marker or model)"
+        elif (version := raw.get("version", 0)) > VERSION:
+            problem = f"was written by a newer microgpt (checkpoint version {version} > {VERSION})"
+            problem += "; upgrade"
+        elif "checksum" in raw and raw["checksum"] != checksum(raw):
+            problem = (
+                "is corrupt: its content does not match the checksum written with it (a changed, "
+                "flipped or zeroed byte); use another checkpoint (best.pt or last.pt of the run, "
+                "or an earlier step-N.pt)"
+            )
+        else:
+            return cls(**{k: v for k, v in raw.items() if k in names}, path=path)
+        raise CheckpointError(f"{path} {problem}")
+
+    def build_model(self, device="cpu") -> tuple[GPT, CharTokenizer]:
+        """The model (in eval mode, on `device`) and its tokenizer."""
+        try:
+            config = GPTConfig(**self.model_config)
+            tokenizer = CharTokenizer.from_dict(self.tokenizer)
+            model = GPT(config)
+            model.load_state_dict(self.model)
+        except (TypeError, ValueError, RuntimeError, KeyError) as e:
+            raise CheckpointError(
+                f"{self.path} holds a model that cannot be rebuilt: {_first_line(e)}"
+            ) from None
+        if tokenizer.vocab_size != config.vocab_size:
+            raise CheckpointError(
+                f"{self.path} does not hang together: its tokenizer has {tokenizer.vocab_size} "
+                f"symbols but its model's vocabulary has {config.vocab_size}; use an unedited "
+                f"checkpoint"
+            )
+        return model.to(device).eval(), tokenizer
+
+    def check_resumable(self, current: Checkpoint, global_batch: int, world_size: int) -> None:
+        """Refuse a resume from this last.pt into the run whose own checkpoint would be `current`,
+        naming what differs: settings, model, data, the global batch, or no steps left."""
+        if self.resume is None:
+            raise CheckpointError(
+                f"{self.path} has no training state to resume from (best.pt holds weights only); "
+                f"resume from checkpoints/last.pt"
+            )
+        config, mine = current.train_config, current.model_config
+        _check_settings(self.train_config, config, self.path)
+        differing = sorted(k for k, v in self.model_config.items() if v != mine.get(k))
+        same_data = self.split == current.split and self.tokenizer == current.tokenizer
+        was, now = self.data.get("path"), config["data"]["path"]
+        max_steps, saved_batch = config["train"]["max_steps"], self.resume["sampler"]["batch_size"]
+        ranks = self.resume.get("world_size", 1)
+        if differing:
+            why = f"the model differs in {', '.join(differing)}"
+        # another file named: the data of a run cannot change
+        elif not same_data and was != now:
+            why = (
+                f"the data of a run cannot change, and data.path={now} holds other data than the "
+                f"run's {was}; resume with the run's own data (or a copy of it), or start a new "
+                f"run on {now}"
+            )
+        elif not same_data:
+            why = (
+                f"{now} no longer holds the data the run was trained on (different items or "
+                f"split); restore it or start a new run"
+            )
+        elif self.step >= max_steps:
+            raise ConfigError(
+                f"nothing to resume: {self.path} is at step {self.step} and train.max_steps="
+                f"{max_steps}; pass a larger train.max_steps to train on"
+            )
+        # the data order is drawn per global batch
+        elif saved_batch != global_batch:
+            why = (
+                f"it was trained with a global batch of {saved_batch} ({ranks} "
+                f"rank{'s' if ranks != 1 else ''}) but this run's is {global_batch} "
+                f"(train.batch_size={config['train']['batch_size']} x {world_size} ranks); "
+                f"resume on {ranks} rank(s)"
+            )
+        else:
+            return
+        raise ConfigError(f"cannot resume from {self.path}: {why}")
+
+
 def checksum(checkpoint: dict) -> str:
-    """ "sha256:<hex>" of a checkpoint's content, its own checksum left out: each tensor's dtype,
-    shape and bytes, every other value's repr, in key order (the same on any device)."""
+    """ "sha256:<hex>" of a checkpoint's content but its checksum: each tensor's dtype, shape and
+    bytes, every other value's repr, in key order (the same on any device)."""
     h = hashlib.sha256()
 
     def feed(x) -> None:
@@ -64,48 +206,21 @@ def checksum(checkpoint: dict) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
-    """Write `checkpoint` with its checksum to `path` atomically: temporary file, flush, fsync,
-    rename. A failed write (a full or read-only disk) is a CheckpointError that says which
-    checkpoint of the run is still whole and how to resume from it."""
-    path = Path(path)
-    full = {"format": FORMAT, "version": VERSION, **checkpoint}
-    full["checksum"] = checksum(full)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(path) as f:
-            torch.save(full, f)
-    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
-        if isinstance(e, RuntimeError) and "write" not in str(e):
-            raise
-        last = path.parent / "last.pt"
-        kept = (
-            f"the last good checkpoint, {last}, is whole: free the space (or fix the "
-            f"permissions), then continue with python train.py resume={last}"
-            if last.is_file()  # an atomic write that failed left it as it was
-            else "no checkpoint of this run was written yet: free the space, then start again"
-        )
-        raise CheckpointError(f"cannot write {path}: {_why(e)}; {kept}") from None
-    return path
-
-
-def _check_file(path: Path) -> None:
-    """A CheckpointError unless `path` is a non-empty regular file that starts as a zip does (a
-    FIFO would block the read forever; a device never ends)."""
+def _read(path: Path, map_location):
+    """torch.load(weights_only=True) of a non-empty regular file that starts as a zip does (a FIFO
+    would block the read forever; a device never ends)."""
     if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    if path.is_dir():
-        raise CheckpointError(
-            f"checkpoint {path} is a folder, not a file (use run=FOLDER to pick a run)"
-        )
-    if not path.is_file():
-        raise CheckpointError(
-            f"checkpoint {path} is not a regular file (a device, FIFO or socket); name a .pt file"
-        )
-    if path.stat().st_size == 0:
-        raise CheckpointError(
-            f"checkpoint {path} is empty (0 bytes): it was never written completely"
-        )
+        problem = "does not exist"
+    elif path.is_dir():
+        problem = "is a folder, not a file (use run=FOLDER to pick a run)"
+    elif not path.is_file():
+        problem = "is not a regular file (a device, FIFO or socket); name a .pt file"
+    elif path.stat().st_size == 0:
+        problem = "is empty (0 bytes): it was never written completely"
+    else:
+        problem = None
+    if problem:
+        raise CheckpointError(f"checkpoint {path} {problem}")
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
@@ -115,15 +230,8 @@ def _check_file(path: Path) -> None:
         raise CheckpointError(
             f"{path} is not a microgpt checkpoint (not a file written by torch.save)"
         )
-
-
-def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
-    """Load a checkpoint with torch.load(weights_only=True), its checksum checked; a
-    CheckpointError naming the file if it cannot be used."""
-    path = Path(path)
-    _check_file(path)
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         if "weights_only" in str(e) or "Unsupported global" in str(e) or "not allowed" in str(e):
             raise CheckpointError(
@@ -137,80 +245,28 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
             f"{path} is truncated or corrupt and cannot be read ({_first_line(e)}); "
             f"use another checkpoint (best.pt or last.pt of the run)"
         ) from None
-    if (
-        not isinstance(ckpt, dict)
-        or ckpt.get("format") != FORMAT
-        or any(k not in ckpt for k in REQUIRED_KEYS)
-    ):
-        raise CheckpointError(
-            f"{path} is not a microgpt checkpoint (no {FORMAT!r} format marker or model)"
-        )
-    if ckpt.get("version", 0) > VERSION:
-        raise CheckpointError(
-            f"{path} was written by a newer microgpt (checkpoint version {ckpt['version']} > "
-            f"{VERSION}); upgrade"
-        )
-    if "checksum" in ckpt and ckpt["checksum"] != checksum(ckpt):
-        raise CheckpointError(
-            f"{path} is corrupt: its content does not match the checksum written with it (a "
-            f"changed, flipped or zeroed byte); use another checkpoint (best.pt or last.pt of "
-            f"the run, or an earlier step-N.pt)"
-        )
-    return ckpt
 
 
 def _why(e: BaseException) -> str:
-    """An OSError's reason in words ("No space left on device"), else the first line."""
+    """An OSError's reason in words ("No space left on device"), else the first sentence."""
     return getattr(e, "strerror", None) or _first_line(e)
 
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return text[0].split(". ")[0][:200] if text else type(e).__name__  # the first sentence
+    return text[0].split(". ")[0][:200] if text else type(e).__name__
 
 
-def model_from_checkpoint(
-    ckpt: dict, device="cpu", path: str | os.PathLike = "checkpoint"
-) -> tuple[GPT, CharTokenizer]:
-    """Rebuild the model (in eval mode, on `device`) and its tokenizer from a loaded checkpoint."""
-    try:
-        config = GPTConfig(**ckpt["model_config"])
-        tokenizer = CharTokenizer.from_dict(ckpt["tokenizer"])
-        model = GPT(config)
-        model.load_state_dict(ckpt["model"])
-    except (TypeError, ValueError, RuntimeError, KeyError) as e:
-        raise CheckpointError(
-            f"{path} holds a model that cannot be rebuilt: {_first_line(e)}"
-        ) from None
-    if tokenizer.vocab_size != config.vocab_size:
-        raise CheckpointError(
-            f"{path} does not hang together: its tokenizer has {tokenizer.vocab_size} symbols but "
-            f"its model's vocabulary has {config.vocab_size}; use an unedited checkpoint"
-        )
-    return model.to(device).eval(), tokenizer
-
-
-# ----------------------------------------------------------------------------- resume state
-
-# Settings that may differ when a run is resumed; every other setting must match the checkpoint's.
-RESUMABLE_CHANGES = (
-    "train.max_steps", "train.eval_every", "train.save_every", "train.eval_batch_size",
-    "train.log_every", "train.num_samples", "train.progress", "train.compile", "train.precision",
-    # the data's content (items, split, tokenizer) must match, wherever it lies
-    "data.path", "data.prepare", "log.", "device", "threads", "out_dir", "resume",
-)  # fmt: skip
-
-
-def check_resume_compatible(saved: dict, current: dict, path: Path) -> None:
+def _check_settings(saved: dict, current: dict, path: Path) -> None:
     """Refuse to resume when a setting outside RESUMABLE_CHANGES differs from the checkpoint's."""
     # a setting added to microgpt after the checkpoint was written counts as its default
-    a = {**flatten(asdict(Config())), **flatten(saved)}
-    b = flatten(current)
-
-    def may_change(key: str) -> bool:
-        return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)
-
-    differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not may_change(k))
+    a, b = {**flatten(asdict(Config())), **flatten(saved)}, flatten(current)
+    # "log." names every setting under log
+    groups = tuple(r for r in RESUMABLE_CHANGES if r.endswith("."))
+    changed = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]
+    differing = sorted(
+        k for k in changed if k not in RESUMABLE_CHANGES and not k.startswith(groups)
+    )
     if differing:
         details = ", ".join(
             f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in differing
@@ -221,74 +277,3 @@ def check_resume_compatible(saved: dict, current: dict, path: Path) -> None:
             f"with the checkpoint's settings (only {allowed} may change), or start a new run "
             f"without resume"
         )
-
-
-def check_resumable(
-    saved: dict, current: dict, path: Path, global_batch: int, world_size: int
-) -> None:
-    """Refuse a resume from `saved` (a loaded last.pt) into the run whose own checkpoint would be
-    `current`, naming what differs: settings, model, data, the global batch, or no steps left."""
-    if "resume" not in saved:
-        raise CheckpointError(
-            f"{path} has no training state to resume from (best.pt holds weights only); "
-            f"resume from checkpoints/last.pt"
-        )
-    config = current["train_config"]
-    check_resume_compatible(saved["train_config"], config, path)
-    mine = current["model_config"]
-    differing = sorted(k for k, v in saved["model_config"].items() if v != mine.get(k))
-    if differing:
-        raise ConfigError(f"cannot resume from {path}: the model differs in {', '.join(differing)}")
-    if saved["split"] != current["split"] or saved["tokenizer"] != current["tokenizer"]:
-        was, now = saved["train_config"]["data"]["path"], config["data"]["path"]
-        if was != now:  # the user named another file: the data of a run cannot change
-            raise ConfigError(
-                f"cannot resume from {path}: the data of a run cannot change, and data.path="
-                f"{now} holds other data than the run's {was}; resume with the run's own data "
-                f"(or a copy of it), or start a new run on {now}"
-            )
-        raise ConfigError(
-            f"cannot resume from {path}: {config['data']['path']} no longer holds the data the "
-            f"run was trained on (different items or split); restore it or start a new run"
-        )
-    max_steps = config["train"]["max_steps"]
-    if saved["step"] >= max_steps:
-        raise ConfigError(
-            f"nothing to resume: {path} is at step {saved['step']} and train.max_steps="
-            f"{max_steps}; pass a larger train.max_steps to train on"
-        )
-    saved_batch = saved["resume"]["sampler"]["batch_size"]
-    if saved_batch != global_batch:  # the data order is drawn per global batch
-        ranks = saved["resume"].get("world_size", 1)
-        raise ConfigError(
-            f"cannot resume from {path}: it was trained with a global batch of {saved_batch} "
-            f"({ranks} rank{'s' if ranks != 1 else ''}) but this run's is {global_batch} "
-            f"(train.batch_size={config['train']['batch_size']} x {world_size} ranks); resume on "
-            f"{ranks} rank(s)"
-        )
-
-
-def rng_state() -> dict:
-    """This process's random state: torch (CPU), Python, and CUDA where it is in use."""
-    version, state, gauss = random.getstate()
-    out = {
-        "torch": torch.get_rng_state(),
-        "python": {"version": version, "state": list(state), "gauss": gauss},
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def _cpu_bytes(t: torch.Tensor) -> torch.Tensor:
-    """RNG states are CPU byte tensors, wherever torch.load's map_location put them."""
-    return t.detach().to("cpu", torch.uint8)
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore rng_state()'s result (from a checkpoint loaded to any device)."""
-    torch.set_rng_state(_cpu_bytes(state["torch"]))
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_cpu_bytes(t) for t in state["cuda"]])

@@ -45,19 +45,15 @@ class LossWindow:
     resumed run logs the same means as one never interrupted."""
 
     def __init__(self, state: dict | None = None):
-        state = state or {}
         # loss: a sum of tensors while running (no device sync)
-        self.loss, self.steps = state.get("loss", 0.0), state.get("steps", 0)
-        self.tokens = state.get("tokens", 0)
+        state = {"loss": 0.0, "steps": 0, "tokens": 0, **(state or {})}
+        self.loss, self.steps, self.tokens = state["loss"], state["steps"], state["tokens"]
         self.start_clock()
 
     def start_clock(self) -> None:
-        """Time training from now: the tokens so far (a resumed window's) are not timed."""
+        """Time training from now: the tokens so far (a resumed window's) are not timed; `paused`
+        gathers the seconds spent on other work (evaluation, checkpoints, the head analysis)."""
         self.time, self.paused, self.untimed = time.perf_counter(), 0.0, self.tokens
-
-    def exclude(self, seconds: float) -> None:
-        # seconds spent on other work (evaluation, checkpoints, the head analysis)
-        self.paused += seconds
 
     def tokens_per_sec(self, now: float) -> float:
         """Training throughput since the clock started, the excluded time apart."""

@@ -20,23 +20,21 @@ def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> to
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    fused = device.type in ("cuda", "cpu")  # one kernel for all parameters
+    # fused: one kernel for all parameters
+    fused = device.type in ("cuda", "cpu")
     return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
 
 
 def fit_warmup(config: Config) -> tuple[Config, str | None]:
     """(the config to train with, the line that says so): a warmup longer than the run (the
-    default 100 steps in `train.max_steps=40`) is cut to a tenth of the run, leaving the rest to
-    the decay it asked for."""
+    default 100 steps in `train.max_steps=40`) is cut to a tenth of the run."""
     o, steps = config.optim, config.train.max_steps
     if o.warmup_steps <= steps:
         return config, None
     fitted = steps // 10
-    line = (
-        f"optim.warmup_steps={o.warmup_steps} is longer than the run (train.max_steps={steps}): "
-        f"using {fitted}"
-    )
-    return dataclasses.replace(config, optim=dataclasses.replace(o, warmup_steps=fitted)), line
+    line = f"optim.warmup_steps={o.warmup_steps} is longer than the run (train.max_steps={steps})"
+    fitted_config = dataclasses.replace(config, optim=dataclasses.replace(o, warmup_steps=fitted))
+    return fitted_config, f"{line}: using {fitted}"
 
 
 def lr_at(step: int, config: Config) -> float:
@@ -58,14 +56,9 @@ class WeightAverage:
     def __init__(self, model: nn.Module, decay: float):
         self.decay = decay
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.state_dict, self.load_state_dict = self.model.state_dict, self.model.load_state_dict
 
     @torch.no_grad()
     def update(self, model: nn.Module, step: int) -> None:
         decay = min(self.decay, (1 + step) / (10 + step))
         torch._foreach_lerp_(list(self.model.parameters()), list(model.parameters()), 1 - decay)
-
-    def state_dict(self) -> dict:
-        return self.model.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state)

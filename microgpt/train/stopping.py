@@ -16,25 +16,16 @@ class TrainingError(RuntimeError):
 class Interrupted(TrainingError):
     """Stopped by SIGINT/SIGTERM after writing last.pt (`checkpoint`), from which it can resume."""
 
-    def __init__(self, message: str, checkpoint: Path):
-        super().__init__(message)
+    def __init__(self, signal_name: str, step: int, max_steps: int, checkpoint: Path):
+        super().__init__(
+            f"{signal_name or 'signal'} received: stopped at step {step} of {max_steps} and wrote "
+            f"{checkpoint}; to continue: python train.py resume={checkpoint}"
+        )
         self.checkpoint = checkpoint
 
 
-def interrupted(signal_name: str, step: int, max_steps: int, last: Path) -> Interrupted:
-    """What a run stopped by a signal says: where it stopped, and how to continue."""
-    return Interrupted(
-        f"{signal_name or 'signal'} received: stopped at step {step} of {max_steps} and wrote "
-        f"{last}; to continue: python train.py resume={last}",
-        checkpoint=last,
-    )
-
-
-def diverged(
-    step: int, loss: float, grad_norm: float, lr: float, last: Path, what: str = ""
-) -> TrainingError:
-    """What went non-finite at which step (being taken, or just taken for the validation loss),
-    and what to try."""
+def diverged(step: int, loss: float, grad_norm: float, lr: float, last: Path, what: str = ""):
+    """The TrainingError saying what went non-finite at `step`, what is kept, what to try."""
     kept = "no checkpoint was written yet"
     if last.exists():
         kept = f"the last good checkpoint, {last}, is kept"
@@ -50,9 +41,7 @@ class StopFlag:
     """The first SIGINT/SIGTERM asks the loop to stop after this step; a second SIGINT stops now."""
 
     def __init__(self):
-        self.requested = False
-        self.signal_name = ""
-        self._previous = {}
+        self.requested, self.signal_name, self._previous = False, "", {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -63,13 +52,12 @@ class StopFlag:
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-        return False
 
     def _handle(self, signum, frame):
-        if self.requested:  # the second one: checkpoint writes are atomic, so stopping is safe
+        # the second one: checkpoint writes are atomic, so stopping at once is safe
+        if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
-        self.signal_name = signal.Signals(signum).name
+        self.requested, self.signal_name = True, signal.Signals(signum).name
         print(
             f"\n{self.signal_name}: stopping after this step and writing checkpoints/last.pt "
             f"(press Ctrl-C again to stop at once)",

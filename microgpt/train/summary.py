@@ -1,9 +1,6 @@
-"""What rank 0 tells about a run: at its start the claimed folder, its config and the summary
-line; while it trains the progress bar and the train loss; at its end the test loss of best.pt's
-weights (as makemore reports it), samples.txt, the HParams row and the last log lines.
-
-The functions take the Trainer (they read its fields and call nothing above it).
-"""
+"""What rank 0 tells about a run: at its start the claimed folder, config and summary line; while
+it trains the progress bar and train loss; at its end best.pt's test loss (as makemore reports
+it), samples.txt and the HParams row. The functions read the Trainer's fields."""
 
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ from tqdm.auto import tqdm
 from microgpt import runs, system
 from microgpt.files import remove_leftovers, write_text
 from microgpt.sample.report import sample_for_run
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import LossWindow, StepResult, evaluate
 from microgpt.viz.tensorboard import TensorBoardLogger
 
@@ -64,8 +61,7 @@ def progress_bar(trainer) -> tqdm:
 
 
 def log_window(trainer, out: StepResult, bar: tqdm) -> dict:
-    """The train loss over the window, summed over ranks; scalars and the bar (rank 0); then a
-    new window."""
+    """The window's train loss, summed over ranks; scalars and the bar (rank 0); a new window."""
     w = trainer.window
     loss = system.sum_over_ranks(float(w.loss), trainer.dist) / w.steps
     now = time.perf_counter()  # after float(): the device has caught up
@@ -85,8 +81,9 @@ def summary(trainer) -> str:
     c, m = trainer.config, trainer.model_config
     kv = f" ({m.n_kv_head} kv heads)" if m.n_kv_head != m.n_head else ""
     precision = "" if trainer.precision == "fp32" else f" {trainer.precision}"
-    world = trainer.dist.world_size
-    ranks = f" ({c.train.batch_size} x {world} ranks)" if trainer.dist.enabled else ""
+    ranks = (
+        f" ({c.train.batch_size} x {trainer.dist.world_size} ranks)" if trainer.dist.enabled else ""
+    )
     return (
         f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads{kv}, "
         f"attn {m.attn_impl}, {trainer.model.num_params():,} parameters | data "
@@ -102,14 +99,10 @@ def summary(trainer) -> str:
 def final_metrics(trainer, metrics: dict, elapsed: float, tokens: int, other_work: float) -> dict:
     """What `train` returns (every rank): the last metrics, the run's size and its throughput
     (training alone: `other_work`, the seconds spent evaluating and saving, left out)."""
-    metrics = {
-        **metrics,
-        "step": trainer.step,
-        "params": trainer.model.num_params(),
-        "elapsed_s": elapsed,
-        "global_batch": trainer.global_batch,
-        "run_dir": str(trainer.out_dir),
-    }
+    metrics = {**metrics, "step": trainer.step, "params": trainer.model.num_params()}
+    metrics.update(
+        elapsed_s=elapsed, global_batch=trainer.global_batch, run_dir=str(trainer.out_dir)
+    )
     if elapsed > other_work and tokens:  # training throughput, as logged
         metrics["tokens_per_sec"] = tokens / (elapsed - other_work)
     return metrics
@@ -121,34 +114,24 @@ def finish(trainer, metrics: dict) -> None:
     best_path = runs.RunFolder(trainer.out_dir).best
     model, best = trainer.eval_model, None
     if best_path.exists():
-        best = load_checkpoint(best_path, map_location="cpu")
-        model, _ = model_from_checkpoint(best, device=trainer.device, path=best_path)
+        best = Checkpoint.load(best_path, map_location="cpu")
+        model, _ = best.build_model(trainer.device)
     test = evaluate(model, trainer.datasets["test"], c.train.eval_batch_size, trainer.autocast)
     metrics["test_loss"] = test
     trainer.writer.scalars(trainer.step, {"loss/test": test})
     if best is not None:  # best.pt gains the test loss
-        best["metrics"]["test_loss"] = test
-        save_checkpoint(best, best_path)
+        best.metrics["test_loss"] = test
+        best.save(best_path)
     lines = []
     if c.train.num_samples:
         shown = sample_for_run(model, trainer.data, c.train.num_samples, seed=c.seed)
         lines = shown.lines
         write_text(trainer.out_dir / "samples.txt", "\n".join(lines) + "\n")
         metrics["samples"] = shown.items
-    hparams = {
-        "heads": m.n_head,
-        "kv_heads": m.n_kv_head,
-        "n_layer": m.n_layer,
-        "n_embd": m.n_embd,
-        "params": metrics["params"],
-        "model": m.name,
-        "attn_impl": m.attn_impl,
-        "batch_size": trainer.global_batch,
-        "lr": c.optim.lr,
-        "max_steps": c.train.max_steps,
-        "dropout": m.dropout,
-        "seed": c.seed,
-    }
+    hparams = {"heads": m.n_head, "kv_heads": m.n_kv_head, "n_layer": m.n_layer, "n_embd": m.n_embd}
+    hparams.update(params=metrics["params"], model=m.name, attn_impl=m.attn_impl)
+    hparams.update(batch_size=trainer.global_batch, lr=c.optim.lr, max_steps=c.train.max_steps)
+    hparams.update(dropout=m.dropout, seed=c.seed)
     keys = ("best_val_loss", "val_loss", "test_loss")
     trainer.writer.hparams(
         hparams, {f"hparams/{k}": metrics[k] for k in keys if k in metrics}, step=trainer.step

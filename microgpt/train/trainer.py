@@ -1,14 +1,7 @@
 """The training loop: data, model, AdamW with warmup and decay, evaluation, checkpoints, logging.
 
-`train(cfg)` takes a composed config (a DictConfig from Hydra, a dict, or a `Config`), runs, and
-returns the final metrics. `Trainer.train_step()` is one optimisation step, the one that
-`run()` and the benchmarks take. Everything a run writes goes under `cfg.out_dir`:
-
-    config.yaml               the resolved config
-    events.out.tfevents.*     TensorBoard: scalars, per-head attention maps, samples, hparams
-    checkpoints/best.pt       the best validation loss so far
-    checkpoints/last.pt       the latest state, with what an exact resume needs
-    samples.txt               the names sampled at the end, marked new or found in a split
+`train(cfg)` takes a composed config (a DictConfig, a dict or a `Config`), runs, and returns the
+final metrics; `Trainer.train_step()` is one optimisation step. What a run writes: microgpt.runs.
 """
 
 from __future__ import annotations
@@ -33,16 +26,10 @@ from microgpt.heads.analyse import analyse, probe_attention
 from microgpt.model import GPT
 from microgpt.sample.report import sample_for_run
 from microgpt.train import summary
-from microgpt.train.checkpoint import (
-    check_resumable,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import LossWindow, StepResult, evaluate
 from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
-from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged, interrupted
+from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged
 from microgpt.viz.tensorboard import TensorBoardLogger, labels_for
 
 log = logging.getLogger("microgpt")
@@ -150,11 +137,8 @@ class Trainer:
         c = self.config
         self.global_batch = c.train.batch_size * self.dist.world_size
         self.batches = self.data.train_batches(self.global_batch, c.seed, c.train.group_by_length)
-        self.step = 0
-        self.best_val_loss = math.inf
-        self.history: dict[str, float] = {}
-        self.window = LossWindow()
-        self.resumed_from: Path | None = None
+        self.step, self.best_val_loss, self.history = 0, math.inf, {}
+        self.window, self.resumed_from = LossWindow(), None
         if self.resume_path is not None:
             self._load_resume(self.resume_path)
 
@@ -227,7 +211,7 @@ class Trainer:
                     self._between_steps(metrics, final)
                     spent = time.perf_counter() - busy
                     other_work += spent
-                    self.window.exclude(spent)
+                    self.window.paused += spent
                     asks = check_every == 1 or self.step % c.train.log_every == 0
                     if asks and not final and system.any_rank(stop.requested, self.dist):
                         self._interrupted(metrics, stop.signal_name)
@@ -256,8 +240,8 @@ class Trainer:
 
     def _interrupted(self, metrics: dict, signal_name: str) -> None:
         self._save_last({**metrics, "interrupted_at": self.step})
-        last = runs.RunFolder(self.out_dir).last
-        raise interrupted(signal_name, self.step, self.config.train.max_steps, last)
+        max_steps, last = self.config.train.max_steps, runs.RunFolder(self.out_dir).last
+        raise Interrupted(signal_name, self.step, max_steps, last)
 
     def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
         step = self.step if what == "validation loss" else self.step + 1
@@ -265,53 +249,46 @@ class Trainer:
 
     # ---- evaluation, checkpoints, logging
 
-    def _checkpoint(self, metrics: dict, model: nn.Module | None = None) -> dict:
-        return {
-            "model": (model or self.model).state_dict(),
-            "model_config": self.model_config.to_dict(),
-            "tokenizer": self.tokenizer.to_dict(),
-            "train_config": self.config.to_dict(),
-            "step": self.step,
-            "metrics": dict(metrics),
-            "split": self.split.to_dict(),
-            "run_id": self.run_id,
-            "data_sha256": self.data_sha256,
-        }
+    def _checkpoint(self, metrics: dict, model: nn.Module | None = None, resume=None) -> Checkpoint:
+        return Checkpoint(
+            model=(model or self.model).state_dict(),
+            model_config=self.model_config.to_dict(),
+            tokenizer=self.tokenizer.to_dict(),
+            train_config=self.config.to_dict(),
+            step=self.step,
+            metrics=dict(metrics),
+            split=self.split.to_dict(),
+            run_id=self.run_id,
+            data_sha256=self.data_sha256,
+            resume=resume,
+        )
 
     def _save_snapshot(self, metrics: dict) -> None:
         """checkpoints/step-NNNNNN.pt: the (averaged) weights and what describes them, no
         optimizer: for sample.py ckpt= and python -m microgpt.heads at this step."""
-        path = runs.RunFolder(self.out_dir).snapshot(self.step)
-        save_checkpoint(self._checkpoint(metrics, self.eval_model), path)
+        self._checkpoint(metrics, self.eval_model).save(
+            runs.RunFolder(self.out_dir).snapshot(self.step)
+        )
 
     def _save_last(self, metrics: dict) -> None:
         """last.pt with the resume state; every rank calls it (each rank's RNG and loss window)."""
-        ranks = system.gather_objects(
-            {"rng": rng_state(), "window": self.window.state_dict()}, self.dist
-        )
-        resume = {
-            "optimizer": self.optimizer.state_dict(),
-            "sampler": self.batches.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
-            "rng": ranks[0]["rng"],  # what a resume on another number of ranks would use
-            "ranks": ranks,
-            "best_val_loss": self.best_val_loss,
-            "world_size": self.dist.world_size,
-        }
+        mine = {"rng": rng_state(), "window": self.window.state_dict()}
+        ranks = system.gather_objects(mine, self.dist)
+        ema = self.ema.state_dict() if self.ema is not None else None
+        resume = {"optimizer": self.optimizer.state_dict(), "sampler": self.batches.state_dict()}
+        # rng: rank 0's, what a resume on another number of ranks uses
+        resume.update(scaler=self.scaler.state_dict(), ema=ema, rng=ranks[0]["rng"], ranks=ranks)
+        resume.update(best_val_loss=self.best_val_loss, world_size=self.dist.world_size)
         last = runs.RunFolder(self.out_dir).last
-        system.run_on_main(
-            lambda: save_checkpoint({**self._checkpoint(metrics), "resume": resume}, last),
-            self.dist,
-        )
+        system.run_on_main(lambda: self._checkpoint(metrics, resume=resume).save(last), self.dist)
 
     def _load_resume(self, path: Path) -> None:
         # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
         # state are copied to the device by load_state_dict
-        ckpt = load_checkpoint(path, map_location="cpu")
-        check_resumable(ckpt, self._checkpoint({}), path, self.global_batch, self.dist.world_size)
-        r = ckpt["resume"]
-        self.model.load_state_dict(ckpt["model"])
+        ckpt = Checkpoint.load(path, map_location="cpu")
+        ckpt.check_resumable(self._checkpoint({}), self.global_batch, self.dist.world_size)
+        r = ckpt.resume
+        self.model.load_state_dict(ckpt.model)
         self.optimizer.load_state_dict(r["optimizer"])
         self.batches.load_state_dict(r["sampler"])
         if self.ema is not None and r.get("ema") is not None:
@@ -325,10 +302,10 @@ class Trainer:
         else:
             set_rng_state(r["rng"])
         self.best_val_loss = r["best_val_loss"]
-        self.step = ckpt["step"]
-        self.history = {k: v for k, v in ckpt["metrics"].items() if k != "interrupted_at"}
+        self.step = ckpt.step
+        self.history = {k: v for k, v in ckpt.metrics.items() if k != "interrupted_at"}
         self.resumed_from = path
-        self.run_id = ckpt.get("run_id")  # None: written before run ids existed
+        self.run_id = ckpt.run_id  # None: written before run ids existed
 
     def _log_heads(self, step: int) -> None:
         """The probe's attention maps and the head analysis on validation items (rank 0)."""
@@ -361,12 +338,32 @@ class Trainer:
         self.writer.samples(self.step, shown.lines)
         if improved:
             best = runs.RunFolder(self.out_dir).best
-            save_checkpoint(self._checkpoint({**metrics, **out}, self.eval_model), best)
+            self._checkpoint({**metrics, **out}, self.eval_model).save(best)
         train_part = f", train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
         log.info(
             f"step {self.step}: val loss {val_loss:.4f} (best {self.best_val_loss:.4f}){train_part}"
         )
         return out
+
+
+def rng_state() -> dict:
+    """This process's random state: torch (CPU), Python, and CUDA where it is in use."""
+    version, state, gauss = random.getstate()
+    python = {"version": version, "state": list(state), "gauss": gauss}
+    out = {"torch": torch.get_rng_state(), "python": python}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore rng_state()'s result (from a checkpoint loaded to any device): RNG states are CPU
+    byte tensors, wherever torch.load's map_location put them."""
+    torch.set_rng_state(state["torch"].detach().to("cpu", torch.uint8))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([t.detach().to("cpu", torch.uint8) for t in state["cuda"]])
 
 
 def train(cfg) -> dict:

@@ -1,3 +1,1 @@
-"""What is drawn and logged: the attention maps and plots (draw), the TensorBoard logger
-(tensorboard).
-"""
+"""What is drawn and logged: attention maps and plots (draw), the TensorBoard logger."""

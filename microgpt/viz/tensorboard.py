@@ -1,18 +1,10 @@
-"""The TensorBoard logger of a training run, and the small helpers it needs.
-
-- `TensorBoardLogger`: scalars (also to metrics.jsonl), attention maps (per head and per layer),
-  entropy, sampled items, one HParams row per run, all in the run's own folder; `.heads` logs a
-  head analysis: summaries under tags every run shares, per-head numbers, offset profiles, the
-  layer-0 circuits, a table and the custom-scalars layout (`heads_layout`). Images are drawn by
-  microgpt.viz.draw.
-- `labels_for`: token ids -> map labels; `sanitize_hparams`: a nested config -> HParams values.
-
-Tags are the same in every run (`attention/layer0/head1`, ...) so runs line up side by side. The
-image tab keeps 10 images per tag unless TensorBoard starts with `--samples_per_plugin images=N`.
-"""
+"""The TensorBoard logger of a training run: scalars (also to metrics.jsonl), per-head attention
+maps, samples, one HParams row and head analyses, all in the run's own folder, under the same tags
+in every run (`attention/layer0/head1`, ...) so that runs line up side by side."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
 import time
@@ -27,18 +19,11 @@ from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
 from microgpt.files import write_text
+from microgpt.heads.analyse import BOUNDARY_LABEL
 from microgpt.heads.report import ROLES, HeadReport
 from microgpt.tokenizer import BOUNDARY_ID
-from microgpt.viz.draw import (
-    compose_layer,
-    map_cell,
-    render_heads,
-    render_offset_profile,
-    render_table,
-)
+from microgpt.viz.draw import compose_layer, render_heads, render_offset_profile, render_table
 
-# The boundary token's label on a map: not ".", which a data file may hold as a real character.
-BOUNDARY_LABEL = "<s>"
 # Characters with no ink, labelled so that a map of a passage shows its spaces and line ends.
 VISIBLE = {" ": "·", "\n": "\\n", "\t": "\\t"}
 METRICS_FILE = "metrics.jsonl"
@@ -60,23 +45,17 @@ def _numpy(x) -> np.ndarray:
 
 
 def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
-    """Nested dicts flattened to dotted keys; values the HParams tab shows: numbers stay numbers,
-    bools "true"/"false" (torch would store 1/0), None "none", anything else its str()."""
+    """Dotted keys -> numbers, "true"/"false" (not torch's 1/0), "none", or else str(value)."""
     out = {}
     for k, v in flatten(hparams).items():
         if isinstance(v, np.generic) or (isinstance(v, torch.Tensor) and v.numel() == 1):
             v = v.item()
-        if v is None:
-            v = "none"
-        elif isinstance(v, bool):
-            v = "true" if v else "false"
-        elif isinstance(v, numbers.Integral):
-            v = int(v)
+        if v is None or isinstance(v, bool):
+            out[str(k)] = {None: "none", True: "true", False: "false"}[v]
         elif isinstance(v, numbers.Real):
-            v = float(v)
-        elif not isinstance(v, str):
-            v = str(v)
-        out[str(k)] = v
+            out[str(k)] = int(v) if isinstance(v, numbers.Integral) else float(v)
+        else:
+            out[str(k)] = str(v)
     return out
 
 
@@ -84,11 +63,15 @@ def read_metrics(path: str | Path) -> list[dict]:
     """The objects of a metrics.jsonl, in order; a last line cut short by a crash is skipped."""
     lines = []
     for text in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
+        with contextlib.suppress(ValueError):
             lines.append(json.loads(text))
-        except ValueError:
-            continue
     return lines
+
+
+def _per_head(tag: str, values) -> dict[str, float]:
+    """(L, H) values -> {tag.format(l=layer, h=head): value}."""
+    L, H = values.shape[:2]
+    return {tag.format(l=a, h=b): float(values[a, b]) for a in range(L) for b in range(H)}
 
 
 class TensorBoardLogger:
@@ -101,14 +84,13 @@ class TensorBoardLogger:
         self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
         # every scalar also goes, one JSON object per call, to metrics.jsonl: written as it goes,
         # so a crash loses at most the last line; a resume drops the lines it will write again
-        self.metrics_path = self.log_dir / METRICS_FILE
-        if purge_step is not None and self.metrics_path.exists():
-            kept = [line for line in read_metrics(self.metrics_path) if line["step"] < purge_step]
-            write_text(self.metrics_path, "".join(json.dumps(line) + "\n" for line in kept))
-        self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
+        metrics = self.log_dir / METRICS_FILE
+        if purge_step is not None and metrics.exists():
+            kept = [line for line in read_metrics(metrics) if line["step"] < purge_step]
+            write_text(metrics, "".join(json.dumps(line) + "\n" for line in kept))
+        self.metrics_file = open(metrics, "a", encoding="utf-8")
         # the last head summaries: HParams metrics too (see hparams)
         self.last_head_summary: dict[str, float] = {}
-        self._layout_written = False
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         """{tag: value}, None skipped: to TensorBoard and a line of metrics.jsonl (every scalar)."""
@@ -121,75 +103,63 @@ class TensorBoardLogger:
         self.metrics_file.flush()
 
     def attention_maps(self, step: int, attention: Sequence, labels: Sequence[str]) -> None:
-        """One probe item's attention per layer, (H, T, Tk) or (1, H, T, Tk), labelled by the Tk
-        tokens: `attention/layer{l}/head{h}` and `attention/layer{l}` (the heads in a grid)."""
+        """Each layer's (H, T, Tk) or (1, H, T, Tk) maps: `attention/layer{l}[/head{h}]`."""
         for layer, att in enumerate(attention):
             w = _numpy(att)
-            if w.ndim == 4 and w.shape[0] == 1:
-                w = w[0]
+            w = w[0] if w.ndim == 4 and w.shape[0] == 1 else w
             if w.ndim != 3:
                 raise ValueError(f"layer {layer} attention must be (H, T, Tk), got {w.shape}")
             T, Tk = w.shape[1:]
-            # with Tk > T (a cached prefix) the queries are the last T keys
-            mask = np.tri(T, Tk, k=Tk - T, dtype=bool)  # (T, Tk) True where query i sees key j
-            heads = render_heads(w, labels[Tk - T :], labels, cell=map_cell(Tk), mask=mask)
+            # True where query i sees key j; with Tk > T (a cached prefix) queries are the last keys
+            mask = np.tri(T, Tk, k=Tk - T, dtype=bool)
+            # 18-pixel cells, down to 8 for long probes: a 128-character passage fits one screen
+            cell = max(8, min(18, 720 // max(Tk, 1)))
+            heads = render_heads(w, labels[Tk - T :], labels, cell=cell, mask=mask)
             for h, img in enumerate(heads):
                 self._image(f"attention/layer{layer}/head{h}", img, step)
             self._image(f"attention/layer{layer}", compose_layer(heads, layer), step)
 
     def offset_profiles(self, step: int, profiles: Sequence, starts: Sequence) -> None:
-        """Per layer, `heads/offsets/layer{l}`: profiles[l] (H, K) and starts[l] (H,), as
-        render_offset_profile."""
+        """`heads/offsets/layer{l}`: profiles[l] (H, K) and starts[l] (H,), one table per layer."""
         for layer, (profile, start) in enumerate(zip(profiles, starts, strict=True)):
             img = render_offset_profile(_numpy(profile), _numpy(start), f"layer {layer}")
             self._image(f"heads/offsets/layer{layer}", img, step)
 
-    def _image(self, tag: str, img: np.ndarray, step: int) -> None:
-        self.writer.add_image(tag, img, step, dataformats="HWC")
-
     def attention_entropy(self, step: int, entropy: torch.Tensor) -> None:
         """(L, H) entropies -> scalars `attention_entropy/layer{l}/head{h}`."""
-        self.scalars(step, _per_head_tags("attention_entropy/layer{l}/head{h}", _numpy(entropy)))
+        self.scalars(step, _per_head("attention_entropy/layer{l}/head{h}", _numpy(entropy)))
 
     def heads(self, step: int, report: HeadReport) -> None:
-        """A head report: its summaries under `heads/` (the same tags whatever the head count),
-        each head's entropy, its numbers under `per_head/layer{l}/head{h}/{name}` (apart from the
-        summaries), the offset profiles, the layer-0 circuits, the table as text (`heads/table`)
-        and, once, the custom-scalars layout. `hparams` adds the summaries to the run's metrics."""
-        summary = report.summaries()
-        self.scalars(step, summary)
+        """A head report: summaries under `heads/` (the same tags for any head count), `per_head/`,
+        offset profiles, layer-0 circuits, `heads/table` and, the first time, the layout."""
+        if not self.last_head_summary:
+            self.writer.add_custom_scalars(heads_layout(report.n_layer))
+        self.last_head_summary = report.summaries()
+        self.scalars(step, self.last_head_summary)
         self.attention_entropy(step, report.entropy)
         per_head = {}
         for name, values in report.per_head().items():
-            per_head.update(_per_head_tags(f"per_head/layer{{l}}/head{{h}}/{name}", values))
-        if report.copying is not None:
-            per_head.update(
-                {f"per_head/layer0/head{h}/copying": float(c) for h, c in enumerate(report.copying)}
-            )
+            per_head.update(_per_head(f"per_head/layer{{l}}/head{{h}}/{name}", values))
+        for h, c in enumerate(report.copying if report.copying is not None else []):
+            per_head[f"per_head/layer0/head{h}/copying"] = float(c)
         self.scalars(step, per_head)
         self.offset_profiles(step, report.offsets, report.start)
-        if report.qk is not None:
-            self.circuits(step, report)
-        self._text("heads/table", report.markdown(), step)
-        if not self._layout_written:
-            self.writer.add_custom_scalars(heads_layout(report.n_layer))
-            self._layout_written = True
-        self.last_head_summary = summary
-
-    def circuits(self, step: int, report: HeadReport) -> None:
-        """`heads/qk/layer0`, `heads/ov/layer0`: the layer-0 heads' QK and OV tables, each row
-        softmaxed, one panel per head (tokens as the first LayerNorm of their embeddings, without
-        positions)."""
+        # the layer-0 heads' QK and OV tables, one panel per head, each row softmaxed
         for name, table, title in (
             ("qk", report.qk, "query token looks for key token (no positions)"),
             ("ov", report.ov, "key token raises output token"),
         ):
-            probs = torch.softmax(table.float(), dim=-1)  # (H, V, V), rows sum to 1
-            panels = [
-                render_table(_numpy(probs[h]), report.labels, f"head {h}: {title}")
-                for h in range(probs.shape[0])
-            ]
-            self._image(f"heads/{name}/layer0", compose_layer(panels, 0), step)
+            if table is not None:
+                probs = _numpy(torch.softmax(table.float(), dim=-1))
+                panels = [
+                    render_table(p, report.labels, f"head {h}: {title}")
+                    for h, p in enumerate(probs)
+                ]
+                self._image(f"heads/{name}/layer0", compose_layer(panels, 0), step)
+        self._text("heads/table", report.markdown(), step)
+
+    def _image(self, tag: str, img: np.ndarray, step: int) -> None:
+        self.writer.add_image(tag, img, step, dataformats="HWC")
 
     def _text(self, tag: str, body: str, step: int) -> None:
         summary = text_summary(tag, body)
@@ -197,23 +167,19 @@ class TensorBoardLogger:
         self.writer.file_writer.add_summary(summary, step)
 
     def samples(self, step: int, lines: Sequence[str]) -> None:
-        """The text summary "samples", indented four spaces: a Markdown code block, so lines
-        never merge and nothing is read as markup."""
+        """The text "samples", as a Markdown code block: lines never merge, nothing is markup."""
         body = "\n".join("    " + line for line in lines) if lines else "(no samples)"
         self._text("samples", body, step)
 
     def hparams(self, hparams: Mapping, metrics: Mapping, step: int | None = None) -> None:
-        """One HParams row, in the run's own folder (not add_hparams's subfolder). `metrics` are
-        also written as scalars (where the tab reads their values), joined by the last head
-        summaries (written already)."""
-        hp = sanitize_hparams(hparams)
-        metric_values = {
-            str(k): float("nan") if v is None else float(v) for k, v in metrics.items()
-        }
-        all_metrics = {**metric_values, **self.last_head_summary}
-        for summary in hparams_summaries(hp, all_metrics):  # experiment, session start, end
+        """One HParams row in the run's own folder (not add_hparams's subfolder): `metrics`, also
+        written as scalars (where the tab reads them), and the last head summaries."""
+        values = {str(k): float("nan") if v is None else float(v) for k, v in metrics.items()}
+        all_metrics = {**values, **self.last_head_summary}
+        # the experiment, session start and session end
+        for summary in hparams_summaries(sanitize_hparams(hparams), all_metrics):
             self.writer.file_writer.add_summary(summary)
-        self.scalars(step if step is not None else 0, metric_values)
+        self.scalars(step or 0, values)
         self.writer.flush()
 
     def flush(self) -> None:
@@ -222,12 +188,6 @@ class TensorBoardLogger:
     def close(self) -> None:
         self.writer.close()
         self.metrics_file.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def heads_layout(n_layer: int) -> dict:
@@ -238,14 +198,14 @@ def heads_layout(n_layer: int) -> dict:
     importance = r"per_head/layer{n}/head\d+/importance$"
     induction = r"per_head/layer{n}/head\d+/induction$"
     summaries = {
-        "entropy min/mean/max per layer": [r"heads/layer\d+/entropy_(min|mean|max)$"],
-        "importance max per layer": [r"heads/layer\d+/importance_max$"],
-        "prunable heads": [r"heads/prunable$"],
-        "heads per role": [rf"heads/role/({'|'.join(ROLES)})$"],
-        "induction and copying": [r"heads/(induction_max|duplicate_max|copying_max)$"],
-        "repeated spans: loss on the first copy and the repeat": [
+        "entropy min/mean/max per layer": r"heads/layer\d+/entropy_(min|mean|max)$",
+        "importance max per layer": r"heads/layer\d+/importance_max$",
+        "prunable heads": r"heads/prunable$",
+        "heads per role": rf"heads/role/({'|'.join(ROLES)})$",
+        "induction and copying": r"heads/(induction_max|duplicate_max|copying_max)$",
+        "repeated spans: loss on the first copy and the repeat": (
             r"heads/repeat_loss(_first|_gain)?$"
-        ],
+        ),
     }
 
     def per_layer(title: str, *tags: str) -> dict:
@@ -257,11 +217,5 @@ def heads_layout(n_layer: int) -> dict:
         "heads": per_layer("layer {n}: entropy and importance of each head", entropy, importance),
         "head importance": per_layer(only_importance, importance),
         "head induction": per_layer("layer {n}: prefix matching of each head", induction),
-        "head summaries": {title: ["Multiline", tags] for title, tags in summaries.items()},
+        "head summaries": {title: ["Multiline", [tag]] for title, tag in summaries.items()},
     }
-
-
-def _per_head_tags(tag: str, values) -> dict[str, float]:
-    """(L, H) values -> {tag.format(l=layer, h=head): value}."""
-    L, H = values.shape[:2]
-    return {tag.format(l=a, h=b): float(values[a, b]) for a in range(L) for b in range(H)}

@@ -28,7 +28,7 @@ from microgpt.data.text import (
 from microgpt.heads.command import main as heads_main
 from microgpt.sample.command import run_sampling
 from microgpt.tokenizer import CharTokenizer
-from microgpt.train.checkpoint import load_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import evaluate
 from microgpt.train.stopping import Interrupted
 from microgpt.train.trainer import train
@@ -245,9 +245,9 @@ def test_a_text_run_trains_evaluates_and_writes_passages(text_cfg, tmp_path):
     assert metrics["test_loss"] < math.log(vocab)  # better than uniform: it learned something
     samples = (run / "samples.txt").read_text()
     assert samples.count("--- passage") == 2 and "longest stretch found" in samples
-    ckpt = load_checkpoint(run / "checkpoints" / "best.pt")
-    assert ckpt["split"]["format"] == "text" and ckpt["train_config"]["data"]["format"] == "text"
-    assert ckpt["tokenizer"]["chars"] == "".join(sorted(set(make_play())))
+    ckpt = Checkpoint.load(run / "checkpoints" / "best.pt")
+    assert ckpt.split["format"] == "text" and ckpt.train_config["data"]["format"] == "text"
+    assert ckpt.tokenizer["chars"] == "".join(sorted(set(make_play())))
 
 
 def test_a_text_run_resumes_bit_exactly_from_inside_a_window(text_cfg, tmp_path):
@@ -277,8 +277,8 @@ def test_a_one_line_text_and_cr_line_ends_train(tmp_path, text_cfg):
     for path in (one_line, cr):
         cfg = text_cfg(f"data.path={path}", "train.num_samples=0", out=tmp_path / path.stem)
         assert math.isfinite(train(cfg)["test_loss"])
-    ckpt = load_checkpoint(tmp_path / "cr" / "checkpoints" / "best.pt")
-    assert "\r" not in ckpt["tokenizer"]["chars"] and "\n" in ckpt["tokenizer"]["chars"]
+    ckpt = Checkpoint.load(tmp_path / "cr" / "checkpoints" / "best.pt")
+    assert "\r" not in ckpt.tokenizer["chars"] and "\n" in ckpt.tokenizer["chars"]
 
 
 def test_a_probe_is_a_validation_passage_from_a_line_start(play_file):

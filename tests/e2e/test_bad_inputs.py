@@ -25,7 +25,7 @@ from microgpt.data.dataset import DataError
 from microgpt.runs import RunFolderError
 from microgpt.sample.command import sample_from_config
 from microgpt.sample.generate import SamplingError
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint
+from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.train.trainer import TrainingError, train
 from tests.conftest import REPO, TINY, compose_config, make_names
 
@@ -100,7 +100,7 @@ def world(tmp_path_factory):
     w.evil_pickle = files / "evil.pkl"
     w.evil_pickle.write_bytes(pickle.dumps({"hook": RunsCode(w.marker)}))
     w.newer_pt = files / "newer.pt"
-    torch.save({**load_checkpoint(w.last), "version": 99}, w.newer_pt)
+    torch.save({**Checkpoint.load(w.last).to_dict(), "version": 99}, w.newer_pt)
     return w
 
 

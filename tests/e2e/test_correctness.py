@@ -56,9 +56,9 @@ def test_resume_state_is_loaded_on_the_cpu_whatever_the_device(tiny_cfg, monkeyp
 
 
 def test_set_rng_state_takes_states_of_any_dtype_and_device_type_kept_as_bytes():
-    state = microgpt.train.checkpoint.rng_state()
+    state = microgpt.train.trainer.rng_state()
     as_long = {**state, "torch": state["torch"].long()}  # what a careless copy might leave
-    microgpt.train.checkpoint.set_rng_state(as_long)
+    microgpt.train.trainer.set_rng_state(as_long)
     assert torch.equal(torch.get_rng_state(), state["torch"])
 
 
@@ -203,7 +203,7 @@ def test_an_empty_sample_is_reported_as_empty_and_not_as_new():
 def test_weight_average_is_evaluated_kept_as_best_and_resumes_exactly(tiny_cfg, tmp_path):
     """train.ema: the average (not the trained weights) is what is evaluated and what best.pt
     holds; a resume restores the average too, so stopping after 4 of 8 steps changes nothing."""
-    from microgpt.train.checkpoint import load_checkpoint
+    from microgpt.train.checkpoint import Checkpoint
 
     ema = ("device=cpu", "train.ema=0.9", "train.num_samples=0", "train.eval_every=4")
     ema += ("optim.decay=constant", "optim.warmup_steps=0")  # the same schedule for 4 or 8 steps
@@ -211,9 +211,9 @@ def test_weight_average_is_evaluated_kept_as_best_and_resumes_exactly(tiny_cfg, 
     metrics = whole.run()
     averaged = whole.ema.state_dict()
     assert not torch.equal(whole.model.state_dict()["lm_head.weight"], averaged["lm_head.weight"])
-    best = load_checkpoint(tmp_path / "whole" / "checkpoints" / "best.pt")
-    if best["step"] == 8:  # the last evaluation was the best: best.pt is the final average
-        assert torch.equal(best["model"]["lm_head.weight"], averaged["lm_head.weight"])
+    best = Checkpoint.load(tmp_path / "whole" / "checkpoints" / "best.pt")
+    if best.step == 8:  # the last evaluation was the best: best.pt is the final average
+        assert torch.equal(best.model["lm_head.weight"], averaged["lm_head.weight"])
     assert metrics["val_loss"] == pytest.approx(
         evaluate(whole.ema.model, whole.datasets["val"], 1000), abs=1e-6
     )
@@ -233,13 +233,13 @@ def test_a_run_saved_before_a_setting_existed_resumes_and_the_data_may_move(
 ):
     """A checkpoint written before train.ema existed holds no such key: it counts as the default.
     The same data at another path is the same data (its items and split are compared)."""
-    from microgpt.train.checkpoint import load_checkpoint, save_checkpoint
+    from microgpt.train.checkpoint import Checkpoint
 
     Trainer(load_config(tiny_cfg("device=cpu", "train.max_steps=3", "train.num_samples=0"))).run()
     last = tmp_path / "run" / "checkpoints" / "last.pt"
-    old = load_checkpoint(last)
-    del old["train_config"]["train"]["ema"]
-    save_checkpoint(old, last)
+    old = Checkpoint.load(last)
+    del old.train_config["train"]["ema"]
+    old.save(last)
     moved = tmp_path / "elsewhere.txt"
     moved.write_bytes(names_file.read_bytes())
     cfg = tiny_cfg("device=cpu", "train.max_steps=5", "resume=true", f"data.path={moved}")
@@ -267,18 +267,18 @@ def test_sampling_builds_no_autograd_graph():
 def test_save_every_keeps_step_checkpoints_that_sample_and_heads_accept(tiny_cfg, tmp_path):
     from microgpt.heads.command import analyse_checkpoint
     from microgpt.sample.command import run_sampling
-    from microgpt.train.checkpoint import load_checkpoint
+    from microgpt.train.checkpoint import Checkpoint
 
     Trainer(load_config(tiny_cfg("device=cpu", "train.save_every=4", "train.num_samples=0"))).run()
     folder = tmp_path / "run" / "checkpoints"
     steps = sorted(p.name for p in folder.glob("step-*.pt"))
     assert steps == ["step-000004.pt", "step-000008.pt", "step-000012.pt"]
-    first = load_checkpoint(folder / "step-000004.pt")
-    assert first["step"] == 4 and "resume" not in first  # weights and config, no optimizer
-    last = load_checkpoint(folder / "last.pt")
-    twelve = load_checkpoint(folder / "step-000012.pt")
-    assert all(torch.equal(twelve["model"][k], last["model"][k]) for k in last["model"])
-    assert not torch.equal(first["model"]["lm_head.weight"], twelve["model"]["lm_head.weight"])
+    first = Checkpoint.load(folder / "step-000004.pt")
+    assert first.step == 4 and first.resume is None  # weights and config, no optimizer
+    last = Checkpoint.load(folder / "last.pt")
+    twelve = Checkpoint.load(folder / "step-000012.pt")
+    assert all(torch.equal(twelve.model[k], last.model[k]) for k in last.model)
+    assert not torch.equal(first.model["lm_head.weight"], twelve.model["lm_head.weight"])
     result = run_sampling(ckpt=str(folder / "step-000004.pt"), num_samples=3, seed=0)
     assert len(result.names) == 3 and result.step == 4
     report, run, _ = analyse_checkpoint(folder / "step-000008.pt")

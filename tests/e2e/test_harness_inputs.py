@@ -342,7 +342,7 @@ SIGNALS = [
          r"interrupted \(SIG(INT|TERM)\): sampling stopped"),
         ("sampling-into-out", [NAMES_RUN, "out=out/new.txt"], SAMPLE_NAMES,
          r"nothing was written to out=out/new\.txt"),
-        ("loading-checkpoint", [NAMES_RUN], "microgpt.sample.command.load_checkpoint",
+        ("loading-checkpoint", [NAMES_RUN], "microgpt.sample.command.Checkpoint.load",
          r"interrupted \(SIG(INT|TERM)\)"),
     )
 ] + [

@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from microgpt.train import checkpoint as ckpt_module
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from microgpt.train.checkpoint import Checkpoint, CheckpointError, checksum
 
 
-def _checkpoint() -> dict:
+def _checkpoint() -> Checkpoint:
     g = torch.Generator().manual_seed(0)
-    return {
-        "model": {"w": torch.randn(64, 64, generator=g), "b": torch.zeros(64)},
-        "model_config": {"n_layer": 1},
-        "tokenizer": {"chars": "abc"},
-        "step": 7,
-        "metrics": {"val_loss": 2.5},
-    }
+    return Checkpoint(
+        model={"w": torch.randn(64, 64, generator=g), "b": torch.zeros(64)},
+        model_config={"n_layer": 1},
+        tokenizer={"chars": "abc"},
+        step=7,
+        metrics={"val_loss": 2.5},
+    )
 
 
 def _tensor_bytes_at(data: bytes, tensor: torch.Tensor) -> int:
@@ -33,24 +33,38 @@ def _tensor_bytes_at(data: bytes, tensor: torch.Tensor) -> int:
 
 
 def test_a_checkpoint_loads_back_whole_with_its_checksum(tmp_path):
-    path = save_checkpoint(_checkpoint(), tmp_path / "best.pt")
-    loaded = load_checkpoint(path)
-    assert loaded["checksum"].startswith("sha256:") and len(loaded["checksum"]) == 71
-    assert torch.equal(loaded["model"]["w"], _checkpoint()["model"]["w"])
+    path = _checkpoint().save(tmp_path / "best.pt")
+    raw = torch.load(path, weights_only=True)
+    assert raw["checksum"].startswith("sha256:") and len(raw["checksum"]) == 71
+    loaded = Checkpoint.load(path)
+    assert torch.equal(loaded.model["w"], _checkpoint().model["w"])
+    assert loaded.step == 7 and loaded.resume is None and "resume" not in raw
+
+
+def test_a_checkpoint_saved_as_a_plain_dict_with_its_checksum_loads(tmp_path):
+    """The layout on disk: format, version, the fields and the checksum, as written before the
+    typed Checkpoint existed."""
+    old = {"format": "microgpt-checkpoint", "version": 1, "run_id": "r1", "split": None}
+    old.update({k: v for k, v in _checkpoint().to_dict().items() if k not in old})
+    old["checksum"] = checksum(old)
+    torch.save(old, tmp_path / "old.pt")
+    loaded = Checkpoint.load(tmp_path / "old.pt")
+    assert loaded.run_id == "r1" and loaded.metrics == {"val_loss": 2.5}
+    assert loaded.to_dict().keys() == old.keys() - {"checksum"}
 
 
 @pytest.mark.parametrize("damage", ["flip", "zero"])
 def test_a_flipped_or_zeroed_byte_of_the_weights_is_one_line_naming_the_file(tmp_path, damage):
-    path = save_checkpoint(_checkpoint(), tmp_path / "best.pt")
+    path = _checkpoint().save(tmp_path / "best.pt")
     data = bytearray(path.read_bytes())
-    at = _tensor_bytes_at(bytes(data), _checkpoint()["model"]["w"]) + 1000
+    at = _tensor_bytes_at(bytes(data), _checkpoint().model["w"]) + 1000
     if damage == "flip":
         data[at] ^= 0x04  # one bit of one weight
     else:
         data[at : at + 512] = bytes(512)  # a zeroed block, as a bad sector leaves
     path.write_bytes(data)
     with pytest.raises(CheckpointError) as info:
-        load_checkpoint(path)
+        Checkpoint.load(path)
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"{path} is corrupt")
     assert "checksum" in message
@@ -58,12 +72,13 @@ def test_a_flipped_or_zeroed_byte_of_the_weights_is_one_line_naming_the_file(tmp
 
 def test_a_checkpoint_written_before_checksums_still_loads(tmp_path):
     path = tmp_path / "old.pt"
-    torch.save({"format": "microgpt-checkpoint", "version": 1, **_checkpoint()}, path)
-    assert load_checkpoint(path)["step"] == 7
+    fields = {k: v for k, v in _checkpoint().to_dict().items() if v is not None}
+    torch.save({"format": "microgpt-checkpoint", "version": 1, **fields}, path)
+    assert Checkpoint.load(path).step == 7
 
 
 def test_a_failed_save_keeps_the_last_checkpoint_and_says_how_to_resume(tmp_path, monkeypatch):
-    last = save_checkpoint(_checkpoint(), tmp_path / "checkpoints" / "last.pt")
+    last = _checkpoint().save(tmp_path / "checkpoints" / "last.pt")
     before = last.read_bytes()
 
     def full_disk(*a, **k):
@@ -71,13 +86,13 @@ def test_a_failed_save_keeps_the_last_checkpoint_and_says_how_to_resume(tmp_path
 
     monkeypatch.setattr(ckpt_module, "atomic_write", full_disk)
     with pytest.raises(CheckpointError) as info:
-        save_checkpoint(_checkpoint(), last)
+        _checkpoint().save(last)
     message = str(info.value)
     assert message.startswith(f"cannot write {last}: No space left on device")
     assert f"python train.py resume={last}" in message and "\n" not in message
     assert last.read_bytes() == before
     with pytest.raises(CheckpointError, match="no checkpoint of this run was written yet"):
-        save_checkpoint(_checkpoint(), tmp_path / "other" / "checkpoints" / "best.pt")
+        _checkpoint().save(tmp_path / "other" / "checkpoints" / "best.pt")
 
 
 def test_a_fifo_is_refused_without_blocking(tmp_path):
@@ -85,4 +100,4 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
 
     os.mkfifo(tmp_path / "fifo.pt")
     with pytest.raises(CheckpointError, match="is not a regular file"):
-        load_checkpoint(tmp_path / "fifo.pt")
+        Checkpoint.load(tmp_path / "fifo.pt")

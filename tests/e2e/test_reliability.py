@@ -22,7 +22,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from microgpt.config import ConfigError, load_config
 from microgpt.runs import find_checkpoints
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint
+from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.train.trainer import Interrupted, Trainer, TrainingError
 from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import REPO, TINY
@@ -97,7 +97,7 @@ def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tm
     run = tmp_path / "split"
     first, first_losses, stopped = run_trainer(tiny_cfg(*EXACT, out=run), on_step=sigint_at(5))
     assert isinstance(stopped, Interrupted) and "resume=" in str(stopped)
-    assert first.step == 5 and load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 5
+    assert first.step == 5 and Checkpoint.load(run / "checkpoints" / "last.pt").step == 5
     # a run killed after its last checkpoint leaves points past it; the resumed run must replace
     # them
     with SummaryWriter(str(run)) as stale:
@@ -113,9 +113,8 @@ def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tm
     assert first_losses + second_losses == whole_losses  # every step's loss, exactly
     a, b = whole.model.state_dict(), second.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert load_checkpoint(run / "checkpoints" / "last.pt")["model"]["lm_head.weight"].equal(
-        a["lm_head.weight"]
-    )
+    saved = Checkpoint.load(run / "checkpoints" / "last.pt").model
+    assert saved["lm_head.weight"].equal(a["lm_head.weight"])
 
     points = scalar_steps(run, "loss/train")
     assert [s for s, _ in points] == [3, 6, 8]  # strictly increasing, none twice, none missing
@@ -147,8 +146,8 @@ def test_sigterm_finishes_the_step_and_writes_a_resumable_last_pt(tiny_cfg, tmp_
         "SIGTERM received: stopped at step 2 of 4"
     )
     assert stopped.checkpoint == run / "checkpoints" / "last.pt" and len(losses) == 2
-    ckpt = load_checkpoint(stopped.checkpoint)
-    assert ckpt["step"] == 2 and "resume" in ckpt and "interrupted_at" in ckpt["metrics"]
+    ckpt = Checkpoint.load(stopped.checkpoint)
+    assert ckpt.step == 2 and ckpt.resume is not None and "interrupted_at" in ckpt.metrics
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handlers are put back
 
 
@@ -161,8 +160,8 @@ def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(tiny_cfg, tmp
     assert (
         isinstance(stopped, KeyboardInterrupt) and len(losses) == 6 and trainer.step == 5
     )  # step 6 unfinished
-    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")  # the one written at step 4, whole
-    assert ckpt["step"] == 4 and "resume" in ckpt
+    ckpt = Checkpoint.load(run / "checkpoints" / "last.pt")  # the one written at step 4, whole
+    assert ckpt.step == 4 and ckpt.resume is not None
     assert not [p for p in (run / "checkpoints").iterdir() if p.name not in ("best.pt", "last.pt")]
 
 
@@ -200,8 +199,8 @@ def test_non_finite_loss_stops_with_advice_and_keeps_the_last_good_checkpoint(ti
     for part in ("non-finite loss at step 6", "lr ", "optim.lr", "optim.grad_clip", str(last)):
         assert part in message, part
     assert fingerprint(last) == seen["last.pt"]
-    ckpt = load_checkpoint(last)
-    assert ckpt["step"] == 4 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    ckpt = Checkpoint.load(last)
+    assert ckpt.step == 4 and all(torch.isfinite(t).all() for t in ckpt.model.values())
 
 
 # ----------------------------------------------------------------------------- crash-safe writes
@@ -213,12 +212,12 @@ def test_non_finite_loss_stops_with_advice_and_keeps_the_last_good_checkpoint(ti
 SAVER = r"""
 import os, sys, torch
 torch.set_num_threads(1)  # no OpenMP thread pool: a forked child could deadlock on it
-from microgpt.train.checkpoint import save_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 path = sys.argv[1]
 shapes = [(4096, 64), (64, 4096), (512, 64)] * 4  # about 4 MB of float32, a small model's size
 def save(n):
     model = {f"w{i}": torch.full(s, float(n)) for i, s in enumerate(shapes)}
-    save_checkpoint({"model": model, "model_config": {}, "tokenizer": {}, "step": n}, path)
+    Checkpoint(model=model, model_config={}, tokenizer={}, step=n).save(path)
 save(0)
 print("ready", flush=True)
 for line in sys.stdin:
@@ -264,12 +263,12 @@ def test_sigkill_at_random_moments_while_saving_leaves_a_loadable_checkpoint(tmp
             mid_write += any(p.suffix == ".tmp" for p in path.parent.iterdir())
             os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)  # the helper reaps it
-            ckpt = load_checkpoint(path)  # always whole: one save's tensors, every one of them
-            values = {float(t[0, 0]) for t in ckpt["model"].values()}
-            assert values == {float(ckpt["step"])}, values
-            assert all(bool((t == ckpt["step"]).all()) for t in ckpt["model"].values())
-            assert ckpt["step"] >= last_step  # never an older one than what a reader already saw
-            last_step = ckpt["step"]
+            ckpt = Checkpoint.load(path)  # always whole: one save's tensors, every one of them
+            values = {float(t[0, 0]) for t in ckpt.model.values()}
+            assert values == {float(ckpt.step)}, values
+            assert all(bool((t == ckpt.step).all()) for t in ckpt.model.values())
+            assert ckpt.step >= last_step  # never an older one than what a reader already saw
+            last_step = ckpt.step
         assert mid_write >= 5  # at least the kills timed to land mid-write did
     finally:
         helper.stdin.close()
@@ -314,7 +313,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_does_not_run(t
     with pytest.raises(
         CheckpointError, match="refused to load .*could run code|not a microgpt checkpoint"
     ):
-        load_checkpoint(path)
+        Checkpoint.load(path)
     assert not marker.exists()
 
 
@@ -387,12 +386,12 @@ def test_cli_sigint_writes_last_pt_then_resume_true_continues_the_same_run_folde
         command.startswith("microgpt: resume with: python train.py ")
         and f"resume={last}" in command
     )
-    stopped_at = load_checkpoint(last)["step"]
+    stopped_at = Checkpoint.load(last).step
 
     result = cli([*settings, f"train.max_steps={stopped_at + 3}", "resume=true"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert list(tmp_path.glob("outputs/*/*")) == runs  # the same folder, no new one
-    assert load_checkpoint(last)["step"] == stopped_at + 3
+    assert Checkpoint.load(last).step == stopped_at + 3
     steps = [s for s, _ in scalar_steps(runs[0], "loss/train")]
     assert steps == list(range(1, stopped_at + 4))
 

@@ -14,7 +14,6 @@ from microgpt.heads.roles import (
     pattern_sums,
     patterns_of,
     relation_masks,
-    roles_of,
 )
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
@@ -28,9 +27,8 @@ def describe(attention, x, y, tok):
     counts = torch.bincount(x.flatten(), minlength=tok.vocab_size)
     members = class_members(chars, tok.vocab_size, counts)
     sums = [pattern_sums(a, x, y >= 0, members, chars) for a in attention]
-    mass, lift = patterns_of(sums)
-    roles, scores = roles_of(mass, lift)
-    return roles, scores, mass, lift
+    found = patterns_of(sums)
+    return found["roles"], found["scores"], found["mass"], found["lift"]
 
 
 def uniform(x, H=1):

@@ -10,16 +10,15 @@ import math
 import pytest
 import torch
 
-from microgpt.heads.analyse import (
-    ROLES,
-    analyse,
+from microgpt.heads.analyse import analyse, length_batches
+from microgpt.heads.circuits import (
     batches_loss,
-    importance,
-    length_batches,
-    replaced_heads,
+    gradient_importance,
+    replaced_head,
     scaled_heads,
 )
 from microgpt.heads.command import main
+from microgpt.heads.report import ROLES
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
 
 BLOCK = 8
@@ -41,6 +40,16 @@ def random_model(tok, impl="sdpa", n_head=4, n_layer=2, seed=0, **kw) -> GPT:
         for p in model.parameters():
             p.mul_(8.0 if p.dim() > 1 else 1.0)
     return model.eval()
+
+
+def importance(model: GPT, x, y, mode: str = "zero"):
+    """One of analyse's importance measures of every head, (L, H); the gradient alone for rows too
+    short for a role (one character)."""
+    if mode == "gradient":
+        return gradient_importance(model.eval(), length_batches(x, y))
+    report = analyse(model, x, y, probe=False)
+    fields = {"zero": "zero_importance", "mean": "mean_importance"}
+    return getattr(report, fields.get(mode, "position_importance"))
 
 
 def masked(model: GPT, x, head_mask, y=None):
@@ -220,12 +229,8 @@ def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
     expected = batches_loss(folded, batches) - batches_loss(model, batches)
     got = importance(model, x, y, mode="mean")
     assert got[layer, h] == pytest.approx(expected, abs=1e-5)
-    # the hook itself: replacing every head by a constant gives the same logits as the fold
-    values = torch.zeros(2, 4, hd)
-    values[layer, h] = mean
-    replace = torch.zeros(2, 4, dtype=torch.bool)
-    replace[layer, h] = True
-    with torch.no_grad(), replaced_heads(model, replace, values):
+    # the hook itself: replacing the head by its mean gives the same logits as the fold
+    with torch.no_grad(), replaced_head(model, layer, h, mean):
         torch.testing.assert_close(model(x)[0], folded(x)[0], rtol=0, atol=1e-5)
     assert not attn.hook_z._forward_hooks  # hooks removed
 
@@ -343,7 +348,7 @@ def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_importance_moves_the_rows_to_the_models_device(rows):
-    """issue 22, item 5: importance() (unlike analyse) ran a GPU model on CPU rows and crashed."""
+    """issue 22, item 5: importance() ran a GPU model on CPU rows and crashed: no more."""
     x, y, tok = rows
     model = random_model(tok)
     on_cpu = importance(model, x, y)
@@ -354,7 +359,7 @@ def test_importance_moves_the_rows_to_the_models_device(rows):
 
 
 def test_a_role_needs_the_majority_of_the_attention_above_chance():
-    from microgpt.heads.analyse import roles_of
+    from microgpt.heads.roles import roles_of
 
     mass = {
         "previous": torch.tensor([[0.6, 0.45, 0.3]]),

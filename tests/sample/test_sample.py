@@ -21,7 +21,7 @@ from hydra.errors import ConfigCompositionException
 from microgpt.config import SampleConfig, load_config
 from microgpt.sample.command import find_checkpoint, run_sampling
 from microgpt.sample.generate import SamplingError
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint
+from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.train.trainer import train
 from tests.conftest import REPO, TINY, compose_config, make_names
 
@@ -223,7 +223,7 @@ def test_prefix_max_len_and_batches(best):
 
 
 def test_each_name_is_marked_with_its_split(best):
-    lists = load_checkpoint(best)["split"]  # the plain lists: no Split.where in the expectation
+    lists = Checkpoint.load(best).split  # the plain lists: no Split.where in the expectation
     r = sample(best, num_samples=200, seed=1, temperature=0.5)
     assert [n for n, _ in r.marked] == r.names
     for name, where in r.marked:
@@ -298,7 +298,7 @@ def test_prefix_the_model_cannot_take(best):
         r"Known characters: 'abc",
     ):
         sample(best, prefix="aQ!")
-    block = load_checkpoint(best)["model_config"]["block_size"]
+    block = Checkpoint.load(best).model_config["block_size"]
     with pytest.raises(
         SamplingError,
         match=rf"prefix of {block} characters is longer than this model's items: block_size is "

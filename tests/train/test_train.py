@@ -12,7 +12,7 @@ from microgpt.compare import main as compare_main
 from microgpt.config import load_config
 from microgpt.data.dataset import DataError
 from microgpt.heads.command import main as heads_main
-from microgpt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import lr_at, train
 from tests.conftest import REPO, TINY, compose_config
 
@@ -51,7 +51,7 @@ def test_tiny_run_writes_events_checkpoints_config_and_samples(tiny_cfg, tmp_pat
 
 def test_checkpoint_describes_itself_and_reloads_to_the_same_logits(tiny_cfg, tmp_path):
     train(tiny_cfg())
-    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    ckpt = Checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt")
     for key in (
         "model",
         "model_config",
@@ -62,14 +62,14 @@ def test_checkpoint_describes_itself_and_reloads_to_the_same_logits(tiny_cfg, tm
         "split",
         "resume",
     ):
-        assert key in ckpt, key
-    assert ckpt["step"] == 12 and ckpt["model_config"]["n_head"] == 2
-    assert set(ckpt["split"]) == {"train", "val", "test"}
-    model, tokenizer = model_from_checkpoint(ckpt)
-    again, _ = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt"))
+        assert getattr(ckpt, key) is not None, key
+    assert ckpt.step == 12 and ckpt.model_config["n_head"] == 2
+    assert set(ckpt.split) == {"train", "val", "test"}
+    model, tokenizer = ckpt.build_model()
+    again, _ = Checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt").build_model()
     x = torch.tensor([[0, *tokenizer.encode("bala")]])
     assert torch.equal(model(x)[0], again(x)[0])
-    assert "test_loss" in load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["metrics"]
+    assert "test_loss" in Checkpoint.load(tmp_path / "run" / "checkpoints" / "best.pt").metrics
 
 
 def test_training_lowers_the_loss_below_what_character_frequencies_reach(tiny_cfg, names_file):
@@ -169,7 +169,7 @@ def test_multirun_names_job_folders_by_their_overrides_and_the_readme_commands_t
     out = command("sample.py", f"run={job}", "num_samples=3", "seed=0", "device=cpu")
     assert out.startswith(f"checkpoint {job / 'checkpoints' / 'best.pt'} (step 4")
     command("train.py", f"resume={job}", "train.max_steps=6")
-    assert load_checkpoint(tmp_path / job / "checkpoints" / "last.pt")["step"] == 6
+    assert Checkpoint.load(tmp_path / job / "checkpoints" / "last.pt").step == 6
     # python -m microgpt.heads and microgpt.compare on the same folders (in this process: they
     # take no Hydra overrides, so the '=' never reaches a grammar)
     monkeypatch.chdir(tmp_path)

@@ -7,8 +7,20 @@ import pytest
 import torch
 from PIL import Image
 
-from microgpt.viz.draw import colormap, render_attention, render_layer, render_offset_profile
-from microgpt.viz.plot import nice_ticks, plot_lines
+from microgpt.viz.draw import (
+    colormap,
+    compose_layer,
+    nice_ticks,
+    plot_lines,
+    render_attention,
+    render_heads,
+    render_offset_profile,
+)
+
+
+def render_layer(weights, query_labels, key_labels, layer):
+    """A layer's head maps in a grid, as the logger draws `attention/layer{l}`."""
+    return compose_layer(render_heads(weights, query_labels, key_labels), layer)
 
 
 def luminance(rgb) -> float:

@@ -1,11 +1,13 @@
 import math
 import re
+from contextlib import closing
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from microgpt.heads.analyse import ROLES, attention_entropy
+from microgpt.heads.analyse import attention_entropy
+from microgpt.heads.report import ROLES
 from microgpt.tokenizer import CharTokenizer
 from microgpt.viz.draw import render_offset_profile
 from microgpt.viz.tensorboard import (
@@ -106,7 +108,7 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
     L, H, T = 2, 3, 5
     labels = list(".emma")
     attention = [torch.softmax(torch.randn(H, T, T), dim=-1) for _ in range(L)]
-    with TensorBoardLogger(tmp_path) as tb:
+    with closing(TensorBoardLogger(tmp_path)) as tb:
         for step in (0, 10):
             tb.scalars(step, {"loss/train": 2.1 - step / 100, "lr": torch.tensor(1e-3)})
         tb.attention_maps(10, attention, labels)
@@ -137,10 +139,12 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
 
 
 def test_logger_purge_step_on_an_existing_folder(tmp_path):
-    with TensorBoardLogger(tmp_path) as tb:
+    with closing(TensorBoardLogger(tmp_path)) as tb:
         for step in range(10):
             tb.scalars(step, {"loss/train": 1.0})
-    with TensorBoardLogger(tmp_path, purge_step=5) as tb:  # resumed from the step-5 checkpoint
+    with closing(
+        TensorBoardLogger(tmp_path, purge_step=5)
+    ) as tb:  # resumed from the step-5 checkpoint
         for step in range(5, 8):
             tb.scalars(step, {"loss/train": 2.0})
     points = [(e.step, e.value) for e in load(tmp_path).Scalars("loss/train")]
@@ -151,7 +155,7 @@ def test_logger_writes_offset_profiles_per_layer(tmp_path):
     L, H, K = 2, 3, 4
     profiles = [torch.rand(H, K) / K for _ in range(L)]
     starts = [torch.rand(H) for _ in range(L)]
-    with TensorBoardLogger(tmp_path) as tb:
+    with closing(TensorBoardLogger(tmp_path)) as tb:
         tb.offset_profiles(7, profiles, starts)
     acc = load(tmp_path)
     assert set(acc.Tags()["images"]) == {f"heads/offsets/layer{n}" for n in range(L)}

@@ -1,25 +1,10 @@
-"""What the microgpt tab shows, as JSON: the runs under a log directory, and every head's
-attention of one run's checkpoint on a typed input.
-
-    store = RunStore("multirun/2026-11-23/21-25-00")
-    store.runs()                    # [{"name": "heads=1", "checkpoints": [...], ...}, ...]
-    store.attention("heads=2", "best.pt", "emma")
-    # {"tokens": ["<s>", "e", "m", "m", "a"], "layers": [[head 0's (T, T) map, ...], ...],
-    #  "heads": [[{"role": "previous", "score": 0.59, "importance": 0.25}, ...], ...], ...}
-
-Every question about run folders and checkpoints goes through the four small functions under
-"runs and checkpoints" below (microgpt.runs finds them, microgpt.train.checkpoint loads them
-safely, with `weights_only=True` and its checksum). Models are loaded lazily on the CPU and kept
-in `ModelCache`, an LRU bounded by count and by bytes. A user's mistake (an unknown character, an
-input longer than the context, a run with no checkpoint, a damaged one) is an `InputError` whose
-message the page shows as it is.
-
-Boundary handling follows the run's data format: a names run (lines) reads an item after the
-boundary token, as it was trained (`<s>emma`); a text run reads the characters alone.
-"""
+"""What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory, and every
+head's attention of one run's checkpoint on a typed input, loaded lazily and safely onto the CPU
+into a bounded `ModelCache`. A user's mistake is an `InputError`, whose message the page shows."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -31,7 +16,7 @@ import torch
 
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
-from microgpt.train.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.viz.tensorboard import labels_for
 
 MAX_MODELS = 8  # models kept loaded at once
@@ -43,16 +28,13 @@ class InputError(ValueError):
     """Something the page shows its user as it is: a bad input, a missing or damaged checkpoint."""
 
 
-# ----------------------------------------------------------------------------- runs and checkpoints
-
-
 @dataclass
 class Loaded:
     """A checkpoint's model, ready to run, and what the tab needs to know of it."""
 
     model: torch.nn.Module
     tokenizer: CharTokenizer
-    format: str  # "lines" (names), "text" or "repeats"
+    format: str
     step: int
     example: str | None  # the first validation item, for a names run
 
@@ -62,76 +44,50 @@ class Loaded:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def runs_under(logdir: str | os.PathLike) -> dict[str, RunFolder]:
+def runs_under(logdir: str | os.PathLike | None) -> dict[str, RunFolder]:
     """{name: run} for every microgpt run under `logdir`, named by its path from there
     ("heads=2"; the folder's own name when `logdir` is the run); {} when there are none."""
+    if not logdir:
+        return {}
     root = Path(logdir).expanduser()
     try:
         found = [run for run in find_runs(root) if run.holds_run()]
     except RunFolderError:
         return {}
-    return {_name(run.path, root): run for run in found}
-
-
-def _name(path: Path, root: Path) -> str:
-    return path.relative_to(root).as_posix() if path != root else root.name
+    return {
+        (run.path.relative_to(root).as_posix() if run.path != root else root.name): run
+        for run in found
+    }
 
 
 def checkpoints_of(run: RunFolder) -> list[str]:
-    """The checkpoint files of `run`, its default (best.pt, else last.pt) first, then the other
-    of the two, then step-N.pt in step order."""
-    default = run.default_checkpoint()
+    """`run`'s checkpoints: best.pt (the default), last.pt, then step-N.pt in step order."""
     names = [p.name for p in (run.best, run.last) if p.is_file()]
     names += sorted(p.name for p in run.checkpoints.glob("step-*.pt") if p.is_file())
-    if default is not None:
-        names.remove(default.name)
-        names.insert(0, default.name)
     return names
-
-
-def checkpoint_file(run: RunFolder, checkpoint: str) -> Path:
-    return run.checkpoints / checkpoint
-
-
-def analysis_file(run: RunFolder, checkpoint: str) -> Path:
-    """Where the head analysis of `checkpoint` lies (heads-<name>.json, written by python -m
-    microgpt.heads)."""
-    return run.analysis(checkpoint)
-
-
-def analysis_of(run: RunFolder, checkpoint: str) -> dict | None:
-    """The head analysis of `checkpoint`, or None when there is none or it cannot be read."""
-    try:
-        return json.loads(analysis_file(run, checkpoint).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def load_model(path: Path) -> Loaded:
     """Load a checkpoint safely onto the CPU; an InputError saying what is wrong with it."""
     try:
-        ckpt = load_checkpoint(path, map_location="cpu")
-        model, tokenizer = model_from_checkpoint(ckpt, "cpu", path)
+        ckpt = Checkpoint.load(path, map_location="cpu")
+        model, tokenizer = ckpt.build_model("cpu")
     except CheckpointError as e:
         raise InputError(str(e)) from None
-    data = ckpt.get("train_config", {}).get("data", {})
-    val = ckpt.get("split", {}).get("val") if isinstance(ckpt.get("split"), dict) else None
+    data = ckpt.data
+    val = ckpt.split.get("val") if isinstance(ckpt.split, dict) else None
     return Loaded(
         model=model,
         tokenizer=tokenizer,
         format=data.get("format", "lines"),
-        step=int(ckpt.get("step", 0)),
+        step=int(ckpt.step or 0),
         example=val[0] if isinstance(val, list) and val else None,
     )
 
 
-# ----------------------------------------------------------------------------- the model cache
-
-
 class ModelCache:
-    """Loaded checkpoints, least recently used dropped first once more than `max_models` are
-    held or their weights take more than `max_bytes`. A checkpoint rewritten since it was loaded
-    (another size or time) is loaded again. Safe to share between the server's threads."""
+    """Loaded checkpoints, thread-safe, least recently used dropped past `max_models` or
+    `max_bytes`; a checkpoint rewritten since (another size or time) is loaded again."""
 
     def __init__(self, max_models: int = MAX_MODELS, max_bytes: int = MAX_BYTES):
         self.max_models, self.max_bytes = max_models, max_bytes
@@ -145,14 +101,11 @@ class ModelCache:
             raise InputError(f"checkpoint {path} does not exist") from None
         key = (str(path), stat.st_size, stat.st_mtime_ns)
         with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-            loaded = load_model(path)
-            self._items[key] = loaded
-            while len(self._items) > 1 and (
-                len(self._items) > self.max_models or self.nbytes > self.max_bytes
-            ):
+            if key not in self._items:
+                self._items[key] = load_model(path)
+            self._items.move_to_end(key)
+            loaded = self._items[key]
+            while len(self) > 1 and (len(self) > self.max_models or self.nbytes > self.max_bytes):
                 self._items.popitem(last=False)
             return loaded
 
@@ -164,19 +117,14 @@ class ModelCache:
         return len(self._items)
 
 
-# ----------------------------------------------------------------------------- inputs and maps
-
-
 def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
-    """The ids the model reads for `text`: after the boundary token for a names run (as it was
-    trained), the characters alone for a text run. An InputError for an empty input, characters
-    outside the vocabulary, or more characters than the model's context."""
+    """The ids the model reads for `text`: after the boundary token as it was trained (`<s>emma`),
+    but for a text run; an InputError for an empty input, unknown characters, or too many."""
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     if not text:
         kind = "a name" if loaded.format != "text" else "a line of text"
         raise InputError(f"type {kind} to see {run}'s heads at work")
-    unknown = tok.unknown_chars(text)
-    if unknown:
+    if unknown := tok.unknown_chars(text):
         shown = ", ".join(repr(c) for c in unknown)
         raise InputError(
             f"{run} does not know {shown}: it was trained on these characters only: "
@@ -193,20 +141,8 @@ def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
     return start + tok.encode(text)
 
 
-@torch.no_grad()
-def attention_maps(model, ids: list[int]) -> list[list[list[list[float]]]]:
-    """Every head's attention on `ids`: [layer][head] -> (T, T) rows of weights, query by key,
-    rounded to DIGITS decimals."""
-    idx = torch.tensor([ids], dtype=torch.long)  # (1, T)
-    _, _, attention = model.forward_with_attention(idx)
-    # each layer's (1, H, T, T) -> (H, T, T)
-    return [att[0].double().round(decimals=DIGITS).tolist() for att in attention]
-
-
 def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[dict | None]]:
-    """[layer][head] -> {"role", "score", "importance"} from a head analysis (importance: the
-    loss rise when the head is zeroed), or None where the analysis is missing or is of another
-    model."""
+    """[layer][head] -> {"role", "score", "importance"}; None without this model's analysis."""
     labels = [[None] * n_head for _ in range(n_layer)]
     if not analysis or (analysis.get("n_layer"), analysis.get("n_head")) != (n_layer, n_head):
         return labels
@@ -221,40 +157,38 @@ def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[d
     return labels
 
 
-# ----------------------------------------------------------------------------- the store
-
-
 class RunStore:
     """The runs under one log directory and their models, as the tab asks for them."""
 
-    def __init__(self, logdir: str | os.PathLike, cache: ModelCache | None = None):
-        self.logdir = Path(logdir).expanduser()
+    def __init__(self, logdir: str | os.PathLike | None, cache: ModelCache | None = None):
+        # None or "" when TensorBoard was started without --logdir: no runs
+        self.logdir = Path(logdir).expanduser() if logdir else None
         self.cache = cache or ModelCache()
 
     def runs(self) -> list[dict]:
-        """Every run: its name, its checkpoints (the default first) and whether each is
-        analysed."""
+        """Every run: its name, its checkpoints (the default first) and those analysed."""
         out = []
         for name, run in runs_under(self.logdir).items():
             checkpoints = checkpoints_of(run)
-            analysed = [c for c in checkpoints if analysis_file(run, c).is_file()]
+            analysed = [c for c in checkpoints if run.analysis(c).is_file()]
             out.append({"name": name, "checkpoints": checkpoints, "analysed": analysed})
         return out
 
     def example(self) -> str | None:
         """An input to start with: the first validation name of the first run that has one."""
-        for name, run in runs_under(self.logdir).items():
+        for run in runs_under(self.logdir).values():
             checkpoints = checkpoints_of(run)
-            try:
-                loaded = self._load(name, run, checkpoints[0]) if checkpoints else None
-            except InputError:
-                continue
-            if loaded is not None and loaded.example:
-                return loaded.example
+            with contextlib.suppress(InputError):
+                loaded = self.cache.get(run.checkpoints / checkpoints[0]) if checkpoints else None
+                if loaded is not None and loaded.example:
+                    return loaded.example
         return None
 
+    @torch.no_grad()
     def attention(self, name: str, checkpoint: str | None, text: str) -> dict:
         """What one run's panel shows for `text`; an InputError the page shows instead."""
+        if self.logdir is None:
+            raise InputError("TensorBoard was started without --logdir")
         run = runs_under(self.logdir).get(name)
         if run is None:
             raise InputError(f"no run {name!r} under {self.logdir}")
@@ -267,10 +201,17 @@ class RunStore:
         checkpoint = checkpoint or checkpoints[0]
         if checkpoint not in checkpoints:
             raise InputError(f"{name} has no checkpoint {checkpoint!r}; it has {checkpoints}")
-        loaded = self._load(name, run, checkpoint)
+        try:
+            loaded = self.cache.get(run.checkpoints / checkpoint)
+        except InputError as e:
+            raise InputError(f"{name}: {e}") from None
         ids = encode_input(loaded, text, name)
+        # the head analysis (python -m microgpt.heads), where there is one that can be read
+        analysis = None
+        with contextlib.suppress(OSError, ValueError):
+            analysis = json.loads(run.analysis(checkpoint).read_text())
         config = loaded.model.config
-        analysis = analysis_of(run, checkpoint)
+        _, _, attention = loaded.model.forward_with_attention(torch.tensor([ids]))
         return {
             "run": name,
             "checkpoint": checkpoint,
@@ -279,13 +220,8 @@ class RunStore:
             "n_layer": config.n_layer,
             "n_head": config.n_head,
             "tokens": labels_for(ids, loaded.tokenizer),
-            "layers": attention_maps(loaded.model, ids),
-            "analysis": analysis_file(run, checkpoint).name if analysis else None,
+            # [layer][head] -> (T, T) rows of weights, query by key
+            "layers": [att[0].double().round(decimals=DIGITS).tolist() for att in attention],
+            "analysis": run.analysis(checkpoint).name if analysis else None,
             "heads": head_labels(analysis, config.n_layer, config.n_head),
         }
-
-    def _load(self, name: str, run: RunFolder, checkpoint: str) -> Loaded:
-        try:
-            return self.cache.get(checkpoint_file(run, checkpoint))
-        except InputError as e:
-            raise InputError(f"{name}: {e}") from None

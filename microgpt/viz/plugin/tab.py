@@ -1,16 +1,9 @@
-"""The microgpt tab of TensorBoard: a dynamic plugin (the `tensorboard_plugins` entry point in
-pyproject.toml), shown when the log directory holds microgpt runs.
+"""The microgpt tab of TensorBoard (pyproject.toml's `tensorboard_plugins` entry point), shown when
+the log directory holds microgpt runs. Its routes, under http://HOST:PORT/data/plugin/microgpt/:
 
-TensorBoard loads the page `data/plugin_entry.html?name=microgpt` in an iframe; it imports
-`index.js` from this plugin's routes, which draws the tab and asks the routes below for data:
-
-    /index.js, /style.css          the page (static/, plain JavaScript and CSS, no build step)
-    /runs                          {"runs": [{"name", "checkpoints", "analysed"}], "example"}
-    /attention?run=&checkpoint=&input=
-                                   one run's heads on the input (microgpt.viz.plugin.attention);
-                                   400 and {"error": message} for a message the page shows
-
-All under http://HOST:PORT/data/plugin/microgpt/.
+    /index.js, /style.css                the page (static/: plain JavaScript and CSS, no build)
+    /runs                                {"runs": [{"name", "checkpoints", "analysed"}], "example"}
+    /attention?run=&checkpoint=&input=   RunStore.attention, or 400 and {"error": message}
 """
 
 from __future__ import annotations
@@ -34,12 +27,10 @@ class MicrogptPlugin(base_plugin.TBPlugin):
     plugin_name = "microgpt"
 
     def __init__(self, context: base_plugin.TBContext):
-        self.logdir = context.logdir
-        self.store = RunStore(context.logdir) if context.logdir else None
+        self.store = RunStore(context.logdir)
 
     def is_active(self) -> bool:
-        """True when the log directory holds microgpt runs."""
-        return bool(self.logdir) and bool(runs_under(self.logdir))
+        return bool(runs_under(self.store.logdir))
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
         return base_plugin.FrontendMetadata(
@@ -47,28 +38,22 @@ class MicrogptPlugin(base_plugin.TBPlugin):
         )
 
     def get_plugin_apps(self) -> dict:
-        apps = {path: self._static for path in FILES}
-        apps.update({"/runs": self._runs, "/attention": self._attention})
-        return apps
+        routes = {"/runs": self._runs, "/attention": self._attention}
+        return {**dict.fromkeys(FILES, self._static), **routes}
 
     @wrappers.Request.application
     def _static(self, request):
         name = request.path.rsplit("/", 1)[-1]
-        body = (STATIC / name).read_bytes()
-        return http_util.Respond(request, body, FILES["/" + name])
+        return http_util.Respond(request, (STATIC / name).read_bytes(), FILES["/" + name])
 
     @wrappers.Request.application
     def _runs(self, request):
-        if self.store is None:
-            return _json(request, {"runs": [], "example": None})
         return _json(request, {"runs": self.store.runs(), "example": self.store.example()})
 
     @wrappers.Request.application
     def _attention(self, request):
         args = request.args
         try:
-            if self.store is None:
-                raise InputError("TensorBoard was started without --logdir")
             body = self.store.attention(
                 args.get("run", ""), args.get("checkpoint") or None, args.get("input", "")
             )
