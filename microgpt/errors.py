@@ -1,6 +1,5 @@
-"""The user errors: one type, `UserError`, that every bad input raises (a setting, data, a
-checkpoint, a folder; each module its own subclass), and the one way every command prints one:
-one line, `microgpt: error: ...`, on stderr (an operating-system failure included)."""
+"""The user errors: one type, `UserError`, that every bad input raises (each module its own
+subclass), and the one way every command prints one: `microgpt: error: ...` on stderr."""
 
 import sys
 
@@ -18,8 +17,7 @@ class SamplingError(UserError):
 
 
 def decode_utf8(raw: bytes, where) -> str:
-    """A data file's bytes as text (a leading byte-order mark dropped); not UTF-8: a DataError
-    naming the line of the first bad byte."""
+    """A data file's bytes as text (a byte-order mark dropped), else a DataError naming the line."""
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -30,20 +28,14 @@ def decode_utf8(raw: bytes, where) -> str:
         ) from None
 
 
-def error_line(e: BaseException) -> str:
-    """A user error's message; an OSError as what failed, on which file, and what to check."""
-    if not isinstance(e, OSError):
-        return str(e)
-    where = f" {e.filename}" if e.filename else ""
-    also = f" -> {e.filename2}" if getattr(e, "filename2", None) else ""
-    reason = e.strerror or (str(e).splitlines() or [type(e).__name__])[0]
-    return (
-        f"cannot use{where}{also}: {reason}; check that the path exists, is readable (and "
-        f"writable, for an output) and that its disk has space"
-    )
-
-
-def print_error(message: object) -> None:
-    """A user error, as every command prints it: `microgpt: error: <message>` on stderr."""
-    text = error_line(message) if isinstance(message, BaseException) else message
-    print(f"microgpt: error: {text}", file=sys.stderr, flush=True)
+def print_error(message: object, note: str = "") -> None:
+    """A user error in one line (an OSError: what failed, on which file, what to check)."""
+    if isinstance(message, OSError):
+        where = f" {message.filename}" if message.filename else ""
+        also = f" -> {message.filename2}" if getattr(message, "filename2", None) else ""
+        reason = message.strerror or (str(message).splitlines() or [type(message).__name__])[0]
+        message = (
+            f"cannot use{where}{also}: {reason}; check that the path exists, is readable (and "
+            f"writable, for an output) and that its disk has space"
+        )
+    print(f"microgpt: error: {message}{note}", file=sys.stderr, flush=True)

@@ -1,7 +1,5 @@
 """Writing files so that a crash never leaves a half-written one (temporary file, fsync, rename),
-and the one place that decides where a user-named output (`out=`, `--plot`) may go: a new file
-only; an existing one replaced only when asked; never a device, a FIFO, a file inside a run folder
-or a config folder, nor the data a run was trained on."""
+and the one place that decides where a user-named output (`out=`, `--plot`) may go."""
 
 from __future__ import annotations
 
@@ -14,23 +12,24 @@ from pathlib import Path
 
 from microgpt.errors import UserError
 
-RUN_FILE = "run.json"  # a run's claim (microgpt.runs)
-CHECKPOINTS = "checkpoints"
+RUN_FILE, CHECKPOINTS = "run.json", "checkpoints"  # a run's claim and checkpoints (microgpt.runs)
+STDOUT = "-"  # out=- : standard output, asked for by name (never /dev/stdout, which may be a file)
+SYSTEM_ROOTS = ("/dev", "/proc", "/sys")  # devices and the kernel's files: never an output
 
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", replace: bool = True):
-    """Yield a file to write: a temporary file in the same folder, flushed, fsynced, then moved
-    over `path` in one step, so a process killed at any moment leaves the old file whole. A
-    symlink is followed; a device or FIFO is refused (OSError). replace=False creates `path` or
-    fails with FileExistsError (a link, which never replaces a file made meanwhile)."""
-    path = Path(os.path.realpath(path))  # a symlink is followed: its target is written, it stays
-    if path.exists() and not path.is_file():  # a device, FIFO, socket: never replaced by a file
+    """Yield a temporary file that, written and fsynced, takes `path`'s name in one step (a
+    symlink's target's; a device is an OSError); replace=False: a new file or FileExistsError."""
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        # mkstemp makes 0600 files; keep what a plain open() would give
-        os.fchmod(fd, _mode_for(path))
+        # mkstemp makes 0600 files: keep the old file's mode, else what a plain open() gives
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, path.stat().st_mode & 0o777 if path.is_file() else 0o666 & ~umask)
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
@@ -64,16 +63,6 @@ def _link_new(tmp: str, path: Path) -> None:
         os.unlink(tmp)
 
 
-def _mode_for(path: Path) -> int:
-    """The existing file's permissions, or 0666 less the umask for a new file."""
-    try:
-        return path.stat().st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
 def write_text(path: str | os.PathLike, text: str, replace: bool = True) -> Path:
     """Write `text` to `path` atomically; replace=False: as a new file, or FileExistsError."""
     with atomic_write(Path(path).expanduser(), "w", replace=replace) as f:
@@ -90,20 +79,14 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def remove_leftovers(folder: str | os.PathLike) -> list[Path]:
+def remove_leftovers(folder: str | os.PathLike) -> None:
     """Remove the temporary files of atomic writes killed mid-way (.NAME.XXXX.tmp) in `folder`."""
-    removed = []
     for p in Path(folder).glob(".*.tmp"):
         with contextlib.suppress(OSError):
             p.unlink()
-            removed.append(p)
-    return removed
 
 
 # ----------------------------------------------------------------------------- where outputs may go
-
-STDOUT = "-"  # out=- : standard output, asked for by name (never /dev/stdout, which may be a file)
-SYSTEM_ROOTS = ("/dev", "/proc", "/sys")  # devices and the kernel's files: never an output
 
 
 class OutputRefused(UserError):
@@ -111,30 +94,13 @@ class OutputRefused(UserError):
 
 
 def is_run_folder(folder: str | os.PathLike) -> bool:
-    """THE rule for "is this a run folder?": its claim (run.json), or (a run from before claims)
-    a checkpoints/ folder."""
+    """THE rule for "is this a run folder?": its claim (run.json) or a checkpoints/ folder."""
     return (Path(folder) / RUN_FILE).exists() or (Path(folder) / CHECKPOINTS).is_dir()
 
 
-def run_folder_of(path: str | os.PathLike) -> Path | None:
-    """The run folder that holds `path` at any depth (a checkpoints/ or .hydra*/ folder's parent
-    counts), or None."""
-    path = Path(path)
-    if path.parent.name == CHECKPOINTS or path.parent.name.startswith(".hydra"):
-        return path.parent.parent
-    return next((folder for folder in path.parents if is_run_folder(folder)), None)
-
-
-def config_folder_of(path: str | os.PathLike) -> Path | None:
-    """The Hydra config folder (conf/ with a config.yaml) that holds `path`, or None."""
-    for folder in Path(path).parents:
-        if folder.name == "conf" and (folder / "config.yaml").is_file():
-            return folder
-    return None
-
-
-def _within(path: str, roots) -> bool:
-    return any(path == r or path.startswith(r + os.sep) for r in roots)
+def is_system_path(path: str | os.PathLike) -> bool:
+    """Whether `path` (absolute) lies under /dev, /proc or /sys."""
+    return any(str(path) == r or str(path).startswith(r + os.sep) for r in SYSTEM_ROOTS)
 
 
 def check_new_file(
@@ -144,16 +110,13 @@ def check_new_file(
     protected: dict | None = None,
     overwrite_hint: str = "overwrite=true",
 ) -> Path:
-    """Where `setting=path` may be written, or OutputRefused naming why not. Allowed: a new file in
-    an existing folder, or (overwrite=True) an existing regular file. Never: a device, FIFO or
-    socket (/dev/stdout included: standard output is out=-), a file inside a run folder or a
-    config folder, or a path in `protected` ({path: what it is}, e.g. the run's data file). A
-    symlink is followed: its target is what is checked and written. Returns the path to write
-    (its folder may not exist yet: the caller makes it, or says so)."""
+    """Where `setting=path` may be written (a symlink's target): a new file, or with overwrite an
+    existing regular file; never a device, a file in a run or config folder, or a path in
+    `protected` ({path: what it is}). Else OutputRefused, naming why."""
     given = Path(os.path.expanduser(str(path)))
     shown = f"{setting}={path}"
     target = Path(os.path.realpath(given))
-    if _within(str(given.absolute()), SYSTEM_ROOTS) or _within(str(target), SYSTEM_ROOTS):
+    if is_system_path(given.absolute()) or is_system_path(target):
         raise OutputRefused(
             f"{shown} is a device or system path, not a file to write; for standard output "
             f"give {setting}={STDOUT}, else name a new file"
@@ -161,14 +124,15 @@ def check_new_file(
     for p, what in (protected or {}).items():
         if p is not None and target == Path(os.path.realpath(Path(p).expanduser())):
             raise OutputRefused(f"{shown} is {what}; {setting}= never replaces it: write elsewhere")
-    run = run_folder_of(target)
+    inside = target.parent.name == CHECKPOINTS or target.parent.name.startswith(".hydra")
+    run = target.parent.parent if inside else next(filter(is_run_folder, target.parents), None)
     if run is not None:
         raise OutputRefused(
             f"{shown} is inside the run folder {run}, which only its run writes; write elsewhere"
         )
-    conf = config_folder_of(target)
-    if conf is not None:
-        raise OutputRefused(f"{shown} is inside the config folder {conf}; write elsewhere")
+    confs = [f for f in target.parents if f.name == "conf" and (f / "config.yaml").is_file()]
+    if confs:
+        raise OutputRefused(f"{shown} is inside the config folder {confs[0]}; write elsewhere")
     if os.path.lexists(target) or os.path.lexists(given):
         if target.is_dir():
             raise OutputRefused(f"{shown} is a folder; name a file")

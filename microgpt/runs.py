@@ -1,25 +1,9 @@
-"""THE run folder: every run path, who owns the folder, and how commands find runs. `train`,
-`sample`, `python -m microgpt.heads`, `compare` and resume all use these rules; none has its own.
+"""THE run folder: every run path, who owns a folder, and how commands find runs.
 
-    RUN/                         outputs/<date>/<time>; a sweep job: multirun/<d>/<t>/heads=4
-      run.json                   the claim (one exclusive create): run id, pid, time, command
-      .lock                      held (flock) while a process trains in the folder
-      config.yaml                the resolved config, written after the claim
-      checkpoints/best.pt        every checkpoint carries the run id of the run that wrote it
-      checkpoints/last.pt, step-NNNNNN.pt
-      heads-best.json, .md       the head analysis of best.pt (heads-last.json of last.pt, ...)
-
-- **A run owns its folder.** A new run writes only into a new or empty folder, and claims it
-  before writing anything of its own: run.json is created in one exclusive step, so of two
-  processes started on one folder exactly one wins; the other removes nothing it did not create.
-  A resume writes only into the folder of the same run (run.json's id is the checkpoint's) or a
-  new or empty one. Hydra writes nothing into it (`hydra.output_subdir: null`) but its empty
-  train.log.
-- **The lock lasts as long as the run** (`lock`, `release`); the OS drops it if the process dies.
-- A run that fails before its first checkpoint removes the folder it claimed empty (`discard`).
-
-Plain Python and the file system: nothing here knows Hydra or torch.
-"""
+A new run claims a new or empty folder by creating run.json in one exclusive step (of two
+processes one wins; the loser removes nothing); a resume writes only into its own run's folder or
+a new or empty one; a flock on .lock lasts as long as the run; a run that fails before its first
+checkpoint removes the folder it claimed. Plain Python and the file system only."""
 
 from __future__ import annotations
 
@@ -31,7 +15,6 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +22,6 @@ from microgpt.errors import UserError
 from microgpt.files import CHECKPOINTS, RUN_FILE, atomic_write, is_run_folder
 
 RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
-LOCK_FILE = ".lock"
 HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
 
 
@@ -47,35 +29,18 @@ class RunFolderError(UserError):
     """A folder a run may not use, or no run where one was expected; says why and what to do."""
 
 
-class FolderInUse(RunFolderError):
-    """A run folder another process holds; the message names its pid."""
-
-
 def new_run_id() -> str:
     """A run's identity: when it started, and 8 random hex digits."""
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)
 
 
-@dataclass(frozen=True)
 class RunFolder:
     """One run's folder, and where each of its files lies."""
 
-    path: Path
-
-    def __post_init__(self):
-        object.__setattr__(self, "path", Path(self.path).expanduser())
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / CHECKPOINTS
-
-    @property
-    def best(self) -> Path:
-        return self.checkpoints / "best.pt"
-
-    @property
-    def last(self) -> Path:
-        return self.checkpoints / "last.pt"
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path).expanduser()
+        self.checkpoints = self.path / CHECKPOINTS
+        self.best, self.last = self.checkpoints / "best.pt", self.checkpoints / "last.pt"
 
     def snapshot(self, step: int) -> Path:
         return self.checkpoints / f"step-{step:06d}.pt"
@@ -89,7 +54,7 @@ class RunFolder:
         return self.path / f"heads-{Path(checkpoint).stem}{suffix}"
 
     def run_id(self) -> str | None:
-        """The id in run.json; None when there is none or it cannot be read."""
+        """The id in run.json, or None."""
         try:
             return str(json.loads((self.path / RUN_FILE).read_text())["run_id"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -105,9 +70,14 @@ class RunFolder:
 # ----------------------------------------------------------------------------- finding runs
 
 
+def run_of(checkpoint: str | os.PathLike) -> RunFolder:
+    """The run a checkpoint file belongs to (a checkpoint elsewhere: the folder it lies in)."""
+    p = Path(checkpoint).expanduser()
+    return RunFolder(p.parent.parent if p.parent.name == CHECKPOINTS else p.parent)
+
+
 def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
-    """A run folder, its checkpoints/ folder, or a checkpoint file -> (the run, the checkpoint):
-    a folder's is best.pt, else last.pt; a checkpoint's run holds its checkpoints/ folder."""
+    """A run folder, its checkpoints/ folder or a checkpoint file -> (run, checkpoint)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise RunFolderError(f"{p} does not exist; pass a run folder or a checkpoint file")
@@ -124,12 +94,6 @@ def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
     )
 
 
-def run_of(checkpoint: str | os.PathLike) -> RunFolder:
-    """The run a checkpoint file belongs to (a checkpoint elsewhere: the folder it lies in)."""
-    p = Path(checkpoint).expanduser()
-    return RunFolder(p.parent.parent if p.parent.name == CHECKPOINTS else p.parent)
-
-
 def find_checkpoints(roots=RUN_ROOTS, name: str = "best.pt") -> list[Path]:
     """Every checkpoints/<name> under the run roots, newest first."""
     found = [p for r in roots if Path(r).is_dir() for p in Path(r).glob(f"**/{CHECKPOINTS}/{name}")]
@@ -137,8 +101,7 @@ def find_checkpoints(roots=RUN_ROOTS, name: str = "best.pt") -> list[Path]:
 
 
 def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
-    """Every run at or under `folder` that has logged something (config.yaml and TensorBoard
-    event files), in name order; hidden folders (.submitit) are not runs."""
+    """Every run at or under `folder` with config.yaml and event files (not in hidden folders)."""
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise RunFolderError(
@@ -159,23 +122,16 @@ def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
     return [RunFolder(p) for p in sorted(found)]
 
 
-def latest_run(roots=RUN_ROOTS) -> RunFolder | None:
-    """The run whose last.pt was written most recently (what resume=true continues)."""
-    found = find_checkpoints(roots, "last.pt")
-    return run_of(found[0]) if found else None
-
-
 def latest_checkpoint(roots=RUN_ROOTS) -> Path | None:
     """The default checkpoint of the run written to most recently (what sample.py reads)."""
     found = find_checkpoints(roots, "best.pt") + find_checkpoints(roots, "last.pt")
-    if not found:
-        return None
-    return run_of(max(found, key=lambda p: p.stat().st_mtime)).default_checkpoint()
+    newest = max(found, key=lambda p: p.stat().st_mtime, default=None)
+    return run_of(newest).default_checkpoint() if newest else None
 
 
 def resume_checkpoint(resume: bool | str, folder: str | os.PathLike) -> Path | None:
-    """What a resume setting continues: True -> `folder`'s last.pt (refused if missing); a run
-    folder or its checkpoints/ folder -> its last.pt; a file -> itself; False -> None."""
+    """The checkpoint a resume setting continues: True -> `folder`'s last.pt; a run folder or its
+    checkpoints/ folder -> its last.pt; a file -> itself; False -> None."""
     if resume is True:
         path = RunFolder(folder).last
         if not path.exists():
@@ -185,10 +141,8 @@ def resume_checkpoint(resume: bool | str, folder: str | os.PathLike) -> Path | N
                 f"multirun/); pass resume=PATH to a checkpoint, or start a new run without resume"
             )
         return path
-    if not resume:
-        return None
-    p = Path(resume).expanduser()
-    if not p.is_dir():
+    p = Path(resume).expanduser() if resume else None
+    if p is None or not p.is_dir():
         return p
     for run in (RunFolder(p), RunFolder(p.parent)):
         if run.checkpoints == p or run.checkpoints.is_dir():
@@ -200,11 +154,12 @@ def resume_checkpoint(resume: bool | str, folder: str | os.PathLike) -> Path | N
 
 
 def resume_folder(resume: bool | str) -> RunFolder | None:
-    """The folder a resume continues in: resume=true -> the newest run; a run folder or a
-    checkpoint in a checkpoints/ folder -> that run. Else None (a new folder)."""
+    """The folder a resume continues in: true -> the run whose last.pt is newest; else the run of
+    the checkpoint it names, if in a checkpoints/ folder; else None (a new folder)."""
     if resume is True:
-        return latest_run()
-    p = resume_checkpoint(resume, ".") if resume else None
+        found = find_checkpoints(RUN_ROOTS, "last.pt")
+        return run_of(found[0]) if found else None
+    p = resume_checkpoint(resume, ".")
     return run_of(p) if p is not None and p.parent.name == CHECKPOINTS else None
 
 
@@ -213,26 +168,23 @@ def resume_folder(resume: bool | str) -> RunFolder | None:
 
 @dataclass
 class _Owned:
+    """What this process holds in one folder; made: claimed empty, so it may remove it whole."""
+
     run_id: str | None = None
-    made: bool = False  # this process claimed the folder empty: it may remove it whole
+    made: bool = False
     lock_fd: int | None = None
-    refusal: RunFolderError | None = None  # why the folder was not ours
 
 
 _OWNED: dict[str, _Owned] = {}  # folder (absolute) -> what this process holds there
 
 
-def _key(folder) -> str:
-    return os.path.abspath(Path(folder).expanduser())
-
-
-def _entry(folder) -> _Owned:
-    return _OWNED.setdefault(_key(folder), _Owned())
+def _owned(folder) -> _Owned:
+    return _OWNED.setdefault(os.path.abspath(Path(folder).expanduser()), _Owned())
 
 
 def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]:
-    """What `folder` holds but Hydra's train.log (this process's log, ours; else an empty one)
-    and, claims=False, a claim another process is making (.run.json.*.tmp: its link decides)."""
+    """What `folder` holds but Hydra's train.log (ours, else an empty one) and, claims=False, a
+    claim another process is making (.run.json.*.tmp)."""
     return sorted(
         p.name
         for p in folder.iterdir()
@@ -242,8 +194,8 @@ def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]
 
 
 def new_run_error(folder: str | os.PathLike, what: str = "a run", ours: bool = True) -> str | None:
-    """Why a new run (or sweep: `what`) may not use `folder`, or None. ours=False before Hydra
-    starts: a train.log there then is not this process's log."""
+    """Why a new run (or sweep: `what`) may not use `folder`, or None; ours: a train.log there is
+    this process's."""
     run = RunFolder(folder)
     if run.path.exists() and not run.path.is_dir():
         return f"{run} is an existing file, not a folder; name a new folder"
@@ -264,10 +216,7 @@ def new_run_error(folder: str | os.PathLike, what: str = "a run", ours: bool = T
 
 def check_new(folder: str | os.PathLike) -> None:
     """Refuse (RunFolderError) a new run in a folder it may not use, unless claimed already."""
-    owned = _OWNED.get(_key(folder), _Owned())
-    if owned.refusal is not None:
-        raise owned.refusal
-    error = new_run_error(folder) if owned.run_id is None else None
+    error = None if _owned(folder).run_id else new_run_error(folder)
     if error is not None:
         raise RunFolderError(error)
 
@@ -285,66 +234,60 @@ def _write_claim(folder: Path, run_id: str) -> bool:
 
 
 def claim_new(folder: str | os.PathLike, run_id: str | None = None) -> str:
-    """Claim `folder` for a new run (or a resume, with its run id) and return the run id.
-    Refused (RunFolderError) when the folder holds a run or other files, or another process
-    claimed it first."""
-    owned = _entry(folder)
-    if owned.run_id is not None:
-        return owned.run_id
-    if owned.refusal is None:
+    """Claim `folder` for a new run (or a resume, with its run id) and return the run id, or
+    RunFolderError: it holds a run or other files, or another process claimed it first."""
+    owned = _owned(folder)
+    if owned.run_id is None:
         run_id = run_id or new_run_id()
         error = new_run_error(folder)
-        if error is None and _write_claim(Path(folder).expanduser(), run_id):
-            owned.run_id, owned.made = run_id, True
-            return run_id
-        owned.refusal = RunFolderError(error or new_run_error(folder))
-    raise owned.refusal
+        if error is None and not _write_claim(Path(folder).expanduser(), run_id):
+            error = new_run_error(folder)  # another process claimed it first
+        if error is not None:
+            raise RunFolderError(error)
+        owned.run_id, owned.made = run_id, True
+    return owned.run_id
 
 
 def claim_resume(
     folder: str | os.PathLike, checkpoint: str | os.PathLike, run_id: str | None
 ) -> str:
-    """Claim `folder` for a resume from `checkpoint`, whose run id is `run_id` (None: written
-    before run ids existed), and return the run id the resumed run carries. The folder must hold
-    that same run, or be new or empty; another run's folder is refused, naming both runs."""
-    run, owned = RunFolder(folder), _entry(folder)
-    if owned.run_id is not None:
-        return owned.run_id
+    """Claim `folder`, holding the same run or new or empty, for a resume from `checkpoint` (run
+    id `run_id`, None before run ids) and return the run id it carries; else RunFolderError."""
+    run, owned = RunFolder(folder), _owned(folder)
     here = run.run_id()
     own_checkpoint = run_of(checkpoint).path.resolve() == run.path.resolve()
-    if here is not None and (here == run_id or (run_id is None and own_checkpoint)):
-        owned.run_id = here
-        return here
-    if here is None and run.checkpoints.is_dir() and own_checkpoint:  # a run without run.json
-        owned.run_id = run_id or new_run_id()
-        _write_claim(run.path, owned.run_id)
-        return owned.run_id
-    if run.holds_run():
-        raise RunFolderError(
-            f"cannot resume {checkpoint} (run {run_id or 'without an id'}) in {run}: that folder "
-            f"holds another run ({f'run {here}' if here else 'a run'}), which would be written "
-            f"over; resume in the checkpoint's own folder (resume={run_of(checkpoint)}), or in a "
-            f"new folder (hydra.run.dir=NEW_FOLDER)"
-        )
+    if owned.run_id is None and run.holds_run():
+        if here is not None and (here == run_id or (run_id is None and own_checkpoint)):
+            owned.run_id = here
+        elif here is None and run.checkpoints.is_dir() and own_checkpoint:
+            # a run from before run.json: claimed now, under the checkpoint's id
+            owned.run_id = run_id or new_run_id()
+            _write_claim(run.path, owned.run_id)
+        else:
+            raise RunFolderError(
+                f"cannot resume {checkpoint} (run {run_id or 'without an id'}) in {run}: that "
+                f"folder holds another run ({f'run {here}' if here else 'a run'}), which would be "
+                f"written over; resume in the checkpoint's own folder (resume="
+                f"{run_of(checkpoint)}), or in a new folder (hydra.run.dir=NEW_FOLDER)"
+            )
     try:
-        return claim_new(folder, run_id)
+        return owned.run_id or claim_new(folder, run_id)
     except RunFolderError as e:
         raise RunFolderError(str(e).replace("a run writes", "a resumed run writes")) from None
 
 
 def lock(folder: str | os.PathLike) -> None:
-    """Hold an OS lock (flock on <folder>/.lock) until `release`; the OS drops it if the process
-    dies. Held by another process: FolderInUse naming its pid."""
-    folder, owned = Path(folder), _entry(folder)
+    """Hold a flock on <folder>/.lock until `release` (or the process dies), else RunFolderError."""
+    owned = _owned(folder)
     if owned.lock_fd is not None:
         return
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(Path(folder) / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise FolderInUse(
+        raise RunFolderError(
             f"{folder} is in use by another microgpt process (pid {holder}); wait for it to end "
             f"or stop it, then run again"
         ) from None
@@ -354,41 +297,31 @@ def lock(folder: str | os.PathLike) -> None:
 
 
 def release(folder: str | os.PathLike, forget: bool = True) -> None:
-    """The run in `folder` has ended: drop its lock. forget=False keeps what this process made
-    there, for `discard` to remove after an error."""
-    owned = _OWNED.get(_key(folder))
+    """Drop the lock on `folder`; forget=False keeps what this process made there for `discard`."""
+    key = os.path.abspath(Path(folder).expanduser())
+    owned = _OWNED.pop(key, None) if forget else _OWNED.get(key)
     if owned is not None and owned.lock_fd is not None:
         with contextlib.suppress(OSError):
             os.close(owned.lock_fd)
         owned.lock_fd = None
-    if owned is not None and forget:
-        del _OWNED[_key(folder)]
 
 
-def discard(before_removing: Callable | None = None, made_for=None) -> str | None:
-    """After an error, remove the run folders this process claimed empty and that hold no
-    checkpoint, and `made_for` (the folder Hydra made for this run) if it holds nothing but
-    Hydra's empty train.log. Every other folder keeps every file. `before_removing(folder)` runs
-    first (to close log files). Returns the run folder removed, if any."""
-    removed = None
+def discard(before_removing=None, made_for=None) -> str | None:
+    """After an error, remove the folders this process claimed that hold no checkpoint, and
+    `made_for` (Hydra's) if it holds only an empty train.log; returns the last one removed."""
+    doomed = [Path(key) for key, owned in _OWNED.items() if owned.made]
     for key in list(_OWNED):
-        made = _OWNED[key].made
         release(key)
-        empty = Path(key).is_dir() and not list(RunFolder(key).checkpoints.glob("*.pt"))
-        if made and empty:
-            removed = _remove(Path(key), before_removing)
+    doomed = [f for f in doomed if f.is_dir() and not list(RunFolder(f).checkpoints.glob("*.pt"))]
     made_for = Path(made_for) if made_for is not None else None
     if made_for is not None and made_for.is_dir() and not _foreign(made_for, claims=True):
-        removed = _remove(made_for, before_removing)
-    return removed
-
-
-def _remove(folder: Path, before_removing: Callable | None) -> str:
-    if before_removing is not None:
-        before_removing(folder)
-    shutil.rmtree(folder, ignore_errors=True)
-    for parent in (folder.parent, folder.parent.parent):  # outputs/<date>/, outputs/
-        if set(RUN_ROOTS) & {parent.name, parent.parent.name}:
-            with contextlib.suppress(OSError):  # when they held this run only
-                parent.rmdir()
-    return str(folder)
+        doomed.append(made_for)
+    for folder in doomed:
+        if before_removing is not None:
+            before_removing(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        for parent in (folder.parent, folder.parent.parent):  # outputs/<date>/, outputs/
+            if set(RUN_ROOTS) & {parent.name, parent.parent.name}:
+                with contextlib.suppress(OSError):  # when they held this run only
+                    parent.rmdir()
+    return str(doomed[-1]) if doomed else None

@@ -1,9 +1,10 @@
 """Checking a command line before Hydra writes anything: every job of a sweep composed and
-validated, with one line per bad setting (unknown keys with a close match, unknown group options,
-wrong types, `--heads=4`), and a new run refused where a run already is."""
+validated, one line per bad setting (unknown keys with a close match, unknown group options,
+wrong types, `--heads=4`), and a run or sweep refused a folder it may not use."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import itertools
@@ -23,7 +24,7 @@ from microgpt import runs
 from microgpt.config import Config, SampleConfig, flatten, load_config, parse_resume
 from microgpt.data.dataset import resolve_data_path
 from microgpt.errors import UserError, print_error
-from microgpt.files import SYSTEM_ROOTS
+from microgpt.files import is_system_path
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
 INFO_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-sc",
@@ -32,13 +33,21 @@ CONFIG_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config
 FLAGS = {"-m", "--multirun", "-p", "--package", *INFO_FLAGS, *CONFIG_FLAGS}
 GROUPS = ("model", "data", "optim", "experiment")
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException)
-QUOTING = "settings are written key=value, e.g. heads=4, and a value with '=' or spaces in quotes"
+SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"  # the keys a -m command line sweeps, for cli.job_dir
+MIN_FREE = 16 * 2**20  # a run folder's disk needs room for a few checkpoints at the least
+
+
+class _LeaveToHydra(Exception):
+    """HYDRA_FULL_ERROR=1, or a sweep Hydra alone can read: Hydra reports it, trace and all."""
+
+
+def _leave_to_hydra_if_asked() -> None:
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise _LeaveToHydra
 
 
 def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> None:
-    """Before @hydra.main writes anything: every setting of every job (all of a -m sweep's) is
-    composed and validated, and each error is printed in one line (exit 2). With
-    HYDRA_FULL_ERROR=1, a setting Hydra cannot compose is left to Hydra, trace and all."""
+    """Compose and validate every job (all of a -m sweep's); each error in one line, exit 2."""
     if any(a.split("=", 1)[0] in INFO_FLAGS | CONFIG_FLAGS for a in argv):
         return
     try:
@@ -53,13 +62,9 @@ def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> Non
         sys.exit(2)
 
 
-class _LeaveToHydra(Exception):
-    pass
-
-
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
-    """Every job of a -m command line, as Hydra's basic sweeper makes them: the product of each
-    swept setting's values (heads=1,2 seed=range(2) -> 4 jobs). HydraException if unreadable."""
+    """Every job of a -m command line, as Hydra's basic sweeper makes them (heads=1,2
+    seed=range(2) -> 4 jobs); HydraException if unreadable."""
     choices = {}
     for o in OverridesParser.create().parse_overrides(overrides):
         if o.is_sweep_override() and not o.is_discrete_sweep():
@@ -68,6 +73,11 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
         values = o.sweep_string_iterator() if o.is_sweep_override() else []
         choices[key] = [f"{key}={v}" for v in values or [o.get_value_element_as_str()]]
     return [list(job) for job in itertools.product(*choices.values())]
+
+
+def _settings(job: list[str]) -> dict[str, str]:
+    """key -> value of the key=value overrides (a leading + dropped; the last one given wins)."""
+    return {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in job if "=" in o}
 
 
 def _overrides(argv: list[str]) -> list[str]:
@@ -81,24 +91,24 @@ def _overrides(argv: list[str]) -> list[str]:
             nxt = argv[i + 1] if i + 1 < len(argv) else ""
             if not value and nxt and "=" not in nxt and not nxt.startswith("-"):
                 value = nxt
-            value = value or "VALUE"
-            raise UserError(f"{arg}: settings are written {name}={value}, without dashes")
+            written = f"{name}={value or 'VALUE'}"
+            raise UserError(f"{arg}: settings are written {written}, without dashes")
         if not (i > 0 and argv[i - 1].startswith("-") and argv[i - 1] not in FLAGS):
             overrides.append(arg)
     return overrides
 
 
-def _parse(overrides: list[str], full_error: bool) -> list:
+def _parse(overrides: list[str]) -> list:
     """Hydra's reading of the overrides; one that cannot be read is a UserError naming it."""
     parser = OverridesParser.create()
     for override in overrides:  # one at a time, to name the one that cannot be read
         try:
             parser.parse_overrides([override])
         except HydraException as e:
-            if full_error:
-                raise _LeaveToHydra from None
+            _leave_to_hydra_if_asked()
             why = _first(e).replace("Error parsing override", "").strip(" '")
-            raise UserError(f"{override}: cannot read the setting ({why}); {QUOTING}: "
+            raise UserError(f"{override}: cannot read the setting ({why}); settings are written "
+                            f"key=value, e.g. heads=4, and a value with '=' or spaces in quotes: "
                             f"run='multirun/x/heads=4'") from None  # fmt: skip
     parsed = parser.parse_overrides(overrides)
     for o in parsed:
@@ -111,17 +121,17 @@ def _parse(overrides: list[str], full_error: bool) -> list:
 
 def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
     multirun = "-m" in argv or "--multirun" in argv
-    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
         overrides = _overrides(argv)
-        parsed = _parse(overrides, full_error)
-        swept = [o for o in parsed if o.is_sweep_override()]
+        swept = [o for o in _parse(overrides) if o.is_sweep_override()]
         if swept and not multirun:
             raise UserError(
                 f"{swept[0].input_line}: a list of values is a sweep: add -m to run one job per "
                 f"value; for one value that is a list write key=[a,b], for text with a comma "
                 f"quote it: key='a,b'"
             )
+        if multirun:  # in the environment: launcher subprocesses see it too
+            os.environ[SWEPT_KEYS_ENV] = ",".join(o.get_key_element().lstrip("+~") for o in swept)
         if multirun and config_name == "config":
             _check_sweep_folder(overrides)
     except UserError as e:
@@ -133,7 +143,7 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
     sweep_keys = {o.get_key_element() for o in swept}
     errors, seen = [], {}
     for job in jobs:
-        message, settings = _job_error(list(job), conf_dir, config_name, full_error)
+        message, settings = _job_error(job, conf_dir, config_name)
         name = ",".join(o for o in job if o.split("=", 1)[0] in sweep_keys)
         if message:
             errors.append(f"job {name}: {message}" if len(jobs) > 1 else message)
@@ -142,47 +152,42 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
                 f"jobs {seen[settings]} and {name} are the same run (the sweep lists it twice); "
                 f"list each value once"
             ]
-        elif settings is not None:
+        else:
             seen[settings] = name
     return errors
 
 
-def _job_error(
-    job: list[str], conf_dir: Path, config_name: str, full_error: bool
-) -> tuple[str | None, str | None]:
+def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | None, str]:
     """(what is wrong with this job, or None; its validated settings as text, to find twins)."""
     schema = SampleConfig if config_name == "sample" else Config
     task = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/", "override hydra"))]
-    if schema is Config and not any(o.split("=", 1)[0] == "out_dir" for o in task):
+    if schema is Config and "out_dir" not in _settings(task):
         task.append("out_dir=.")  # ${hydra:...} does not resolve under compose()
     with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
         try:
             cfg = compose(config_name=config_name, overrides=task)
         except COMPOSE_ERRORS as e:
-            if full_error:
-                raise _LeaveToHydra from None
+            _leave_to_hydra_if_asked()
             groups = [o for o in task if o.split("=", 1)[0].lstrip("+~") in GROUPS]
             try:  # the settings there are, to name the closest (composed only when needed)
                 base = compose(config_name=config_name, overrides=groups)
             except COMPOSE_ERRORS:
                 base = None
-            return _explain(e, task, base, conf_dir), None
-    added = _added_key_error(task, schema)
-    if added:
-        return added, None
+            return _explain(e, task, base, conf_dir), ""
     try:
+        _check_added_keys(task, schema)
         c = load_config(cfg, schema)
+        if schema is Config:
+            _check_heads(job)
+            _check_data(c, job)
+            _check_run_folder(c, job)
     except UserError as e:
-        return str(e), None
-    settings = json.dumps(dataclasses.asdict(c), sort_keys=True, default=str)
-    if schema is Config:
-        return _both_heads_error(job) or _data_error(c, job) or _run_folder_error(c, job), settings
-    return None, settings
+        return str(e), ""
+    return None, json.dumps(dataclasses.asdict(c), sort_keys=True, default=str)
 
 
-def _added_key_error(task: list[str], schema: type) -> str | None:
-    """`+key=value` adds a key: one the schema does not have would be ignored, so it is refused
-    like any unknown setting (the schema's own keys may be added: `+heads=4` is heads=4)."""
+def _check_added_keys(task: list[str], schema: type) -> None:
+    """`+key=value` with a key the schema does not have (it would be ignored) is a UserError."""
     known = list(flatten(dataclasses.asdict(schema())))
     for override in task:
         key = override.split("=", 1)[0]
@@ -193,41 +198,39 @@ def _added_key_error(task: list[str], schema: type) -> str | None:
             continue
         close = difflib.get_close_matches(bare, known, n=1, cutoff=0.75)
         hint = f"; did you mean {close[0]}=...?" if close else "; see conf/ for the settings"
-        return f"{override}: unknown setting {bare} (+ adds a key, and no schema has it){hint}"
-    return None
-
-
-def _both_heads_error(job: list[str]) -> str | None:
-    """heads=N sets model.n_head: both given and different, one would be silently dropped."""
-    named = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in job if "=" in o}
-    if "heads" in named and "model.n_head" in named and named["heads"] != named["model.n_head"]:
-        return (
-            f"heads={named['heads']} and model.n_head={named['model.n_head']} name the same "
-            f"setting with different values; give one of them"
+        raise UserError(
+            f"{override}: unknown setting {bare} (+ adds a key, and no schema has it){hint}"
         )
-    return None
 
 
-def _data_error(c: Config, job: list[str]) -> str | None:
-    """The data file of every job, before job 0 starts: it exists and is a regular file (a FIFO
-    would block the read, a device would never end)."""
-    named = any(o.split("=", 1)[0].lstrip("+") == "data.path" for o in job)
-    if parse_resume(c.resume) and not named:
-        return None  # a resume trains on the checkpoint's data
-    if c.data.format == "repeats":
-        return None  # generated items: data.path is a label, no file is read
+def _check_heads(job: list[str]) -> None:
+    """heads=N sets model.n_head: both given and different, one would be silently dropped."""
+    heads, n_head = (_settings(job).get(key) for key in ("heads", "model.n_head"))
+    if heads is not None and n_head is not None and heads != n_head:
+        raise UserError(
+            f"heads={heads} and model.n_head={n_head} name the same setting with different "
+            f"values; give one of them"
+        )
+
+
+def _check_data(c: Config, job: list[str]) -> None:
+    """The data file of every job, before job 0 starts: a regular file (not a FIFO or device)."""
+    # a resume trains on its checkpoint's data; repeats reads no file
+    if (parse_resume(c.resume) and "data.path" not in _settings(job)) or c.data.format == "repeats":
+        return
     path = resolve_data_path(c.data.path)
     where = Path(os.path.abspath(path))
     fix = "point data.path=... at a text file"
-    if path.is_file():
-        return None
     if not path.exists():
         # a preset that names how its file is built (data=shakespeare) says so
         fix = f"build it first: {c.data.prepare}" if c.data.prepare else fix
-        return f"no data file at {where} (data.path={c.data.path}); {fix}"
+        raise UserError(f"no data file at {where} (data.path={c.data.path}); {fix}")
     if path.is_dir():
-        return f"data.path={c.data.path}: {where} is a folder, not a file; {fix}"
-    return f"data.path={c.data.path}: {where} is not a regular file (a device or FIFO); {fix}"
+        raise UserError(f"data.path={c.data.path}: {where} is a folder, not a file; {fix}")
+    if not path.is_file():
+        raise UserError(
+            f"data.path={c.data.path}: {where} is not a regular file (a device or FIFO); {fix}"
+        )
 
 
 def _first(e: BaseException) -> str:
@@ -242,8 +245,7 @@ def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
         key, _, value = override.partition("=")
         bare = key.lstrip("+~")
         if bare in GROUPS or "/" in bare:
-            group = conf_dir / bare
-            options = sorted(p.stem for p in group.glob("*.yaml")) if group.is_dir() else []
+            options = sorted(p.stem for p in (conf_dir / bare).glob("*.yaml"))
             if value not in options and value != "null":
                 close = difflib.get_close_matches(value, options, n=1)
                 hint = f"; did you mean {bare}={close[0]}?" if close else ""
@@ -255,91 +257,67 @@ def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
             parent = bare.rsplit(".", 1)[0] + "." if "." in bare else ""
             close = difflib.get_close_matches(bare, known, n=1, cutoff=0.75)
             if close:
-                hint = f"; did you mean {close[0]}?"
-            else:
-                under = [k for k in known if k.startswith(parent)] if parent else known
-                hint = f"; known settings{' under ' + parent[:-1] if parent else ''}: " + ", ".join(
-                    sorted({k[len(parent) :].split(".")[0] for k in under})
-                )
-            return f"{override}: unknown setting {bare}{hint}"
+                return f"{override}: unknown setting {bare}; did you mean {close[0]}?"
+            under = sorted({k[len(parent) :].split(".")[0] for k in known if k.startswith(parent)})
+            where = f" under {parent[:-1]}" if parent else ""
+            return f"{override}: unknown setting {bare}; known settings{where}: {', '.join(under)}"
     cause = e.__cause__ or e
     key = getattr(cause, "full_key", None)
     named = [o for o in task if key and o.split("=", 1)[0].lstrip("+~") == key]
-    where = named[-1] if named else None  # the last one given wins
-    return f"{where or _first(e)}: {_first(cause)}"
+    # the last one given wins
+    return f"{named[-1] if named else _first(e)}: {_first(cause)}"
 
 
-def _run_folder_error(c: Config, job: list[str]) -> str | None:
-    """For a new run, the run folder named on the command line (a file, a place nothing can be
-    written, a folder holding a run or anything else: microgpt.runs.new_run_error); for a
-    resume, a run to continue. Before Hydra writes there."""
-    named = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in job if "=" in o}
-    error = _unwritable("hydra.run.dir", named.get("hydra.run.dir", "outputs"))
+def _check_run_folder(c: Config, job: list[str]) -> None:
+    """A new run's folder (runs.new_run_error), or a resume's run, before Hydra writes there."""
+    named = _settings(job)
+    _check_writable("hydra.run.dir", named.get("hydra.run.dir", "outputs"))
     resume = parse_resume(c.resume)
-    if error or resume is True:
-        return error
-    if resume:
-        try:
-            runs.resume_checkpoint(resume, ".")
-            return None
-        except runs.RunFolderError as e:
-            return str(e)
-    for key in ("hydra.run.dir", "out_dir"):
-        # under torchrun, rank 0 checks and claims the folder and the other ranks join it
-        if key in named and (key != "out_dir" or c.out_dir != ".") and _rank() == 0:
-            error = runs.new_run_error(named[key], ours=False)
-            if error:
-                return error
-    return None
-
-
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+    if isinstance(resume, str):
+        runs.resume_checkpoint(resume, ".")
+    # under torchrun, rank 0 checks and claims the folder and the other ranks join it
+    elif not resume and os.environ.get("RANK", "0") == "0":
+        folders = [named.get("hydra.run.dir"), named.get("out_dir") if c.out_dir != "." else None]
+        for error in filter(None, (runs.new_run_error(f, ours=False) for f in folders if f)):
+            raise UserError(error)
 
 
 def _check_sweep_folder(overrides: list[str]) -> None:
-    """A sweep owns its folder too: hydra.sweep.dir, when named, must be new or empty (never a
-    run, another sweep, conf/ or the user's files), before Hydra writes multirun.yaml there."""
-    named = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "hydra.sweep.dir"]
-    folder = named[-1].strip("'\"") if named else "multirun"
-    error = _unwritable("hydra.sweep.dir", folder)
-    if not error and named and runs.RunFolder(folder).holds_run():
-        error = f"hydra.sweep.dir={folder} holds a run, never a sweep's; name a new folder"
-    if not error and named:
-        error = runs.new_run_error(folder, "a sweep", ours=False)
+    """A sweep owns its folder too: hydra.sweep.dir, when named, must be new or empty."""
+    named = _settings(overrides).get("hydra.sweep.dir")
+    folder = named.strip("'\"") if named else "multirun"
+    _check_writable("hydra.sweep.dir", folder)
+    if named and runs.RunFolder(folder).holds_run():
+        raise UserError(f"hydra.sweep.dir={folder} holds a run, never a sweep's; name a new folder")
+    error = named and runs.new_run_error(folder, "a sweep", ours=False)
     if error:
         raise UserError(error)
 
 
-MIN_FREE = 16 * 2**20  # a run folder's disk needs room for a few checkpoints at the least
-
-
-def _unwritable(key: str, value: str) -> str | None:
-    """Why a run folder cannot be made at `value`: under /proc, /dev or /sys, inside a file, on a
-    read-only disk or one without room; None if it can."""
+def _check_writable(key: str, value: str) -> None:
+    """A run folder can be made at `value`: not a system path or a file, on a disk with room."""
     folder = Path(os.path.abspath(Path(value).expanduser()))
-    if any(str(folder) == r or str(folder).startswith(r + os.sep) for r in SYSTEM_ROOTS):
-        return (
+    if is_system_path(folder):
+        raise UserError(
             f"{key}={value} is under /{folder.parts[1]}, the system's files, not a disk; name a "
             f"folder on a disk"
         )
     existing = next(p for p in (folder, *folder.parents) if os.path.lexists(p))
     if existing == folder and not folder.is_dir():
-        return f"{key}={value} is an existing file, not a folder; name a new folder"
+        raise UserError(f"{key}={value} is an existing file, not a folder; name a new folder")
     if not existing.is_dir():
-        return f"{key}={value} is inside {existing}, which is a file, not a folder; name a folder"
+        raise UserError(
+            f"{key}={value} is inside {existing}, which is a file, not a folder; name a folder"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        return (
+        raise UserError(
             f"{key}={value}: cannot write in {existing} (a read-only disk or no permission); "
             f"name a folder you can write"
         )
-    try:
+    with contextlib.suppress(OSError):
         free = shutil.disk_usage(existing).free
-    except OSError:
-        return None
-    if free < MIN_FREE:
-        return (
-            f"{key}={value}: the disk of {existing} is full ({free // 2**20} MiB free); free some "
-            f"space or name a folder on another disk"
-        )
-    return None
+        if free < MIN_FREE:
+            raise UserError(
+                f"{key}={value}: the disk of {existing} is full ({free // 2**20} MiB free); free "
+                f"some space or name a folder on another disk"
+            )

@@ -105,7 +105,6 @@ def run(command: str, *args, cwd: Path) -> Result:
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 if command in ("train.py", "sample.py"):
-                    cli.record_swept_keys(args)
                     cli.main(module.main, REPO / "conf", config)
                 elif command == "heads":
                     from microgpt.heads import command as heads
