@@ -68,12 +68,12 @@ class Data:
         return self.label or str(self.path)
 
     def train_batches(
-        self, global_batch: int, seed: int, group_by_length: int = 0
+        self, global_batch: int, seed: int, group_by_length: int = 0, pack: int = 0
     ) -> ItemBatches | WindowBatches:
         if self.format == "text":
             device = self.datasets["val"].device
             return WindowBatches(self.train_ids, self.block_size, global_batch, seed, device)
-        return ItemBatches(self.datasets["train"], global_batch, seed, group_by_length)
+        return ItemBatches(self.datasets["train"], global_batch, seed, group_by_length, pack)
 
     @cached_property
     def verbatim_index(self) -> text.VerbatimIndex | None:
