@@ -39,13 +39,16 @@ FORMATS = ("lines", "text", "repeats")  # one item per line | one stream | gener
 __all__ = ["FORMATS", "Data", "DataError", "data_of_checkpoint", "load_data", "resolve_data_path"]
 
 
+# the repository: microgpt/data/dataset.py -> microgpt/data -> microgpt -> the root
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
 def resolve_data_path(path: str) -> Path:
     """A relative path is tried from the working directory, then from the repository root."""
     p = Path(path).expanduser()
     if p.is_absolute() or p.exists():
         return p
-    repo_root = Path(__file__).resolve().parent.parent
-    return repo_root / p if (repo_root / p).exists() else p
+    return REPO_ROOT / p if (REPO_ROOT / p).exists() else p
 
 
 @dataclass

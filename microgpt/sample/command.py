@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from microgpt.config import SampleConfig, load_config
-from microgpt.data.dataset import DataError, data_of_checkpoint, resolve_data_path
+from microgpt.data.dataset import REPO_ROOT, DataError, data_of_checkpoint, resolve_data_path
 from microgpt.data.lines import Split
 from microgpt.files import STDOUT, OutputRefused, check_new_file, write_text
 from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
@@ -21,7 +21,6 @@ from microgpt.sample.report import PASSAGE_LENGTH, sample_names, sample_passages
 from microgpt.system import available_memory, gib, pick_device, set_threads
 from microgpt.train.checkpoint import Checkpoint
 
-PROJECT = Path(__file__).resolve().parents[2]  # relative data paths are also tried from here
 NAMES, PASSAGES = 20, 3  # num_samples=null: names of a lines run, passages of a text run
 # what one sampled item costs in memory until it is printed: the string (about 50 bytes and its
 # characters), its place in the lists, its (item, where) mark and its printed line
@@ -76,7 +75,7 @@ def check_out(out, checkpoint: Path, data_path, overwrite: bool, items: set[str]
     protected = {checkpoint: "the checkpoint being sampled from"}
     if data_path:
         p = Path(data_path).expanduser()
-        tried = [Path.cwd() / p, resolve_data_path(data_path), PROJECT / p]
+        tried = [Path.cwd() / p, resolve_data_path(data_path), REPO_ROOT / p]
         protected |= dict.fromkeys(tried, "the data file the model was trained on")
     try:
         target = check_new_file(out, "out", overwrite, protected)
