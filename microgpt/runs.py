@@ -258,15 +258,15 @@ def _write_claim(folder: Path, run_id: str) -> bool:
         return False
 
 
-def claim_new(folder: str | os.PathLike, run_id: str | None = None) -> str:
-    """Claim `folder` for a new run (or a resume, with its run id) and return the run id, or
-    RunFolderError: it holds a run or other files, or another process claimed it first."""
+def claim_new(folder: str | os.PathLike, run_id: str | None = None, what: str = "a run") -> str:
+    """Claim `folder` for a new run (or `what`: a resume, with its run id) and return the run id,
+    or RunFolderError: it holds a run or other files, or another process claimed it first."""
     owned = _owned(folder)
     if owned.run_id is None:
         run_id = run_id or new_run_id()
-        error = new_run_error(folder)
+        error = new_run_error(folder, what=what)
         if error is None and not _write_claim(Path(folder).expanduser(), run_id):
-            error = new_run_error(folder)  # another process claimed it first
+            error = new_run_error(folder, what=what)  # another process claimed it first
         if error is not None:
             raise RunFolderError(error)
         owned.run_id, owned.made = run_id, True
@@ -295,10 +295,7 @@ def claim_resume(
                 f"written over; resume in the checkpoint's own folder (resume="
                 f"{run_of(checkpoint)}), or in a new folder (hydra.run.dir=NEW_FOLDER)"
             )
-    try:
-        return owned.run_id or claim_new(folder, run_id)
-    except RunFolderError as e:
-        raise RunFolderError(str(e).replace("a run writes", "a resumed run writes")) from None
+    return owned.run_id or claim_new(folder, run_id, "a resumed run")
 
 
 def lock(folder: str | os.PathLike) -> None:

@@ -260,9 +260,10 @@ def _check_settings(saved: dict, current: dict, path: Path) -> None:
     a, b = {**flatten(asdict(Config())), **flatten(saved)}, flatten(current)
     # "log." names every setting under log
     groups = tuple(r for r in RESUMABLE_CHANGES if r.endswith("."))
-    changed = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]
     differing = sorted(
-        k for k in changed if k not in RESUMABLE_CHANGES and not k.startswith(groups)
+        k
+        for k in a.keys() | b.keys()
+        if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES and not k.startswith(groups)
     )
     if differing:
         details = ", ".join(
