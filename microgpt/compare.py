@@ -2,16 +2,11 @@
 
     python -m microgpt.compare multirun/2026-05-01/12-00-00 [--plot val_loss.png]
 
-Reads every run folder under the folder (config, metrics, checkpoint, as `python train.py -m
-heads=1,2,4,8` writes them) and prints one row per run, by head count: best val (the lowest
-`loss/val`), test (`loss/test`, of the best weights), tok/s (the median `tokens_per_sec`), each
-layer's mean attention entropy (nats) at the last step; then the head columns (heads/ summaries,
-microgpt.heads.report): prunable, each layer's largest importance, induction, repeat gain,
-copying, named and the count of each role some run has (mixed always). They come from `python -m
-microgpt.heads RUN`'s analysis of the row's checkpoint (best.pt, else last.pt), else from the last
-logged `heads/...` scalars; heads step says of which step, with `*` and a line under the table
-where that is not the checkpoint's (or the last) step. It draws the validation loss curves, one
-per run, into `<folder>/val_loss.png` (--plot).
+One row per run folder under the folder, by head count: best val (the lowest `loss/val`), test,
+tok/s (the median), each layer's mean attention entropy at the last step; then the head summaries
+(microgpt.heads.report) of `python -m microgpt.heads RUN`'s analysis of its checkpoint, else the
+last logged `heads/...` scalars, with the step they are of (`*` and a line under the table where
+that is not the checkpoint's or the last step). It draws the validation curves into --plot.
 """
 
 from __future__ import annotations
@@ -130,25 +125,25 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 def _from_checkpoint(run: Path) -> tuple[int | None, str, int | None]:
     """The checkpoint's parameter count (tied weights once), data ("path #hash of the split") and
     step (best.pt's, else last.pt's)."""
-    folder = RunFolder(run)
-    problems = []
+    folder, problem = RunFolder(run), None
     for path in (folder.best, folder.last):
-        if path.is_file():
-            try:
-                ckpt = Checkpoint.load(path)
-            except CheckpointError as e:
-                problems.append(str(e))
-                continue
-            sizes = {  # tied weights share a storage: each counted once
-                (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
-                for t in ckpt.model.values()
-            }
-            total = sum(sizes.values())
-            split = json.dumps(ckpt.split, sort_keys=True).encode()
-            data = ckpt.data.get("path", "?")
-            return total, f"{data} #{hashlib.sha256(split).hexdigest()[:8]}", ckpt.step
-    if problems:  # every checkpoint it has is damaged
-        raise CompareError(problems[0])
+        if not path.is_file():
+            continue
+        try:
+            ckpt = Checkpoint.load(path)
+        except CheckpointError as e:
+            problem = problem or CompareError(str(e))
+            continue
+        # tied weights share a storage: each counted once
+        sizes = {
+            (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
+            for t in ckpt.model.values()
+        }
+        split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
+        return sum(sizes.values()), f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
+    # every checkpoint it has is damaged, or it has none
+    if problem is not None:
+        raise problem
     return None, "?", None
 
 

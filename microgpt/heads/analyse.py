@@ -57,8 +57,7 @@ def _eval(model: nn.Module, inference: bool = True) -> Iterator[None]:
 
 @torch.no_grad()
 def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
-    """One row's attention, per layer (H, T, T) float32 on the CPU: ids (T,) on the model's
-    device, in eval mode (the model is put back in its mode)."""
+    """One row's attention per layer, (H, T, T) float32 on the CPU, in eval mode (then restored)."""
     device = next(model.parameters()).device
     with eval_mode(model):
         _, _, attention = model.forward_with_attention(torch.tensor([list(ids)], device=device))
@@ -73,12 +72,10 @@ def attention_entropy(attention: Sequence[Tensor], query_mask: Tensor) -> Tensor
 
 
 def _first_pass(model, batches, members, chars, width: int):
-    """One forward pass over the batches: each head's mean output (L, H, hd) over the real
-    positions (W_O's input) and at each position (L, H, width, hd), and the pattern sums per
-    layer (microgpt.heads.roles.pattern_sums)."""
+    """One pass: each head's mean output (W_O's input) over the real positions (L, H, hd) and at
+    each position (L, H, width, hd), and the pattern sums per layer (roles.pattern_sums)."""
     L, H, hd = model_heads(model)
-    C = model.config.n_embd
-    state: dict = {}
+    C, state = model.config.n_embd, {}
     out_sums = torch.zeros(L, width, C, dtype=torch.float64)  # per position
     per_position = torch.zeros(width, dtype=torch.float64)  # real queries at each position
 
@@ -104,9 +101,8 @@ def _first_pass(model, batches, members, chars, width: int):
 
 @torch.no_grad()
 def run_probe(model, device) -> Probe | None:
-    """The repeated-span probe (microgpt.data.repeats: a boundary token, a span of distinct random
-    characters as long as the block allows, the span again) on `model`, in eval mode; None where
-    the span would be < 2."""
+    """The repeated-span probe (microgpt.data.repeats) on `model` in eval mode; None where the
+    span would be < 2."""
     span, V = span_for(model.config.block_size), model.config.vocab_size
     if span < 2 or V < 3:
         return None

@@ -173,19 +173,16 @@ def patterns_of(sums: list[dict[str, Tensor]]) -> dict:
     """Per-layer sums (pattern_sums added over batches) -> HeadReport's fields: `mass` and `lift`
     ({pattern: (L, H)}, every pattern some query could see, in ROLES order), `roles`, `scores`,
     and the means `offsets` (L, H, OFFSETS), `start`, `spread`, `entropy` (L, H)."""
-    mass, lift = {}, {}
-    for name in ROLES[:-1]:
-        if name in sums[0] and float(sums[0][name + "_n"]) > 0:
-            mass[name] = torch.stack([s[name] / s[name + "_n"].clamp(min=1) for s in sums])
-            lift[name] = torch.stack(
-                [s[name] / s[name + "_chance"].clamp(min=1e-300) for s in sums]
-            )
+
+    def per_layer(name: str, by: str = "_n", least: float = 1) -> Tensor:
+        return torch.stack([s[name] / s[name + by].clamp(min=least) for s in sums])
+
+    seen = [n for n in ROLES[:-1] if n in sums[0] and float(sums[0][n + "_n"]) > 0]
+    mass = {name: per_layer(name) for name in seen}
+    lift = {name: per_layer(name, "_chance", 1e-300) for name in seen}
     roles, scores = roles_of(mass, lift)
     # no queries for a statistic: 0
-    stat = {
-        name: torch.stack([s[name] / s[name + "_n"].clamp(min=1) for s in sums])
-        for name in ("offsets", "start", "spread", "entropy")
-    }
+    stat = {name: per_layer(name) for name in ("offsets", "start", "spread", "entropy")}
     return {"mass": mass, "lift": lift, "roles": roles, "scores": scores, **stat}
 
 
