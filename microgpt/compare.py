@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from microgpt import runs
 from microgpt.errors import UserError, print_error
 from microgpt.files import check_new_file
-from microgpt.heads.report import ROLES, read_analysis
+from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.viz.draw import plot_lines
@@ -91,14 +91,6 @@ class RunSummary:
 
 
 # ----------------------------------------------------------------------------- reading
-
-
-def find_runs(folder: str | Path) -> list[Path]:
-    """Every run folder at or under `folder` that has logged something (runs.find_runs)."""
-    try:
-        return [run.path for run in runs.find_runs(folder)]
-    except runs.RunFolderError as e:
-        raise CompareError(str(e)) from None
 
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
@@ -181,9 +173,13 @@ def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]], check
     checkpoint (best.pt, else last.pt), else each logged summary's last value (of the last step)."""
     folder = RunFolder(run)
     checkpoint = folder.default_checkpoint()
-    analysis = read_analysis(folder.analysis(checkpoint)) if checkpoint is not None else None
-    if analysis is not None:
-        return *analysis, checkpoint_step
+    if checkpoint is not None:
+        # the JSON python -m microgpt.heads wrote (HeadReport.to_dict, with the checkpoint's step)
+        try:
+            data = json.loads(folder.analysis(checkpoint).read_text())
+            return dict(data["summaries"]), data.get("step"), checkpoint_step
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # none, or unreadable: the logged scalars below
     logged = {t: max(points) for t, points in scalars.items() if t.startswith("heads/") and points}
     step = max((s for s, _ in logged.values()), default=None)
     last = max((s for points in scalars.values() for s, _ in points), default=None)
@@ -200,10 +196,11 @@ UNREADABLE = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSE
 
 
 def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
-    """(the runs that can be read, sorted by head count then name; (name, why) for the others)."""
+    """(the runs under `folder` (runs.find_runs) that can be read, sorted by head count then name;
+    (name, why) for the others)."""
     root = Path(folder)
     found, unreadable = [], []
-    for run in find_runs(root):
+    for run in [found_run.path for found_run in runs.find_runs(root)]:
         try:
             found.append(read_run(run, root))
         except (*UNREADABLE, OmegaConfBaseException, yaml.YAMLError) as e:

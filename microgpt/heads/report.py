@@ -4,10 +4,8 @@ read the same whatever the head count, JSON and markdown."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from torch import Tensor
 
@@ -159,10 +157,10 @@ class HeadReport:
             **self.extra,
         }
         if self.qk is not None:
-            out["layer0_circuits"] = {
-                "tokens": list(self.labels),
-                "qk": [[[round(v, 4) for v in r] for r in t] for t in self.qk.tolist()],
-                "ov": [[[round(v, 4) for v in r] for r in t] for t in self.ov.tolist()],
+            tables = {"qk": self.qk.tolist(), "ov": self.ov.tolist()}
+            out["layer0_circuits"] = {"tokens": list(self.labels)} | {
+                name: [[[round(v, 4) for v in r] for r in t] for t in table]
+                for name, table in tables.items()
             }
         return out
 
@@ -276,16 +274,6 @@ def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
     rule = {"r": "---:", "l": ":---", " ": "---"}
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule[a] for a in align) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def read_analysis(path: Path) -> tuple[dict[str, float], int | None] | None:
-    """(summaries, step) of an analysis file python -m microgpt.heads wrote (to_dict, with the
-    checkpoint's step); None where there is none or it cannot be read."""
-    try:
-        data = json.loads(path.read_text())
-        return dict(data["summaries"]), data.get("step")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def _cell(label: str) -> str:
