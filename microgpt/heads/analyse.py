@@ -11,12 +11,11 @@ gradient and pruning (microgpt.heads.circuits), the repeated-span probe, the lay
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from microgpt.data.repeats import repeated_spans, span_for
 from microgpt.heads import circuits, roles
@@ -47,12 +46,6 @@ def length_batches(
         width = max(int(real[rows].max()), 1)
         out.append((x[rows, :width], y[rows, :width]))  # (B, width) each
     return out
-
-
-@contextlib.contextmanager
-def _eval(model: nn.Module, inference: bool = True) -> Iterator[None]:
-    with eval_mode(model), torch.inference_mode() if inference else contextlib.nullcontext():
-        yield
 
 
 @torch.no_grad()
@@ -151,7 +144,7 @@ def analyse(
         counts = torch.bincount(y[y >= 0].flatten().cpu(), minlength=V)[:V]
     batches = length_batches(x.to(device), y.to(device), batch_size)
     members = roles.class_members(chars, V, counts)
-    with _eval(model):
+    with eval_mode(model), torch.inference_mode():
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # the baseline with an all-ones mask: the exact arithmetic of every ablated pass
         base = batches_loss(model, batches, keep_all(model, device))
@@ -178,12 +171,12 @@ def analyse(
 def _importances(model, batches, base: float, means, at, tolerance: float) -> dict:
     """HeadReport's importance fields: by zero, mean, per-position mean ablation and gradient,
     their rank correlations, and the pruning curve (by zero ablation)."""
-    with _eval(model):
+    with eval_mode(model), torch.inference_mode():
         zero = circuits.zero_importance(model, batches, base)
         mean = circuits.mean_importance(model, batches, base, means)
         position = circuits.mean_importance(model, batches, base, at)
         order, losses, prunable = circuits.pruning(model, batches, base, zero, tolerance)
-    with _eval(model, inference=False):
+    with eval_mode(model):
         gradient = circuits.gradient_importance(model, batches)
     rank = circuits.rank_correlation
     return {
