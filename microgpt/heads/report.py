@@ -190,8 +190,7 @@ class HeadReport:
         return row
 
     def markdown(self) -> str:
-        """A table, one row per head, then lines on the importance measures, the probe and
-        pruning; then the layer-0 circuits, when the report has them."""
+        """A row per head, lines on importance, the probe and pruning, then any layer-0 circuits."""
         header = ["layer", "head", "role", "score", "lift", "entropy (nats)", "zero-ablated"]
         header += ["mean-ablated (per position)", "gradient", "prefix match", "copying"]
         heads = [(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
@@ -246,9 +245,8 @@ class HeadReport:
         return lines
 
     def circuits_markdown(self) -> str:
-        """For each token, what each layer-0 head's query looks for most (the key token with the
-        largest QK score) and what attending to it raises most (the output token with the largest
-        OV logit)."""
+        """Per token, the key token each layer-0 head's query scores highest and the output token
+        attending to it raises most."""
         H, labels = self.qk.shape[0], self.labels
         header = ["token"] + [
             f"L0H{h} {what}" for h in range(H) for what in ("looks for", "raises")

@@ -88,10 +88,9 @@ def relation_masks(x: Tensor, chars: str | None) -> dict[str, Tensor]:
 def pattern_sums(
     att: Tensor, x: Tensor, real: Tensor, members: dict[str, Tensor], chars: str | None
 ) -> dict[str, Tensor]:
-    """One layer's attention att (B, H, T, T) on rows x (B, T) with real queries (B, T) -> for each
-    pattern, summed over rows and queries: `{p}` (H,) the weight on its keys, `{p}_chance` the
-    uniform weight there and `{p}_n` the queries that could see one of its keys; likewise
-    `offsets` (H, OFFSETS), `spread` and `entropy` (see microgpt.heads.analyse)."""
+    """One layer's attention att (B, H, T, T) on rows x (B, T), real queries (B, T) -> per pattern
+    p, summed over rows and queries: `p` (H,) the weight on its keys, `p_chance` uniform's and
+    `p_n` the queries that could see one; likewise `offsets` (H, OFFSETS), `spread`, `entropy`."""
     att = att.double()
     i = torch.arange(att.shape[2], device=att.device)
     q = (real & (i >= 1)).to(att.dtype)  # (B, T): the queries that count
