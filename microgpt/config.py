@@ -28,6 +28,7 @@ from microgpt.sample.report import check_max_new
 from microgpt.system import DEVICES, PRECISIONS, ThreadsError, available_memory, check_threads, gib
 
 DECAYS = ("cosine", "linear", "constant")
+OPTIMIZERS = ("adamw", "muon")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
 MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
 SAMPLES_PER_SECOND = 5_000  # small model, batched: 1,000 names in 0.165 s (docs/benchmarks.md)
@@ -88,8 +89,9 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest)
     lr: float = 3e-3
+    muon_lr: float = 0.02  # with name=muon: the blocks' matrices' lr, on lr's schedule
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     eps: float = 1e-8
     weight_decay: float = 0.1  # on matrices (Linear weights, embeddings), never biases or gains
@@ -99,6 +101,8 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
 
     def __post_init__(self):
+        require(self.name in OPTIMIZERS, f"optim.name={self.name!r} is unknown; use {OPTIMIZERS}")
+        require(self.muon_lr > 0, f"optim.muon_lr={self.muon_lr} must be > 0 (typical: 0.02)")
         for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):
             value = getattr(self, name)
             require(math.isfinite(value), f"optim.{name}={value} must be a finite number")
@@ -133,6 +137,7 @@ class TrainConfig:
     max_steps: int = 3500
     batch_size: int = 128  # per process; under torchrun the global batch is batch_size * world size
     group_by_length: int = 0  # >0: batches of similar-length items, sorted within runs of N batches
+    pack: int = 0  # >0: a batch's items packed end to end into rows of N tokens (no padding)
     eval_every: int = 250
     save_every: int = 0  # >0: keep checkpoints/step-NNNNNN.pt (weights, no optimizer) every N steps
     eval_batch_size: int = 1000
@@ -148,7 +153,7 @@ class TrainConfig:
         for name in ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every"):
             value = getattr(self, name)
             require(value >= 1, f"train.{name}={value} must be at least 1")
-        for name in ("save_every", "group_by_length"):
+        for name in ("save_every", "group_by_length", "pack"):
             value = getattr(self, name)
             require(value >= 0, f"train.{name}={value} must be >= 0 (0 = off)")
         require(0 <= self.ema < 1, f"train.ema={self.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
@@ -208,6 +213,11 @@ class Config:
             f"character of data.path), so this setting would be ignored; remove it",
         )
         require(0 <= self.seed < 2**63, f"seed={self.seed} must be in [0, 2**63)")
+        require(
+            self.data.format != "text" or not self.train.pack,
+            "train.pack packs items (data.format=lines or repeats); text windows hold no "
+            "padding: leave train.pack=0",
+        )
         require(
             self.data.format != "text" or m.block_size is None or m.block_size >= 2,
             f"model.block_size={m.block_size} with data.format=text: a window of one character "

@@ -134,7 +134,9 @@ class MultiHeadAttention(nn.Module):
             k_h = k[:, :, g * hd : (g + 1) * hd]  # (B, Tk, hd)
             v_h = v[:, :, g * hd : (g + 1) * hd]  # (B, Tk, hd)
             scores = q_h @ k_h.transpose(1, 2) / math.sqrt(hd)  # (B, T, Tk)
-            att = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)  # (B, T, Tk)
+            # a (B, 1, T, Tk) mask of packed documents -> (B, T, Tk)
+            visible = mask[:, 0] if mask.dim() == 4 else mask
+            att = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)  # (B, T, Tk)
             weights.append(att)
             outputs.append(self.attn_drop(att) @ v_h)  # (B, T, hd)
         # H x (B, T, hd) -> (B, T, H, hd); H x (B, T, Tk) -> (B, H, T, Tk)
@@ -158,7 +160,10 @@ class MultiHeadAttention(nn.Module):
 
     def _sdpa(self, q, k, v, mask, pos, return_attn):
         T = q.size(2)
-        if pos == 0:
+        if mask is not None and mask.dim() == 4:
+            # several documents in each row: attention stays inside each
+            attn_mask, is_causal = mask, False
+        elif pos == 0:
             # no cached prefix: plain causal attention (the flash path)
             attn_mask, is_causal = None, T > 1
         elif T == 1:
@@ -185,6 +190,23 @@ def causal_mask(impl: str, return_attn: bool, pos: int, T: int, device=None):
     if impl == "sdpa" and not return_attn and (pos == 0 or T == 1):
         return None
     return torch.ones(T, pos + T, dtype=torch.bool, device=device).tril(diagonal=pos)
+
+
+def document_positions(doc_starts):
+    """For rows of packed documents, doc_starts (B, T) True where one begins: (each token's
+    position in its document (B, T), the (B, 1, T, T) mask of the earlier keys of its document)."""
+    B, T = doc_starts.shape
+    index = torch.arange(T, device=doc_starts.device).expand(B, T)  # (B, T)
+    starts = doc_starts.clone()
+    starts[:, 0] = True
+    # (B, T): the index where each token's document begins, and the document's number
+    first = torch.cummax(torch.where(starts, index, 0), dim=1).values
+    document = starts.cumsum(dim=1)
+    # (B, T, T): the same document, and not in the future
+    same = document[:, :, None] == document[:, None, :]
+    mask = same & torch.ones(T, T, dtype=torch.bool, device=doc_starts.device).tril()
+    # (B, T, T) -> (B, 1, T, T): one mask for every head
+    return index - first, mask.unsqueeze(1)
 
 
 class MLP(nn.Module):
@@ -263,30 +285,35 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, kv_cache: KVCache | None = None):
+    def forward(self, idx, targets=None, kv_cache: KVCache | None = None, doc_starts=None):
         """idx (B, T) -> (logits (B, T, vocab), the mean cross-entropy over targets != -1 or None).
-        With a kv_cache, idx holds the tokens after its position; the cache advances by T."""
-        logits, loss, _ = self._run(idx, targets, kv_cache, return_attn=False)
+        With a kv_cache, idx holds the tokens after its position; the cache advances by T.
+        doc_starts (B, T) booleans: each row packs documents, each starting where it is True;
+        positions restart and attention stays inside each (T may exceed block_size)."""
+        logits, loss, _ = self._run(idx, targets, kv_cache, False, doc_starts)
         return logits, loss
 
     def forward_with_attention(self, idx, targets=None, kv_cache: KVCache | None = None):
         """(logits, loss, each layer's attention weights [(B, H, T, Tk)] * n_layer)."""
         return self._run(idx, targets, kv_cache, return_attn=True)
 
-    def _run(self, idx, targets, kv_cache, return_attn):
+    def _run(self, idx, targets, kv_cache, return_attn, doc_starts=None):
         B, T = idx.shape
         pos = kv_cache.pos if kv_cache is not None else 0
-        if pos + T > self.config.block_size:
+        if doc_starts is not None:
+            positions, mask = document_positions(doc_starts)
+        elif pos + T > self.config.block_size:
             raise ValueError(
                 f"sequence of {pos + T} tokens is longer than block_size={self.config.block_size}: "
                 f"shorten the input, or train a model with a larger model.block_size"
             )
         if kv_cache is not None and kv_cache.batch_size != B:
             raise ValueError(f"KV cache holds {kv_cache.batch_size} rows but the input has {B}")
-        positions = torch.arange(pos, pos + T, device=idx.device)  # (T,)
+        if doc_starts is None:
+            positions = torch.arange(pos, pos + T, device=idx.device)  # (T,)
+            # one causal mask for every layer, built only where the implementation needs it
+            mask = causal_mask(self.config.attn_impl, return_attn, pos, T, idx.device)
         x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, T, C)
-        # one causal mask for every layer, built only where the implementation needs it
-        mask = causal_mask(self.config.attn_impl, return_attn, pos, T, idx.device)
         attention = []
         for layer, block in enumerate(self.blocks):
             x, att = block(x, kv_cache, layer, mask, return_attn)

@@ -1,47 +1,15 @@
 """The machine a command runs on: device and precision, data-parallel ranks, CPU threads; and
 `eval_mode`, the model in eval mode while a block runs.
 
-## Device and ranks
+Ranks come from torchrun's variables (RANK, WORLD_SIZE, ...), else, in a submitit job of several
+tasks, from submitit's `TorchDistributedEnvironment` (docs/cluster.md); else this is rank 0 of 1,
+and a plain `python train.py` in a multi-task allocation never waits for ranks that never come.
 
-Device choice and data-parallel training: which device, who am I, and the one process group.
-
-Two launchers are understood:
-
-- torchrun (or any `env://` launcher) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
-  MASTER_PORT for each process; they win whenever they are set.
-- A submitit job (`hydra/launcher=slurm`, or `submitit_local`) with several tasks runs one process
-  per task, each with SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (SUBMITIT_LOCAL_* locally) but
-  no RANK. submitit's own helper, `TorchDistributedEnvironment`, turns them into the variables
-  above: MASTER_ADDR is the job's first node (it parses SLURM_JOB_NODELIST), MASTER_PORT a port
-  drawn from the job id (or MASTER_PORT if set). We use it rather than parse SLURM's variables
-  ourselves; submitit is installed wherever that launcher is.
-
-Without either this is a single process (rank 0 of 1) and nothing is initialised. A plain
-`python train.py` in an allocation of several tasks is one process, never a hanging rank.
-
-## Threads
-
-How many CPU threads torch uses, chosen so that work degrades gracefully on a shared machine.
-
-PyTorch's default is one intra-op thread per core, and OpenMP threads that wait for work spin.
-Two processes that each take every core then wait on each other's spinning threads: measured on
-2 cores with the default model's step (batch 128), 35 steps/s alone with 2 threads, but 0.8 steps/s
-each when two such processes run at once (issue 20). So every command has a `threads` setting:
-
-- `threads=auto` (the default) takes the cores this process may use (`os.sched_getaffinity`,
-  which taskset, cpusets, containers and SLURM restrict), divided by the jobs that run at once.
-  Those jobs are known where they are launched: the process that starts a parallel sweep
-  (`hydra/launcher=joblib`, see `microgpt.cli.ShareCores`) writes each job's share into the
-  jobs' OMP_NUM_THREADS. An OMP_NUM_THREADS that is set, by the user or a launcher (torchrun sets
-  1 per rank), is taken as it is.
-- `threads=N` asks for N, whatever the environment says.
-
-The other half is the wait policy: `microgpt/__init__.py` sets OMP_WAIT_POLICY=PASSIVE (idle
-threads sleep rather than spin) unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set already. OpenMP
-reads them once, when torch loads it, so they must be in the environment before `import torch`:
-importing any microgpt module first does that, and launched jobs inherit it. `export
-OMP_WAIT_POLICY=ACTIVE` (spin) or `GOMP_SPINCOUNT=N` (spin N times, then sleep) choose otherwise;
-`bench/run.py --only threads` measures them alone and two at once (docs/benchmarks.md).
+Threads: two processes that each take every core wait on each other's threads (2 cores, the
+default model: 35 steps/s alone, 0.8 each with two at once; issue 20). So `threads=auto` takes the
+cores this process may use (`sched_getaffinity`: taskset, cpusets, SLURM) or, when set,
+OMP_NUM_THREADS: a parallel sweep's share (`microgpt.cli.ShareCores`), or torchrun's 1.
+`threads=N` asks for N. Idle threads sleep: `microgpt/__init__.py` sets OMP_WAIT_POLICY=PASSIVE.
 """
 
 from __future__ import annotations
@@ -59,6 +27,7 @@ from microgpt.errors import UserError
 
 DEVICES = ("auto", "cpu", "cuda", "mps")  # the choices of every command's `device` setting
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # train.precision
+THREADS_ENV = "OMP_NUM_THREADS"
 
 
 @dataclass(frozen=True)
@@ -77,46 +46,36 @@ class DistInfo:
         return self.world_size > 1
 
 
-def _export_submitit_env() -> None:
-    """In a submitit job of several tasks: export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT."""
-    try:
-        from submitit.helpers import TorchDistributedEnvironment
-    except ImportError:  # the variable alone, without submitit: nothing to read it with
-        return
-    env = TorchDistributedEnvironment()
-    if env.world_size > 1:
-        # CUDA_VISIBLE_DEVICES is left as SLURM set it: cuda_index() copes with all GPUs or one
-        env.export(set_cuda_visible_devices=False, overwrite=True)
-
-
 def dist_info_from_env() -> DistInfo:
-    if (
-        "RANK" not in os.environ
-        and "WORLD_SIZE" not in os.environ
-        and os.environ.get("SUBMITIT_EXECUTOR")
-    ):
-        _export_submitit_env()
+    """This process's rank, from torchrun's variables, else from a submitit job's."""
+    env = os.environ
+    if "RANK" not in env and "WORLD_SIZE" not in env and env.get("SUBMITIT_EXECUTOR"):
+        # without submitit installed there is nothing to read its variables with
+        with contextlib.suppress(ImportError):
+            from submitit.helpers import TorchDistributedEnvironment
+
+            job = TorchDistributedEnvironment()
+            if job.world_size > 1:
+                # CUDA_VISIBLE_DEVICES is left as SLURM set it: cuda_index() copes with all or one
+                job.export(set_cuda_visible_devices=False, overwrite=True)
     return DistInfo(
-        rank=int(os.environ.get("RANK", "0")),
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0"))
     )
 
 
 def setup(device_type: str) -> DistInfo:
-    """Join the process group when started by torchrun: NCCL on GPUs, gloo on CPU."""
+    """Join the process group when started by a launcher: NCCL on GPUs, gloo on CPU."""
     info = dist_info_from_env()
     if info.enabled and not dist.is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
             torch.cuda.set_device(cuda_index(info))
+        backend = "nccl" if device_type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=10))
     return info
 
 
 def cuda_index(info: DistInfo) -> int:
-    """This rank's GPU: local_rank among the visible GPUs, or the only one when the launcher
-    (SLURM with --gpus-per-task, say) already shows each rank just its own."""
+    """This rank's GPU: local_rank among those visible (SLURM may show each rank just its own)."""
     count = torch.cuda.device_count()
     return info.local_rank % count if count else 0
 
@@ -132,26 +91,23 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+def _all_reduce(value, dtype: torch.dtype, op, info: DistInfo):
+    """`value` reduced with `op` over all ranks (every rank must call it at the same point)."""
+    if not info.enabled:
+        return value
+    t = torch.tensor([value], dtype=dtype, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=op)
+    return t.item()
+
+
 def any_rank(flag: bool, info: DistInfo) -> bool:
     """True on every rank if `flag` is true on any rank (a stop request stops them all at once)."""
-    if not info.enabled:
-        return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return bool(_all_reduce(int(flag), torch.int32, dist.ReduceOp.MAX, info))
 
 
 def sum_over_ranks(value: float, info: DistInfo) -> float:
-    """The sum of `value` over all ranks (every rank must call it at the same point)."""
-    if not info.enabled:
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return float(t.item())
+    """The sum of `value` over all ranks."""
+    return float(_all_reduce(value, torch.float64, dist.ReduceOp.SUM, info))
 
 
 def broadcast_from_main(obj, info: DistInfo):
@@ -161,21 +117,6 @@ def broadcast_from_main(obj, info: DistInfo):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
-    """`auto` is cuda, then mps, then cpu; a named device that is not there raises `error`."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise error("device=cuda but no CUDA GPU is available; use device=auto or device=cpu")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise error("device=mps but MPS is not available; use device=auto or device=cpu")
-    return torch.device(name)
 
 
 def gather_objects(obj, info: DistInfo) -> list:
@@ -199,23 +140,32 @@ def run_on_main(fn, info: DistInfo):
             result = fn()
         except Exception as e:  # re-raised below, on every rank
             error = e
-    box = [None if error is None else (type(error), str(error))]
-    dist.broadcast_object_list(box, src=0)
+    failed = broadcast_from_main(None if error is None else (type(error), str(error)), info)
+    if failed is not None and error is None:
+        cls, message = failed
+        try:
+            error = cls(message)
+        except TypeError:  # a class that takes other arguments
+            error = RuntimeError(message)
     if error is not None:
         raise error
-    if box[0] is not None:
-        cls, message = box[0]
-        try:
-            raise cls(message)
-        except TypeError:  # a class that takes other arguments
-            raise RuntimeError(message) from None
     return result
 
 
+def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
+    """`auto` is cuda, then mps, then cpu; a named device that is not there raises `error`."""
+    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if name == "auto":
+        return torch.device(next((d for d, ok in available.items() if ok), "cpu"))
+    if not available.get(name, True):
+        what = "no CUDA GPU is available" if name == "cuda" else "MPS is not available"
+        raise error(f"device={name} but {what}; use device=auto or device=cpu")
+    return torch.device(name)
+
+
 def pick_precision(name: str, device: torch.device, error: type[Exception] = ValueError) -> str:
-    """train.precision -> "fp32", "bf16" or "fp16". auto: bf16 on a GPU that supports it, else
-    fp16 (with a gradient scaler) on CUDA, fp32 elsewhere. bf16 asked of a GPU without it (T4,
-    V100) raises `error`."""
+    """train.precision -> "fp32", "bf16" or "fp16". auto: bf16 on a GPU that has it, else fp16 on
+    CUDA, fp32 elsewhere; bf16 asked of a GPU without it (T4, V100) raises `error`."""
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False)
     if name == "auto":
         return ("bf16" if bf16_ok else "fp16") if device.type == "cuda" else "fp32"
@@ -228,17 +178,12 @@ def pick_precision(name: str, device: torch.device, error: type[Exception] = Val
 
 
 def available_memory(device: torch.device) -> int | None:
-    """Bytes free for new tensors on `device`: the GPU's free memory, or the machine's
-    MemAvailable on Linux; None where it cannot be told."""
+    """Bytes free on `device`: the GPU's free memory, or MemAvailable on Linux; else None."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    unknown = (OSError, ValueError, IndexError, StopIteration)
+    with contextlib.suppress(*unknown), open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     return None
 
 
@@ -246,21 +191,13 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-THREADS_ENV = "OMP_NUM_THREADS"
-
-
 class ThreadsError(UserError):
     """A bad `threads` setting; the message names it and what would be valid."""
 
 
-def max_threads() -> int:
-    """The most threads a setting may ask for: 4 per usable core, at least 64 (more only slows a
-    run down, and very many crash the OpenMP runtime)."""
-    return max(64, 4 * usable_cores())
-
-
 def check_threads(value, name: str = "threads") -> None:
-    """`auto` or a whole number from 1 to max_threads(); else ThreadsError naming the setting."""
+    """`auto` or a whole number of threads, at most 4 per usable core or 64 (more only slows a
+    run down, and very many crash the OpenMP runtime); else ThreadsError naming the setting."""
     if value == "auto":
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -268,19 +205,19 @@ def check_threads(value, name: str = "threads") -> None:
             f"{name}={value!r} must be auto (the cores this process may use, shared among the "
             f"jobs running at once) or a whole number of threads >= 1"
         )
-    if value > max_threads():
+    most = max(64, 4 * usable_cores())
+    if value > most:
         raise ThreadsError(
-            f"{name}={value} is more threads than this machine can use (at most {max_threads()}: "
-            f"4 per usable core); use threads=auto or a number up to {max_threads()}"
+            f"{name}={value} is more threads than this machine can use (at most {most}: "
+            f"4 per usable core); use threads=auto or a number up to {most}"
         )
 
 
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity), else the machine's count."""
-    try:
+    if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # macOS and Windows have no sched_getaffinity
-        return os.cpu_count() or 1
+    return os.cpu_count() or 1  # macOS and Windows have no sched_getaffinity
 
 
 def env_threads(environ: Mapping[str, str]) -> int | None:
@@ -292,8 +229,7 @@ def env_threads(environ: Mapping[str, str]) -> int | None:
 
 def choose_threads(setting, cores: int, environ: Mapping[str, str]) -> int:
     """The intra-op threads for a `threads` setting: N itself; for auto, OMP_NUM_THREADS when it
-    is set (a launcher's share or the user's choice; a ThreadsError when it is not a count), else
-    every usable core."""
+    is set (a ThreadsError when it is not a count), else every usable core."""
     check_threads(setting)
     if setting != "auto":
         return setting
@@ -308,9 +244,8 @@ def choose_threads(setting, cores: int, environ: Mapping[str, str]) -> int:
 
 
 def jobs_at_once(n_jobs: int, jobs: int, cores: int) -> int:
-    """How many of a sweep's `jobs` a joblib launcher runs at once with `n_jobs` workers: joblib
-    reads n_jobs < 0 as cores + 1 + n_jobs (-1 = every core), and never runs more than there
-    are jobs."""
+    """How many of a sweep's `jobs` a joblib launcher runs at once with `n_jobs` workers (n_jobs < 0
+    means cores + 1 + n_jobs: -1 = every core)."""
     workers = n_jobs if n_jobs > 0 else cores + 1 + n_jobs
     return max(1, min(workers, jobs))
 
@@ -330,8 +265,7 @@ def set_threads(setting) -> int:
 
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """The model in eval mode (no dropout) while open, then back in the mode it was in: every
-    evaluation, analysis and sampling loop runs inside one."""
+    """The model in eval mode (no dropout) while open, then back in the mode it was in."""
     was_training = model.training
     model.eval()
     try:

@@ -39,13 +39,16 @@ FORMATS = ("lines", "text", "repeats")  # one item per line | one stream | gener
 __all__ = ["FORMATS", "Data", "DataError", "data_of_checkpoint", "load_data", "resolve_data_path"]
 
 
+# the repository: microgpt/data/dataset.py -> microgpt/data -> microgpt -> the root
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
 def resolve_data_path(path: str) -> Path:
     """A relative path is tried from the working directory, then from the repository root."""
     p = Path(path).expanduser()
     if p.is_absolute() or p.exists():
         return p
-    repo_root = Path(__file__).resolve().parent.parent
-    return repo_root / p if (repo_root / p).exists() else p
+    return REPO_ROOT / p if (REPO_ROOT / p).exists() else p
 
 
 @dataclass
@@ -68,12 +71,12 @@ class Data:
         return self.label or str(self.path)
 
     def train_batches(
-        self, global_batch: int, seed: int, group_by_length: int = 0
+        self, global_batch: int, seed: int, group_by_length: int = 0, pack: int = 0
     ) -> ItemBatches | WindowBatches:
         if self.format == "text":
             device = self.datasets["val"].device
             return WindowBatches(self.train_ids, self.block_size, global_batch, seed, device)
-        return ItemBatches(self.datasets["train"], global_batch, seed, group_by_length)
+        return ItemBatches(self.datasets["train"], global_batch, seed, group_by_length, pack)
 
     @cached_property
     def verbatim_index(self) -> text.VerbatimIndex | None:

@@ -231,15 +231,23 @@ class ItemBatches(BatchSampler):
     """Training batches of items: `next(rank, batch_size)` gives this rank's (x, y) (B, T), its
     number of targets and the global batch's, like text.WindowBatches."""
 
-    def __init__(self, dataset: CharDataset, global_batch: int, seed: int, group_by_length=0):
+    def __init__(
+        self, dataset: CharDataset, global_batch: int, seed: int, group_by_length=0, pack=0
+    ):
         super().__init__(len(dataset), global_batch, seed, dataset.lengths, group_by_length)
-        self.dataset = dataset
+        # > 0: the batch's items packed end to end into rows of `pack` tokens (no padding)
+        self.dataset, self.pack = dataset, pack
+        if 0 < pack < dataset.block_size:
+            raise DataError(
+                f"train.pack={pack} is shorter than the longest item ({dataset.block_size} "
+                f"tokens with its boundary): use train.pack={max(32, dataset.block_size)} or more"
+            )
 
     def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
         # (global batch,) indices, the same on every rank
         idx = self.next_batch()
         mine = idx[rank * batch_size : (rank + 1) * batch_size]
-        x, y = self.dataset.batch(mine)
+        x, y = self.dataset.packed(mine, self.pack) if self.pack else self.dataset.batch(mine)
         # targets: each item's characters and its end token
         lengths = self.dataset.lengths
         return x, y, int((lengths[mine] + 1).sum()), int((lengths[idx] + 1).sum())
@@ -284,3 +292,28 @@ class CharDataset(Rows):
             idx = idx.pin_memory()
         rows = idx.to(self.X.device, non_blocking=True)
         return self.X[rows, :width], self.Y[rows, :width]
+
+    def packed(self, idx: Tensor, row_len: int) -> tuple[Tensor, Tensor]:
+        """The items `idx` end to end in rows of row_len tokens, (rows, row_len) each: item i
+        brings X[i, :n+1] (its boundary token and n characters) and Y[i, :n+1] (the characters
+        and the end token); an item never straddles two rows; the rest of a row is padding."""
+        sizes = (self.lengths[idx.cpu()] + 1).tolist()
+        rows, offsets, row, used = [], [], 0, 0
+        for size in sizes:
+            if used + size > row_len:
+                row, used = row + 1, 0
+            rows.append(row)
+            offsets.append(used)
+            used += size
+        sizes_t = torch.tensor(sizes)
+        # one entry per token: its item, its column in the item, where it goes in the rows
+        item = torch.repeat_interleave(torch.arange(len(sizes)), sizes_t)
+        starts = torch.cumsum(sizes_t, 0) - sizes_t
+        column = torch.arange(len(item)) - starts[item]
+        dest = (torch.tensor(rows) * row_len + torch.tensor(offsets))[item] + column
+        src = idx.cpu()[item] * self.block_size + column
+        x = torch.zeros((row + 1) * row_len, dtype=self.X.dtype)
+        y = torch.full_like(x, -1)
+        x[dest], y[dest] = self.X.cpu().view(-1)[src], self.Y.cpu().view(-1)[src]
+        # (rows * row_len,) -> (rows, row_len)
+        return x.view(-1, row_len).to(self.X.device), y.view(-1, row_len).to(self.X.device)

@@ -1,39 +1,25 @@
-"""What a run shows of its model's samples, in either data format.
-
-- names (`data.format=lines`): items marked "new" or found in a split, makemore style;
-- passages (`data.format=text`): a prompt continued by `max_new` characters, each with the
-  longest stretch of its continuation found verbatim in the training text (the number to watch
-  for memorisation; the prompt itself is not counted).
-
-`sample_for_run(model, data, n, seed)` is what the trainer logs at each evaluation and writes to
-samples.txt at the end; `python sample.py` calls `sample_names` / `sample_passages` itself.
+"""What a run shows of its samples: names marked "new" or found in a split (makemore style), or
+passages continuing a prompt, each with the longest stretch of its continuation found verbatim in
+the training text (the number to watch for memorisation). `sample_for_run` is what the trainer
+logs and writes to samples.txt; `python sample.py` calls `sample_names` / `sample_passages`.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
 from microgpt.data.dataset import Data
 from microgpt.data.text import VerbatimIndex
-from microgpt.sample.generate import (
-    SamplingError,
-    check_sampling_args,
-    continue_text,
-    format_marked,
-    mark_items,
-    sample_items,
-)
+from microgpt.sample.generate import SamplingError, decode, sample_items, seeded
 
 PASSAGE_LENGTH = 300  # new characters of a text sample, when max_len is not given
-# max_len: a passage takes one step of the model per new character
-MAX_NEW_CHARS = 100_000
+MAX_NEW_CHARS = 100_000  # the most max_len of a passage: one step of the model per character
 CHARS_PER_SECOND = 3_000  # the micro model continuing one passage on 2 CPU cores, measured
-EVAL_PASSAGES = 1  # passages logged at each evaluation (names: EVAL_NAMES)
-EVAL_NAMES = 10
+EVAL_NAMES, EVAL_PASSAGES = 10, 1  # items each evaluation logs
 
 
 @dataclass
@@ -46,10 +32,6 @@ class Samples:
     verbatim: list[int] | None = None  # passages: the longest verbatim stretch of each
     note: str = ""  # passages: what was done to the prompt, if anything
 
-    @property
-    def summary(self) -> str:
-        return self.lines[-1] if self.lines else ""
-
 
 def sample_names(model, tokenizer, split, n: int, seed: int | None, **settings) -> Samples:
     """`n` names (sample_items' settings), each marked with the split that holds it, or new."""
@@ -58,52 +40,52 @@ def sample_names(model, tokenizer, split, n: int, seed: int | None, **settings) 
     return Samples(names, format_marked(marked), marked=marked)
 
 
-def default_prompt(tokenizer) -> str:
-    """Where a passage starts when no prompt is given: a new line, as the text's lines do."""
-    return "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
+def mark_items(items: list[str], split) -> list[tuple[str, str]]:
+    """Each item with where it was found: "train", "val", "test", "new", or "empty" (an item that
+    ended at once). split: a data.Split, or None (every non-empty item is then "new")."""
+    found = split.where if split is not None else lambda item: None
+    return [(item, "empty" if item == "" else found(item) or "new") for item in items]
+
+
+def format_marked(marked: list[tuple[str, str]]) -> list[str]:
+    """Printable lines, makemore style: each item with its mark, then a summary line."""
+    width = max((len(item) for item, _ in marked), default=0)
+    lines = [
+        f"{item:<{width}}  {f'({where})' if where in ('new', 'empty') else f'(in {where})'}"
+        for item, where in marked
+    ]
+    count = Counter(where for _, where in marked)
+    unique = len({item for item, where in marked if where != "empty"})
+    empty = f", {count['empty']} empty" if count["empty"] else ""
+    lines.append(f"{count['new']} of {len(marked)} new, {unique} unique{empty}")
+    return lines
 
 
 def sample_passages(
-    model,
-    tokenizer,
-    index: VerbatimIndex | None,
-    n: int,
-    seed: int | None,
-    prompt: str = "",
-    max_new: int | None = None,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    use_cache: bool = True,
+    model, tokenizer, index: VerbatimIndex | None, n: int, seed, prefix="", max_len=None, **sampling
 ) -> Samples:
-    """`n` continuations of `prompt` (default: a new line) by `max_new` characters (default
-    PASSAGE_LENGTH). A prompt with characters outside the vocabulary is a SamplingError listing
-    them; one longer than the context keeps its last block_size - 1 characters (see `note`).
-    With an index of the training text, each passage gets its longest verbatim stretch."""
-    check_sampling_args(temperature, top_k, top_p)
-    max_new = PASSAGE_LENGTH if max_new is None else max_new
-    check_max_new(max_new)
-    unknown = tokenizer.unknown_chars(prompt)
-    if unknown:
+    """`n` continuations of `prefix` (default: a new line) by `max_len` characters (default
+    PASSAGE_LENGTH), with decode's `sampling` settings; a prefix longer than the context keeps its
+    last block_size - 1 characters (`note`). With an `index`, each passage's longest verbatim
+    stretch of the training text."""
+    if unknown := tokenizer.unknown_chars(prefix):
         raise SamplingError(
             f"prefix has characters this model's vocabulary does not know: "
             f"{', '.join(map(repr, unknown))}; use characters of its training text"
         )
-    prompt = prompt or default_prompt(tokenizer)
-    keep = model.config.block_size - 1
-    note = ""
+    prompt = prefix or ("\n" if "\n" in tokenizer.stoi else tokenizer.chars[0])
+    keep, note = model.config.block_size - 1, ""
     if len(prompt) > keep:
         note = (
             f"the prefix has {len(prompt)} characters; the model reads {keep} at most "
             f"(block_size - 1), so it continues the last {keep}"
         )
         prompt = prompt[-keep:]
+    max_len = PASSAGE_LENGTH if max_len is None else max_len
     device = next(model.parameters()).device
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(7), "little"))
-    rows = continue_text(
-        model, tokenizer.encode(prompt), max_new, n, temperature, top_k, top_p, generator, use_cache
-    )
+    rows = torch.empty((n, len(prompt) + max_len), dtype=torch.long, device=device)
+    rows[:, : len(prompt)] = torch.tensor(tokenizer.encode(prompt), device=device)
+    rows = decode(model, rows, len(prompt), stop=False, generator=seeded(device, seed), **sampling)
     new = rows[:, len(prompt) :].tolist()
     passages = [prompt + "".join(tokenizer.itos.get(i, "?") for i in row) for row in new]
     verbatim = [index.longest(row)[0] for row in new] if index is not None else None
@@ -126,16 +108,12 @@ def check_max_new(max_new) -> None:
 
 
 def format_passages(passages: list[str], verbatim: list[int] | None) -> list[str]:
-    """A header line per passage (with its longest verbatim stretch), the passage's lines, and a
-    summary line."""
+    """A header line per passage (with its longest verbatim stretch), its lines, and a summary."""
     lines = []
     for i, passage in enumerate(passages):
-        found = (
-            f": longest stretch found in the training text {verbatim[i]} characters"
-            if verbatim is not None
-            else ""
-        )
-        lines.append(f"--- passage {i + 1}{found}")
+        lines.append(f"--- passage {i + 1}")
+        if verbatim is not None:
+            lines[-1] += f": longest stretch found in the training text {verbatim[i]} characters"
         lines.extend(passage.split("\n"))
     if verbatim:
         lines.append(
@@ -149,8 +127,7 @@ def format_passages(passages: list[str], verbatim: list[int] | None) -> list[str
 
 def sample_for_run(model, data: Data, n: int | None, seed: int) -> Samples:
     """What a run shows: `n` names marked against the split, or `n` passages of PASSAGE_LENGTH
-    characters with their longest verbatim stretch. n=None: what an evaluation logs (EVAL_NAMES
-    names, EVAL_PASSAGES passages)."""
+    characters with their longest verbatim stretch. n=None: what an evaluation logs."""
     if data.format == "text":
         n = EVAL_PASSAGES if n is None else n
         return sample_passages(model, data.tokenizer, data.verbatim_index, n, seed)

@@ -1,4 +1,5 @@
-"""AdamW with weight decay on matrices only, and the learning-rate schedule: warmup, then decay."""
+"""The optimizers (AdamW with weight decay on matrices only; Muon for the blocks' matrices) and
+the learning-rate schedule: warmup, then decay."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from torch import nn
 from microgpt.config import Config
 
 
-def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (Linear weights, embeddings) only, never biases or gains."""
+def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW, or Muon for the blocks' matrices and AdamW for the rest; weight decay on matrices
+    (Linear weights, embeddings) only, never biases or gains."""
     o = config.optim
+    if o.name == "muon":
+        return Muon(model, o)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
@@ -23,6 +27,72 @@ def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> to
     # fused: one kernel for all parameters
     fused = device.type in ("cuda", "cpu")
     return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon (K. Jordan, 2024) for the 2-D weights in the blocks: SGD with Nesterov momentum whose
+    update is replaced by the nearest semi-orthogonal matrix (5 Newton-Schulz iterations), scaled
+    by sqrt(max(1, rows / cols)); AdamW for everything else. The trainer sets each group's lr as
+    the schedule's lr times the group's `lr_ratio` (muon_lr / lr for Muon's group)."""
+
+    def __init__(self, model: nn.Module, o):
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        hidden = [p for n, p in named if p.dim() == 2 and n.startswith("blocks.")]
+        seen = {id(p) for p in hidden}
+        rest = [p for n, p in named if id(p) not in seen]
+        groups = [
+            {"params": hidden, "muon": True, "lr_ratio": o.muon_lr / o.lr},
+            {"params": [p for p in rest if p.dim() >= 2], "muon": False},
+            {"params": [p for p in rest if p.dim() < 2], "muon": False, "weight_decay": 0.0},
+        ]
+        defaults = dict(lr=o.lr, lr_ratio=1.0, weight_decay=o.weight_decay, betas=tuple(o.betas))
+        super().__init__(groups, {**defaults, "eps": o.eps, "momentum": 0.95})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                if group["muon"]:
+                    self._muon(p, group)
+                else:
+                    self._adamw(p, group)
+
+    def _muon(self, p, group):
+        state, beta = self.state[p], group["momentum"]
+        if "momentum" not in state:
+            state["momentum"] = torch.zeros_like(p)
+        buf = state["momentum"].lerp_(p.grad, 1 - beta)
+        update = orthogonalise(p.grad.lerp(buf, beta))
+        p.add_(update, alpha=-group["lr"] * max(1.0, p.size(0) / p.size(1)) ** 0.5)
+
+    def _adamw(self, p, group):
+        state, (b1, b2) = self.state[p], group["betas"]
+        if "step" not in state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+        state["step"] += 1
+        t = float(state["step"])
+        m = state["exp_avg"].lerp_(p.grad, 1 - b1)
+        v = state["exp_avg_sq"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+        denom = (v / (1 - b2**t)).sqrt_().add_(group["eps"])
+        p.addcdiv_(m, denom, value=-group["lr"] / (1 - b1**t))
+
+
+def orthogonalise(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """The semi-orthogonal matrix nearest g (singular values pushed towards 1), by the quintic
+    Newton-Schulz iteration of Muon; (rows, cols) -> (rows, cols)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    tall = g.size(0) > g.size(1)
+    # work on the wide orientation: X X^T is the smaller Gram matrix
+    x = g.T if tall else g
+    x = x / (x.norm() + 1e-7)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
 
 
 def fit_warmup(config: Config) -> tuple[Config, str | None]:

@@ -25,6 +25,7 @@ from microgpt.data.dataset import DataError, load_data
 from microgpt.heads.analyse import analyse, probe_attention
 from microgpt.model import GPT
 from microgpt.sample.report import sample_for_run
+from microgpt.tokenizer import BOUNDARY_ID
 from microgpt.train import summary
 from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import LossWindow, StepResult, evaluate
@@ -136,7 +137,9 @@ class Trainer:
         """The loop's state: the batches and step 0, or all of it from last.pt on a resume."""
         c = self.config
         self.global_batch = c.train.batch_size * self.dist.world_size
-        self.batches = self.data.train_batches(self.global_batch, c.seed, c.train.group_by_length)
+        self.batches = self.data.train_batches(
+            self.global_batch, c.seed, c.train.group_by_length, c.train.pack
+        )
         self.step, self.best_val_loss, self.history = 0, math.inf, {}
         self.window, self.resumed_from = LossWindow(), None
         if self.resume_path is not None:
@@ -156,11 +159,13 @@ class Trainer:
         c = self.config
         lr = lr_at(self.step, c)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_ratio", 1.0)
         # (B, T) each: this rank's share of the global batch, and the targets in each
         x, y, n_mine, n_global = self.batches.next(self.dist.rank, c.train.batch_size)
+        # packed rows: each item starts at a boundary token
+        starts = x == BOUNDARY_ID if c.train.pack else None
         with self.autocast():
-            _, loss = self.train_model(x, y)
+            _, loss = self.train_model(x, y, doc_starts=starts)
         # the mean over the global batch's characters, whatever their split between ranks
         # (DDP averages gradients over ranks, hence the world_size factor)
         self.scaler.scale(loss * (n_mine * self.dist.world_size / n_global)).backward()

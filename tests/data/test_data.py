@@ -275,3 +275,14 @@ def test_group_by_length_state_round_trip_continues_identically():
     b.load_state_dict(a.state_dict())
     for _ in range(25):
         assert torch.equal(a.next_batch(), b.next_batch())
+
+
+def test_a_relative_data_path_is_found_from_the_repository_root_wherever_the_command_runs(
+    tmp_path, monkeypatch
+):
+    from microgpt.data.dataset import resolve_data_path
+    from tests.conftest import REPO
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_data_path("data/names.txt") == REPO / "data" / "names.txt"
+    assert resolve_data_path("data/no-such-file.txt") == Path("data/no-such-file.txt")

@@ -19,10 +19,9 @@ from microgpt.sample.generate import (
     DEFAULT_BATCH,
     SamplingError,
     default_batch,
-    format_marked,
-    mark_items,
     sample_items,
 )
+from microgpt.sample.report import format_marked, mark_items
 from microgpt.tokenizer import CharTokenizer
 from microgpt.train.loss import evaluate
 from microgpt.train.trainer import Trainer

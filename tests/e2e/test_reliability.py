@@ -46,8 +46,8 @@ def run_trainer(cfg, on_step=None) -> tuple[Trainer, list[float], BaseException 
     trainer = Trainer(load_config(cfg))
     forward, losses = trainer.train_model, []
 
-    def recording(x, y):
-        logits, loss = forward(x, y)
+    def recording(x, y, **kw):
+        logits, loss = forward(x, y, **kw)
         losses.append(loss.item())
         if on_step is not None:
             on_step(len(losses))
