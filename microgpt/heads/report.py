@@ -171,16 +171,10 @@ class HeadReport:
         row["patterns"] = {
             k: {"mass": float(m[at]), "lift": float(self.lift[k][at])} for k, m in self.mass.items()
         }
-        values = {
-            "entropy": self.entropy,
-            "spread": self.spread,
-            "start": self.start,
-            "offsets": self.offsets,
-            "zero_importance": self.zero_importance,
-            "mean_importance": self.mean_importance,
-            "position_mean_importance": self.position_importance,
-            "gradient_importance": self.gradient,
-        }
+        names = ("entropy", "spread", "start", "offsets", "zero_importance", "mean_importance")
+        values = {name: getattr(self, name) for name in names}
+        values["position_mean_importance"] = self.position_importance
+        values["gradient_importance"] = self.gradient
         if self.probe is not None:
             p = self.probe
             values.update(induction=p.prefix, duplicate=p.duplicate, repeat_loss_ablated=p.ablated)
