@@ -145,23 +145,21 @@ def read_run(run: Path, root: Path) -> RunSummary:
     params, data, step = _from_checkpoint(run)
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
     heads, kv_heads = (OmegaConf.select(cfg, f"model.{k}") for k in ("n_head", "n_kv_head"))
-    summary = RunSummary(_name(run, root), run, heads, kv_heads, params, data=data)
-    summary.val_curve = sorted(scalars.get("loss/val", []))
-    summary.best_val_loss = min((v for _, v in summary.val_curve), default=math.nan)
+    r = RunSummary(_name(run, root), run, heads, kv_heads, params, data=data)
+    r.val_curve = sorted(scalars.get("loss/val", []))
+    r.best_val_loss = min((v for _, v in r.val_curve), default=math.nan)
     if scalars.get("loss/test"):
-        summary.test_loss = scalars["loss/test"][-1][1]
+        r.test_loss = scalars["loss/test"][-1][1]
     if scalars.get("tokens_per_sec"):
-        summary.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
+        r.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
     layers: dict[int, list[float]] = {}
     for tag, points in scalars.items():
         layer = re.fullmatch(r"attention_entropy/layer([^/]*)/[^/]*", tag)
         if layer and points:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
-    summary.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
-    summary.heads_summary, summary.heads_step, summary.latest_step = _heads_summary(
-        run, scalars, step
-    )
-    return summary
+    r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
+    r.heads_summary, r.heads_step, r.latest_step = _heads_summary(run, scalars, step)
+    return r
 
 
 def _name(run: Path, root: Path) -> str:
