@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from microgpt.errors import UserError
-from microgpt.files import CHECKPOINTS, RUN_FILE, atomic_write, is_run_folder
+from microgpt.files import CHECKPOINTS, RUN_FILE, atomic_write, is_run_folder, is_system_path
 
 RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
 HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
+MIN_FREE = 16 * 2**20  # a run folder's disk needs room for a few checkpoints at the least
 
 
 class RunFolderError(UserError):
@@ -193,22 +194,46 @@ def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]
     )
 
 
-def new_run_error(folder: str | os.PathLike, what: str = "a run", ours: bool = True) -> str | None:
-    """Why a new run (or sweep: `what`) may not use `folder`, or None; ours: a train.log there is
-    this process's."""
-    run = RunFolder(folder)
-    if run.path.exists() and not run.path.is_dir():
-        return f"{run} is an existing file, not a folder; name a new folder"
-    if run.holds_run():
+def new_run_error(
+    folder: str | os.PathLike, setting: str = "", what: str | None = "a run", ours: bool = True
+) -> str | None:
+    """Why a new run (a sweep: `what`; None: any run) may not use `folder` (`setting`), or None: a
+    system path, a file, a read-only or full disk, a run or other files (ours: its train.log)."""
+    path = Path(os.path.abspath(Path(folder).expanduser()))
+    shown = f"{setting}={folder}" if setting else str(folder)
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+    free = MIN_FREE
+    with contextlib.suppress(OSError):
+        free = shutil.disk_usage(existing).free
+    if is_system_path(path):
+        return f"{shown} is under /{path.parts[1]}, not on a disk; name a folder on a disk"
+    if not existing.is_dir():
+        where = "an existing file" if existing == path else f"inside {existing}, which is a file"
+        return f"{shown} is {where}, not a folder; name a new folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
         return (
-            f"{run} already holds a run; continue it with resume={run}, or write the new run "
+            f"{shown}: cannot write in {existing} (a read-only disk or no permission); name a "
+            f"folder you can write"
+        )
+    if free < MIN_FREE:
+        return (
+            f"{shown}: the disk of {existing} is full ({free // 2**20} MiB free); free some space "
+            f"or name a folder on another disk"
+        )
+    if what is None:
+        return None
+    if is_run_folder(path):
+        if what != "a run":
+            return f"{shown} already holds a run; {what} never writes into one: name a new folder"
+        return (
+            f"{shown} already holds a run; continue it with resume={folder}, or write the new run "
             f"to another folder"
         )
-    foreign = _foreign(run.path, ours) if run.path.is_dir() else []
+    foreign = _foreign(path, ours) if path.is_dir() else []
     if foreign:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        listed = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         return (
-            f"{run} is not empty ({shown}) and holds no run: {what} writes only into a new or "
+            f"{shown} is not empty ({listed}) and holds no run: {what} writes only into a new or "
             f"empty folder, so nothing there is written over; name another folder"
         )
     return None
@@ -233,15 +258,15 @@ def _write_claim(folder: Path, run_id: str) -> bool:
         return False
 
 
-def claim_new(folder: str | os.PathLike, run_id: str | None = None) -> str:
-    """Claim `folder` for a new run (or a resume, with its run id) and return the run id, or
-    RunFolderError: it holds a run or other files, or another process claimed it first."""
+def claim_new(folder: str | os.PathLike, run_id: str | None = None, what: str = "a run") -> str:
+    """Claim `folder` for a new run (or `what`: a resume, with its run id) and return the run id,
+    or RunFolderError: it holds a run or other files, or another process claimed it first."""
     owned = _owned(folder)
     if owned.run_id is None:
         run_id = run_id or new_run_id()
-        error = new_run_error(folder)
+        error = new_run_error(folder, what=what)
         if error is None and not _write_claim(Path(folder).expanduser(), run_id):
-            error = new_run_error(folder)  # another process claimed it first
+            error = new_run_error(folder, what=what)  # another process claimed it first
         if error is not None:
             raise RunFolderError(error)
         owned.run_id, owned.made = run_id, True
@@ -270,10 +295,7 @@ def claim_resume(
                 f"written over; resume in the checkpoint's own folder (resume="
                 f"{run_of(checkpoint)}), or in a new folder (hydra.run.dir=NEW_FOLDER)"
             )
-    try:
-        return owned.run_id or claim_new(folder, run_id)
-    except RunFolderError as e:
-        raise RunFolderError(str(e).replace("a run writes", "a resumed run writes")) from None
+    return owned.run_id or claim_new(folder, run_id, "a resumed run")
 
 
 def lock(folder: str | os.PathLike) -> None:

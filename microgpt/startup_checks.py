@@ -4,13 +4,11 @@ wrong types, `--heads=4`), and a run or sweep refused a folder it may not use.""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import itertools
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -24,7 +22,6 @@ from microgpt import runs
 from microgpt.config import Config, SampleConfig, flatten, load_config, parse_resume
 from microgpt.data.dataset import resolve_data_path
 from microgpt.errors import UserError, print_error
-from microgpt.files import is_system_path
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
 INFO_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-sc",
@@ -34,7 +31,6 @@ FLAGS = {"-m", "--multirun", "-p", "--package", *INFO_FLAGS, *CONFIG_FLAGS}
 GROUPS = ("model", "data", "optim", "experiment")
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException)
 SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"  # the keys a -m command line sweeps, for cli.job_dir
-MIN_FREE = 16 * 2**20  # a run folder's disk needs room for a few checkpoints at the least
 
 
 class _LeaveToHydra(Exception):
@@ -192,15 +188,20 @@ def _check_added_keys(task: list[str], schema: type) -> None:
     for override in task:
         key = override.split("=", 1)[0]
         bare = key.lstrip("+")
-        if not key.startswith("+") or bare in GROUPS or bare.split(".")[0] == "hydra":
-            continue
-        if bare in known or any(k.startswith(bare + ".") for k in known):
-            continue
-        close = difflib.get_close_matches(bare, known, n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]}=...?" if close else "; see conf/ for the settings"
-        raise UserError(
-            f"{override}: unknown setting {bare} (+ adds a key, and no schema has it){hint}"
-        )
+        skip = bare in GROUPS or bare.split(".")[0] == "hydra" or bare in known
+        if key.startswith("+") and not skip and not any(k.startswith(bare + ".") for k in known):
+            raise UserError(_unknown(override, bare, known))
+
+
+def _unknown(override: str, key: str, known: list[str]) -> str:
+    """`override` sets `key`, which no schema has: the closest setting, else those beside it."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    if close:
+        return f"{override}: unknown setting {key}; did you mean {close[0]}?"
+    parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    under = sorted({k[len(parent) :].split(".")[0] for k in known if k.startswith(parent)})
+    where = f" under {parent[:-1]}" if parent else ""
+    return f"{override}: unknown setting {key}; known settings{where}: {', '.join(under)}"
 
 
 def _check_heads(job: list[str]) -> None:
@@ -254,13 +255,7 @@ def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
                     f"{', '.join(options)}{hint}"
                 )
         elif known and not key.startswith("+") and bare not in known:
-            parent = bare.rsplit(".", 1)[0] + "." if "." in bare else ""
-            close = difflib.get_close_matches(bare, known, n=1, cutoff=0.75)
-            if close:
-                return f"{override}: unknown setting {bare}; did you mean {close[0]}?"
-            under = sorted({k[len(parent) :].split(".")[0] for k in known if k.startswith(parent)})
-            where = f" under {parent[:-1]}" if parent else ""
-            return f"{override}: unknown setting {bare}; known settings{where}: {', '.join(under)}"
+            return _unknown(override, bare, known)
     cause = e.__cause__ or e
     key = getattr(cause, "full_key", None)
     named = [o for o in task if key and o.split("=", 1)[0].lstrip("+~") == key]
@@ -269,55 +264,26 @@ def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
 
 
 def _check_run_folder(c: Config, job: list[str]) -> None:
-    """A new run's folder (runs.new_run_error), or a resume's run, before Hydra writes there."""
+    """A new run's folders (runs.new_run_error), or a resume's run, before Hydra writes there."""
     named = _settings(job)
-    _check_writable("hydra.run.dir", named.get("hydra.run.dir", "outputs"))
     resume = parse_resume(c.resume)
+    # under torchrun, rank 0 checks and claims the folder and the other ranks join it
+    new = not resume and os.environ.get("RANK", "0") == "0"
+    folders = {"hydra.run.dir": named.get("hydra.run.dir", "outputs")}
+    if c.out_dir != "." and named.get("out_dir"):
+        folders["out_dir"] = named["out_dir"]
+    for key, folder in folders.items():
+        error = runs.new_run_error(folder, key, "a run" if new and key in named else None, False)
+        if error:
+            raise UserError(error)
     if isinstance(resume, str):
         runs.resume_checkpoint(resume, ".")
-    # under torchrun, rank 0 checks and claims the folder and the other ranks join it
-    elif not resume and os.environ.get("RANK", "0") == "0":
-        folders = [named.get("hydra.run.dir"), named.get("out_dir") if c.out_dir != "." else None]
-        for error in filter(None, (runs.new_run_error(f, ours=False) for f in folders if f)):
-            raise UserError(error)
 
 
 def _check_sweep_folder(overrides: list[str]) -> None:
     """A sweep owns its folder too: hydra.sweep.dir, when named, must be new or empty."""
     named = _settings(overrides).get("hydra.sweep.dir")
     folder = named.strip("'\"") if named else "multirun"
-    _check_writable("hydra.sweep.dir", folder)
-    if named and runs.RunFolder(folder).holds_run():
-        raise UserError(f"hydra.sweep.dir={folder} holds a run, never a sweep's; name a new folder")
-    error = named and runs.new_run_error(folder, "a sweep", ours=False)
+    error = runs.new_run_error(folder, "hydra.sweep.dir", "a sweep" if named else None, False)
     if error:
         raise UserError(error)
-
-
-def _check_writable(key: str, value: str) -> None:
-    """A run folder can be made at `value`: not a system path or a file, on a disk with room."""
-    folder = Path(os.path.abspath(Path(value).expanduser()))
-    if is_system_path(folder):
-        raise UserError(
-            f"{key}={value} is under /{folder.parts[1]}, the system's files, not a disk; name a "
-            f"folder on a disk"
-        )
-    existing = next(p for p in (folder, *folder.parents) if os.path.lexists(p))
-    if existing == folder and not folder.is_dir():
-        raise UserError(f"{key}={value} is an existing file, not a folder; name a new folder")
-    if not existing.is_dir():
-        raise UserError(
-            f"{key}={value} is inside {existing}, which is a file, not a folder; name a folder"
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(
-            f"{key}={value}: cannot write in {existing} (a read-only disk or no permission); "
-            f"name a folder you can write"
-        )
-    with contextlib.suppress(OSError):
-        free = shutil.disk_usage(existing).free
-        if free < MIN_FREE:
-            raise UserError(
-                f"{key}={value}: the disk of {existing} is full ({free // 2**20} MiB free); free "
-                f"some space or name a folder on another disk"
-            )

@@ -191,12 +191,15 @@ CONFIG_ERRORS = [
     ),
     (
         ["hydra.run.dir=run"],
-        "microgpt: error: run already holds a run; continue it with resume=run, or write the new "
-        "run to another folder",
+        "microgpt: error: hydra.run.dir=run already holds a run; continue it with resume=run, or "
+        "write the new run to another folder",
     ),
     (["data.path=nope.txt"], "microgpt: error: no data file at "),
     (["resume=true"], "microgpt: error: resume=true but there is no run to resume: "),
-    (["hydra.run.dir=."], "microgpt: error: . is not empty (names.txt, run) and holds no run"),
+    (
+        ["hydra.run.dir=."],
+        "microgpt: error: hydra.run.dir=. is not empty (names.txt, run) and holds no run",
+    ),
     (
         ["-m", "heads=4,3,5"],
         "microgpt: error: 2 of the sweep's jobs have bad settings; none was started:",

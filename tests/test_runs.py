@@ -118,7 +118,9 @@ def test_the_cli_refuses_a_folder_that_is_not_a_run_before_hydra_writes(tmp_path
         timeout=300,
     )
     assert r.returncode == 2, r.stderr
-    assert r.stderr.startswith("microgpt: error: conf is not empty (config.yaml) and holds no run")
+    assert r.stderr.startswith(
+        "microgpt: error: hydra.run.dir=conf is not empty (config.yaml) and holds no run"
+    )
     assert [p.name for p in conf.iterdir()] == ["config.yaml"]
     assert (conf / "config.yaml").read_text() == "defaults: []\n"
 

@@ -122,7 +122,7 @@ class Checkpoint:
             model.load_state_dict(self.model)
         except (TypeError, ValueError, RuntimeError, KeyError) as e:
             raise CheckpointError(
-                f"{self.path} holds a model that cannot be rebuilt: {_first_line(e)}"
+                f"{self.path} holds a model that cannot be rebuilt: {_why(e)}"
             ) from None
         if tokenizer.vocab_size != config.vocab_size:
             raise CheckpointError(
@@ -239,22 +239,19 @@ def _read(path: Path, map_location):
                 f"unpickled; microgpt checkpoints hold plain data only, so this file is not one "
                 f"(or was tampered with)"
             ) from None
-        raise CheckpointError(f"{path} is not a readable checkpoint ({_first_line(e)})") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint ({_why(e)})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as e:
         raise CheckpointError(
-            f"{path} is truncated or corrupt and cannot be read ({_first_line(e)}); "
+            f"{path} is truncated or corrupt and cannot be read ({_why(e)}); "
             f"use another checkpoint (best.pt or last.pt of the run)"
         ) from None
 
 
 def _why(e: BaseException) -> str:
     """An OSError's reason in words ("No space left on device"), else the first sentence."""
-    return getattr(e, "strerror", None) or _first_line(e)
-
-
-def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return text[0].split(". ")[0][:200] if text else type(e).__name__
+    first = text[0].split(". ")[0][:200] if text else type(e).__name__
+    return getattr(e, "strerror", None) or first
 
 
 def _check_settings(saved: dict, current: dict, path: Path) -> None:
@@ -263,9 +260,10 @@ def _check_settings(saved: dict, current: dict, path: Path) -> None:
     a, b = {**flatten(asdict(Config())), **flatten(saved)}, flatten(current)
     # "log." names every setting under log
     groups = tuple(r for r in RESUMABLE_CHANGES if r.endswith("."))
-    changed = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]
     differing = sorted(
-        k for k in changed if k not in RESUMABLE_CHANGES and not k.startswith(groups)
+        k
+        for k in a.keys() | b.keys()
+        if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES and not k.startswith(groups)
     )
     if differing:
         details = ", ".join(
