@@ -2,16 +2,11 @@
 
     python -m microgpt.compare multirun/2026-05-01/12-00-00 [--plot val_loss.png]
 
-Reads every run folder under the folder (config, metrics, checkpoint, as `python train.py -m
-heads=1,2,4,8` writes them) and prints one row per run, by head count: best val (the lowest
-`loss/val`), test (`loss/test`, of the best weights), tok/s (the median `tokens_per_sec`), each
-layer's mean attention entropy (nats) at the last step; then the head columns (heads/ summaries,
-microgpt.heads.report): prunable, each layer's largest importance, induction, repeat gain,
-copying, named and the count of each role some run has (mixed always). They come from `python -m
-microgpt.heads RUN`'s analysis of the row's checkpoint (best.pt, else last.pt), else from the last
-logged `heads/...` scalars; heads step says of which step, with `*` and a line under the table
-where that is not the checkpoint's (or the last) step. It draws the validation loss curves, one
-per run, into `<folder>/val_loss.png` (--plot).
+One row per run folder under the folder, by head count: best val (the lowest `loss/val`), test,
+tok/s (the median), each layer's mean attention entropy at the last step; then the head summaries
+(microgpt.heads.report) of `python -m microgpt.heads RUN`'s analysis of its checkpoint, else the
+last logged `heads/...` scalars, with the step they are of (`*` and a line under the table where
+that is not the checkpoint's or the last step). It draws the validation curves into --plot.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from microgpt import runs
 from microgpt.errors import UserError, print_error
 from microgpt.files import check_new_file
-from microgpt.heads.report import ROLES, read_analysis
+from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.viz.draw import plot_lines
@@ -98,14 +93,6 @@ class RunSummary:
 # ----------------------------------------------------------------------------- reading
 
 
-def find_runs(folder: str | Path) -> list[Path]:
-    """Every run folder at or under `folder` that has logged something (runs.find_runs)."""
-    try:
-        return [run.path for run in runs.find_runs(folder)]
-    except runs.RunFolderError as e:
-        raise CompareError(str(e)) from None
-
-
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]}: from metrics.jsonl (fast), else the event files."""
     if not (run / METRICS_FILE).is_file():
@@ -130,25 +117,25 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 def _from_checkpoint(run: Path) -> tuple[int | None, str, int | None]:
     """The checkpoint's parameter count (tied weights once), data ("path #hash of the split") and
     step (best.pt's, else last.pt's)."""
-    folder = RunFolder(run)
-    problems = []
+    folder, problem = RunFolder(run), None
     for path in (folder.best, folder.last):
-        if path.is_file():
-            try:
-                ckpt = Checkpoint.load(path)
-            except CheckpointError as e:
-                problems.append(str(e))
-                continue
-            sizes = {  # tied weights share a storage: each counted once
-                (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
-                for t in ckpt.model.values()
-            }
-            total = sum(sizes.values())
-            split = json.dumps(ckpt.split, sort_keys=True).encode()
-            data = ckpt.data.get("path", "?")
-            return total, f"{data} #{hashlib.sha256(split).hexdigest()[:8]}", ckpt.step
-    if problems:  # every checkpoint it has is damaged
-        raise CompareError(problems[0])
+        if not path.is_file():
+            continue
+        try:
+            ckpt = Checkpoint.load(path)
+        except CheckpointError as e:
+            problem = problem or CompareError(str(e))
+            continue
+        # tied weights share a storage: each counted once
+        sizes = {
+            (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
+            for t in ckpt.model.values()
+        }
+        split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
+        return sum(sizes.values()), f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
+    # every checkpoint it has is damaged, or it has none
+    if problem is not None:
+        raise problem
     return None, "?", None
 
 
@@ -158,23 +145,21 @@ def read_run(run: Path, root: Path) -> RunSummary:
     params, data, step = _from_checkpoint(run)
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
     heads, kv_heads = (OmegaConf.select(cfg, f"model.{k}") for k in ("n_head", "n_kv_head"))
-    summary = RunSummary(_name(run, root), run, heads, kv_heads, params, data=data)
-    summary.val_curve = sorted(scalars.get("loss/val", []))
-    summary.best_val_loss = min((v for _, v in summary.val_curve), default=math.nan)
+    r = RunSummary(_name(run, root), run, heads, kv_heads, params, data=data)
+    r.val_curve = sorted(scalars.get("loss/val", []))
+    r.best_val_loss = min((v for _, v in r.val_curve), default=math.nan)
     if scalars.get("loss/test"):
-        summary.test_loss = scalars["loss/test"][-1][1]
+        r.test_loss = scalars["loss/test"][-1][1]
     if scalars.get("tokens_per_sec"):
-        summary.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
+        r.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
     layers: dict[int, list[float]] = {}
     for tag, points in scalars.items():
         layer = re.fullmatch(r"attention_entropy/layer([^/]*)/[^/]*", tag)
         if layer and points:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
-    summary.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
-    summary.heads_summary, summary.heads_step, summary.latest_step = _heads_summary(
-        run, scalars, step
-    )
-    return summary
+    r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
+    r.heads_summary, r.heads_step, r.latest_step = _heads_summary(run, scalars, step)
+    return r
 
 
 def _name(run: Path, root: Path) -> str:
@@ -186,9 +171,13 @@ def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]], check
     checkpoint (best.pt, else last.pt), else each logged summary's last value (of the last step)."""
     folder = RunFolder(run)
     checkpoint = folder.default_checkpoint()
-    analysis = read_analysis(folder.analysis(checkpoint)) if checkpoint is not None else None
-    if analysis is not None:
-        return *analysis, checkpoint_step
+    if checkpoint is not None:
+        # the JSON python -m microgpt.heads wrote (HeadReport.to_dict, with the checkpoint's step)
+        try:
+            data = json.loads(folder.analysis(checkpoint).read_text())
+            return dict(data["summaries"]), data.get("step"), checkpoint_step
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # none, or unreadable: the logged scalars below
     logged = {t: max(points) for t, points in scalars.items() if t.startswith("heads/") and points}
     step = max((s for s, _ in logged.values()), default=None)
     last = max((s for points in scalars.values() for s, _ in points), default=None)
@@ -205,10 +194,11 @@ UNREADABLE = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSE
 
 
 def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
-    """(the runs that can be read, sorted by head count then name; (name, why) for the others)."""
+    """(the runs under `folder` (runs.find_runs) that can be read, sorted by head count then name;
+    (name, why) for the others)."""
     root = Path(folder)
     found, unreadable = [], []
-    for run in find_runs(root):
+    for run in [found_run.path for found_run in runs.find_runs(root)]:
         try:
             found.append(read_run(run, root))
         except (*UNREADABLE, OmegaConfBaseException, yaml.YAMLError) as e:

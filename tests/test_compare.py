@@ -7,8 +7,9 @@ import json
 import pytest
 from PIL import Image
 
-from microgpt.compare import CompareError, find_runs, main, read_runs
+from microgpt.compare import main, read_runs
 from microgpt.data.lines import CharDataset
+from microgpt.errors import UserError
 from microgpt.heads.analyse import analyse
 from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import train
@@ -78,8 +79,8 @@ def test_plot_path_and_table_only(sweep, tmp_path, capsys):
 
 def test_a_folder_without_runs_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CompareError, match="no runs under"):
-        find_runs(tmp_path / "empty")
+    with pytest.raises(UserError, match="no runs under"):
+        read_runs(tmp_path / "empty")
     assert main([str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("microgpt: error: no runs under") and "Traceback" not in err

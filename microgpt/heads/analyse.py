@@ -11,12 +11,11 @@ gradient and pruning (microgpt.heads.circuits), the repeated-span probe, the lay
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from microgpt.data.repeats import repeated_spans, span_for
 from microgpt.heads import circuits, roles
@@ -49,16 +48,9 @@ def length_batches(
     return out
 
 
-@contextlib.contextmanager
-def _eval(model: nn.Module, inference: bool = True) -> Iterator[None]:
-    with eval_mode(model), torch.inference_mode() if inference else contextlib.nullcontext():
-        yield
-
-
 @torch.no_grad()
 def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
-    """One row's attention, per layer (H, T, T) float32 on the CPU: ids (T,) on the model's
-    device, in eval mode (the model is put back in its mode)."""
+    """One row's attention per layer, (H, T, T) float32 on the CPU, in eval mode (then restored)."""
     device = next(model.parameters()).device
     with eval_mode(model):
         _, _, attention = model.forward_with_attention(torch.tensor([list(ids)], device=device))
@@ -73,12 +65,10 @@ def attention_entropy(attention: Sequence[Tensor], query_mask: Tensor) -> Tensor
 
 
 def _first_pass(model, batches, members, chars, width: int):
-    """One forward pass over the batches: each head's mean output (L, H, hd) over the real
-    positions (W_O's input) and at each position (L, H, width, hd), and the pattern sums per
-    layer (microgpt.heads.roles.pattern_sums)."""
+    """One pass: each head's mean output (W_O's input) over the real positions (L, H, hd) and at
+    each position (L, H, width, hd), and the pattern sums per layer (roles.pattern_sums)."""
     L, H, hd = model_heads(model)
-    C = model.config.n_embd
-    state: dict = {}
+    C, state = model.config.n_embd, {}
     out_sums = torch.zeros(L, width, C, dtype=torch.float64)  # per position
     per_position = torch.zeros(width, dtype=torch.float64)  # real queries at each position
 
@@ -104,9 +94,8 @@ def _first_pass(model, batches, members, chars, width: int):
 
 @torch.no_grad()
 def run_probe(model, device) -> Probe | None:
-    """The repeated-span probe (microgpt.data.repeats: a boundary token, a span of distinct random
-    characters as long as the block allows, the span again) on `model`, in eval mode; None where
-    the span would be < 2."""
+    """The repeated-span probe (microgpt.data.repeats) on `model` in eval mode; None where the
+    span would be < 2."""
     span, V = span_for(model.config.block_size), model.config.vocab_size
     if span < 2 or V < 3:
         return None
@@ -155,7 +144,7 @@ def analyse(
         counts = torch.bincount(y[y >= 0].flatten().cpu(), minlength=V)[:V]
     batches = length_batches(x.to(device), y.to(device), batch_size)
     members = roles.class_members(chars, V, counts)
-    with _eval(model):
+    with eval_mode(model), torch.inference_mode():
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # the baseline with an all-ones mask: the exact arithmetic of every ablated pass
         base = batches_loss(model, batches, keep_all(model, device))
@@ -182,12 +171,12 @@ def analyse(
 def _importances(model, batches, base: float, means, at, tolerance: float) -> dict:
     """HeadReport's importance fields: by zero, mean, per-position mean ablation and gradient,
     their rank correlations, and the pruning curve (by zero ablation)."""
-    with _eval(model):
+    with eval_mode(model), torch.inference_mode():
         zero = circuits.zero_importance(model, batches, base)
         mean = circuits.mean_importance(model, batches, base, means)
         position = circuits.mean_importance(model, batches, base, at)
         order, losses, prunable = circuits.pruning(model, batches, base, zero, tolerance)
-    with _eval(model, inference=False):
+    with eval_mode(model):
         gradient = circuits.gradient_importance(model, batches)
     rank = circuits.rank_correlation
     return {

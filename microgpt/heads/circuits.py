@@ -44,13 +44,10 @@ def each_head(model, measure: Callable[[int, int], float]) -> Tensor:
 
 def token_losses(logits: Tensor, y: Tensor) -> Tensor:
     """(B, T, V), (B, T) -> (B, T) cross-entropy per position (0 where y = -1)."""
-    B, T, V = logits.shape
-    # (B, T, V) -> (B*T, V) and (B, T) -> (B*T,): one loss per position
     flat = F.cross_entropy(
-        logits.reshape(B * T, V).float(), y.reshape(B * T), ignore_index=-1, reduction="none"
+        logits.flatten(0, 1).float(), y.flatten(), ignore_index=-1, reduction="none"
     )
-    # (B*T,) -> (B, T)
-    return flat.view(B, T)
+    return flat.view_as(y)
 
 
 # ----------------------------------------------------------------------------- interventions
@@ -58,8 +55,7 @@ def token_losses(logits: Tensor, y: Tensor) -> Tensor:
 
 @contextlib.contextmanager
 def hooked_heads(model, hook) -> Iterator[None]:
-    """While open, each layer's head outputs z (B, T, H, hd) are replaced by hook(layer, z) where
-    it returns a tensor."""
+    """While open, each layer's head outputs z (B, T, H, hd) become hook(layer, z), unless None."""
     handles = [
         block.attn.hook_z.register_forward_hook(lambda _, __, z, layer=layer: hook(layer, z))
         for layer, block in enumerate(model.blocks)
@@ -142,12 +138,10 @@ def mean_importance(model, batches, base: float, means: Tensor) -> Tensor:
 
 
 def gradient_importance(model, batches) -> Tensor:
-    """(L, H) the mean over the rows with a real target of |d loss(row) / d head_mask| at all
-    ones, loss(row) its mean nats per real target. The parameters' .grad are left untouched.
-    Call outside torch.inference_mode."""
+    """(L, H) the mean over rows with a real target of |d loss(row) / d head_mask| at all ones;
+    the parameters' .grad are left untouched. Call outside torch.inference_mode."""
     L, H, _ = model_heads(model)
-    total = torch.zeros(L, H, dtype=torch.float64)
-    rows = 0
+    total, rows = torch.zeros(L, H, dtype=torch.float64), 0
     with torch.enable_grad():
         for x, y in batches:
             mask = torch.ones(x.shape[0], L, H, device=x.device, requires_grad=True)
@@ -178,7 +172,7 @@ def pruning(model, batches, base: float, importance: Tensor, tolerance: float):
 
 
 def rank_correlation(a: Tensor, b: Tensor) -> float:
-    """Spearman's rank correlation of two equal-size tensors (ties get their mean rank); nan when
+    """Spearman's rank correlation of two equal-size tensors (ties: their mean rank); nan when
     either is constant or has fewer than 2 values."""
     a, b = a.flatten().double(), b.flatten().double()
     if a.numel() < 2:

@@ -4,10 +4,8 @@ read the same whatever the head count, JSON and markdown."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from torch import Tensor
 
@@ -159,10 +157,10 @@ class HeadReport:
             **self.extra,
         }
         if self.qk is not None:
-            out["layer0_circuits"] = {
-                "tokens": list(self.labels),
-                "qk": [[[round(v, 4) for v in r] for r in t] for t in self.qk.tolist()],
-                "ov": [[[round(v, 4) for v in r] for r in t] for t in self.ov.tolist()],
+            tables = {"qk": self.qk.tolist(), "ov": self.ov.tolist()}
+            out["layer0_circuits"] = {"tokens": list(self.labels)} | {
+                name: [[[round(v, 4) for v in r] for r in t] for t in table]
+                for name, table in tables.items()
             }
         return out
 
@@ -173,16 +171,10 @@ class HeadReport:
         row["patterns"] = {
             k: {"mass": float(m[at]), "lift": float(self.lift[k][at])} for k, m in self.mass.items()
         }
-        values = {
-            "entropy": self.entropy,
-            "spread": self.spread,
-            "start": self.start,
-            "offsets": self.offsets,
-            "zero_importance": self.zero_importance,
-            "mean_importance": self.mean_importance,
-            "position_mean_importance": self.position_importance,
-            "gradient_importance": self.gradient,
-        }
+        names = ("entropy", "spread", "start", "offsets", "zero_importance", "mean_importance")
+        values = {name: getattr(self, name) for name in names}
+        values["position_mean_importance"] = self.position_importance
+        values["gradient_importance"] = self.gradient
         if self.probe is not None:
             p = self.probe
             values.update(induction=p.prefix, duplicate=p.duplicate, repeat_loss_ablated=p.ablated)
@@ -192,32 +184,28 @@ class HeadReport:
         return row
 
     def markdown(self) -> str:
-        """A table, one row per head, then lines on the importance measures, the probe and
-        pruning; then the layer-0 circuits, when the report has them."""
-        lines = [
-            "| layer | head | role | score | lift | entropy (nats) | zero-ablated | "
-            "mean-ablated (per position) | gradient | prefix match | copying |",
-            "|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        lines += [self._head_row(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
+        """A row per head, lines on importance, the probe and pruning, then any layer-0 circuits."""
+        header = ["layer", "head", "role", "score", "lift", "entropy (nats)", "zero-ablated"]
+        header += ["mean-ablated (per position)", "gradient", "prefix match", "copying"]
+        heads = [(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
+        lines = _table(header, "rrl" + "r" * 8, [self._head_cells(*at) for at in heads])
         lines += self._notes()
         if self.qk is not None:
             lines.append("\n" + self.circuits_markdown())
         return "\n".join(lines)
 
-    def _head_row(self, layer: int, h: int) -> str:
-        probe = self.probe
-        role = self.roles[layer][h]
-        lift = self.lift[role][layer, h] if role in self.lift else math.nan
+    def _head_cells(self, layer: int, h: int) -> list[str]:
+        at, probe, role = (layer, h), self.probe, self.roles[layer][h]
+        lift = self.lift[role][at] if role in self.lift else math.nan
         copying = self.copying[h] if layer == 0 and self.copying is not None else None
-        return (
-            f"| {layer} | {h} | {role} | {self.scores[layer, h]:.2f} | "
-            f"{'-' if math.isnan(lift) else f'{lift:.1f}'} | "
-            f"{self.entropy[layer, h]:.3f} | {self.zero_importance[layer, h]:+.4f} | "
-            f"{self.position_importance[layer, h]:+.4f} | {self.gradient[layer, h]:.4f} | "
-            f"{'-' if probe is None else f'{probe.prefix[layer, h]:.2f}'} | "
-            f"{'-' if copying is None else f'{copying:.2f}'} |"
-        )
+        return [
+            *(str(layer), str(h), role, f"{self.scores[at]:.2f}"),
+            "-" if math.isnan(lift) else f"{lift:.1f}",
+            *(f"{self.entropy[at]:.3f}", f"{self.zero_importance[at]:+.4f}"),
+            *(f"{self.position_importance[at]:+.4f}", f"{self.gradient[at]:.4f}"),
+            "-" if probe is None else f"{probe.prefix[at]:.2f}",
+            "-" if copying is None else f"{copying:.2f}",
+        ]
 
     def _notes(self) -> list[str]:
         """The lines under the table: loss and pruning, what the columns mean, the probe."""
@@ -228,8 +216,8 @@ class HeadReport:
             f"\nLoss {self.loss:.4f} nats/char over {self.items:,} items ({self.tokens:,} "
             f"characters). Prunable: {self.prunable} of {total} heads removed together raise it "
             f"by < {self.tolerance:g} nats ({gone}).",
-            f"Role: a pattern holding mass >= {THRESHOLDS['min_mass']} of the attention at "
-            f"lift >= {THRESHOLDS['min_lift']} (times uniform attention); score = the role's "
+            f"Role: a pattern holding mass >= {MIN_MASS} of the attention at "
+            f"lift >= {MIN_LIFT} (times uniform attention); score = the role's "
             f"mass (mixed: the largest above-chance mass). Importance = loss rise (nats) when the "
             f"head is zeroed, or replaced by its mean at each position; gradient = the mean over "
             f"rows of |d loss(row) / d head_mask| (Michel et al. 2019); copying (layer 0) = "
@@ -251,40 +239,33 @@ class HeadReport:
         return lines
 
     def circuits_markdown(self) -> str:
-        """For each token, what each layer-0 head's query looks for most (the key token with the
-        largest QK score) and what attending to it raises most (the output token with the largest
-        OV logit)."""
-        H = self.qk.shape[0]
-        head = " | ".join(f"L0H{h} looks for | L0H{h} raises" for h in range(H))
-        lines = [
+        """Per token, the key token each layer-0 head's query scores highest and the output token
+        attending to it raises most."""
+        H, labels = self.qk.shape[0], self.labels
+        header = ["token"] + [
+            f"L0H{h} {what}" for h in range(H) for what in ("looks for", "raises")
+        ]
+        looks, raises = self.qk.argmax(dim=2), self.ov.argmax(dim=2)  # (H, V) each
+        rows = [
+            [_cell(label)]
+            + [_cell(labels[table[h, t]]) for h in range(H) for table in (looks, raises)]
+            for t, label in enumerate(labels)
+        ]
+        intro = (
             "Layer-0 circuits through the embeddings: for each token, the key token each head's "
             "query scores highest (QK) and the output token that attending to it raises most "
             "(OV). The tokens enter as the first LayerNorm of their embeddings without "
             "position embeddings, an input the model never sees: a sketch of layer 0, not its "
-            "real scores.",
-            "",
-            f"| token | {head} |",
-            "|:---|" + "---|" * (2 * H),
-        ]
-        looks = self.qk.argmax(dim=2)  # (H, V)
-        raises = self.ov.argmax(dim=2)  # (H, V)
-        for t, label in enumerate(self.labels):
-            cells = " | ".join(
-                f"{_cell(self.labels[looks[h, t]])} | {_cell(self.labels[raises[h, t]])}"
-                for h in range(H)
-            )
-            lines.append(f"| {_cell(label)} | {cells} |")
-        return "\n".join(lines)
+            "real scores."
+        )
+        return "\n".join([intro, "", *_table(header, "l" + " " * (2 * H), rows)])
 
 
-def read_analysis(path: Path) -> tuple[dict[str, float], int | None] | None:
-    """(summaries, step) of an analysis file python -m microgpt.heads wrote (to_dict, with the
-    checkpoint's step); None where there is none or it cannot be read."""
-    try:
-        data = json.loads(path.read_text())
-        return dict(data["summaries"]), data.get("step")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines; align: a letter per column, r(ight), l(eft) or " " (none)."""
+    rule = {"r": "---:", "l": ":---", " ": "---"}
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule[a] for a in align) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def _cell(label: str) -> str:

@@ -1,26 +1,22 @@
-"""What a head looks at: positions, classes of keys and query-key relations, each against chance;
-and the repeated-span probe of induction and copying. Vectorised functions on a layer's attention
-(B, H, T, T) and the rows' token ids; microgpt.heads.analyse puts them together.
+"""What a head looks at, against chance, and the repeated-span probe of induction and copying:
+vectorised functions on a layer's attention (B, H, T, T) and the rows' ids (microgpt.heads.analyse).
 
-**Patterns.** For every head and pattern, over the real queries i >= 1 (y >= 0; the query at 0
-sees only itself) that can see at least one key of the pattern: `mass`, the mean attention weight
-on the pattern's keys; `lift`, that mass over what uniform causal attention (1 / (i + 1) per key)
-would put there, summed over the same queries: 1 is chance, exactly so for a uniform head.
+Per head and pattern, over the real queries i >= 1 that see one of its keys: `mass`, the mean
+attention on its keys; `lift`, that over uniform causal attention's (1 / (i + 1) a key), 1 = chance.
 
-- positional: `self`, `previous`, `two_back`, `three_back` (the key 0..3 back, when it is a
-  character, not the boundary token at position 0) and `start` (position 0, from queries i >= 2);
-- key classes: `boundary` (the boundary token but at position 0, as in text windows that cross
-  items), `vowel`, `consonant` (by the base letter: "é" is a vowel), `capital`, `space`
-  (whitespace but the newline), `newline`, `punctuation` (Unicode P*), `rare` (the least frequent
-  RARE_FRACTION of the characters in the training data, else in the rows analysed);
-- query-key relations: `duplicate` (an earlier key with the query's character), `induction` (the
-  key right after an earlier occurrence of it: Olsson et al. 2022's prefix matching),
-  `line_start` and `word_start` (just after the last newline / whitespace before the query).
+    self previous two_back three_back  the key 0..3 back, when a character (not position 0)
+    start                              position 0, from queries i >= 2
+    boundary                           the boundary token but at position 0 (text windows)
+    vowel consonant capital            by the base letter ("é" is a vowel); upper case
+    space newline punctuation          whitespace but the newline; the newline; Unicode P*
+    rare                               the RARE_FRACTION least frequent characters in training
+    duplicate induction                an earlier key with the query's character; the key after
+                                       one (prefix matching, Olsson et al. 2022)
+    line_start word_start              just after the last newline / whitespace before the query
 
-A class or relation no character belongs to (no newline in names), or that no query could see,
-is left out. **Role**: the pattern with the largest mass among those with mass >= MIN_MASS and
-lift >= MIN_LIFT (ties: the first in ROLES), else `mixed`. **Score**: the role's mass, or for a
-mixed head the largest mass at lift >= MIN_LIFT (0 if none): how near it came to a role.
+A pattern with no member, or no query that sees one, is left out. Role: the largest mass at mass
+>= MIN_MASS and lift >= MIN_LIFT (ties: the first in ROLES), else `mixed`. Score: the role's mass;
+for a mixed head the largest mass at lift >= MIN_LIFT (0 if none).
 """
 
 from __future__ import annotations
@@ -92,10 +88,9 @@ def relation_masks(x: Tensor, chars: str | None) -> dict[str, Tensor]:
 def pattern_sums(
     att: Tensor, x: Tensor, real: Tensor, members: dict[str, Tensor], chars: str | None
 ) -> dict[str, Tensor]:
-    """One layer's attention att (B, H, T, T) on rows x (B, T) with real queries (B, T) -> for each
-    pattern, summed over rows and queries: `{p}` (H,) the weight on its keys, `{p}_chance` the
-    uniform weight there and `{p}_n` the queries that could see one of its keys; likewise
-    `offsets` (H, OFFSETS), `spread` and `entropy` (see microgpt.heads.analyse)."""
+    """One layer's attention att (B, H, T, T) on rows x (B, T), real queries (B, T) -> per pattern
+    p, summed over rows and queries: `p` (H,) the weight on its keys, `p_chance` uniform's and
+    `p_n` the queries that could see one; likewise `offsets` (H, OFFSETS), `spread`, `entropy`."""
     att = att.double()
     i = torch.arange(att.shape[2], device=att.device)
     q = (real & (i >= 1)).to(att.dtype)  # (B, T): the queries that count
@@ -177,19 +172,16 @@ def patterns_of(sums: list[dict[str, Tensor]]) -> dict:
     """Per-layer sums (pattern_sums added over batches) -> HeadReport's fields: `mass` and `lift`
     ({pattern: (L, H)}, every pattern some query could see, in ROLES order), `roles`, `scores`,
     and the means `offsets` (L, H, OFFSETS), `start`, `spread`, `entropy` (L, H)."""
-    mass, lift = {}, {}
-    for name in ROLES[:-1]:
-        if name in sums[0] and float(sums[0][name + "_n"]) > 0:
-            mass[name] = torch.stack([s[name] / s[name + "_n"].clamp(min=1) for s in sums])
-            lift[name] = torch.stack(
-                [s[name] / s[name + "_chance"].clamp(min=1e-300) for s in sums]
-            )
+
+    def per_layer(name: str, by: str = "_n", least: float = 1) -> Tensor:
+        return torch.stack([s[name] / s[name + by].clamp(min=least) for s in sums])
+
+    seen = [n for n in ROLES[:-1] if n in sums[0] and float(sums[0][n + "_n"]) > 0]
+    mass = {name: per_layer(name) for name in seen}
+    lift = {name: per_layer(name, "_chance", 1e-300) for name in seen}
     roles, scores = roles_of(mass, lift)
     # no queries for a statistic: 0
-    stat = {
-        name: torch.stack([s[name] / s[name + "_n"].clamp(min=1) for s in sums])
-        for name in ("offsets", "start", "spread", "entropy")
-    }
+    stat = {name: per_layer(name) for name in ("offsets", "start", "spread", "entropy")}
     return {"mass": mass, "lift": lift, "roles": roles, "scores": scores, **stat}
 
 
