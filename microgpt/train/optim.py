@@ -12,6 +12,8 @@ from torch import nn
 
 from microgpt.config import Config
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.Optimizer:
     """AdamW, or Muon for the blocks' matrices and AdamW for the rest; weight decay on matrices
@@ -55,7 +57,7 @@ class Muon(torch.optim.Optimizer):
             if not params:
                 continue
             # decoupled weight decay, then the group's update
-            torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+            torch._foreach_mul_(params, fp32(1 - group["lr"] * group["weight_decay"]))
             (self._muon if group["muon"] else self._adamw)(params, group)
 
     def _muon(self, params, group):
@@ -71,7 +73,8 @@ class Muon(torch.optim.Optimizer):
             same = [i for i, p in enumerate(params) if p.shape == shape]
             ortho = orthogonalise(torch.stack([updates[i] for i in same]))
             scale = max(1.0, shape[0] / shape[1]) ** 0.5
-            torch._foreach_add_([params[i] for i in same], list(ortho), alpha=-group["lr"] * scale)
+            step = fp32(-group["lr"] * scale)
+            torch._foreach_add_([params[i] for i in same], list(ortho), alpha=step)
 
     def _adamw(self, params, group):
         (b1, b2), grads = group["betas"], [p.grad for p in params]
@@ -89,7 +92,13 @@ class Muon(torch.optim.Optimizer):
         torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
         denom = torch._foreach_sqrt(torch._foreach_div(v, 1 - b2**t))
         torch._foreach_add_(denom, group["eps"])
-        torch._foreach_addcdiv_(params, m, denom, value=-group["lr"] / (1 - b1**t))
+        torch._foreach_addcdiv_(params, m, denom, value=fp32(-group["lr"] / (1 - b1**t)))
+
+
+def fp32(x: float) -> float:
+    """x clipped to float32's range: an absurd lr (1e300) makes the weights infinite, and the
+    loss then non-finite (a clear stop), rather than failing inside the optimizer."""
+    return max(-FLOAT32_MAX, min(FLOAT32_MAX, x))
 
 
 def orthogonalise(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
