@@ -20,7 +20,7 @@ def test_default_config_is_small_on_names():
     config = load_config(compose_config(["out_dir=."]))
     assert config.model.name == "small"
     assert config.data.path == "data/names.txt"
-    assert config.optim.name == "muon"
+    assert config.optim.name == "adamw"
 
 
 def test_heads_sets_the_models_head_count():
