@@ -178,4 +178,10 @@ def format_targets(results: dict) -> str:
         if row.second_file:
             second = show(loss.replace(":", " [names-1980s]:", 1), 4)
             lines.append(f"  the same on names-1980s | | | | {second} |")
+        if row.key == "names" and "names: step / default step" in figs:
+            # the same names in every step: characters/s scale as 1 / the step's cost
+            speed = 1 / figs["names: step / default step"]["median"]
+            lines.append(
+                f"  training speed, real characters/s against today's | | | >= 2x | {speed:.2f}x |"
+            )
     return "\n".join(lines)

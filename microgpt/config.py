@@ -137,7 +137,7 @@ class TrainConfig:
     max_steps: int = 3500
     batch_size: int = 128  # per process; under torchrun the global batch is batch_size * world size
     group_by_length: int = 0  # >0: batches of similar-length items, sorted within runs of N batches
-    pack: int = 0  # >0: a batch's items packed end to end into rows of N tokens (no padding)
+    pack: int = 0  # >0: a batch's items end to end in rows of N tokens (no padding; text: none)
     eval_every: int = 250
     save_every: int = 0  # >0: keep checkpoints/step-NNNNNN.pt (weights, no optimizer) every N steps
     eval_batch_size: int = 1000
@@ -213,11 +213,6 @@ class Config:
             f"character of data.path), so this setting would be ignored; remove it",
         )
         require(0 <= self.seed < 2**63, f"seed={self.seed} must be in [0, 2**63)")
-        require(
-            self.data.format != "text" or not self.train.pack,
-            "train.pack packs items (data.format=lines or repeats); text windows hold no "
-            "padding: leave train.pack=0",
-        )
         require(
             self.data.format != "text" or m.block_size is None or m.block_size >= 2,
             f"model.block_size={m.block_size} with data.format=text: a window of one character "

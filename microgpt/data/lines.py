@@ -235,13 +235,9 @@ class ItemBatches(BatchSampler):
         self, dataset: CharDataset, global_batch: int, seed: int, group_by_length=0, pack=0
     ):
         super().__init__(len(dataset), global_batch, seed, dataset.lengths, group_by_length)
-        # > 0: the batch's items packed end to end into rows of `pack` tokens (no padding)
-        self.dataset, self.pack = dataset, pack
-        if 0 < pack < dataset.block_size:
-            raise DataError(
-                f"train.pack={pack} is shorter than the longest item ({dataset.block_size} "
-                f"tokens with its boundary): use train.pack={max(32, dataset.block_size)} or more"
-            )
+        # > 0: the batch's items end to end in rows of `pack` tokens, or of the longest item's
+        # (with its boundary token) where that is longer: no padding between items
+        self.dataset, self.pack = dataset, pack and max(pack, dataset.block_size)
 
     def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
         # (global batch,) indices, the same on every rank

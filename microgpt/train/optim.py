@@ -12,6 +12,8 @@ from torch import nn
 
 from microgpt.config import Config
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.Optimizer:
     """AdamW, or Muon for the blocks' matrices and AdamW for the rest; weight decay on matrices
@@ -51,48 +53,66 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                if group["muon"]:
-                    self._muon(p, group)
-                else:
-                    self._adamw(p, group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            # decoupled weight decay, then the group's update
+            torch._foreach_mul_(params, fp32(1 - group["lr"] * group["weight_decay"]))
+            (self._muon if group["muon"] else self._adamw)(params, group)
 
-    def _muon(self, p, group):
-        state, beta = self.state[p], group["momentum"]
-        if "momentum" not in state:
-            state["momentum"] = torch.zeros_like(p)
-        buf = state["momentum"].lerp_(p.grad, 1 - beta)
-        update = orthogonalise(p.grad.lerp(buf, beta))
-        p.add_(update, alpha=-group["lr"] * max(1.0, p.size(0) / p.size(1)) ** 0.5)
+    def _muon(self, params, group):
+        beta, grads = group["momentum"], [p.grad for p in params]
+        for p in params:
+            self.state[p].setdefault("momentum", torch.zeros_like(p))
+        momenta = [self.state[p]["momentum"] for p in params]
+        torch._foreach_lerp_(momenta, grads, 1 - beta)
+        # Nesterov: the gradient moved towards the new momentum
+        updates = torch._foreach_lerp(grads, momenta, beta)
+        # one batched orthogonalisation per shape: (n, rows, cols)
+        for shape in dict.fromkeys(p.shape for p in params):
+            same = [i for i, p in enumerate(params) if p.shape == shape]
+            ortho = orthogonalise(torch.stack([updates[i] for i in same]))
+            scale = max(1.0, shape[0] / shape[1]) ** 0.5
+            step = fp32(-group["lr"] * scale)
+            torch._foreach_add_([params[i] for i in same], list(ortho), alpha=step)
 
-    def _adamw(self, p, group):
-        state, (b1, b2) = self.state[p], group["betas"]
-        if "step" not in state:
-            state["step"] = torch.tensor(0.0)
-            state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-        state["step"] += 1
-        t = float(state["step"])
-        m = state["exp_avg"].lerp_(p.grad, 1 - b1)
-        v = state["exp_avg_sq"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-        denom = (v / (1 - b2**t)).sqrt_().add_(group["eps"])
-        p.addcdiv_(m, denom, value=-group["lr"] / (1 - b1**t))
+    def _adamw(self, params, group):
+        (b1, b2), grads = group["betas"], [p.grad for p in params]
+        for p in params:
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+            state["step"] += 1
+        t = float(self.state[params[0]]["step"])
+        m = [self.state[p]["exp_avg"] for p in params]
+        v = [self.state[p]["exp_avg_sq"] for p in params]
+        torch._foreach_lerp_(m, grads, 1 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+        denom = torch._foreach_sqrt(torch._foreach_div(v, 1 - b2**t))
+        torch._foreach_add_(denom, group["eps"])
+        torch._foreach_addcdiv_(params, m, denom, value=fp32(-group["lr"] / (1 - b1**t)))
+
+
+def fp32(x: float) -> float:
+    """x clipped to float32's range: an absurd lr (1e300) makes the weights infinite, and the
+    loss then non-finite (a clear stop), rather than failing inside the optimizer."""
+    return max(-FLOAT32_MAX, min(FLOAT32_MAX, x))
 
 
 def orthogonalise(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     """The semi-orthogonal matrix nearest g (singular values pushed towards 1), by the quintic
-    Newton-Schulz iteration of Muon; (rows, cols) -> (rows, cols)."""
+    Newton-Schulz iteration of Muon; (..., rows, cols) -> (..., rows, cols)."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    tall = g.size(0) > g.size(1)
+    tall = g.size(-2) > g.size(-1)
     # work on the wide orientation: X X^T is the smaller Gram matrix
-    x = g.T if tall else g
-    x = x / (x.norm() + 1e-7)
+    x = g.mT if tall else g
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
     for _ in range(steps):
-        gram = x @ x.T
+        gram = x @ x.mT
         x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if tall else x
+    return x.mT if tall else x
 
 
 def fit_warmup(config: Config) -> tuple[Config, str | None]:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from microgpt.config import ConfigError, load_config
+from microgpt.config import load_config
 from microgpt.data.lines import CharDataset, ItemBatches
-from microgpt.errors import DataError
 from microgpt.tokenizer import CharTokenizer
 
 NAMES = ["emma", "olivia", "ava", "x", "isabella", "mia", "charlotte", "abigail"]
@@ -49,11 +47,20 @@ def test_packing_draws_the_same_names_as_padded_batches():
         assert sorted(yp[yp >= 0].tolist()) == sorted(yq[yq >= 0].tolist())
 
 
-def test_a_row_shorter_than_the_longest_name_is_refused_with_the_fix():
-    with pytest.raises(DataError, match="train.pack=8 is shorter than the longest item"):
-        ItemBatches(dataset(), 4, seed=0, pack=8)
+def test_rows_shorter_than_the_longest_name_grow_to_hold_it():
+    # the block is 10 tokens (charlotte and its boundary): rows of 8 would cut it
+    batches = ItemBatches(dataset(), len(NAMES), seed=0, pack=8)
+    x, y, n, _ = batches.next(0, len(NAMES))
+    assert x.shape[1] == 10 and int((y >= 0).sum()) == n == sum(len(s) + 1 for s in NAMES)
 
 
-def test_pack_is_refused_for_text_which_has_no_padding(tiny_cfg):
-    with pytest.raises(ConfigError, match="train.pack packs items"):
-        load_config(tiny_cfg("data.format=text", "train.pack=64"))
+def test_text_windows_have_no_padding_so_pack_leaves_them_as_they_are(tiny_cfg):
+    from microgpt.data.text import WindowBatches
+    from microgpt.train.trainer import Trainer
+
+    trainer = Trainer(
+        load_config(tiny_cfg("data.format=text", "model.block_size=8", "train.pack=64"))
+    )
+    assert isinstance(trainer.batches, WindowBatches)
+    x, y, n, _ = trainer.batches.next(0, trainer.config.train.batch_size)
+    assert x.shape[1] == trainer.config.model.block_size and n == y.numel()

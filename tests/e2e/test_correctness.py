@@ -231,18 +231,23 @@ def test_weight_average_is_evaluated_kept_as_best_and_resumes_exactly(tiny_cfg, 
 def test_a_run_saved_before_a_setting_existed_resumes_and_the_data_may_move(
     tiny_cfg, tmp_path, names_file
 ):
-    """A checkpoint written before train.ema existed holds no such key: it counts as the default.
+    """A checkpoint written before train.ema existed holds no such key: it counts as off (0), the
+    only value there was (a library caller resumes it with train.ema=0; the command line takes
+    the checkpoint's settings itself).
     The same data at another path is the same data (its items and split are compared)."""
     from microgpt.train.checkpoint import Checkpoint
 
-    Trainer(load_config(tiny_cfg("device=cpu", "train.max_steps=3", "train.num_samples=0"))).run()
+    ema = "train.ema=0"
+    Trainer(
+        load_config(tiny_cfg("device=cpu", "train.max_steps=3", "train.num_samples=0", ema))
+    ).run()
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     old = Checkpoint.load(last)
     del old.train_config["train"]["ema"]
     old.save(last)
     moved = tmp_path / "elsewhere.txt"
     moved.write_bytes(names_file.read_bytes())
-    cfg = tiny_cfg("device=cpu", "train.max_steps=5", "resume=true", f"data.path={moved}")
+    cfg = tiny_cfg("device=cpu", "train.max_steps=5", "resume=true", f"data.path={moved}", ema)
     trainer = Trainer(load_config(cfg))
     assert trainer.step == 3
     names = names_file.read_text().split()
@@ -269,7 +274,9 @@ def test_save_every_keeps_step_checkpoints_that_sample_and_heads_accept(tiny_cfg
     from microgpt.sample.command import run_sampling
     from microgpt.train.checkpoint import Checkpoint
 
-    Trainer(load_config(tiny_cfg("device=cpu", "train.save_every=4", "train.num_samples=0"))).run()
+    # train.ema=0: a step checkpoint holds the trained weights, as last.pt does
+    save = ("device=cpu", "train.save_every=4", "train.num_samples=0", "train.ema=0")
+    Trainer(load_config(tiny_cfg(*save))).run()
     folder = tmp_path / "run" / "checkpoints"
     steps = sorted(p.name for p in folder.glob("step-*.pt"))
     assert steps == ["step-000004.pt", "step-000008.pt", "step-000012.pt"]

@@ -182,8 +182,8 @@ def test_non_finite_loss_stops_with_advice_and_keeps_the_last_good_checkpoint(ti
     )
     forward = trainer.train_model
 
-    def poisoned(x, y):  # step 6 of 10 goes wrong, after last.pt was written at step 4
-        logits, loss = forward(x, y)
+    def poisoned(x, y, **kw):  # step 6 of 10 goes wrong, after last.pt was written at step 4
+        logits, loss = forward(x, y, **kw)
         if trainer.step == 5:
             seen["last.pt"] = fingerprint(last)
             return logits, loss * float("nan")

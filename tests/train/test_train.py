@@ -106,17 +106,18 @@ def test_lr_schedule_warms_up_then_decays():
     assert lrs[-1] == pytest.approx(1e-4, rel=0.05)
 
 
-def test_weight_decay_applies_to_matrices_only(tiny_cfg):
+@pytest.mark.parametrize("optim", ["adamw", "muon"])
+def test_weight_decay_applies_to_matrices_only(tiny_cfg, optim):
     from microgpt.model import GPT, GPTConfig
     from microgpt.train.trainer import make_optimizer
 
     model = GPT(GPTConfig(bias=True))
-    opt = make_optimizer(model, load_config(tiny_cfg()), torch.device("cpu"))
-    decayed, plain = opt.param_groups
-    assert all(p.dim() == 2 for p in decayed["params"]) and all(
-        p.dim() == 1 for p in plain["params"]
-    )
-    assert decayed["weight_decay"] > 0 and plain["weight_decay"] == 0
+    opt = make_optimizer(model, load_config(tiny_cfg(f"optim={optim}")), torch.device("cpu"))
+    for group in opt.param_groups:
+        dims = {p.dim() for p in group["params"]}
+        assert dims == ({2} if group["weight_decay"] > 0 else {1}), group["weight_decay"]
+    grouped = [id(p) for group in opt.param_groups for p in group["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())
 
 
 def test_bad_data_path_says_where_it_looked(tiny_cfg, tmp_path):

@@ -1,0 +1,48 @@
+"""The cost of recipes against the default before issue 27, alone, in one process:
+
+    python bench/recipe_cost.py [--threads N] [RECIPE ...]   # each RECIPE: overrides joined by ','
+
+Each recipe's training step is alternated with the pinned old default's (bench/cost.py), and the
+step ratio, the run's cost in old default runs and the real characters/s ratio are printed (the
+names recipes draw the same names in every step, so characters/s scale as 1 / the step ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.cost import DEFAULT_RECIPE, cost_ratio  # noqa: E402
+
+RECIPES = ["heads=4", "heads=4,optim=adamw,train.ema=0", "heads=4,train.pack=0"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("recipes", nargs="*", default=RECIPES)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=7)
+    a = p.parse_args()
+    args = argparse.Namespace(device="cpu", threads=a.threads)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for recipe in a.recipes:
+            c = cost_ratio(recipe.split(","), args, Path(tmp), a.rounds, 1.0)
+            rows.append({"recipe": recipe, "unit": " ".join(DEFAULT_RECIPE), **c})
+            print(
+                f"{recipe:40s} step x{c['step_ratio']:.3f} (rounds {min(c['ratios']):.3f}-"
+                f"{max(c['ratios']):.3f}), run cost {c['run_cost']:.2f}, characters/s "
+                f"x{1 / c['step_ratio']:.2f}, default step {c['default_step_s'] * 1e3:.1f} ms"
+                f"{' (busy)' if c['busy'] else ''}",
+                flush=True,
+            )
+    print(json.dumps([{k: r[k] for k in ("recipe", "unit", "step_ratio", "ratios")} for r in rows]))
+
+
+if __name__ == "__main__":
+    main()
