@@ -19,7 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.cost import DEFAULT_RECIPE, cost_ratio  # noqa: E402
 
-RECIPES = ["heads=4", "heads=4,optim=adamw,train.ema=0", "heads=4,train.pack=0"]
+RECIPES = [
+    "heads=4,train.pack=32",
+    "heads=4,optim=muon,train.ema=0.995",
+    "heads=4,optim=muon,train.ema=0.995,train.pack=32",
+]
 
 
 def main() -> None:

@@ -282,6 +282,9 @@ COVERED: dict[str, How] = {
     "python -m microgpt.heads outputs/<date>/<time>": How(runs=("names",), check=_heads),
     # as typed but smaller: its 40 steps are what it is about
     "python train.py train.max_steps=40": How(append=SHORT, check=_short_run),
+    "python train.py heads=4 optim=muon train.ema=0.995 train.pack=32": How(
+        append=SMALL, check=_trained
+    ),
     # Sampling
     "python sample.py num_samples=1000 out=names.txt": How(needs="names", check=_names_file),
     "python sample.py prefix=ma temperature=0.8 top_k=10 seed=1": How(
