@@ -13,6 +13,8 @@ import statistics
 import time
 from pathlib import Path
 
+import torch
+
 from bench.common import make_trainer, step, sync
 
 # the unit of cost: the default run before issue 27 (AdamW, padded rows, no averaging), pinned
@@ -22,11 +24,12 @@ BUSY_LOAD = 0.5  # a timing taken with more than this much other work running is
 
 
 def others_running() -> int | None:
-    """Runnable tasks on the machine besides the thread reading this (the fourth field of
-    /proc/loadavg, sampled now), or None where there is no /proc."""
+    """Runnable tasks on the machine besides this process's torch threads (the fourth field of
+    /proc/loadavg, sampled now, less torch's thread count: its idle threads spin for a while after
+    each step and count as runnable), or None where there is no /proc."""
     try:
         running = Path("/proc/loadavg").read_text().split()[3].split("/")[0]
-        return max(0, int(running) - 1)
+        return max(0, int(running) - torch.get_num_threads())
     except (OSError, ValueError, IndexError):
         return None
 
