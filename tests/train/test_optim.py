@@ -63,3 +63,31 @@ def test_bad_muon_settings_are_refused_with_the_fix(tiny_cfg):
         load_config(tiny_cfg("optim.name=sgd"))
     with pytest.raises(ConfigError, match="optim.muon_lr=-1.0 must be > 0"):
         load_config(tiny_cfg("optim=muon", "optim.muon_lr=-1"))
+
+
+def test_muon_carries_its_nesterov_momentum_from_step_to_step(tiny_cfg):
+    model = GPT(GPTConfig(vocab_size=27, block_size=16, n_layer=1))
+    opt = Muon(model, load_config(tiny_cfg("optim=muon")).optim)
+    w = model.blocks[0].attn.proj.weight
+    g1, g2 = torch.randn_like(w), torch.randn_like(w)
+    for g in (g1, g2):
+        for p in model.parameters():
+            p.grad = g if p is w else torch.zeros_like(p)
+        opt.step()
+    # momentum 0.95: m1 = 0.05 g1, m2 = 0.95 m1 + 0.05 g2
+    expected = 0.95 * (0.05 * g1) + 0.05 * g2
+    torch.testing.assert_close(opt.state[w]["momentum"], expected)
+
+
+def test_an_absurd_lr_makes_the_loss_non_finite_rather_than_failing_in_the_step(tiny_cfg):
+    model = GPT(GPTConfig(vocab_size=27, block_size=16, n_layer=1))
+    opt = Muon(model, load_config(tiny_cfg("optim=muon")).optim)
+    for group in opt.param_groups:
+        group["lr"] = 1e300 * group["lr_ratio"]
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    # the next loss is not finite: the trainer stops there, with its advice
+    x = torch.randint(27, (2, 8))
+    _, loss = model(x, x)
+    assert not torch.isfinite(loss)
