@@ -301,15 +301,18 @@ class CharDataset(Rows):
             rows.append(row)
             offsets.append(used)
             used += size
-        sizes_t = torch.tensor(sizes)
+        idx, sizes_t = idx.cpu(), torch.tensor(sizes)
         # one entry per token: its item, its column in the item, where it goes in the rows
         item = torch.repeat_interleave(torch.arange(len(sizes)), sizes_t)
-        starts = torch.cumsum(sizes_t, 0) - sizes_t
-        column = torch.arange(len(item)) - starts[item]
+        column = torch.arange(len(item)) - (torch.cumsum(sizes_t, 0) - sizes_t)[item]
         dest = (torch.tensor(rows) * row_len + torch.tensor(offsets))[item] + column
-        src = idx.cpu()[item] * self.block_size + column
-        x = torch.zeros((row + 1) * row_len, dtype=self.X.dtype)
-        y = torch.full_like(x, -1)
-        x[dest], y[dest] = self.X.cpu().view(-1)[src], self.Y.cpu().view(-1)[src]
+        src = idx[item] * self.block_size + column
+        # the gather runs where the data lives: only the indices travel
+        dest, src = dest.to(self.X.device), src.to(self.X.device)
+        x = torch.full(
+            ((row + 1) * row_len,), BOUNDARY_ID, dtype=self.X.dtype, device=self.X.device
+        )
+        y = torch.full_like(x, IGNORE_ID)
+        x[dest], y[dest] = self.X.view(-1)[src], self.Y.view(-1)[src]
         # (rows * row_len,) -> (rows, row_len)
-        return x.view(-1, row_len).to(self.X.device), y.view(-1, row_len).to(self.X.device)
+        return x.view(-1, row_len), y.view(-1, row_len)

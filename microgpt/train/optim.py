@@ -63,7 +63,8 @@ class Muon(torch.optim.Optimizer):
     def _muon(self, params, group):
         beta, grads = group["momentum"], [p.grad for p in params]
         for p in params:
-            self.state[p].setdefault("momentum", torch.zeros_like(p))
+            if "momentum" not in self.state[p]:
+                self.state[p]["momentum"] = torch.zeros_like(p)
         momenta = [self.state[p]["momentum"] for p in params]
         torch._foreach_lerp_(momenta, grads, 1 - beta)
         # Nesterov: the gradient moved towards the new momentum
