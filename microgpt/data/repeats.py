@@ -8,7 +8,8 @@ boundary token, a span of L random characters, then the same span again:
 The first copy cannot be predicted; in the repeat, from s2 on, an induction head (attend to the
 token after an earlier occurrence of this one, copy it) predicts each character. The loss is
 compared on the same targets s2..sL in both copies: the first copy's at positions 1..L-1, the
-repeat's at L+1..2L-1. A seeded torch.Generator gives the same rows on any machine.
+repeat's at L+1..2L-1. A seeded torch.Generator gives the same rows on any machine. On a text
+model the rows are passages of its own text twice, without the boundary token (repeated_passages).
 """
 
 from __future__ import annotations
@@ -111,6 +112,18 @@ def repeated_spans(
     first = (rel >= 0) & (rel <= L - 2)  # the queries whose targets are s2..sL, first copy
     repeat = (rel >= L) & (rel <= 2 * L - 2)  # the same targets in the repeat
     return Repeats(x, y, first, repeat, lengths)
+
+
+def repeated_passages(ids: Tensor, n: int, span: int, generator: torch.Generator) -> Repeats:
+    """n rows of a passage of `span` consecutive ids of a text (from a random start), then the same
+    passage again: the first copy's targets s2..sL at positions 0..L-2, the repeat's at L..2L-2."""
+    starts = torch.randint(len(ids) - span + 1, (n,), generator=generator)  # (N,)
+    x = ids[starts[:, None] + torch.arange(span)].long().repeat(1, 2)  # (N, 2L)
+    y = torch.full_like(x, IGNORE_ID)
+    y[:, :-1] = x[:, 1:]
+    pos = torch.arange(2 * span).expand_as(x)  # (N, 2L)
+    first, repeat = pos <= span - 2, (pos >= span) & (pos <= 2 * span - 2)
+    return Repeats(x, y, first, repeat, torch.full((n,), span))
 
 
 def repeat_items(n: int, chars: str, span: tuple[int, int], length: int, seed: int) -> list[str]:
