@@ -27,6 +27,7 @@ from microgpt.tokenizer import BOUNDARY_ID
 BATCH_SIZE = 256  # rows per forward pass
 BOUNDARY_LABEL = "<s>"  # the boundary token in the circuit tables
 PROBE_ROWS = 200  # rows of repeated spans in the induction probe
+TEXT_PROBE_ROWS = 32  # rows of a text's passages twice (a block each: as many tokens as 270 spans)
 PROBE_SEED = 1234  # the probe's own seed: every run and step sees the same rows
 
 
@@ -105,7 +106,7 @@ def run_probe(model, device, text: Tensor | None = None) -> Probe | None:
     if text is None:
         rows = repeated_spans(PROBE_ROWS, V, span, g)
     else:
-        rows = repeated_passages(text.cpu(), PROBE_ROWS, span, g)
+        rows = repeated_passages(text.cpu(), TEXT_PROBE_ROWS, span, g)
     x, y, repeat = rows.x.to(device), rows.y.to(device), rows.repeat.to(device)
     logits, _, attention = model.forward_with_attention(x)
     per_token = token_losses(logits, y)  # (B, T)

@@ -7,15 +7,17 @@ import math
 
 import torch
 
+from microgpt.data.dataset import load_data
 from microgpt.data.repeats import repeated_passages, repeated_spans
 from microgpt.data.text import TextWindows
-from microgpt.heads.analyse import PROBE_ROWS, PROBE_SEED, analyse, run_probe
+from microgpt.heads import command
+from microgpt.heads.analyse import PROBE_ROWS, PROBE_SEED, TEXT_PROBE_ROWS, analyse, run_probe
 from tests.heads.test_head_roles import induction_circuit
 from tests.heads.test_heads import random_model
 
 
-def probe_rows(model, x, y) -> list[list[int]]:
-    """The rows analyse(model, x, y) runs its probe on: its one pass of PROBE_ROWS rows."""
+def probe_rows(model, x, y, n: int) -> list[list[int]]:
+    """The rows analyse(model, x, y) runs its probe on: its one pass of n rows."""
     seen, forward = [], model.forward_with_attention
 
     def spy(rows):
@@ -25,7 +27,7 @@ def probe_rows(model, x, y) -> list[list[int]]:
     model.forward_with_attention = spy
     analyse(model, x, y)
     del model.forward_with_attention
-    return next(rows for rows in seen if rows.shape[0] == PROBE_ROWS).tolist()
+    return next(rows for rows in seen if rows.shape[0] == n).tolist()
 
 
 def test_repeated_passages_are_a_passage_of_the_text_twice():
@@ -50,17 +52,20 @@ def test_a_text_runs_probe_is_its_validation_text_twice_and_a_names_runs_is_unch
     x, y = val.batch(torch.arange(len(val)))
     model = induction_circuit(V=12, T=16)
     text = ids.tolist()
-    for row in probe_rows(model, x, y):
+    for row in probe_rows(model, x, y, TEXT_PROBE_ROWS):
         passage = row[:8]
         assert row == passage + passage
         assert any(text[s : s + 8] == passage for s in range(300 - 8))
     probe = analyse(model, x, y).probe
-    assert probe.rows == PROBE_ROWS and probe.span == 8 and math.isfinite(probe.loss_first)
+    assert probe.rows == TEXT_PROBE_ROWS and probe.span == 8 and math.isfinite(probe.loss_first)
     # a names run: the boundary token and random spans, as before
     x, y, tok = rows
     model = random_model(tok, n_layer=1, n_head=2)
     g = torch.Generator().manual_seed(PROBE_SEED)
-    assert probe_rows(model, x, y) == repeated_spans(PROBE_ROWS, tok.vocab_size, 3, g).x.tolist()
+    assert (
+        probe_rows(model, x, y, PROBE_ROWS)
+        == repeated_spans(PROBE_ROWS, tok.vocab_size, 3, g).x.tolist()
+    )
     assert analyse(model, x, y).probe.to_dict() == run_probe(model, "cpu").to_dict()
 
 
@@ -77,3 +82,21 @@ def test_a_hand_wired_induction_circuit_copies_the_repeated_passage():
     # the repeat is predicted from the first copy: zeroing the induction head undoes it
     assert probe.loss_repeat < probe.loss_first - 0.5
     assert probe.ablated[1, 0] > probe.loss_repeat + 0.5
+
+
+def test_the_command_analyses_every_name_and_the_first_windows_of_a_text(
+    tmp_path, tiny_cfg, monkeypatch
+):
+    from microgpt.train.trainer import train
+
+    # 45 targets of a text (5 windows of 9), every name: the limits made small
+    monkeypatch.setattr(command, "ANALYSIS_TARGETS", {"lines": 16384, "text": 45})
+    for fmt in ("lines", "text"):
+        cfg = tiny_cfg(f"data.format={fmt}", "model.block_size=9", out=tmp_path / fmt)
+        train(cfg)
+        report, _, _ = command.analyse_checkpoint(cfg.out_dir)
+        val = load_data(cfg.data.path, cfg.seed, 9, format=fmt).datasets["val"]
+        _, y = val.batch(torch.arange(len(val)))
+        assert report.tokens == (45 if fmt == "text" else int((y >= 0).sum()))
+        assert report.probe.rows == (TEXT_PROBE_ROWS if fmt == "text" else PROBE_ROWS)
+        assert math.isfinite(report.probe.loss_first) and math.isfinite(report.probe.loss_repeat)
