@@ -107,23 +107,25 @@ def repeated_spans(
         other = torch.full((n, T), BOUNDARY_ID)
         real = copies
     x = torch.where(copies, spans.gather(1, k), other)  # (N, T)
-    y = torch.full_like(x, IGNORE_ID)
-    y[:, :-1] = torch.where(real[:, 1:], x[:, 1:], IGNORE_ID)  # the next token, then -1
-    first = (rel >= 0) & (rel <= L - 2)  # the queries whose targets are s2..sL, first copy
-    repeat = (rel >= L) & (rel <= 2 * L - 2)  # the same targets in the repeat
-    return Repeats(x, y, first, repeat, lengths)
+    return _repeats(x, rel, L, real)
 
 
 def repeated_passages(ids: Tensor, n: int, span: int, generator: torch.Generator) -> Repeats:
     """n rows of a passage of `span` consecutive ids of a text (from a random start), then the same
-    passage again: the first copy's targets s2..sL at positions 0..L-2, the repeat's at L..2L-2."""
+    passage again, no boundary token: the copies' targets s2..sL at positions 0..L-2 and L..2L-2."""
     starts = torch.randint(len(ids) - span + 1, (n,), generator=generator)  # (N,)
     x = ids[starts[:, None] + torch.arange(span)].long().repeat(1, 2)  # (N, 2L)
+    L = torch.full((n, 1), span)
+    return _repeats(x, torch.arange(2 * span).expand_as(x), L, torch.ones_like(x, dtype=torch.bool))
+
+
+def _repeats(x: Tensor, rel: Tensor, L: Tensor, real: Tensor) -> Repeats:
+    """Rows x (N, T) with two copies of L (N, 1) ids at rel = 0..2L-1; y: the next id where real."""
     y = torch.full_like(x, IGNORE_ID)
-    y[:, :-1] = x[:, 1:]
-    pos = torch.arange(2 * span).expand_as(x)  # (N, 2L)
-    first, repeat = pos <= span - 2, (pos >= span) & (pos <= 2 * span - 2)
-    return Repeats(x, y, first, repeat, torch.full((n,), span))
+    y[:, :-1] = torch.where(real[:, 1:], x[:, 1:], IGNORE_ID)  # the next token, then -1
+    first = (rel >= 0) & (rel <= L - 2)  # the queries whose targets are s2..sL, first copy
+    repeat = (rel >= L) & (rel <= 2 * L - 2)  # the same targets in the repeat
+    return Repeats(x, y, first, repeat, L[:, 0])
 
 
 def repeat_items(n: int, chars: str, span: tuple[int, int], length: int, seed: int) -> list[str]:
