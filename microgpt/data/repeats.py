@@ -89,12 +89,10 @@ def repeated_spans(
     lengths = torch.randint(lo, hi + 1, (n,), generator=g)  # (N,)
     pos = torch.arange(T)  # (T,)
     L = lengths[:, None]  # (N, 1)
-    if fill:  # the span's first copy starts at 1 + P, P uniform in 0..T-1-2L
-        room = (T - 2 * lengths).clamp(min=1)  # (N,) choices of P
-        P = (torch.rand(n, generator=g) * room).long().clamp(max=room - 1)[:, None]  # (N, 1)
-    else:
-        P = torch.zeros_like(L)
-    rel = pos[None, :] - 1 - P  # (N, T): position within the two copies
+    # the span's first copy starts at 1 + P: P = 0, or with fill uniform in 0..T-1-2L
+    room = (T - 2 * lengths).clamp(min=1)  # (N,) choices of P
+    P = (torch.rand(n, generator=g) * room).long().clamp(max=room - 1)[:, None] if fill else 0
+    rel = pos[None, :] - 1 - P  # (N, T) or (1, T): position within the two copies
     # the copies hold span[rel mod L] at 0 <= rel < 2L; position 0 is the boundary token; the
     # rest is padding (boundary) or, with fill, random characters
     k = (rel.clamp(min=0) % L).clamp(max=hi - 1)  # (N, T) index into the span
