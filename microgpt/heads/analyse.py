@@ -125,6 +125,7 @@ def run_probe(model, device, text: Tensor | None = None) -> Probe | None:
         loss_first=float(per_token[rows.first.to(device)].mean()),
         loss_repeat=float(per_token[repeat].mean()),
         ablated=circuits.each_head(model, repeat_loss),
+        text=text is not None,
     )
 
 

@@ -100,3 +100,4 @@ def test_the_command_analyses_every_name_and_the_first_windows_of_a_text(
         assert report.tokens == (45 if fmt == "text" else int((y >= 0).sum()))
         assert report.probe.rows == (TEXT_PROBE_ROWS if fmt == "text" else PROBE_ROWS)
         assert math.isfinite(report.probe.loss_first) and math.isfinite(report.probe.loss_repeat)
+        assert ("passage of the text twice" in report.markdown()) == (fmt == "text")
