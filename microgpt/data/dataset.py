@@ -51,6 +51,20 @@ def resolve_data_path(path: str) -> Path:
     return REPO_ROOT / p if (REPO_ROOT / p).exists() else p
 
 
+def check_data_file(path: str, prepare: str | None = None) -> Path:
+    """The file data.path=`path` names, else a DataError: missing (`prepare` builds it), a folder,
+    a FIFO or a device."""
+    resolved = resolve_data_path(str(path))
+    where, fix = resolved.absolute(), "point data.path=... at a text file"
+    if not resolved.exists():
+        fix = f"build it first: {prepare}" if prepare else fix
+        raise DataError(f"no data file at {where} (data.path={path}); {fix}")
+    if not resolved.is_file():
+        what = "a folder" if resolved.is_dir() else "not a regular file (a device or FIFO)"
+        raise DataError(f"data.path={path}: {where} is {what}; {fix}")
+    return resolved
+
+
 @dataclass
 class Data:
     """What a run trains on, whatever the format: the file, its tokenizer, its split, the
@@ -137,9 +151,7 @@ def load_data(
         items = repeat_items(r.items, r.chars, tuple(r.span), r.length, r.seed)
         path, label = Path(path), f"generated repeats (seed {r.seed})"
     else:
-        path = resolve_data_path(str(path))
-        if prepare and not path.exists():
-            raise DataError(f"no data file at {path.resolve()}; build it first: {prepare}")
+        path = check_data_file(path, prepare)
         if format == "text":
             return _load_text(path, block_size or text.DEFAULT_BLOCK_SIZE, device)
         items = read_items(path)
