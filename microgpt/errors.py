@@ -1,5 +1,5 @@
-"""The user errors: one type, `UserError`, that every bad input raises (each module its own
-subclass), and the one way every command prints one: `microgpt: error: ...` on stderr."""
+"""The one user-error type, `UserError` (each module its own subclass), and the one way every
+command prints one: `microgpt: error: ...` on stderr."""
 
 import sys
 
@@ -23,8 +23,7 @@ def decode_utf8(raw: bytes, where) -> str:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise DataError(
-            f"data file {where} is not UTF-8 (first bad byte on line {line}); "
-            f"re-save it as UTF-8 or fix that line"
+            f"data file {where} is not UTF-8 (first bad byte on line {line}); re-save it as UTF-8"
         ) from None
 
 
@@ -34,8 +33,5 @@ def print_error(message: object, note: str = "") -> None:
         where = f" {message.filename}" if message.filename else ""
         also = f" -> {message.filename2}" if getattr(message, "filename2", None) else ""
         reason = message.strerror or (str(message).splitlines() or [type(message).__name__])[0]
-        message = (
-            f"cannot use{where}{also}: {reason}; check that the path exists, is readable (and "
-            f"writable, for an output) and that its disk has space"
-        )
+        message = f"cannot use{where}{also}: {reason}; check the path, its permissions and disk"
     print(f"microgpt: error: {message}{note}", file=sys.stderr, flush=True)

@@ -86,9 +86,6 @@ def remove_leftovers(folder: str | os.PathLike) -> None:
             p.unlink()
 
 
-# ----------------------------------------------------------------------------- where outputs may go
-
-
 class OutputRefused(UserError):
     """A user-named output that would replace or damage something."""
 
