@@ -111,7 +111,7 @@ def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
         and not any(part.startswith(".") for part in p.parent.relative_to(root).parts)
     }
     if not found:
-        raise RunFolderError(f"no runs under {root} (no config.yaml with events.out.tfevents.*)")
+        raise RunFolderError(f"no runs under {root}; pass a folder of runs (multirun/<d>/<t>)")
     return [RunFolder(p) for p in sorted(found)]
 
 
@@ -139,7 +139,7 @@ def resume_checkpoint(resume: bool | str, folder: str | os.PathLike) -> Path | N
     for run in (RunFolder(p), RunFolder(p.parent)):
         if run.checkpoints == p or run.checkpoints.is_dir():
             return run.last
-    raise RunFolderError(f"resume={resume}: {p} is a folder that holds no run (no checkpoints/)")
+    raise RunFolderError(f"resume={resume}: {p} is a folder that holds no run; pass a run folder")
 
 
 def resume_folder(resume: bool | str) -> RunFolder | None:
@@ -202,9 +202,9 @@ def check_new(
         where = "an existing file" if existing == path else f"inside {existing}, which is a file"
         why = f" is {where}, not a folder; name a new folder"
     elif not os.access(existing, os.W_OK | os.X_OK):
-        why = f": cannot write in {existing} (a read-only disk or no permission)"
+        why = f": cannot write in {existing} (read-only or no permission); name another folder"
     elif free < MIN_FREE:
-        why = f": the disk of {existing} is full ({free // 2**20} MiB free)"
+        why = f": the disk of {existing} is full ({free // 2**20} MiB free); free some space"
     elif what and is_run_folder(path):
         why = f" already holds a run; {what} never writes into one: name a new folder"
         if what == "a run":

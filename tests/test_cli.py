@@ -76,8 +76,8 @@ def test_sample_out_never_overwrites_a_checkpoint_a_run_file_a_device_or_an_exis
         (best, f"out={best} is the checkpoint being sampled from; out= never replaces it"),
         (run_dir / "checkpoints" / "last.pt", f"is inside the run folder {run_dir}, which only"),
         (run_dir / "config.yaml", f"is inside the run folder {run_dir}, which only its run writes"),
-        ("/dev/null", "out=/dev/null is a device or system path, not a file to write"),
-        (binary, f"out={binary} already exists; out= writes a new file: add overwrite=true"),
+        ("/dev/null", "out=/dev/null is a device or system path"),
+        (binary, f"out={binary} already exists; add overwrite=true"),
     ]
     before, outside = snapshot(world), binary.read_bytes()
     for out, message in cases:
@@ -192,10 +192,10 @@ CONFIG_ERRORS = [
     (
         ["hydra.run.dir=run"],
         "microgpt: error: hydra.run.dir=run already holds a run; continue it with resume=run, or "
-        "write the new run to another folder",
+        "name a new folder",
     ),
     (["data.path=nope.txt"], "microgpt: error: no data file at "),
-    (["resume=true"], "microgpt: error: resume=true but there is no run to resume: "),
+    (["resume=true"], "microgpt: error: resume=true but there is no run to resume"),
     (
         ["hydra.run.dir=."],
         "microgpt: error: hydra.run.dir=. is not empty (names.txt, run) and holds no run",

@@ -151,9 +151,9 @@ class Checkpoint:
             # the data order is drawn per global batch
             (
                 saved_batch != global_batch,
-                f"it was trained with a global batch of {saved_batch} ({ranks} rank(s)) but this "
-                f"run's is {global_batch} (train.batch_size={config['train']['batch_size']} x "
-                f"{world_size} ranks); resume on {ranks} rank(s)",
+                f"it was trained with a global batch of {saved_batch} ({ranks} rank"
+                f"{'s' if ranks != 1 else ''}) but this run's is {global_batch} (train.batch_size="
+                f"{config['train']['batch_size']} x {world_size} ranks); resume on {ranks} rank(s)",
             ),
         ]
         why = next((message for refused, message in refusals if refused), None)
@@ -220,7 +220,7 @@ def _read(path: Path, map_location):
             ) from None
         raise CheckpointError(f"{path} is not a readable checkpoint ({_why(e)})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{path} is truncated or corrupt and cannot be read ({_why(e)})")
+        raise CheckpointError(f"{path} is truncated or corrupt ({_why(e)}); use another checkpoint")
 
 
 def _why(e: BaseException) -> str:
