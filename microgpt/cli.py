@@ -24,8 +24,7 @@ from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usabl
 from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.train.trainer import Interrupted, TrainingError
 
-# Under torchrun every rank runs @hydra.main in the one run folder; ranks other than 0 write
-# nothing there (no train.log: console only, warnings and errors).
+# torchrun's ranks other than 0 write nothing in the run folder (console only, warnings up)
 OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.level=WARNING")
 
 

@@ -66,9 +66,6 @@ class RunFolder:
         return str(self.path)
 
 
-# ----------------------------------------------------------------------------- finding runs
-
-
 def run_of(checkpoint: str | os.PathLike) -> RunFolder:
     """The run a checkpoint belongs to (a checkpoint elsewhere: the folder it lies in)."""
     p = Path(checkpoint).expanduser()
@@ -150,9 +147,6 @@ def resume_folder(resume: bool | str) -> RunFolder | None:
         return run_of(found[0]) if found else None
     p = resume_checkpoint(resume, ".")
     return run_of(p) if p is not None and p.parent.name == CHECKPOINTS else None
-
-
-# ----------------------------------------------------------------------------- owning a folder
 
 
 @dataclass

@@ -96,11 +96,11 @@ def _overrides(argv: list[str]) -> list[str]:
 
 
 def _parse(overrides: list[str]) -> list:
-    """Hydra's reading of the overrides; one that cannot be read is a UserError naming it."""
-    parser = OverridesParser.create()
-    for override in overrides:  # one at a time, to name the one that cannot be read
+    """Hydra's reading of the overrides, one at a time to name one it cannot read (a UserError)."""
+    parser, parsed = OverridesParser.create(), []
+    for override in overrides:
         try:
-            parser.parse_overrides([override])
+            (o,) = parser.parse_overrides([override])
         except HydraException as e:
             _leave_to_hydra_if_asked()
             why = _first(e).replace("Error parsing override", "").strip(" '")
@@ -108,11 +108,10 @@ def _parse(overrides: list[str]) -> list:
                 f"{override}: cannot read the setting ({why}); write key=value, a value with '=' "
                 f"or spaces in quotes: run='multirun/x/heads=4'"
             ) from None
-    parsed = parser.parse_overrides(overrides)
-    for o in parsed:
         key = o.get_key_element().lstrip("~")
         if o.is_delete() and key not in GROUPS and not key.startswith("hydra"):
-            raise UserError(f"{o.input_line}: every setting needs a value; set {key}=VALUE")
+            raise UserError(f"{override}: every setting needs a value; set {key}=VALUE")
+        parsed.append(o)
     return parsed
 
 
