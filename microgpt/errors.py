@@ -27,11 +27,16 @@ def decode_utf8(raw: bytes, where) -> str:
         ) from None
 
 
+def reason(e: BaseException) -> str:
+    """An OSError's reason in words ("No space left on device"), else the first sentence."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+    return getattr(e, "strerror", None) or first
+
+
 def print_error(message: object, note: str = "") -> None:
     """A user error in one line (an OSError: what failed, on which file, what to check)."""
     if isinstance(message, OSError):
         where = f" {message.filename}" if message.filename else ""
         also = f" -> {message.filename2}" if getattr(message, "filename2", None) else ""
-        reason = message.strerror or (str(message).splitlines() or [type(message).__name__])[0]
-        message = f"cannot use{where}{also}: {reason}; check the path, its permissions and disk"
+        message = f"cannot use{where}{also}: {reason(message)}; check the path and its disk"
     print(f"microgpt: error: {message}{note}", file=sys.stderr, flush=True)

@@ -14,7 +14,6 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import runs
@@ -152,6 +151,7 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
 def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | None, str]:
     """(what is wrong with this job, or None; its validated settings as text, to find twins)."""
     schema = SampleConfig if config_name == "sample" else Config
+    known = list(flatten(dataclasses.asdict(schema())))
     task = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/", "override hydra"))]
     if schema is Config and "out_dir" not in _settings(task):
         task.append("out_dir=.")  # ${hydra:...} does not resolve under compose()
@@ -160,14 +160,9 @@ def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | 
             cfg = compose(config_name=config_name, overrides=task)
         except COMPOSE_ERRORS as e:
             _leave_to_hydra_if_asked()
-            groups = [o for o in task if o.split("=", 1)[0].lstrip("+~") in GROUPS]
-            try:  # the settings there are, to name the closest (composed only when needed)
-                base = compose(config_name=config_name, overrides=groups)
-            except COMPOSE_ERRORS:
-                base = None
-            return _explain(e, task, base, conf_dir), ""
+            return _explain(e, task, known, conf_dir), ""
     try:
-        _check_added_keys(task, schema)
+        _check_added_keys(task, known)
         c = load_config(cfg, schema)
         if schema is Config:
             _check_job(c, job)
@@ -176,9 +171,8 @@ def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | 
     return None, json.dumps(dataclasses.asdict(c), sort_keys=True, default=str)
 
 
-def _check_added_keys(task: list[str], schema: type) -> None:
+def _check_added_keys(task: list[str], known: list[str]) -> None:
     """`+key=value` with a key the schema does not have (it would be ignored) is a UserError."""
-    known = list(flatten(dataclasses.asdict(schema())))
     for override in task:
         key = override.split("=", 1)[0]
         bare = key.lstrip("+")
@@ -203,9 +197,8 @@ def _first(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
+def _explain(e: Exception, task: list[str], known: list[str], conf_dir: Path) -> str:
     """Hydra's multi-line composition error in one line: the setting, what is valid, a match."""
-    known = list(flatten(OmegaConf.to_container(base, resolve=False))) if base is not None else []
     for override in task:
         key, _, value = override.partition("=")
         bare = key.lstrip("+~")
@@ -218,7 +211,7 @@ def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
                     f"{override}: there is no {bare} named {value!r}; choose one of "
                     f"{', '.join(options)}{hint}"
                 )
-        elif known and not key.startswith("+") and bare not in known:
+        elif not key.startswith("+") and bare not in known:
             return _unknown(override, bare, known)
     cause = e.__cause__ or e
     key = getattr(cause, "full_key", None)

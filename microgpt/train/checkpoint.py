@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from microgpt.config import Config, ConfigError, flatten
-from microgpt.errors import UserError
+from microgpt.errors import UserError, reason
 from microgpt.files import atomic_write
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
@@ -84,7 +84,7 @@ class Checkpoint:
             kept = f"{last} is whole: free space, then python train.py resume={last}"
             if not last.is_file():
                 kept = "no checkpoint of this run was written yet: free space, then start again"
-            raise CheckpointError(f"cannot write {path}: {_why(e)}; {kept}") from None
+            raise CheckpointError(f"cannot write {path}: {reason(e)}; {kept}") from None
         return path
 
     @classmethod
@@ -112,7 +112,7 @@ class Checkpoint:
             model = GPT(config)
             model.load_state_dict(self.model)
         except (TypeError, ValueError, RuntimeError, KeyError) as e:
-            raise CheckpointError(f"{self.path} holds a model that cannot be rebuilt: {_why(e)}")
+            raise CheckpointError(f"{self.path} holds a model that cannot be rebuilt: {reason(e)}")
         if tokenizer.vocab_size != config.vocab_size:
             raise CheckpointError(
                 f"{self.path} does not hang together: its tokenizer has {tokenizer.vocab_size} "
@@ -207,7 +207,7 @@ def _read(path: Path, map_location):
         with open(path, "rb") as f:
             magic = f.read(4)
     except OSError as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {_why(e)}") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: {reason(e)}") from None
     if magic != ZIP_MAGIC:
         raise CheckpointError(f"{path} is not a microgpt checkpoint (not written by torch.save)")
     try:
@@ -218,16 +218,11 @@ def _read(path: Path, map_location):
                 f"refused to load {path}: it holds Python objects that could run code when "
                 f"unpickled, so it is not a microgpt checkpoint (or was tampered with)"
             ) from None
-        raise CheckpointError(f"{path} is not a readable checkpoint ({_why(e)})") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint ({reason(e)})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{path} is truncated or corrupt ({_why(e)}); use another checkpoint")
-
-
-def _why(e: BaseException) -> str:
-    """An OSError's reason in words ("No space left on device"), else the first sentence."""
-    text = str(e).strip().splitlines()
-    first = text[0].split(". ")[0][:200] if text else type(e).__name__
-    return getattr(e, "strerror", None) or first
+        raise CheckpointError(
+            f"{path} is truncated or corrupt ({reason(e)}); use another checkpoint"
+        )
 
 
 def _check_settings(saved: dict, current: dict, path: Path) -> None:
