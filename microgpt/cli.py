@@ -134,9 +134,10 @@ def user_errors():
         signame = e.args[0] if e.args else "SIGINT"
         removed = remove_debris()
         what = "checkpoints already written are intact"
-        if removed:
+        if len(e.args) > 1:
+            what = e.args[1]
+        elif removed:
             what = f"before the first checkpoint; removed the run folder {removed}: start again"
-        what = e.args[1] if len(e.args) > 1 else what
         print(f"microgpt: interrupted ({signame}): {what}", file=sys.stderr)
         code = signal.Signals[signame].value if signame in signal.Signals.__members__ else 2
         sys.exit(128 + code)

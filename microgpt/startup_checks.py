@@ -29,7 +29,6 @@ INFO_FLAGS = set(
 CONFIG_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
 FLAGS = {"-m", "--multirun", "-p", "--package", *INFO_FLAGS, *CONFIG_FLAGS}
 GROUPS = ("model", "data", "optim", "experiment")
-COMPOSE_ERRORS = (HydraException, OmegaConfBaseException)
 SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"  # the keys a -m command line sweeps, for cli.job_dir
 
 
@@ -158,7 +157,7 @@ def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | 
     with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
         try:
             cfg = compose(config_name=config_name, overrides=task)
-        except COMPOSE_ERRORS as e:
+        except (HydraException, OmegaConfBaseException) as e:
             _leave_to_hydra_if_asked()
             return _explain(e, task, known, conf_dir), ""
     try:
