@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,6 +216,19 @@ def test_bad_settings_are_one_line_exit_2_and_leave_no_folder(world, args, first
     assert r.returncode == 2, r.stderr
     assert first_line(r).startswith(first), r.stderr
     assert "Traceback" not in r.stderr
+    assert snapshot(world) == before
+    assert sorted(p.name for p in world.iterdir()) == ["names.txt", "run"], "debris left behind"
+
+
+@pytest.mark.skipif(shutil.which("srun") is not None, reason="a SLURM cluster would take the jobs")
+def test_slurm_without_a_cluster_is_one_line_and_leaves_no_folder(world):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    before = snapshot(world)
+    r = run("train.py", "-m", "heads=1,2", "hydra/launcher=slurm", "data.path=names.txt", cwd=world)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert first_line(r).startswith(
+        "microgpt: error: hydra/launcher=slurm: this machine has no SLURM (no srun)"
+    ), r.stderr
     assert snapshot(world) == before
     assert sorted(p.name for p in world.iterdir()) == ["names.txt", "run"], "debris left behind"
 
