@@ -1,7 +1,6 @@
-"""The schemas of train.py (`Config`, its `model` group the model's own `GPTConfig`) and sample.py
-(`SampleConfig`), mirrored by conf/*.yaml. Each group checks itself in __post_init__, which Hydra
-never calls: `load_config` converts with OmegaConf.to_object, so a bad value stops the command
-before any work, named. Library code receives these plain dataclasses, never a DictConfig.
+"""The schemas of train.py (`Config`; its `model` group is the model's `GPTConfig`) and sample.py
+(`SampleConfig`), mirrored by conf/*.yaml. Each group checks itself in __post_init__, reached
+through `load_config` (OmegaConf.to_object): library code receives these plain dataclasses.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ class ConfigError(UserError):
 
 
 def require(ok: bool, message: str, error: type[Exception] = ConfigError) -> None:
-    """Raise `error(message)` unless `ok`: each rule below in one line."""
     if not ok:
         raise error(message)
 
@@ -102,16 +100,16 @@ class OptimConfig:
 
     def __post_init__(self):
         require(self.name in OPTIMIZERS, f"optim.name={self.name!r} is unknown; use {OPTIMIZERS}")
-        require(self.muon_lr > 0, f"optim.muon_lr={self.muon_lr} must be > 0 (typical: 0.02)")
         for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):
             value = getattr(self, name)
             require(math.isfinite(value), f"optim.{name}={value} must be a finite number")
-        require(self.lr > 0, f"optim.lr={self.lr} must be > 0 (typical: 1e-3)")
+        for name, typical in (("lr", "1e-3"), ("muon_lr", "0.02"), ("eps", "1e-8")):
+            value = getattr(self, name)
+            require(value > 0, f"optim.{name}={value} must be > 0 (typical: {typical})")
         require(
             len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
             f"optim.betas={list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]",
         )
-        require(self.eps > 0, f"optim.eps={self.eps} must be > 0 (typical: 1e-8)")
         # AdamW's step is lr * m / (sqrt(v) + eps), with |m|, sqrt(v) << 1
         require(
             self.eps < MAX_EPS,
@@ -120,16 +118,10 @@ class OptimConfig:
         )
         require(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
         require(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} must be >= 0")
-        require(
-            self.decay in DECAYS,
-            f"optim.decay={self.decay!r} is unknown; choose one of {list(DECAYS)}",
-        )
-        require(
-            0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]"
-        )
-        require(
-            self.grad_clip >= 0, f"optim.grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)"
-        )
+        require(self.decay in DECAYS, f"optim.decay={self.decay!r} is unknown; use {list(DECAYS)}")
+        ratio, clip = self.min_lr_ratio, self.grad_clip
+        require(0 <= ratio <= 1, f"optim.min_lr_ratio={ratio} must be in [0, 1]")
+        require(clip >= 0, f"optim.grad_clip={clip} must be >= 0 (0 = no clipping)")
 
 
 @dataclass
@@ -166,9 +158,9 @@ class TrainConfig:
             f"{MAX_TRAIN_SAMPLES:,} here: sample more afterwards with python sample.py "
             f"num_samples=N out=FILE",
         )
+        precision = self.precision
         require(
-            self.precision in PRECISIONS,
-            f"train.precision={self.precision!r} is unknown; choose one of {list(PRECISIONS)}",
+            precision in PRECISIONS, f"train.precision={precision!r} is unknown; use {PRECISIONS}"
         )
 
 
@@ -227,7 +219,6 @@ class Config:
 
     @property
     def resume_requested(self) -> bool | str:
-        """False, True (the run folder's last.pt), or a checkpoint path."""
         return parse_resume(self.resume)
 
     def model_for_data(self, vocab_size: int, block_size: int) -> GPTConfig:
@@ -295,7 +286,7 @@ class SampleConfig:
             f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})",
         )
         # out=-: standard output
-        if self.out is not None and self.out != "-":
+        if self.out not in (None, "-"):
             out = Path(self.out).expanduser()
             check(
                 self.out != "" and not out.is_dir(),

@@ -1,15 +1,10 @@
-"""The machine a command runs on: device and precision, data-parallel ranks, CPU threads; and
-`eval_mode`, the model in eval mode while a block runs.
+"""The machine a command runs on: device and precision, data-parallel ranks (torchrun's variables,
+else a submitit job's: docs/cluster.md; else rank 0 of 1), CPU threads, and `eval_mode`.
 
-Ranks come from torchrun's variables (RANK, WORLD_SIZE, ...), else, in a submitit job of several
-tasks, from submitit's `TorchDistributedEnvironment` (docs/cluster.md); else this is rank 0 of 1,
-and a plain `python train.py` in a multi-task allocation never waits for ranks that never come.
-
-Threads: two processes that each take every core wait on each other's threads (2 cores, the
-default model: 35 steps/s alone, 0.8 each with two at once; issue 20). So `threads=auto` takes the
-cores this process may use (`sched_getaffinity`: taskset, cpusets, SLURM) or, when set,
-OMP_NUM_THREADS: a parallel sweep's share (`microgpt.cli.ShareCores`), or torchrun's 1.
-`threads=N` asks for N. Idle threads sleep: `microgpt/__init__.py` sets OMP_WAIT_POLICY=PASSIVE.
+Two processes that each take every core wait on each other's threads (issue 20), so `threads=auto`
+takes the cores this process may use (`sched_getaffinity`) or, when set, OMP_NUM_THREADS (a
+parallel sweep's share, `microgpt.cli.ShareCores`; torchrun's 1). Idle threads sleep:
+`microgpt/__init__.py` sets OMP_WAIT_POLICY=PASSIVE.
 """
 
 from __future__ import annotations
@@ -36,9 +31,9 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
 
+    # rank 0 alone writes logs, TensorBoard, checkpoints and samples
     @property
     def is_main(self) -> bool:
-        """Rank 0 alone writes logs, TensorBoard, checkpoints and samples."""
         return self.rank == 0
 
     @property
@@ -81,7 +76,6 @@ def cuda_index(info: DistInfo) -> int:
 
 
 def barrier() -> None:
-    """Wait until every rank gets here (no-op in a single process)."""
     if dist.is_initialized():
         dist.barrier()
 
@@ -106,7 +100,6 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
 
 
 def sum_over_ranks(value: float, info: DistInfo) -> float:
-    """The sum of `value` over all ranks."""
     return float(_all_reduce(value, torch.float64, dist.ReduceOp.SUM, info))
 
 
@@ -251,7 +244,7 @@ def jobs_at_once(n_jobs: int, jobs: int, cores: int) -> int:
 
 
 def share(cores: int, jobs: int) -> int:
-    """Each of `jobs` processes' share of `cores`: at least one thread."""
+    """Each of `jobs` processes' share of `cores`, at least one thread."""
     return max(1, cores // max(1, jobs))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-BOUNDARY = "."  # how the boundary token is shown; it is not a character of the vocabulary
 BOUNDARY_ID = 0
 
 
@@ -47,15 +46,13 @@ class CharTokenizer:
             )
 
     def encode(self, text: str) -> list[int]:
-        """The ids of the characters of `text` (no boundary tokens added)."""
         self.check(text)
         return [self.stoi[c] for c in text]
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`, up to the first boundary token (which ends an item)."""
         out = []
-        for i in ids:
-            i = int(i)
+        for i in map(int, ids):
             if i == self.boundary_id:
                 break
             if i not in self.itos:
@@ -64,7 +61,7 @@ class CharTokenizer:
         return "".join(out)
 
     def to_dict(self) -> dict:
-        # plain types: safe for torch.load(weights_only=True) and JSON
+        """Plain types: safe for torch.load(weights_only=True) and JSON."""
         return {"chars": "".join(self.chars), "boundary_id": self.boundary_id}
 
     @classmethod
