@@ -36,9 +36,6 @@ from microgpt.tokenizer import CharTokenizer
 
 FORMATS = ("lines", "text", "repeats")  # one item per line | one stream | generated items
 
-__all__ = ["FORMATS", "Data", "DataError", "data_of_checkpoint", "load_data", "resolve_data_path"]
-
-
 # the repository: microgpt/data/dataset.py -> microgpt/data -> microgpt -> the root
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,10 +87,6 @@ class Data:
         if self.format == "repeats":
             return hashlib.sha256(json.dumps(self.split.to_dict()).encode()).hexdigest()
         return sha256_file(self.path)
-
-    def describe(self) -> str:
-        """e.g. "25,910 train / 1,000 val / 1,000 test items"."""
-        return self.split.describe()
 
     def probe_ids(self, probe: str | None) -> list[int]:
         """The ids whose attention is drawn: `probe` (log.probe), else the first validation item

@@ -30,8 +30,7 @@ ITEMS_FILE = "a text file with one item per line"
 
 
 def read_data_file(path: str | Path, kind: str) -> tuple[bytes, Path]:
-    """(the bytes of the file at `path`, its absolute path); a DataError where it is missing, a
-    directory, a pipe or a device."""
+    """(the file's bytes, its absolute path); a DataError where it is missing or no regular file."""
     path = Path(path).expanduser()
     where = path.resolve()
     if not path.exists():
@@ -84,11 +83,9 @@ class Split:
         return self._split_of.get(item)
 
     def describe(self) -> str:
-        """e.g. "25,910 train / 1,000 val / 1,000 test items"."""
         return f"{len(self.train):,} train / {len(self.val):,} val / {len(self.test):,} test items"
 
     def to_dict(self) -> dict[str, list[str]]:
-        """Plain lists (safe for torch.load(weights_only=True) and JSON)."""
         return {name: list(getattr(self, name)) for name in SPLIT_NAMES}
 
     @classmethod
@@ -114,7 +111,7 @@ def split_items(items: Sequence[str], seed: int) -> Split:
 
 
 def block_size_for(items: Sequence[str]) -> int:
-    """The smallest block_size that fits every item: the longest item plus the boundary token."""
+    """The smallest block_size that fits every item (and the boundary token)."""
     return max(map(len, items)) + 1
 
 
@@ -174,7 +171,7 @@ class BatchSampler:
 
     @property
     def epochs_done(self) -> float:
-        """Passes over the data so far, e.g. 2.5 halfway through the third epoch."""
+        """Passes over the data so far: 2.5 halfway through the third."""
         return max(self.epoch - 1, 0) + self.position / self.n if self._perm is not None else 0.0
 
     def _draw_order(self) -> Tensor:
@@ -192,8 +189,7 @@ class BatchSampler:
 
     def next_batch(self) -> Tensor:
         """The next `batch_size` indices, a LongTensor on the CPU."""
-        parts = []
-        need = self.batch_size
+        parts, need = [], self.batch_size
         while need:
             if self._perm is None or self.position == self.n:
                 self._state_before_perm = self.generator.get_state()
@@ -212,11 +208,7 @@ class BatchSampler:
         return {**{k: getattr(self, k) for k in keys}, "generator_state": state.clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["n"] != self.n:
-            raise ValueError(
-                f"sampler state is for {state['n']} items but this sampler has {self.n}; "
-                f"resume with the same data and split"
-            )
+        check_sampler_state(state, self.n, "items", "data and split")
         for k in ("batch_size", "seed", "epoch", "position"):
             setattr(self, k, state[k])
         self.generator.set_state(state["generator_state"])
@@ -225,6 +217,15 @@ class BatchSampler:
             # redraw the current permutation from the state just before it
             self._state_before_perm = state["generator_state"].clone()
             self._perm = self._draw_order()
+
+
+def check_sampler_state(state: dict, n: int, what: str, same: str) -> None:
+    """A ValueError unless a saved sampler `state` is for `n` of `what` (as this one)."""
+    if state["n"] != n:
+        raise ValueError(
+            f"sampler state is for {state['n']} {what} but this data has {n}; resume with the "
+            f"same {same}"
+        )
 
 
 class ItemBatches(BatchSampler):
@@ -270,7 +271,7 @@ class CharDataset(Rows):
 
     @classmethod
     def from_items(cls, items, tokenizer, block_size, device="cpu", trim=True) -> CharDataset:
-        return cls(*encode_items(items, tokenizer, block_size), device=device, trim=trim)
+        return cls(*encode_items(items, tokenizer, block_size), device, trim)
 
     @property
     def block_size(self) -> int:

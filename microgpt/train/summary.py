@@ -87,7 +87,7 @@ def summary(trainer) -> str:
     return (
         f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads{kv}, "
         f"attn {m.attn_impl}, {trainer.model.num_params():,} parameters | data "
-        f"{trainer.data_path} ({c.data.format}): {trainer.data.describe()}, vocab "
+        f"{trainer.data.source} ({c.data.format}): {trainer.data.split.describe()}, vocab "
         f"{trainer.tokenizer.vocab_size}, block {m.block_size} | {c.train.max_steps} steps x "
         f"batch {trainer.global_batch}{ranks}, lr {c.optim.lr:g} ({c.optim.warmup_steps} warmup, "
         f"{c.optim.decay}) | device {trainer.device}{precision}"
@@ -116,7 +116,7 @@ def finish(trainer, metrics: dict) -> None:
     if best_path.exists():
         best = Checkpoint.load(best_path, map_location="cpu")
         model, _ = best.build_model(trainer.device)
-    test = evaluate(model, trainer.datasets["test"], c.train.eval_batch_size, trainer.autocast)
+    test = evaluate(model, trainer.data.datasets["test"], c.train.eval_batch_size, trainer.autocast)
     metrics["test_loss"] = test
     trainer.writer.scalars(trainer.step, {"loss/test": test})
     if best is not None:  # best.pt gains the test loss

@@ -1,7 +1,5 @@
-"""The training loop: data, model, AdamW with warmup and decay, evaluation, checkpoints, logging.
-
-`train(cfg)` takes a composed config (a DictConfig, a dict or a `Config`), runs, and returns the
-final metrics; `Trainer.train_step()` is one optimisation step. What a run writes: microgpt.runs.
+"""The training loop: `train(cfg)` builds a `Trainer` (device, data, model, optimizer, resume
+state), runs it (`train_step`, evaluation, checkpoints, logging) and returns the final metrics.
 """
 
 from __future__ import annotations
@@ -90,14 +88,12 @@ class Trainer:
             block = c.model_for_data(2, c.model.block_size)
             check_memory(block, c.train.batch_size, self.device, True)
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
-        self.data = data = load_data(
-            c.data.path, c.seed, c.model.block_size, self.device, not c.train.compile,
-            c.data.format, c.data.prepare, c.data.repeats,
-        )  # fmt: skip
-        self.data_path, self.tokenizer, self.split = data.source, data.tokenizer, data.split
-        self.datasets = data.datasets
+        d, trim = c.data, not c.train.compile
+        args = (d.path, c.seed, c.model.block_size, self.device, trim)
+        self.data = data = load_data(*args, d.format, d.prepare, d.repeats)
+        self.tokenizer = data.tokenizer
         # the checkpoint names the data by one absolute path, and its content's hash
-        resolved = dataclasses.replace(c.data, path=str(Path(data.path).resolve()))
+        resolved = dataclasses.replace(d, path=str(Path(data.path).resolve()))
         self.config = dataclasses.replace(c, data=resolved)
         self.data_sha256 = data.sha256()
         try:
@@ -174,11 +170,9 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         # grad_norm comes from the all-reduced gradients, so every rank decides alike; under
         # fp16 an overflowing gradient is normal: the scaler skips the step and lowers the scale
-        if check and not (
-            (self.scaler.is_enabled() or math.isfinite(float(grad_norm)))
-            and (self.dist.enabled or math.isfinite(float(loss.detach())))
-        ):
-            self._diverged(float(loss.detach()), float(grad_norm), lr)
+        bad_norm = not (self.scaler.is_enabled() or math.isfinite(float(grad_norm)))
+        if check and (bad_norm or not (self.dist.enabled or math.isfinite(float(loss.detach())))):
+            raise diverged(self.step + 1, float(loss.detach()), float(grad_norm), lr, self._last)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -219,7 +213,10 @@ class Trainer:
                     self.window.paused += spent
                     asks = check_every == 1 or self.step % c.train.log_every == 0
                     if asks and not final and system.any_rank(stop.requested, self.dist):
-                        self._interrupted(metrics, stop.signal_name)
+                        self._save_last({**metrics, "interrupted_at": self.step})
+                        raise Interrupted(
+                            stop.signal_name, self.step, c.train.max_steps, self._last
+                        )
         finally:
             bar.close()
         elapsed = time.perf_counter() - start
@@ -243,14 +240,9 @@ class Trainer:
         if self.step == 0:
             self._log_heads(0)
 
-    def _interrupted(self, metrics: dict, signal_name: str) -> None:
-        self._save_last({**metrics, "interrupted_at": self.step})
-        max_steps, last = self.config.train.max_steps, runs.RunFolder(self.out_dir).last
-        raise Interrupted(signal_name, self.step, max_steps, last)
-
-    def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
-        step = self.step if what == "validation loss" else self.step + 1
-        raise diverged(step, loss, grad_norm, lr, runs.RunFolder(self.out_dir).last, what)
+    @property
+    def _last(self) -> Path:
+        return runs.RunFolder(self.out_dir).last
 
     # ---- evaluation, checkpoints, logging
 
@@ -262,7 +254,7 @@ class Trainer:
             train_config=self.config.to_dict(),
             step=self.step,
             metrics=dict(metrics),
-            split=self.split.to_dict(),
+            split=self.data.split.to_dict(),
             run_id=self.run_id,
             data_sha256=self.data_sha256,
             resume=resume,
@@ -284,8 +276,9 @@ class Trainer:
         # rng: rank 0's, what a resume on another number of ranks uses
         resume.update(scaler=self.scaler.state_dict(), ema=ema, rng=ranks[0]["rng"], ranks=ranks)
         resume.update(best_val_loss=self.best_val_loss, world_size=self.dist.world_size)
-        last = runs.RunFolder(self.out_dir).last
-        system.run_on_main(lambda: self._checkpoint(metrics, resume=resume).save(last), self.dist)
+        system.run_on_main(
+            lambda: self._checkpoint(metrics, resume=resume).save(self._last), self.dist
+        )
 
     def _load_resume(self, path: Path) -> None:
         # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
@@ -314,7 +307,7 @@ class Trainer:
 
     def _log_heads(self, step: int) -> None:
         """The probe's attention maps and the head analysis on validation items (rank 0)."""
-        val = self.datasets["val"]
+        val = self.data.datasets["val"]
         x, y = val.batch(torch.arange(min(len(val), self.config.log.head_items)))  # (N, T)
         maps = probe_attention(self.eval_model, self.probe_ids)
         self.writer.attention_maps(step, maps, labels_for(self.probe_ids, self.tokenizer))
@@ -330,11 +323,12 @@ class Trainer:
 
     def _evaluate_and_save_best(self, metrics: dict) -> dict:
         c = self.config
-        val_loss = evaluate(
-            self.eval_model, self.datasets["val"], c.train.eval_batch_size, self.autocast
-        )
-        if not math.isfinite(val_loss):  # off the CPU the loss is checked every log_every steps
-            self._diverged(val_loss, math.nan, lr_at(self.step - 1, c), what="validation loss")
+        val = self.data.datasets["val"]
+        val_loss = evaluate(self.eval_model, val, c.train.eval_batch_size, self.autocast)
+        # off the CPU the train loss is checked every log_every steps
+        if not math.isfinite(val_loss):
+            lr = lr_at(self.step - 1, c)
+            raise diverged(self.step, val_loss, math.nan, lr, self._last, "validation loss")
         improved = val_loss < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, val_loss)
         out = {"val_loss": val_loss, "best_val_loss": self.best_val_loss, "step": self.step}
