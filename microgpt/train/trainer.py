@@ -170,8 +170,10 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         # grad_norm comes from the all-reduced gradients, so every rank decides alike; under
         # fp16 an overflowing gradient is normal: the scaler skips the step and lowers the scale
-        bad_norm = not (self.scaler.is_enabled() or math.isfinite(float(grad_norm)))
-        if check and (bad_norm or not (self.dist.enabled or math.isfinite(float(loss.detach())))):
+        if check and not (
+            (self.scaler.is_enabled() or math.isfinite(float(grad_norm)))
+            and (self.dist.enabled or math.isfinite(float(loss.detach())))
+        ):
             raise diverged(self.step + 1, float(loss.detach()), float(grad_norm), lr, self._last)
         self.scaler.step(self.optimizer)
         self.scaler.update()
