@@ -1,9 +1,7 @@
-"""The data of a run, one interface whatever the format: `load_data(...)` returns a `Data`, the one
-thing the trainer asks for batches (`Data.train_batches(...).next(rank, batch_size)`) and evaluation
-sets (`Data.datasets["val"]`, `["test"]`). The formats: `lines` (names, microgpt.data.lines),
-`text` (one stream cut into windows, microgpt.data.text) and `repeats` (generated items, no file,
-microgpt.data.repeats; then split and batched as lines). `data_of_checkpoint(ckpt)` rebuilds the
-evaluation data of a finished run, for sampling and the head analysis.
+"""The data of a run, one interface whatever the format (`lines`, `text`, `repeats`: generated
+items, split and batched as lines): `load_data` gives a `Data`, which gives the training batches
+(`train_batches(...).next(rank, batch_size)`) and evaluation sets (`datasets["val"]`, `["test"]`).
+`data_of_checkpoint(ckpt)` rebuilds a finished run's evaluation data.
 """
 
 from __future__ import annotations
@@ -17,19 +15,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from microgpt.data import text
-from microgpt.data.lines import (
-    SPLIT_NAMES,
-    CharDataset,
-    ItemBatches,
-    Split,
-    block_size_for,
-    check_fits,
-    read_items,
-    split_items,
-)
+from microgpt.data import lines, text
+from microgpt.data.lines import CharDataset, Split
 from microgpt.data.repeats import repeat_items
-from microgpt.data.text import TextSplit, TextWindows, WindowBatches
+from microgpt.data.text import TextSplit, TextWindows
 from microgpt.errors import DataError
 from microgpt.files import sha256_file
 from microgpt.tokenizer import CharTokenizer
@@ -69,11 +58,11 @@ class Data:
 
     def train_batches(
         self, global_batch: int, seed: int, group_by_length: int = 0, pack: int = 0
-    ) -> ItemBatches | WindowBatches:
+    ) -> lines.ItemBatches | text.WindowBatches:
         if self.format == "text":
             device = self.datasets["val"].device
-            return WindowBatches(self.train_ids, self.block_size, global_batch, seed, device)
-        return ItemBatches(self.datasets["train"], global_batch, seed, group_by_length, pack)
+            return text.WindowBatches(self.train_ids, self.block_size, global_batch, seed, device)
+        return lines.ItemBatches(self.datasets["train"], global_batch, seed, group_by_length, pack)
 
     @cached_property
     def verbatim_index(self) -> text.VerbatimIndex | None:
@@ -135,15 +124,15 @@ def load_data(
             raise DataError(f"no data file at {path.resolve()}; build it first: {prepare}")
         if format == "text":
             return _load_text(path, block_size or text.DEFAULT_BLOCK_SIZE, device)
-        items = read_items(path)
+        items = lines.read_items(path)
         label = str(path)
-    block_size = block_size or block_size_for(items)
-    check_fits(items, block_size, label)
+    block_size = block_size or lines.block_size_for(items)
+    lines.check_fits(items, block_size, label)
     tokenizer = CharTokenizer.from_items(items)
-    split = split_items(items, seed)
+    split = lines.split_items(items, seed)
     datasets = {
         name: CharDataset.from_items(getattr(split, name), tokenizer, block_size, device, trim)
-        for name in SPLIT_NAMES
+        for name in lines.SPLIT_NAMES
     }
     return Data(path, format, tokenizer, split, block_size, datasets, label=label)
 
