@@ -277,16 +277,16 @@ class GPT(nn.Module):
     def _run(self, idx, targets, kv_cache, return_attn, doc_starts=None):
         B, T = idx.shape
         pos = kv_cache.pos if kv_cache is not None else 0
-        if doc_starts is not None:
-            positions, mask = document_positions(doc_starts)
-        elif pos + T > self.config.block_size:
+        if doc_starts is None and pos + T > self.config.block_size:
             raise ValueError(
                 f"sequence of {pos + T} tokens is longer than block_size={self.config.block_size}: "
                 f"shorten the input, or train a model with a larger model.block_size"
             )
         if kv_cache is not None and kv_cache.batch_size != B:
             raise ValueError(f"KV cache holds {kv_cache.batch_size} rows but the input has {B}")
-        if doc_starts is None:
+        if doc_starts is not None:
+            positions, mask = document_positions(doc_starts)
+        else:
             positions = torch.arange(pos, pos + T, device=idx.device)  # (T,)
             # one causal mask for every layer, built only where the implementation needs it
             mask = causal_mask(self.config.attn_impl, return_attn, pos, T, idx.device)
@@ -305,12 +305,9 @@ class GPT(nn.Module):
         return logits, loss, attention
 
 
-# ----------------------------------------------------------------------------- the config's rules
-
-
 def check_gpt_settings(values: dict, name=lambda field: field) -> None:
-    """Raise a ValueError naming the fix for the first bad setting in `values` (GPTConfig's
-    fields). `name(field)` names a field in messages: the config layer passes `model.n_head`."""
+    """A ValueError naming the fix for the first bad setting in `values` (GPTConfig's fields), each
+    named by `name(field)` (the config layer: `model.n_head`)."""
     v = values
     for f in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head", "mlp_ratio"):
         # vocab_size and block_size may come from the data, n_kv_head from n_head

@@ -122,9 +122,8 @@ def gather_objects(obj, info: DistInfo) -> list:
 
 
 def run_on_main(fn, info: DistInfo):
-    """fn() on rank 0 alone, returning its result there (None elsewhere). An exception on rank 0
-    is raised on every rank, with the same class and message, so that no rank is left waiting
-    for rank 0 in the next collective until the process group times out."""
+    """fn() on rank 0 alone, returning its result there (None elsewhere); its exception is raised
+    on every rank, so that none waits for rank 0 in the next collective until a timeout."""
     if not info.enabled:
         return fn()
     result, error = None, None
@@ -157,8 +156,8 @@ def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
 
 
 def pick_precision(name: str, device: torch.device, error: type[Exception] = ValueError) -> str:
-    """train.precision -> "fp32", "bf16" or "fp16". auto: bf16 on a GPU that has it, else fp16 on
-    CUDA, fp32 elsewhere; bf16 asked of a GPU without it (T4, V100) raises `error`."""
+    """train.precision -> "fp32", "bf16" or "fp16"; auto: bf16 on a GPU that has it, else fp16 on
+    CUDA, fp32 elsewhere."""
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False)
     if name == "auto":
         return ("bf16" if bf16_ok else "fp16") if device.type == "cuda" else "fp32"
@@ -185,12 +184,12 @@ def gib(n: float) -> str:
 
 
 class ThreadsError(UserError):
-    """A bad `threads` setting; the message names it and what would be valid."""
+    """A bad `threads` setting."""
 
 
 def check_threads(value, name: str = "threads") -> None:
-    """`auto` or a whole number of threads, at most 4 per usable core or 64 (more only slows a
-    run down, and very many crash the OpenMP runtime); else ThreadsError naming the setting."""
+    """A ThreadsError unless `auto` or 1 to max(64, 4 per usable core) threads (more only slow a
+    run down, and very many crash the OpenMP runtime)."""
     if value == "auto":
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -214,15 +213,13 @@ def usable_cores() -> int:
 
 
 def env_threads(environ: Mapping[str, str]) -> int | None:
-    """OMP_NUM_THREADS as a number of threads (its first entry: OpenMP allows "4,2" for nested
-    levels), or None when it is unset or not a positive number."""
+    """OMP_NUM_THREADS's first entry (OpenMP allows "4,2" for nested levels), None if no count."""
     first = environ.get(THREADS_ENV, "").split(",")[0].strip()
     return int(first) if first.isdigit() and int(first) > 0 else None
 
 
 def choose_threads(setting, cores: int, environ: Mapping[str, str]) -> int:
-    """The intra-op threads for a `threads` setting: N itself; for auto, OMP_NUM_THREADS when it
-    is set (a ThreadsError when it is not a count), else every usable core."""
+    """The threads for a `threads` setting: N; auto: OMP_NUM_THREADS if set, else every core."""
     check_threads(setting)
     if setting != "auto":
         return setting
@@ -237,8 +234,7 @@ def choose_threads(setting, cores: int, environ: Mapping[str, str]) -> int:
 
 
 def jobs_at_once(n_jobs: int, jobs: int, cores: int) -> int:
-    """How many of a sweep's `jobs` a joblib launcher runs at once with `n_jobs` workers (n_jobs < 0
-    means cores + 1 + n_jobs: -1 = every core)."""
+    """How many of a sweep's `jobs` joblib runs at once with `n_jobs` (-1: every core) workers."""
     workers = n_jobs if n_jobs > 0 else cores + 1 + n_jobs
     return max(1, min(workers, jobs))
 

@@ -1,5 +1,5 @@
-"""Measuring the loss: the mean per character over a whole split (`evaluate`), and the train loss
-of the steps between two log lines (`StepResult`, `LossWindow`)."""
+"""The loss: its mean per character over a split (`evaluate`), and the train loss of the steps
+between two log lines (`StepResult`, `LossWindow`)."""
 
 from __future__ import annotations
 
