@@ -44,7 +44,7 @@ SUMMARY_COLUMNS = {
 
 
 class CompareError(UserError):
-    """Nothing to compare (no such folder, no runs in it); the message says what was expected."""
+    """Nothing to compare (no such folder, no runs in it)."""
 
 
 @dataclass

@@ -1,8 +1,6 @@
 """A preallocated key/value cache for sampling: one (B, n_kv_head, block_size, hd) buffer per layer.
-
-The cache's position is explicit: `GPT.forward` writes the new keys and values of every layer at
-`pos`, then calls `advance(T)` once. A prompt is prefilled in one forward (T = its length), then
-each step feeds one token (T = 1).
+Its position is explicit: `GPT.forward` writes every layer's new keys and values at `pos`, then
+calls `advance(T)` once (a prompt prefilled in one forward, then one token a step).
 """
 
 from __future__ import annotations

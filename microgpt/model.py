@@ -263,10 +263,9 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, kv_cache: KVCache | None = None, doc_starts=None):
-        """idx (B, T) -> (logits (B, T, vocab), the mean cross-entropy over targets != -1 or None).
-        With a kv_cache, idx holds the tokens after its position; the cache advances by T.
-        doc_starts (B, T) booleans: each row packs documents, each starting where it is True;
-        positions restart and attention stays inside each (T may exceed block_size)."""
+        """idx (B, T) -> (logits (B, T, vocab), the mean cross-entropy over targets != -1 or None);
+        idx follows kv_cache's position, if any. doc_starts (B, T): True where a packed document
+        starts (positions restart, attention stays inside it; T may exceed block_size)."""
         logits, loss, _ = self._run(idx, targets, kv_cache, False, doc_starts)
         return logits, loss
 

@@ -1,8 +1,6 @@
-"""Characters <-> integer ids, with one boundary token marking both the start and end of an item.
-
-Id 0 is the boundary token (shown as "."), ids 1..N are the characters of the training items in
-sorted order, as in makemore: "emma" is fed to the model as [., e, m, m, a] and trained to
-predict [e, m, m, a, .].
+"""Characters <-> ids, as in makemore: id 0 is the boundary token (shown as "."), which starts and
+ends an item, ids 1..N the characters in sorted order: "emma" is fed to the model as
+[., e, m, m, a] and trained to predict [e, m, m, a, .].
 """
 
 from __future__ import annotations
@@ -74,6 +72,3 @@ class CharTokenizer:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CharTokenizer) and self.chars == other.chars
-
-    def __repr__(self) -> str:
-        return f"CharTokenizer(vocab_size={self.vocab_size}, chars={''.join(self.chars)!r})"

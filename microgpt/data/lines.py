@@ -4,8 +4,7 @@ into train/val/test, encoded into rows and batched. Rows follow makemore: "emma"
     x = [0, e, m, m, a, 0,  0,  0]    # the boundary token, the characters, padding
     y = [e, m, m, a, 0, -1, -1, -1]   # the characters, the end boundary, ignored padding
 
-The loss is nats per character, the end token included, and ignores the targets -1; to average it
-exactly over a split, weight each batch's mean by its number of targets, `(y >= 0).sum()`.
+The loss (nats per character, the end token included) ignores the targets -1.
 """
 
 from __future__ import annotations
