@@ -81,12 +81,14 @@ class Data:
         """The ids whose attention is drawn: `probe` (log.probe), else the first validation item
         or (text) a validation passage."""
         if probe is None and self.format == "text":
+            # from the start of a line, where one fits
+            ids, length = self.datasets["val"].ids, min(text.PROBE_LENGTH, self.block_size)
             newline = self.tokenizer.stoi.get("\n")
-            length = min(text.PROBE_LENGTH, self.block_size)
-            return text.probe_passage(self.datasets["val"].ids, length, newline).tolist()
+            hits = (ids[: max(len(ids) - length, 0)] == newline).nonzero() if newline else []
+            start = int(hits[0]) + 1 if len(hits) else 0
+            return ids[start : start + length].tolist()
         probe = probe if probe is not None else self.split.val[0]
-        unknown = self.tokenizer.unknown_chars(probe)
-        if unknown:
+        if unknown := self.tokenizer.unknown_chars(probe):
             raise DataError(
                 f"log.probe={probe!r} has characters the vocabulary does not know: "
                 f"{''.join(unknown)!r}; use characters of the data or log.probe=null"

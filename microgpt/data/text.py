@@ -169,16 +169,6 @@ class TextWindows(Rows):
         return x.to(self.device), y.to(self.device)
 
 
-def probe_passage(ids: Tensor, length: int = PROBE_LENGTH, newline_id: int | None = None) -> Tensor:
-    """`length` validation ids for the attention maps, from the start of a line where one fits."""
-    start = 0
-    if newline_id is not None:
-        hits = (ids[: max(len(ids) - length, 0)] == newline_id).nonzero()
-        if len(hits):
-            start = int(hits[0]) + 1
-    return ids[start : start + length]
-
-
 class VerbatimIndex:
     """Which stretches of a sample appear verbatim in the text, exactly, over an index of the
     text's 4-grams (sorted codes and positions: about 16 bytes per character)."""
