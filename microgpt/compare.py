@@ -332,8 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, why in unreadable:
             print(f"unreadable: {name} ({why})")
         if plot is not None:
-            out = plot_val_curves(runs, plot)
-            print(f"validation loss curves: {out}")
+            print(f"validation loss curves: {plot_val_curves(runs, plot)}")
     except (UserError, OSError) as e:
         print_error(e)
         return 2

@@ -162,7 +162,7 @@ def sample_items(
     """`num_samples` items (strings) sampled `batch_size` at a time, each starting with `prefix`
     and at most `max_len` characters long (default: what the block size allows). The same seed
     gives the same items, with or without the cache. `progress(done, total)` follows each batch."""
-    prefix_ids = _prefix_ids(model, tokenizer, prefix, max_len)
+    prefix_ids = _prefix_ids(tokenizer, prefix, max_len)
     device = next(model.parameters()).device
     batch_size = min(batch_size or default_batch(model, num_samples), num_samples)
     need = batch_size * cache_bytes_per_row(model)
@@ -193,8 +193,9 @@ def sample_items(
     return items
 
 
-def _prefix_ids(model, tokenizer, prefix: str, max_len: int | None) -> list[int]:
-    """The prefix's ids; a SamplingError if the tokenizer, the model or max_len cannot take it."""
+def _prefix_ids(tokenizer, prefix: str, max_len: int | None) -> list[int]:
+    """The prefix's ids; a SamplingError if the tokenizer or max_len cannot take it (generate
+    checks that the model can)."""
     if max_len is not None and max_len <= len(prefix):
         raise SamplingError(
             f"max_len={max_len} must be longer than the prefix ({len(prefix)} characters)"
@@ -203,6 +204,4 @@ def _prefix_ids(model, tokenizer, prefix: str, max_len: int | None) -> list[int]
         tokenizer.check(prefix, what="prefix")
     except ValueError as e:
         raise SamplingError(str(e)) from None
-    prefix_ids = tokenizer.encode(prefix)
-    _check_prefix(prefix_ids, model.config.vocab_size, model.config.block_size)
-    return prefix_ids
+    return tokenizer.encode(prefix)

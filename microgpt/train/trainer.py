@@ -187,7 +187,7 @@ class Trainer:
     # ---- the loop
 
     def run(self) -> dict:
-        c = self.config
+        c, max_steps = self.config, self.config.train.max_steps
         system.run_on_main(self._open_run_folder, self.dist)
         start, tokens_done, other_work = time.perf_counter(), 0, 0.0
         self.window.start_clock()  # throughput counts training alone, not the set-up
@@ -198,11 +198,11 @@ class Trainer:
         try:
             with StopFlag() as stop, logging_redirect_tqdm(loggers=[logging.root]):
                 self.model.train()
-                while self.step < c.train.max_steps:
+                while self.step < max_steps:
                     out = self.train_step(check=(self.step + 1) % check_every == 0)
                     tokens_done += out.tokens
                     self.window.add(out)
-                    final = self.step == c.train.max_steps
+                    final = self.step == max_steps
                     if self.step % c.train.log_every == 0 or final:
                         metrics.update(summary.log_window(self, out, bar))
                     bar.update(1)
@@ -216,9 +216,7 @@ class Trainer:
                     asks = check_every == 1 or self.step % c.train.log_every == 0
                     if asks and not final and system.any_rank(stop.requested, self.dist):
                         self._save_last({**metrics, "interrupted_at": self.step})
-                        raise Interrupted(
-                            stop.signal_name, self.step, c.train.max_steps, self._last
-                        )
+                        raise Interrupted(stop.signal_name, self.step, max_steps, self._last)
         finally:
             bar.close()
         elapsed = time.perf_counter() - start
