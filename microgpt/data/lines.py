@@ -54,9 +54,7 @@ def read_items(path: str | Path) -> list[str]:
     lines = (unicodedata.normalize("NFC", line.strip()) for line in text.split("\n"))
     items = list(dict.fromkeys(s for s in lines if s))
     if not items:
-        raise DataError(
-            f"data file {where} is empty (or only blank lines); put one item per line in it"
-        )
+        raise DataError(f"data file {where} is empty (or only blank lines): put one item per line")
     if len(items) < len(SPLIT_NAMES):
         raise DataError(
             f"data file {where} has only {len(items)} distinct item(s); it needs at least 3, "
@@ -90,9 +88,7 @@ class Split:
     @classmethod
     def from_dict(cls, d: dict) -> Split:
         if not isinstance(d, dict) or not all(isinstance(d.get(n), list) for n in SPLIT_NAMES):
-            raise DataError(
-                "not a Split dict: expected {'train': [...], 'val': [...], 'test': [...]}"
-            )
+            raise DataError("not a Split: expected {'train': [...], 'val': [...], 'test': [...]}")
         return cls(*(list(d[name]) for name in SPLIT_NAMES))
 
 
