@@ -297,9 +297,8 @@ class SampleConfig:
 
 def _check_machine(device: str, threads, error: type[Exception]) -> None:
     """device= and threads=, which train.py and sample.py share."""
-    require(
-        device in DEVICES, f"device={device!r} is unknown; choose one of {list(DEVICES)}", error
-    )
+    if device not in DEVICES:
+        raise error(f"device={device!r} is unknown; choose one of {list(DEVICES)}")
     try:
         check_threads(threads)
     except ThreadsError as e:

@@ -98,17 +98,6 @@ def decode(
     return idx
 
 
-def _check_prefix(prefix: list[int], vocab_size: int, block_size: int) -> None:
-    """A SamplingError unless `prefix` (ids) is characters that leave room in an item."""
-    if len(prefix) > block_size - 1:
-        raise SamplingError(
-            f"prefix of {len(prefix)} characters is longer than this model's items: block_size is "
-            f"{block_size} (1 boundary token + at most {block_size - 1} characters)"
-        )
-    if any(not 0 < t < vocab_size for t in prefix):
-        raise SamplingError(f"prefix ids must be characters, in 1..{vocab_size - 1}: {prefix}")
-
-
 def generate(
     model,
     num_samples: int = 1,
@@ -129,8 +118,15 @@ def generate(
         raise SamplingError(f"num_samples={num_samples!r} must be an integer >= 1")
     check_sampling_args(temperature, top_k, top_p)
     prefix = [int(t) for t in (prefix if prefix is not None else [])]
-    _check_prefix(prefix, model.config.vocab_size, model.config.block_size)
-    new = model.config.block_size - 1 - len(prefix)
+    vocab_size, block_size = model.config.vocab_size, model.config.block_size
+    if len(prefix) > block_size - 1:
+        raise SamplingError(
+            f"prefix of {len(prefix)} characters is longer than this model's items: block_size is "
+            f"{block_size} (1 boundary token + at most {block_size - 1} characters)"
+        )
+    if any(not 0 < t < vocab_size for t in prefix):
+        raise SamplingError(f"prefix ids must be characters, in 1..{vocab_size - 1}: {prefix}")
+    new = block_size - 1 - len(prefix)
     new = new if max_new_tokens is None else min(new, max_new_tokens)
     device = model.wte.weight.device
     idx = torch.full((num_samples, 1 + len(prefix) + new), BOUNDARY_ID, device=device)
@@ -172,9 +168,9 @@ def sample_items(
             f"batch_size={batch_size} needs a KV cache of {gib(need)} but {device} has "
             f"{gib(free)} free; lower batch_size (or leave it null)"
         )
-    generator = seeded(device, seed)
     max_new = None if max_len is None else max_len - len(prefix)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache)
+    sampling |= dict(generator=seeded(device, seed), max_new_tokens=max_new)
     c, threads = model.config, torch.get_num_threads()
     small = device.type == "cpu" and batch_size * c.n_layer * c.n_embd**2 < SINGLE_THREAD_WORK
     torch.set_num_threads(1 if small else threads)
@@ -182,9 +178,7 @@ def sample_items(
     try:
         while len(items) < num_samples:
             n = min(batch_size, num_samples - len(items))
-            rows = generate(
-                model, n, prefix_ids, generator=generator, max_new_tokens=max_new, **sampling
-            )
+            rows = generate(model, n, prefix_ids, **sampling)
             items.extend(tokenizer.decode(row) for row in rows.tolist())
             if progress is not None:
                 progress(len(items), num_samples)
