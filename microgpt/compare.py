@@ -93,9 +93,8 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     if not (run / METRICS_FILE).is_file():
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-        acc = EventAccumulator(
-            str(run), size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1}
-        )
+        guidance = {"scalars": 0, "images": 1, "tensors": 1, "histograms": 1}
+        acc = EventAccumulator(str(run), size_guidance=guidance)
         acc.Reload()
         tags = acc.Tags().get("scalars", [])
         return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in tags}

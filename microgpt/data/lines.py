@@ -164,11 +164,6 @@ class BatchSampler:
         self._perm: Tensor | None = None
         self._state_before_perm: Tensor | None = None  # regenerates the current permutation
 
-    @property
-    def epochs_done(self) -> float:
-        """Passes over the data so far: 2.5 halfway through the third."""
-        return max(self.epoch - 1, 0) + self.position / self.n if self._perm is not None else 0.0
-
     def _draw_order(self) -> Tensor:
         """One epoch's order: a random permutation; with `group_by_length` = k, runs of
         k * batch_size indices sorted by length, cut into batches, the batches shuffled."""

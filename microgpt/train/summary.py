@@ -81,9 +81,8 @@ def summary(trainer) -> str:
     c, m = trainer.config, trainer.model_config
     kv = f" ({m.n_kv_head} kv heads)" if m.n_kv_head != m.n_head else ""
     precision = "" if trainer.precision == "fp32" else f" {trainer.precision}"
-    ranks = (
-        f" ({c.train.batch_size} x {trainer.dist.world_size} ranks)" if trainer.dist.enabled else ""
-    )
+    ranks = f" ({c.train.batch_size} x {trainer.dist.world_size} ranks)"
+    ranks = ranks if trainer.dist.enabled else ""
     return (
         f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads{kv}, "
         f"attn {m.attn_impl}, {trainer.model.num_params():,} parameters | data "

@@ -263,9 +263,8 @@ class Trainer:
     def _save_snapshot(self, metrics: dict) -> None:
         """checkpoints/step-NNNNNN.pt: the (averaged) weights and what describes them, no
         optimizer: for sample.py ckpt= and python -m microgpt.heads at this step."""
-        self._checkpoint(metrics, self.eval_model).save(
-            runs.RunFolder(self.out_dir).snapshot(self.step)
-        )
+        snapshot = runs.RunFolder(self.out_dir).snapshot(self.step)
+        self._checkpoint(metrics, self.eval_model).save(snapshot)
 
     def _save_last(self, metrics: dict) -> None:
         """last.pt with the resume state; every rank calls it (each rank's RNG and loss window)."""
