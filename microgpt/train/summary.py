@@ -115,7 +115,7 @@ def finish(trainer, metrics: dict) -> None:
     if best_path.exists():
         best = Checkpoint.load(best_path, map_location="cpu")
         model, _ = best.build_model(trainer.device)
-    test = evaluate(model, trainer.data.datasets["test"], c.train.eval_batch_size, trainer.autocast)
+    test = evaluate(model, trainer.datasets["test"], c.train.eval_batch_size, trainer.autocast)
     metrics["test_loss"] = test
     trainer.writer.scalars(trainer.step, {"loss/test": test})
     if best is not None:  # best.pt gains the test loss

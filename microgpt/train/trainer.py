@@ -91,7 +91,7 @@ class Trainer:
         d, trim = c.data, not c.train.compile
         args = (d.path, c.seed, c.model.block_size, self.device, trim)
         self.data = data = load_data(*args, d.format, d.prepare, d.repeats)
-        self.tokenizer = data.tokenizer
+        self.tokenizer, self.datasets = data.tokenizer, data.datasets
         # the checkpoint names the data by one absolute path, and its content's hash
         resolved = dataclasses.replace(d, path=str(Path(data.path).resolve()))
         self.config = dataclasses.replace(c, data=resolved)
@@ -306,7 +306,7 @@ class Trainer:
 
     def _log_heads(self, step: int) -> None:
         """The probe's attention maps and the head analysis on validation items (rank 0)."""
-        val = self.data.datasets["val"]
+        val = self.datasets["val"]
         x, y = val.batch(torch.arange(min(len(val), self.config.log.head_items)))  # (N, T)
         maps = probe_attention(self.eval_model, self.probe_ids)
         self.writer.attention_maps(step, maps, labels_for(self.probe_ids, self.tokenizer))
@@ -322,7 +322,7 @@ class Trainer:
 
     def _evaluate_and_save_best(self, metrics: dict) -> dict:
         c = self.config
-        val = self.data.datasets["val"]
+        val = self.datasets["val"]
         val_loss = evaluate(self.eval_model, val, c.train.eval_batch_size, self.autocast)
         # off the CPU the train loss is checked every log_every steps
         if not math.isfinite(val_loss):
