@@ -222,9 +222,7 @@ class ItemBatches(BatchSampler):
     """Training batches of items: `next(rank, batch_size)` gives this rank's (x, y) (B, T), its
     number of targets and the global batch's, like text.WindowBatches."""
 
-    def __init__(
-        self, dataset: CharDataset, global_batch: int, seed: int, group_by_length=0, pack=0
-    ):
+    def __init__(self, dataset: CharDataset, global_batch, seed, group_by_length=0, pack=0):
         super().__init__(len(dataset), global_batch, seed, dataset.lengths, group_by_length)
         # > 0: the batch's items end to end in rows of `pack` tokens, or of the longest item's
         # (with its boundary token) where that is longer: no padding between items
