@@ -125,9 +125,7 @@ def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
     )
 
 
-def encode_items(
-    items: Sequence[str], tokenizer: CharTokenizer, block_size: int
-) -> tuple[Tensor, Tensor]:
+def encode_items(items, tokenizer: CharTokenizer, block_size: int) -> tuple[Tensor, Tensor]:
     """X, Y LongTensors of shape (N, block_size): X = [0, c1..cn, 0...], Y = [c1..cn, 0, -1...]."""
     check_fits(items, block_size)
     ids: list[int] = []
