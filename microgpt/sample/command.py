@@ -33,6 +33,7 @@ class SampleResult:
 
     names: list[str]
     marked: list[tuple[str, str]]  # (name, "new" | "train" | "val" | "test" | "empty")
+    step: int | None  # the checkpoint's
     header: str
     lines: list[str]  # the header, notes, one line per item, a summary
     to_stdout: bool = False  # out=-: the items alone go to standard output, the report to stderr
@@ -138,7 +139,8 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
     if out is not None:
         _write_out(out, shown.lines[:-1] if text_run else shown.items, c)
     lines = [header, *notes, *shown.lines]
-    return SampleResult(shown.items, shown.marked or [], header, lines, c.out == STDOUT)
+    marked = shown.marked or []
+    return SampleResult(shown.items, marked, ckpt.step, header, lines, c.out == STDOUT)
 
 
 def run_sampling(**settings) -> SampleResult:
