@@ -194,11 +194,8 @@ class Config:
     resume: Any = False  # false | true (the run folder's checkpoints/last.pt) | a checkpoint path
 
     def __post_init__(self):
-        m = self.model
-        require(
-            self.heads in (None, m.n_head),
-            f"heads={self.heads} but model.n_head={m.n_head}: set one",
-        )
+        m, heads = self.model, self.heads
+        require(heads in (None, m.n_head), f"heads={heads} but model.n_head={m.n_head}: set one")
         require(
             m.vocab_size is None,
             f"model.vocab_size={m.vocab_size}: the vocabulary comes from the data (every "
@@ -212,10 +209,8 @@ class Config:
             f"analyse); use at least 2 (null = {TEXT_BLOCK_SIZE})",
         )
         _check_machine(self.device, self.threads, ConfigError)
-        require(
-            isinstance(self.resume, (bool, str)) and self.resume != "",
-            f"resume={self.resume!r} must be false, true, or the path of a checkpoint",
-        )
+        resume, valid = self.resume, isinstance(self.resume, (bool, str)) and self.resume != ""
+        require(valid, f"resume={resume!r} must be false, true, or the path of a checkpoint")
 
     @property
     def resume_requested(self) -> bool | str:
@@ -268,14 +263,9 @@ class SampleConfig:
             check(v is None or is_int, f"{name}={v!r} must be an integer")
         n, batch, seed = self.num_samples, self.batch_size, self.seed
         check(n is None or n >= 1, f"num_samples={n} must be at least 1")
-        check(
-            batch is None or batch >= 1,
-            f"batch_size={batch} must be at least 1 (or null = all at once)",
-        )
-        check(
-            seed is None or 0 <= seed < 2**63,
-            f"seed={seed} must be in [0, 2**63) (or null = random)",
-        )
+        batch_ok, seed_ok = batch is None or batch >= 1, seed is None or 0 <= seed < 2**63
+        check(batch_ok, f"batch_size={batch} must be at least 1 (or null = all at once)")
+        check(seed_ok, f"seed={seed} must be in [0, 2**63) (or null = random)")
         check_sampling_args(self.temperature, self.top_k, self.top_p)
         check(isinstance(self.prefix, str), f"prefix={self.prefix!r} must be a string")
         if self.max_len is not None:
@@ -288,10 +278,8 @@ class SampleConfig:
         # out=-: standard output
         if self.out not in (None, "-"):
             out = Path(self.out).expanduser()
-            check(
-                self.out != "" and not out.is_dir(),
-                f"out={self.out!r} must be a file path, not a folder",
-            )
+            is_file = self.out != "" and not out.is_dir()
+            check(is_file, f"out={self.out!r} must be a file path, not a folder")
             check(out.parent.is_dir(), f"out={self.out}: folder {out.parent} does not exist")
 
 

@@ -214,11 +214,8 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = make_norm(config)
         self.attn = MultiHeadAttention(config)
-        if config.mlp:
-            self.norm2 = make_norm(config)
-            self.mlp = MLP(config)
-        else:
-            self.norm2 = self.mlp = None
+        self.norm2 = make_norm(config) if config.mlp else None
+        self.mlp = MLP(config) if config.mlp else None
 
     def forward(self, x, kv_cache=None, layer=0, mask=None, return_attn=False):
         # x (B, T, C) -> (x (B, T, C), the attention weights or None)
