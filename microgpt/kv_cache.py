@@ -31,10 +31,8 @@ class KVCache:
         so far, (B, n_kv_head, pos + T, hd) each."""
         end = self.pos + k.size(2)
         if end > self.block_size:
-            raise ValueError(
-                f"KV cache is full: position {self.pos} + {k.size(2)} new tokens > block_size "
-                f"{self.block_size}"
-            )
+            full = f"position {self.pos} + {k.size(2)} new tokens > block_size {self.block_size}"
+            raise ValueError(f"KV cache is full: {full}")
         self.k[layer][:, :, self.pos : end] = k
         self.v[layer][:, :, self.pos : end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
