@@ -132,9 +132,8 @@ def finish(trainer, metrics: dict) -> None:
     hparams.update(batch_size=trainer.global_batch, lr=c.optim.lr, max_steps=c.train.max_steps)
     hparams.update(dropout=m.dropout, seed=c.seed)
     keys = ("best_val_loss", "val_loss", "test_loss")
-    trainer.writer.hparams(
-        hparams, {f"hparams/{k}": metrics[k] for k in keys if k in metrics}, step=trainer.step
-    )
+    scores = {f"hparams/{k}": metrics[k] for k in keys if k in metrics}
+    trainer.writer.hparams(hparams, scores, step=trainer.step)
     trainer.writer.close()
     best_val = metrics.get("best_val_loss", math.nan)
     log.info(

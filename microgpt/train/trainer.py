@@ -133,9 +133,8 @@ class Trainer:
         """The loop's state: the batches and step 0, or all of it from last.pt on a resume."""
         c = self.config
         self.global_batch = c.train.batch_size * self.dist.world_size
-        self.batches = self.data.train_batches(
-            self.global_batch, c.seed, c.train.group_by_length, c.train.pack
-        )
+        grouping = (c.train.group_by_length, c.train.pack)
+        self.batches = self.data.train_batches(self.global_batch, c.seed, *grouping)
         self.step, self.best_val_loss, self.history = 0, math.inf, {}
         self.window, self.resumed_from = LossWindow(), None
         if self.resume_path is not None:
