@@ -178,8 +178,7 @@ class LogConfig:
 
 @dataclass
 class Config:
-    """`python train.py`: each group checks itself; this checks its own settings and those that
-    span groups."""
+    """`python train.py`: its own settings and those that span groups, checked here."""
 
     model: GPTConfig = field(default_factory=lambda: GPTConfig(vocab_size=None, block_size=None))
     data: DataConfig = field(default_factory=DataConfig)

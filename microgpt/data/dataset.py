@@ -53,7 +53,7 @@ class Data:
 
     @property
     def source(self) -> str:
-        """e.g. "data/names.txt", or "generated repeats (seed 0)" (repeats: no file)."""
+        """e.g. "data/names.txt", or "generated repeats (seed 0)"."""
         return self.label or str(self.path)
 
     def train_batches(
@@ -151,19 +151,14 @@ def data_of_checkpoint(ckpt, device: str | torch.device = "cpu") -> Data:
     stored in it; text re-read from the run's data file and checked against the stored digest (a
     DataError says the file is missing or changed, and what to do)."""
     from_ckpt = CharTokenizer.from_dict(ckpt.tokenizer)
-    block_size = int(ckpt.model_config["block_size"])
-    data_config = ckpt.data
-    stored = ckpt.split
-    if data_config.get("format", "lines") != "text":
-        split = Split.from_dict(stored)
+    block_size, path = int(ckpt.model_config["block_size"]), ckpt.data.get("path")
+    if ckpt.data.get("format", "lines") != "text":
+        split = Split.from_dict(ckpt.split)
         datasets = {
             name: CharDataset.from_items(getattr(split, name), from_ckpt, block_size, device)
             for name in ("val", "test")
         }
-        return Data(
-            Path(data_config.get("path", "")), "lines", from_ckpt, split, block_size, datasets
-        )
-    path = data_config.get("path")
+        return Data(Path(path or ""), "lines", from_ckpt, split, block_size, datasets)
     where = resolve_data_path(str(path))
     if not where.is_file():
         raise DataError(
@@ -174,7 +169,7 @@ def data_of_checkpoint(ckpt, device: str | torch.device = "cpu") -> Data:
         data = load_data(where, 0, block_size, device, format="text")
     except DataError:
         data = None
-    if data is None or data.split.to_dict() != stored or data.tokenizer != from_ckpt:
+    if data is None or data.split.to_dict() != ckpt.split or data.tokenizer != from_ckpt:
         raise DataError(
             f"{where} no longer holds the text this run was trained on (its content differs); "
             f"restore the file the run used"

@@ -48,9 +48,8 @@ def check_sampling_args(temperature: float, top_k: int | None, top_p: float | No
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> torch.Tensor:
-    """logits (B, V) -> one token id per row (B,). temperature 0 is greedy (argmax); otherwise the
-    logits are divided by it, cut to the top_k most likely tokens, then to the smallest set whose
-    probability reaches top_p, and a token is drawn with `generator`."""
+    """logits (B, V) -> one token id per row (B,): argmax at temperature 0, else drawn from the
+    tempered logits cut to the top_k tokens, then to the smallest set reaching probability top_p."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     # subtracting the max first keeps a tiny temperature from overflowing to inf (and NaN later)
