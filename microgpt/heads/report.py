@@ -135,6 +135,7 @@ class HeadReport:
     def per_head(self) -> dict[str, Tensor]:
         """The per-head numbers TensorBoard plots, {name: (L, H)}."""
         out = {
+            "entropy": self.entropy,
             "importance": self.zero_importance,
             "position_mean_importance": self.position_importance,
             "gradient_importance": self.gradient,
