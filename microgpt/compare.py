@@ -147,7 +147,7 @@ def read_run(run: Path, root: Path) -> RunSummary:
         r.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
     layers: dict[int, list[float]] = {}
     for tag, points in scalars.items():
-        layer = re.fullmatch(r"attention_entropy/layer([^/]*)/[^/]*", tag)
+        layer = re.fullmatch(r"per_head/layer([^/]*)/[^/]*/entropy", tag)
         if layer and points:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
     r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]

@@ -112,21 +112,24 @@ def run_probe(model, device, text: Tensor | None = None) -> Probe | None:
     per_token = token_losses(logits, y)  # (B, T)
     prefix, duplicate = roles.probe_scores(attention, x, repeat)
 
-    def repeat_loss(layer: int, h: int) -> float:
-        with circuits.scaled_heads(model, keep_all(model, device, drop=(layer, h))):
+    def repeat_loss(drop) -> float:
+        with circuits.scaled_heads(model, keep_all(model, device, drop=drop)):
             logits, _ = model(x)
         return float(token_losses(logits, y)[repeat].mean())
 
-    return Probe(
+    found = Probe(
         rows=int(x.shape[0]),
         span=int(rows.lengths.max()),
         prefix=prefix,
         duplicate=duplicate,
         loss_first=float(per_token[rows.first.to(device)].mean()),
         loss_repeat=float(per_token[repeat].mean()),
-        ablated=circuits.each_head(model, repeat_loss),
+        ablated=circuits.each_head(model, lambda layer, h: repeat_loss((layer, h))),
         text=text is not None,
     )
+    if found.induction_heads.any():
+        found.induction_zeroed = repeat_loss(found.induction_heads.to(device))
+    return found
 
 
 def analyse(

@@ -26,8 +26,9 @@ def model_heads(model) -> tuple[int, int, int]:
     return c.n_layer, c.n_head, c.head_dim
 
 
-def keep_all(model, device, drop: tuple[int, int] | None = None) -> Tensor:
-    """A head mask (L, H) of ones: every head kept, but for `drop` (layer, head), zeroed."""
+def keep_all(model, device, drop: tuple[int, int] | Tensor | None = None) -> Tensor:
+    """A head mask (L, H) of ones: every head kept, but `drop` (a (layer, head) or an (L, H) bool
+    mask), zeroed."""
     L, H, _ = model_heads(model)
     mask = torch.ones(L, H, device=device)
     if drop is not None:

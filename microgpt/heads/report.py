@@ -40,13 +40,22 @@ class Probe:
     loss_repeat: float  # on the same targets in the repeat
     ablated: Tensor  # the repeat's loss with the head zeroed
     text: bool = False  # passages of the validation text, not random spans
+    # the repeat's loss with every induction head (induction_heads) zeroed together; nan: none
+    induction_zeroed: float = math.nan
 
     @property
     def gain(self) -> float:
         return self.loss_first - self.loss_repeat
 
+    @property
+    def induction_heads(self) -> Tensor:
+        """(L, H) bool: the heads whose prefix matching holds the majority (>= MIN_MASS)."""
+        return self.prefix >= MIN_MASS
+
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("rows", "span", "loss_first", "loss_repeat", "gain")}
+        out = {k: getattr(self, k) for k in ("rows", "span", "loss_first", "loss_repeat", "gain")}
+        out["induction_heads"] = self.induction_heads.nonzero().tolist()
+        return out | {"loss_induction_zeroed": _number(self.induction_zeroed)}
 
 
 def _number(x) -> float | None:
@@ -107,6 +116,7 @@ class HeadReport:
         out["heads/repeat_loss"] = p.loss_repeat if p else nan
         out["heads/repeat_loss_gain"] = p.gain if p else nan
         out["heads/induction_ablation_max"] = float((p.ablated - p.loss_repeat).max()) if p else nan
+        out["heads/induction_ablation_all"] = p.induction_zeroed - p.loss_repeat if p else nan
         out["heads/copying_max"] = float(self.copying.max()) if self.copying is not None else nan
         out.update({f"heads/layer{n}/importance_max": float(imp[n].max()) for n in range(L)})
         counts = self.role_counts()
@@ -126,6 +136,7 @@ class HeadReport:
     def per_head(self) -> dict[str, Tensor]:
         """The per-head numbers TensorBoard plots, {name: (L, H)}."""
         out = {
+            "entropy": self.entropy,
             "importance": self.zero_importance,
             "position_mean_importance": self.position_importance,
             "gradient_importance": self.gradient,
@@ -211,7 +222,7 @@ class HeadReport:
     def _notes(self) -> list[str]:
         """The lines under the table: loss and pruning, what the columns mean, the probe."""
         total = self.n_layer * self.n_head
-        gone = ", ".join(f"L{a}H{b}" for a, b in self.pruning_order[: self.prunable]) or "none"
+        gone = _heads(self.pruning_order[: self.prunable])
         corr = {k: self.correlations.get(k, math.nan) for k in CORRELATIONS}
         lines = [
             f"\nLoss {self.loss:.4f} nats/char over {self.items:,} items ({self.tokens:,} "
@@ -233,12 +244,14 @@ class HeadReport:
             what = (
                 "a {}-character passage of the text" if probe.text else "a random {}-character span"
             )
+            zeroed = _heads(probe.induction_heads.nonzero().tolist())
             lines.append(
                 f"Repeated spans ({probe.rows} rows of {what.format(probe.span)} "
                 f"twice): loss {probe.loss_first:.3f} on the first copy, {probe.loss_repeat:.3f} "
                 f"on the repeat (gain {probe.gain:.3f} nats); best prefix matching "
                 f"L{best[0]}H{best[1]} {float(probe.prefix.max()):.2f}, which zeroed brings the "
-                f"repeat's loss to {float(probe.ablated[best]):.3f}."
+                f"repeat's loss to {float(probe.ablated[best]):.3f}; the heads of prefix matching "
+                f">= {MIN_MASS} ({zeroed}) zeroed together, to {probe.induction_zeroed:.3f}."
             )
         return lines
 
@@ -270,6 +283,11 @@ def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
     rule = {"r": "---:", "l": ":---", " ": "---"}
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule[a] for a in align) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _heads(pairs) -> str:
+    """(layer, head) pairs -> "L1H0, L1H3", or "none"."""
+    return ", ".join(f"L{a}H{b}" for a, b in pairs) or "none"
 
 
 def _cell(label: str) -> str:

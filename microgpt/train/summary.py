@@ -67,7 +67,7 @@ def log_window(trainer, out: StepResult, bar: tqdm) -> dict:
     now = time.perf_counter()  # after float(): the device has caught up
     tps = w.tokens_per_sec(now)
     if trainer.is_main:
-        scalars = {"loss/train": loss, "lr": out.lr, "grad_norm": float(out.grad_norm)}
+        scalars = {"loss/train": loss, "lr": out.lr, "train/grad_norm": float(out.grad_norm)}
         trainer.writer.scalars(trainer.step, {**scalars, "tokens_per_sec": tps})
         bar.set_postfix_str(
             f"loss {loss:.4f} lr {out.lr:.2e} {tps / 1000:.1f}k tok/s", refresh=False
@@ -132,7 +132,7 @@ def finish(trainer, metrics: dict) -> None:
     hparams.update(batch_size=trainer.global_batch, lr=c.optim.lr, max_steps=c.train.max_steps)
     hparams.update(dropout=m.dropout, seed=c.seed)
     keys = ("best_val_loss", "val_loss", "test_loss")
-    scores = {f"hparams/{k}": metrics[k] for k in keys if k in metrics}
+    scores = {f"result/{k}": metrics[k] for k in keys if k in metrics}
     trainer.writer.hparams(hparams, scores, step=trainer.step)
     trainer.writer.close()
     best_val = metrics.get("best_val_loss", math.nan)

@@ -1,6 +1,11 @@
 """The TensorBoard logger of a training run: scalars (also to metrics.jsonl), per-head attention
 maps, samples, one HParams row and head analyses, all in the run's own folder, under the same tags
-in every run (`attention/layer0/head1`, ...) so that runs line up side by side."""
+in every run (`attention/layer0/head1`, ...) so that runs line up side by side.
+
+The Scalars tab groups tags by their prefix before the first '/', sorts the groups by name and
+opens the first two: `heads/` (the summaries, alike for any head count) and `loss/`. The rest
+sort after them: `lr`, `per_head/layer{l}/head{h}/...`, `result/` (the HParams metrics),
+`tokens_per_sec`, `train/grad_norm`."""
 
 from __future__ import annotations
 
@@ -68,12 +73,6 @@ def read_metrics(path: str | Path) -> list[dict]:
     return lines
 
 
-def _per_head(tag: str, values) -> dict[str, float]:
-    """(L, H) values -> {tag.format(l=layer, h=head): value}."""
-    L, H = values.shape[:2]
-    return {tag.format(l=a, h=b): float(values[a, b]) for a in range(L) for b in range(H)}
-
-
 class TensorBoardLogger:
     """A SummaryWriter on one run's folder, with one method for each thing the trainer logs."""
 
@@ -125,10 +124,6 @@ class TensorBoardLogger:
             img = render_offset_profile(_numpy(profile), _numpy(start), f"layer {layer}")
             self._image(f"heads/offsets/layer{layer}", img, step)
 
-    def attention_entropy(self, step: int, entropy: torch.Tensor) -> None:
-        """(L, H) entropies -> scalars `attention_entropy/layer{l}/head{h}`."""
-        self.scalars(step, _per_head("attention_entropy/layer{l}/head{h}", _numpy(entropy)))
-
     def heads(self, step: int, report: HeadReport) -> None:
         """A head report: summaries under `heads/` (the same tags for any head count), `per_head/`,
         offset profiles, layer-0 circuits, `heads/table` and, the first time, the layout."""
@@ -136,10 +131,11 @@ class TensorBoardLogger:
             self.writer.add_custom_scalars(heads_layout(report.n_layer))
         self.last_head_summary = report.summaries()
         self.scalars(step, self.last_head_summary)
-        self.attention_entropy(step, report.entropy)
-        per_head = {}
-        for name, values in report.per_head().items():
-            per_head.update(_per_head(f"per_head/layer{{l}}/head{{h}}/{name}", values))
+        per_head = {
+            f"per_head/layer{a}/head{b}/{name}": float(v)
+            for name, values in report.per_head().items()
+            for (a, b), v in np.ndenumerate(_numpy(values))
+        }
         for h, c in enumerate(report.copying if report.copying is not None else []):
             per_head[f"per_head/layer0/head{h}/copying"] = float(c)
         self.scalars(step, per_head)
@@ -194,7 +190,7 @@ def heads_layout(n_layer: int) -> dict:
     """The custom-scalars layout: per layer, each head's entropy and importance, the importances
     alone (small beside entropies: their own scale), prefix matching; then the summaries. Regexes,
     not head numbers: one layout serves every head count, and a sweep's layouts merge."""
-    entropy = r"attention_entropy/layer{n}/head\d+$"
+    entropy = r"per_head/layer{n}/head\d+/entropy$"
     importance = r"per_head/layer{n}/head\d+/importance$"
     induction = r"per_head/layer{n}/head\d+/induction$"
     summaries = {

@@ -150,14 +150,17 @@ def test_repeated_spans_repeat_distinct_characters():
         repeated_spans(1, 10, 8, block_size=16)
 
 
-def induction_circuit(V: int, T: int = 16, beta: float = 30.0) -> GPT:
-    """Two layers, one head each, wired by hand (Elhage et al.): layer 0 attends to the previous
-    position and copies its token into a 'previous token' subspace; layer 1's query is the current
-    token and its key the previous-token subspace: it attends to the key after an earlier
-    occurrence of the query's token. Channels: [token (V) | position (T) | previous token (V)]."""
+def induction_circuit(V: int, T: int = 16, beta: float = 30.0, heads: int = 1) -> GPT:
+    """Two layers wired by hand (Elhage et al.): layer 0's head 0 attends to the previous position
+    and copies its token into a 'previous token' subspace (its other heads output nothing); each of
+    layer 1's `heads` heads has the current token as query and the previous-token subspace as key:
+    it attends to the key after an earlier occurrence of the query's token and copies its token.
+    Channels: [token (V) | position (T) | previous token (V)], then zeros up to heads * C; head h
+    uses the C query, key and value channels of its own block."""
     C = 2 * V + T
+    E = heads * C
     model = GPT(
-        GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_embd=C, n_head=1, norm="rmsnorm")
+        GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_embd=E, n_head=heads, norm="rmsnorm")
     )
     tok, pos, prev = slice(0, V), slice(V, V + T), slice(V + T, C)
     eye_v, eye_t = torch.eye(V), torch.eye(T)
@@ -166,17 +169,19 @@ def induction_circuit(V: int, T: int = 16, beta: float = 30.0) -> GPT:
             p.zero_()
         model.wte.weight[:, tok] = eye_v
         model.wpe.weight[:, pos] = eye_t
-        w0 = model.blocks[0].attn.qkv.weight  # (3C, C)
+        w0 = model.blocks[0].attn.qkv.weight  # (3E, E): Q, K, V rows
         w0[pos, pos] = beta * eye_t  # q_i = e_i
-        w0[C + V + 1 : C + V + T, pos][:, : T - 1] = eye_t[: T - 1, : T - 1]  # k_j = e_{j+1}
-        w0[2 * C + V + T :, tok] = eye_v  # v = the token, in the previous-token channels
+        w0[E + V + 1 : E + V + T, pos][:, : T - 1] = eye_t[: T - 1, : T - 1]  # k_j = e_{j+1}
+        w0[2 * E + V + T : 2 * E + C, tok] = eye_v  # v = the token, in the previous-token channels
         model.blocks[0].attn.proj.weight[prev, prev] = 4.0 * eye_v
-        w1 = model.blocks[1].attn.qkv.weight
-        w1[tok, tok] = beta * eye_v  # q = the current token
-        w1[C : C + V, prev] = eye_v  # k = the previous token
-        w1[2 * C :, :] = torch.eye(C)
-        model.blocks[1].attn.proj.weight.copy_(torch.eye(C))
-        model.lm_head.weight[:, tok] = eye_v
+        w1, proj1 = model.blocks[1].attn.qkv.weight, model.blocks[1].attn.proj.weight
+        for h in range(heads):
+            at = h * C
+            w1[at : at + V, tok] = beta * eye_v  # q = the current token
+            w1[E + at : E + at + V, prev] = eye_v  # k = the previous token
+            w1[2 * E + at : 2 * E + at + V, tok] = eye_v  # v = the key's token
+            proj1[tok, at : at + V] = 20.0 * eye_v  # written loud over the previous-token channels
+        model.lm_head.weight[:, tok] = 5.0 * eye_v
     return model.eval()
 
 
@@ -191,3 +196,28 @@ def test_a_hand_wired_induction_circuit_scores_high_and_its_previous_head_not():
     report = analyse(model, x, y, probe=False)
     assert report.roles[0] == ["previous"] and report.roles[1] == ["induction"]
     assert math.isnan(report.summaries()["heads/induction_max"])  # no probe: nan, same tag
+
+
+def test_zeroing_the_induction_heads_together_undoes_the_repeat():
+    # two induction heads that share the work: either one alone still predicts the repeat
+    model = induction_circuit(V=12, heads=2)
+    probe = run_probe(model, "cpu")
+    assert probe.induction_heads.nonzero().tolist() == [[1, 0], [1, 1]]
+    single = float((probe.ablated[1] - probe.loss_repeat).max())
+    together = probe.induction_zeroed - probe.loss_repeat
+    assert single < 1.0 <= together, (single, together)
+    # the same loss from the model with layer 1's W_O zeroed: the heads' writes removed by hand
+    with torch.no_grad():
+        model.blocks[1].attn.proj.weight.zero_()
+    assert run_probe(model, "cpu").loss_repeat == pytest.approx(probe.induction_zeroed, rel=1e-5)
+    x = repeated_spans(64, 12, 7, torch.Generator().manual_seed(5)).x
+    y = torch.cat([x[:, 1:], torch.full((64, 1), -1)], dim=1)
+    report = analyse(induction_circuit(V=12, heads=2), x, y)
+    assert report.summaries()["heads/induction_ablation_all"] == pytest.approx(together)
+    assert report.to_dict()["probe"]["induction_heads"] == [[1, 0], [1, 1]]
+    # no head of prefix matching >= 0.5 (layer 1 attends uniformly): nothing to zero, nan
+    with torch.no_grad():
+        model.blocks[1].attn.qkv.weight.zero_()
+    none = run_probe(model, "cpu")
+    assert not none.induction_heads.any() and math.isnan(none.induction_zeroed)
+    assert none.to_dict()["loss_induction_zeroed"] is None

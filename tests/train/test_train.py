@@ -34,13 +34,16 @@ def test_tiny_run_writes_events_checkpoints_config_and_samples(tiny_cfg, tmp_pat
 
     acc = read_events(run)
     tags = acc.Tags()
-    for tag in ("loss/train", "loss/val", "loss/test", "lr", "grad_norm", "tokens_per_sec"):
+    for tag in ("loss/train", "loss/val", "loss/test", "lr", "train/grad_norm", "tokens_per_sec"):
         assert tag in tags["scalars"], tag
+    # TensorBoard's Scalars tab: groups are the prefixes before '/', sorted, the first two open
+    groups = sorted({tag.split("/")[0] for tag in tags["scalars"]})
+    assert groups[:2] == ["heads", "loss"], groups
     for layer in range(1):
         assert f"attention/layer{layer}" in tags["images"]
         for head in range(2):
             assert f"attention/layer{layer}/head{head}" in tags["images"]
-            assert f"attention_entropy/layer{layer}/head{head}" in tags["scalars"]
+            assert f"per_head/layer{layer}/head{head}/entropy" in tags["scalars"]
     steps = [e.step for e in acc.Images("attention/layer0/head1")]
     assert steps == [0, 6, 12]  # step 0, every log.attn_every, and the end
     assert [e.step for e in acc.Scalars("loss/val")] == [6, 12]
