@@ -1,7 +1,5 @@
-"""The Hydra glue shared by train.py and sample.py, and the one place user errors become one line:
-the schemas and two resolvers (the run folder, a sweep job's folder; neither writes anything),
-quiet non-zero ranks, the command line checked first (microgpt.startup_checks), resume settings.
-"""
+"""The Hydra glue of train.py and sample.py (schemas, resolvers that write nothing, the command
+line checked first, resume settings) and the one place user errors become one line."""
 
 from __future__ import annotations
 
@@ -26,13 +24,12 @@ from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usabl
 from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.train.trainer import Interrupted, TrainingError
 
-# Under torchrun every rank runs @hydra.main in the one run folder; ranks other than 0 write
-# nothing there (no train.log: console only, warnings and errors).
+# torchrun's ranks other than 0 write nothing in the run folder (console only, warnings up)
 OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.level=WARNING")
 
 
 def register() -> None:
-    """The config schemas (train, sample) and the resolvers, before @hydra.main composes."""
+    """The config schemas and the resolvers, before @hydra.main composes."""
     register_configs()
     for name, fn in (("microgpt_run_dir", run_dir), ("microgpt_job_dir", job_dir)):
         if not OmegaConf.has_resolver(name):
@@ -41,7 +38,7 @@ def register() -> None:
 
 
 def main(hydra_main, conf_dir: Path, config_name: str) -> None:
-    """What train.py and sample.py run: check the command line, then hand it to Hydra."""
+    """Check the command line, then hand it to Hydra."""
     sys.argv[1:] = quote_values(sys.argv[1:])
     check_command_line(sys.argv[1:], conf_dir, config_name)
 
@@ -56,8 +53,7 @@ def main(hydra_main, conf_dir: Path, config_name: str) -> None:
 
 
 def quote_values(argv: list[str]) -> list[str]:
-    """key=value arguments whose value holds '=' (run=multirun/<d>/<t>/heads=4) with the value
-    quoted, as Hydra's grammar needs; quoted values, lists, dicts and interpolations as typed."""
+    """`argv` with each value holding '=' quoted, as Hydra's grammar needs (run='m/heads=4')."""
     out = []
     for arg in argv:
         key, eq, value = arg.partition("=")
@@ -66,16 +62,13 @@ def quote_values(argv: list[str]) -> list[str]:
             out.append(arg)
         else:
             quote = next((q for q in ("'", '"') if q not in value), "")
-            out.append(f"{key}={quote}{value}{quote}")  # both quotes: Hydra says what it can't read
+            # a value holding both quotes stays bare: Hydra says what it cannot read
+            out.append(f"{key}={quote}{value}{quote}")
     return out
 
 
-# ----------------------------------------------------------------------------- run folders
-
-
 def run_dir(resume, default: str) -> str:
-    """hydra.run.dir: the run a resume continues, else `default` (under torchrun, named by the
-    launcher's start time: one folder for all ranks)."""
+    """hydra.run.dir: the run a resume continues, else `default` (torchrun: one for all ranks)."""
     with contextlib.suppress(runs.RunFolderError):
         folder = runs.resume_folder(parse_resume(resume))
         if folder is not None:
@@ -93,8 +86,7 @@ def run_dir(resume, default: str) -> str:
 
 
 def job_dir(task_overrides, job_num) -> str:
-    """hydra.sweep.subdir: a job's folder named by its swept settings ("heads=4"), else by every
-    override, else by its number."""
+    """hydra.sweep.subdir: the job's swept settings ("heads=4"), else its overrides or number."""
     swept = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
     overrides = [str(o) for o in task_overrides]
     if swept:
@@ -103,40 +95,31 @@ def job_dir(task_overrides, job_num) -> str:
     return name[:200] if name else str(job_num)
 
 
-def sweep_size(task_overrides) -> int:
-    """How many jobs a `-m` command line's overrides make (heads=1,2,4,8 -> 4)."""
-    return len(sweep_jobs([str(o) for o in task_overrides]))
-
-
 class ShareCores(Callback):
-    """Before a joblib sweep, give each job its share of the cores in OMP_NUM_THREADS (which
-    threads=auto takes), unless the user set it."""
+    """Before a joblib sweep, each job's share of the cores in OMP_NUM_THREADS, unless set."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         launcher = config.hydra.launcher
         if "joblib" not in str(launcher.get("_target_", "")) or env_threads(os.environ):
             return
         cores = usable_cores()
-        jobs = sweep_size(config.hydra.overrides.task)
+        jobs = len(sweep_jobs([str(o) for o in config.hydra.overrides.task]))
         at_once = jobs_at_once(int(launcher.get("n_jobs") or -1), jobs, cores)
         os.environ[THREADS_ENV] = str(share(cores, at_once))
 
 
 def quiet_other_ranks(argv: list[str]) -> None:
-    """Add OTHER_RANK_OVERRIDES to a torchrun worker's command line when its RANK is not 0."""
+    """Add OTHER_RANK_OVERRIDES to the command line of a torchrun worker other than rank 0."""
     if "LOCAL_WORLD_SIZE" not in os.environ or os.environ.get("RANK", "0") == "0":
         return
     taken = {a.split("=", 1)[0] for a in argv[1:]}
     argv += [o for o in OTHER_RANK_OVERRIDES if o.split("=", 1)[0] not in taken]
 
 
-# ----------------------------------------------------------------------------- errors
-
-
 @contextlib.contextmanager
 def user_errors():
-    """A user error ends the program with one line, exit 2; a signal with one line, exit 128 + its
-    number; a run stopped before its first checkpoint leaves no folder (remove_debris)."""
+    """A user error: one line, exit 2; a signal: one line, exit 128 + its number; either way a
+    run stopped before its first checkpoint leaves no folder."""
     try:
         yield
     except Interrupted as e:
@@ -154,10 +137,7 @@ def user_errors():
         if len(e.args) > 1:
             what = e.args[1]
         elif removed:
-            what = (
-                f"before the first checkpoint; removed the run folder {removed}, so there is "
-                f"nothing to resume: start again"
-            )
+            what = f"before the first checkpoint; removed the run folder {removed}: start again"
         print(f"microgpt: interrupted ({signame}): {what}", file=sys.stderr)
         code = signal.Signals[signame].value if signame in signal.Signals.__members__ else 2
         sys.exit(128 + code)
@@ -165,7 +145,7 @@ def user_errors():
 
 def remove_debris() -> str | None:
     """After an error, remove the run folder this process claimed or Hydra made, if it holds no
-    checkpoint (runs.discard); returns it."""
+    checkpoint; returns it."""
     made_for = None  # no Hydra run here (tests, other commands), or a run in the working folder
     if HydraConfig.initialized() and HydraConfig.get().job.config_name == "config":
         made_for = Path(HydraConfig.get().runtime.output_dir)
@@ -182,12 +162,8 @@ def _close_log_files(folder: Path) -> None:
                 logger.removeHandler(h)
 
 
-# ----------------------------------------------------------------------------- resume
-
-
 def resume_settings(cfg: DictConfig) -> DictConfig:
-    """A resume's settings: the checkpoint's, with those given on the command line replacing them
-    (the trainer refuses those that may not change)."""
+    """A resume's settings: the checkpoint's, those on the command line replacing them."""
     resume = parse_resume(cfg.get("resume"))
     if not resume:
         return cfg

@@ -2,11 +2,10 @@
 
     python -m microgpt.compare multirun/2026-05-01/12-00-00 [--plot val_loss.png]
 
-One row per run folder under the folder, by head count: best val (the lowest `loss/val`), test,
-tok/s (the median), each layer's mean attention entropy at the last step; then the head summaries
-(microgpt.heads.report) of `python -m microgpt.heads RUN`'s analysis of its checkpoint, else the
-last logged `heads/...` scalars, with the step they are of (`*` and a line under the table where
-that is not the checkpoint's or the last step). It draws the validation curves into --plot.
+One row per run under the folder, by head count: best val, test, tok/s (the median), each layer's
+mean attention entropy at the last step, then the head summaries of `python -m microgpt.heads`'s
+analysis of its checkpoint, else the last logged `heads/...` scalars (`*` where they are of an
+older step). It draws the validation curves into --plot.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ SUMMARY_COLUMNS = {
 
 
 class CompareError(UserError):
-    """Nothing to compare (no such folder, no runs in it); the message says what was expected."""
+    """Nothing to compare (no such folder, no runs in it)."""
 
 
 @dataclass
@@ -66,13 +65,12 @@ class RunSummary:
     latest_step: int | None = None  # the step they should be of (the checkpoint's, else last)
 
     def summary(self, name: str) -> float:
-        """A head summary (`heads/<name>`), nan when the run has none (or it did not apply)."""
+        """A head summary (`heads/<name>`), nan when the run has none."""
         value = self.heads_summary.get(f"heads/{name}")
         return math.nan if value is None else value
 
     @property
     def importance_max(self) -> list[float]:
-        """Per layer, the largest single-head importance."""
         layers = []
         while f"heads/layer{len(layers)}/importance_max" in self.heads_summary:
             layers.append(self.summary(f"layer{len(layers)}/importance_max"))
@@ -90,17 +88,13 @@ class RunSummary:
         return f"{self.heads} head{'s' if self.heads != 1 else ''}{kv}"
 
 
-# ----------------------------------------------------------------------------- reading
-
-
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]}: from metrics.jsonl (fast), else the event files."""
     if not (run / METRICS_FILE).is_file():
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-        acc = EventAccumulator(
-            str(run), size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1}
-        )
+        guidance = {"scalars": 0, "images": 1, "tensors": 1, "histograms": 1}
+        acc = EventAccumulator(str(run), size_guidance=guidance)
         acc.Reload()
         tags = acc.Tags().get("scalars", [])
         return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in tags}
@@ -115,8 +109,7 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def _from_checkpoint(run: Path) -> tuple[int | None, str, int | None]:
-    """The checkpoint's parameter count (tied weights once), data ("path #hash of the split") and
-    step (best.pt's, else last.pt's)."""
+    """best.pt's (else last.pt's) parameter count, data ("path #hash of the split") and step."""
     folder, problem = RunFolder(run), None
     for path in (folder.best, folder.last):
         if not path.is_file():
@@ -185,23 +178,19 @@ def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]], check
 
 
 def read_runs(folder: str | Path) -> list[RunSummary]:
-    """Every readable run under `folder`, sorted by head count, then name."""
     return read_sweep(folder)[0]
 
 
-# what a damaged run folder raises while it is read: each makes the run unreadable, not compare
-UNREADABLE = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSError)
-
-
 def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
-    """(the runs under `folder` (runs.find_runs) that can be read, sorted by head count then name;
-    (name, why) for the others)."""
+    """(the runs under `folder` that can be read, by head count then name; (name, why) for the
+    others: what a damaged run raises makes it unreadable, not compare)."""
     root = Path(folder)
     found, unreadable = [], []
+    broken = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSError)
     for run in [found_run.path for found_run in runs.find_runs(root)]:
         try:
             found.append(read_run(run, root))
-        except (*UNREADABLE, OmegaConfBaseException, yaml.YAMLError) as e:
+        except (*broken, OmegaConfBaseException, yaml.YAMLError) as e:
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if isinstance(e, (OmegaConfBaseException, yaml.YAMLError)):
                 why = f"config.yaml: {why}"
@@ -212,9 +201,6 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
     return found, unreadable
 
 
-# ----------------------------------------------------------------------------- the table
-
-
 def _num(x: float, fmt: str = ".4f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
@@ -223,10 +209,6 @@ def _rate(x: float) -> str:
     if math.isnan(x):
         return "-"
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
-
-
-def _pad(values: list, n: int) -> list:
-    return values + [None] * (n - len(values))
 
 
 def _layer_header(name: str, n: int) -> list[str]:
@@ -263,10 +245,11 @@ def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str
         _num(r.test_loss),
         _rate(r.tokens_per_sec),
     ]
-    row += [_num(x, ".3f") for x in _pad(r.entropy, n_layers)]
+    row += [_num(x, ".3f") for x in r.entropy + [None] * (n_layers - len(r.entropy))]
     row.append("-" if r.heads_step is None else f"{r.heads_step}{'*' if _stale(r) else ''}")
     row.append(_num(r.summary("prunable"), ".0f"))
-    row += [_num(x, ".4f") for x in _pad(r.importance_max, n_imp)]
+    importance = r.importance_max
+    row += [_num(x, ".4f") for x in importance + [None] * (n_imp - len(importance))]
     row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
     row += [_num(r.role_counts[role], ".0f") for role in roles]
     return row
@@ -302,9 +285,6 @@ def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
     return lines
 
 
-# ----------------------------------------------------------------------------- the plot
-
-
 def plot_val_curves(runs: list[RunSummary], path: str | Path) -> Path:
     """Validation loss against step, one line per run labelled by head count (plot_lines)."""
     curves = [r for r in runs if r.val_curve]
@@ -323,9 +303,6 @@ def plot_val_curves(runs: list[RunSummary], path: str | Path) -> Path:
         ylabel="validation loss (nats/char)",
         legend_title="heads",
     )
-
-
-# ----------------------------------------------------------------------------- the command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,8 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, why in unreadable:
             print(f"unreadable: {name} ({why})")
         if plot is not None:
-            out = plot_val_curves(runs, plot)
-            print(f"validation loss curves: {out}")
+            print(f"validation loss curves: {plot_val_curves(runs, plot)}")
     except (UserError, OSError) as e:
         print_error(e)
         return 2

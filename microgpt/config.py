@@ -1,7 +1,6 @@
-"""The schemas of train.py (`Config`, its `model` group the model's own `GPTConfig`) and sample.py
-(`SampleConfig`), mirrored by conf/*.yaml. Each group checks itself in __post_init__, which Hydra
-never calls: `load_config` converts with OmegaConf.to_object, so a bad value stops the command
-before any work, named. Library code receives these plain dataclasses, never a DictConfig.
+"""The schemas of train.py (`Config`; its `model` group is the model's `GPTConfig`) and sample.py
+(`SampleConfig`), mirrored by conf/*.yaml. Each group checks itself in __post_init__, reached
+through `load_config` (OmegaConf.to_object): library code receives these plain dataclasses.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ class ConfigError(UserError):
 
 
 def require(ok: bool, message: str, error: type[Exception] = ConfigError) -> None:
-    """Raise `error(message)` unless `ok`: each rule below in one line."""
     if not ok:
         raise error(message)
 
@@ -102,16 +100,16 @@ class OptimConfig:
 
     def __post_init__(self):
         require(self.name in OPTIMIZERS, f"optim.name={self.name!r} is unknown; use {OPTIMIZERS}")
-        require(self.muon_lr > 0, f"optim.muon_lr={self.muon_lr} must be > 0 (typical: 0.02)")
         for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):
             value = getattr(self, name)
             require(math.isfinite(value), f"optim.{name}={value} must be a finite number")
-        require(self.lr > 0, f"optim.lr={self.lr} must be > 0 (typical: 1e-3)")
+        for name, typical in (("lr", "1e-3"), ("muon_lr", "0.02"), ("eps", "1e-8")):
+            value = getattr(self, name)
+            require(value > 0, f"optim.{name}={value} must be > 0 (typical: {typical})")
         require(
             len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
             f"optim.betas={list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]",
         )
-        require(self.eps > 0, f"optim.eps={self.eps} must be > 0 (typical: 1e-8)")
         # AdamW's step is lr * m / (sqrt(v) + eps), with |m|, sqrt(v) << 1
         require(
             self.eps < MAX_EPS,
@@ -120,16 +118,10 @@ class OptimConfig:
         )
         require(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
         require(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} must be >= 0")
-        require(
-            self.decay in DECAYS,
-            f"optim.decay={self.decay!r} is unknown; choose one of {list(DECAYS)}",
-        )
-        require(
-            0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]"
-        )
-        require(
-            self.grad_clip >= 0, f"optim.grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)"
-        )
+        require(self.decay in DECAYS, f"optim.decay={self.decay!r} is unknown; use {list(DECAYS)}")
+        ratio, clip = self.min_lr_ratio, self.grad_clip
+        require(0 <= ratio <= 1, f"optim.min_lr_ratio={ratio} must be in [0, 1]")
+        require(clip >= 0, f"optim.grad_clip={clip} must be >= 0 (0 = no clipping)")
 
 
 @dataclass
@@ -166,9 +158,9 @@ class TrainConfig:
             f"{MAX_TRAIN_SAMPLES:,} here: sample more afterwards with python sample.py "
             f"num_samples=N out=FILE",
         )
+        precision = self.precision
         require(
-            self.precision in PRECISIONS,
-            f"train.precision={self.precision!r} is unknown; choose one of {list(PRECISIONS)}",
+            precision in PRECISIONS, f"train.precision={precision!r} is unknown; use {PRECISIONS}"
         )
 
 
@@ -186,8 +178,7 @@ class LogConfig:
 
 @dataclass
 class Config:
-    """`python train.py`: each group checks itself; this checks its own settings and those that
-    span groups."""
+    """`python train.py`: its own settings and those that span groups, checked here."""
 
     model: GPTConfig = field(default_factory=lambda: GPTConfig(vocab_size=None, block_size=None))
     data: DataConfig = field(default_factory=DataConfig)
@@ -202,11 +193,8 @@ class Config:
     resume: Any = False  # false | true (the run folder's checkpoints/last.pt) | a checkpoint path
 
     def __post_init__(self):
-        m = self.model
-        require(
-            self.heads in (None, m.n_head),
-            f"heads={self.heads} but model.n_head={m.n_head}: set one",
-        )
+        m, heads = self.model, self.heads
+        require(heads in (None, m.n_head), f"heads={heads} but model.n_head={m.n_head}: set one")
         require(
             m.vocab_size is None,
             f"model.vocab_size={m.vocab_size}: the vocabulary comes from the data (every "
@@ -220,14 +208,11 @@ class Config:
             f"analyse); use at least 2 (null = {TEXT_BLOCK_SIZE})",
         )
         _check_machine(self.device, self.threads, ConfigError)
-        require(
-            isinstance(self.resume, (bool, str)) and self.resume != "",
-            f"resume={self.resume!r} must be false, true, or the path of a checkpoint",
-        )
+        resume, valid = self.resume, isinstance(self.resume, (bool, str)) and self.resume != ""
+        require(valid, f"resume={resume!r} must be false, true, or the path of a checkpoint")
 
     @property
     def resume_requested(self) -> bool | str:
-        """False, True (the run folder's last.pt), or a checkpoint path."""
         return parse_resume(self.resume)
 
     def model_for_data(self, vocab_size: int, block_size: int) -> GPTConfig:
@@ -277,14 +262,9 @@ class SampleConfig:
             check(v is None or is_int, f"{name}={v!r} must be an integer")
         n, batch, seed = self.num_samples, self.batch_size, self.seed
         check(n is None or n >= 1, f"num_samples={n} must be at least 1")
-        check(
-            batch is None or batch >= 1,
-            f"batch_size={batch} must be at least 1 (or null = all at once)",
-        )
-        check(
-            seed is None or 0 <= seed < 2**63,
-            f"seed={seed} must be in [0, 2**63) (or null = random)",
-        )
+        batch_ok, seed_ok = batch is None or batch >= 1, seed is None or 0 <= seed < 2**63
+        check(batch_ok, f"batch_size={batch} must be at least 1 (or null = all at once)")
+        check(seed_ok, f"seed={seed} must be in [0, 2**63) (or null = random)")
         check_sampling_args(self.temperature, self.top_k, self.top_p)
         check(isinstance(self.prefix, str), f"prefix={self.prefix!r} must be a string")
         if self.max_len is not None:
@@ -295,20 +275,17 @@ class SampleConfig:
             f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})",
         )
         # out=-: standard output
-        if self.out is not None and self.out != "-":
+        if self.out not in (None, "-"):
             out = Path(self.out).expanduser()
-            check(
-                self.out != "" and not out.is_dir(),
-                f"out={self.out!r} must be a file path, not a folder",
-            )
+            is_file = self.out != "" and not out.is_dir()
+            check(is_file, f"out={self.out!r} must be a file path, not a folder")
             check(out.parent.is_dir(), f"out={self.out}: folder {out.parent} does not exist")
 
 
 def _check_machine(device: str, threads, error: type[Exception]) -> None:
     """device= and threads=, which train.py and sample.py share."""
-    require(
-        device in DEVICES, f"device={device!r} is unknown; choose one of {list(DEVICES)}", error
-    )
+    if device not in DEVICES:
+        raise error(f"device={device!r} is unknown; choose one of {list(DEVICES)}")
     try:
         check_threads(threads)
     except ThreadsError as e:

@@ -1,5 +1,5 @@
-"""The user errors: one type, `UserError`, that every bad input raises (each module its own
-subclass), and the one way every command prints one: `microgpt: error: ...` on stderr."""
+"""The one user-error type, `UserError` (each module its own subclass), and the one way every
+command prints one: `microgpt: error: ...` on stderr."""
 
 import sys
 
@@ -23,9 +23,14 @@ def decode_utf8(raw: bytes, where) -> str:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise DataError(
-            f"data file {where} is not UTF-8 (first bad byte on line {line}); "
-            f"re-save it as UTF-8 or fix that line"
+            f"data file {where} is not UTF-8 (first bad byte on line {line}); re-save it as UTF-8"
         ) from None
+
+
+def reason(e: BaseException) -> str:
+    """An OSError's reason in words ("No space left on device"), else the first sentence."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+    return getattr(e, "strerror", None) or first
 
 
 def print_error(message: object, note: str = "") -> None:
@@ -33,9 +38,5 @@ def print_error(message: object, note: str = "") -> None:
     if isinstance(message, OSError):
         where = f" {message.filename}" if message.filename else ""
         also = f" -> {message.filename2}" if getattr(message, "filename2", None) else ""
-        reason = message.strerror or (str(message).splitlines() or [type(message).__name__])[0]
-        message = (
-            f"cannot use{where}{also}: {reason}; check that the path exists, is readable (and "
-            f"writable, for an output) and that its disk has space"
-        )
+        message = f"cannot use{where}{also}: {reason(message)}; check the path and its disk"
     print(f"microgpt: error: {message}{note}", file=sys.stderr, flush=True)

@@ -1,5 +1,5 @@
 """Writing files so that a crash never leaves a half-written one (temporary file, fsync, rename),
-and the one place that decides where a user-named output (`out=`, `--plot`) may go."""
+and the one rule for where a user-named output (`out=`, `--plot`) may go."""
 
 from __future__ import annotations
 
@@ -86,11 +86,8 @@ def remove_leftovers(folder: str | os.PathLike) -> None:
             p.unlink()
 
 
-# ----------------------------------------------------------------------------- where outputs may go
-
-
 class OutputRefused(UserError):
-    """A user-named output path that would replace or damage something; the message says why."""
+    """A user-named output that would replace or damage something."""
 
 
 def is_run_folder(folder: str | os.PathLike) -> bool:
@@ -110,40 +107,33 @@ def check_new_file(
     protected: dict | None = None,
     overwrite_hint: str = "overwrite=true",
 ) -> Path:
-    """Where `setting=path` may be written (a symlink's target): a new file, or with overwrite an
-    existing regular file; never a device, a file in a run or config folder, or a path in
-    `protected` ({path: what it is}). Else OutputRefused, naming why."""
+    """Where `setting=path` may write (a symlink's target): a new file, or with overwrite a regular
+    one; never a device, a file in a run or config folder, or a `protected` {path: what it is}."""
     given = Path(os.path.expanduser(str(path)))
-    shown = f"{setting}={path}"
     target = Path(os.path.realpath(given))
-    if is_system_path(given.absolute()) or is_system_path(target):
-        raise OutputRefused(
-            f"{shown} is a device or system path, not a file to write; for standard output "
-            f"give {setting}={STDOUT}, else name a new file"
-        )
-    for p, what in (protected or {}).items():
-        if p is not None and target == Path(os.path.realpath(Path(p).expanduser())):
-            raise OutputRefused(f"{shown} is {what}; {setting}= never replaces it: write elsewhere")
     inside = target.parent.name == CHECKPOINTS or target.parent.name.startswith(".hydra")
     run = target.parent.parent if inside else next(filter(is_run_folder, target.parents), None)
-    if run is not None:
-        raise OutputRefused(
-            f"{shown} is inside the run folder {run}, which only its run writes; write elsewhere"
-        )
-    confs = [f for f in target.parents if f.name == "conf" and (f / "config.yaml").is_file()]
-    if confs:
-        raise OutputRefused(f"{shown} is inside the config folder {confs[0]}; write elsewhere")
-    if os.path.lexists(target) or os.path.lexists(given):
-        if target.is_dir():
-            raise OutputRefused(f"{shown} is a folder; name a file")
-        if not target.is_file():
-            raise OutputRefused(
-                f"{shown} is not a regular file (a device, FIFO or socket); {setting}= writes "
-                f"only new files (standard output: {setting}={STDOUT})"
-            )
-        if not overwrite:
-            raise OutputRefused(
-                f"{shown} already exists; {setting}= writes a new file: add {overwrite_hint} to "
-                f"replace it, or name a new file"
-            )
-    return target
+    conf = [f for f in target.parents if f.name == "conf" and (f / "config.yaml").is_file()]
+    mine = [
+        w
+        for p, w in (protected or {}).items()
+        if p and Path(os.path.realpath(os.path.expanduser(p))) == target
+    ]
+    exists = os.path.lexists(target) or os.path.lexists(given)
+    if is_system_path(given.absolute()) or is_system_path(target):
+        why = f"is a device or system path; for standard output give {setting}={STDOUT}"
+    elif mine:
+        why = f"is {mine[0]}; {setting}= never replaces it: write elsewhere"
+    elif run is not None:
+        why = f"is inside the run folder {run}, which only its run writes; write elsewhere"
+    elif conf:
+        why = f"is inside the config folder {conf[0]}; write elsewhere"
+    elif exists and target.is_dir():
+        why = "is a folder; name a file"
+    elif exists and not target.is_file():
+        why = f"is not a regular file (a device, FIFO or socket); {setting}= writes new files only"
+    elif exists and not overwrite:
+        why = f"already exists; add {overwrite_hint} to replace it, or name a new file"
+    else:
+        return target
+    raise OutputRefused(f"{setting}={path} {why}")

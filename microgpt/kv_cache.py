@@ -1,8 +1,6 @@
 """A preallocated key/value cache for sampling: one (B, n_kv_head, block_size, hd) buffer per layer.
-
-The cache's position is explicit: `GPT.forward` writes the new keys and values of every layer at
-`pos`, then calls `advance(T)` once. A prompt is prefilled in one forward (T = its length), then
-each step feeds one token (T = 1).
+Its position is explicit: `GPT.forward` writes every layer's new keys and values at `pos`, then
+calls `advance(T)` once (a prompt prefilled in one forward, then one token a step).
 """
 
 from __future__ import annotations
@@ -12,14 +10,7 @@ import torch
 
 class KVCache:
     def __init__(
-        self,
-        batch_size: int,
-        n_layer: int,
-        n_kv_head: int,
-        block_size: int,
-        head_dim: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
+        self, batch_size, n_layer, n_kv_head, block_size, head_dim, device=None, dtype=torch.float32
     ):
         shape = (batch_size, n_kv_head, block_size, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
@@ -33,16 +24,15 @@ class KVCache:
         """A cache sized for `model` (a GPT), on the model's device."""
         c, p = model.config, next(model.parameters())
         sizes = (batch_size, c.n_layer, c.n_kv_head, c.block_size, c.head_dim)
-        return cls(*sizes, device=p.device, dtype=dtype or p.dtype)
+        return cls(*sizes, p.device, dtype or p.dtype)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, n_kv_head, T, hd) at the current position; return all keys and values
         so far, (B, n_kv_head, pos + T, hd) each."""
-        t = k.size(2)
-        end = self.pos + t
+        end = self.pos + k.size(2)
         if end > self.block_size:
-            msg = f"position {self.pos} + {t} new tokens > block_size {self.block_size}"
-            raise ValueError(f"KV cache is full: {msg}")
+            full = f"position {self.pos} + {k.size(2)} new tokens > block_size {self.block_size}"
+            raise ValueError(f"KV cache is full: {full}")
         self.k[layer][:, :, self.pos : end] = k
         self.v[layer][:, :, self.pos : end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]

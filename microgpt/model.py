@@ -1,8 +1,8 @@
 """A character-level GPT in plain PyTorch, in reading order: config, attention, MLP, block, GPT.
 
 Notable features (what differs from GPT-2):
-- attention three ways, proven equal in tests: "loop" (a head at a time, slicing its channels:
-  the reference), "batched" (one matmul for all heads), "sdpa" (PyTorch's fused kernel: training);
+- attention three ways, proven equal in tests: "loop" (a head at a time: the reference),
+  "batched" (one matmul for all heads), "sdpa" (PyTorch's fused kernel: training);
 - grouped-query attention (`n_kv_head` key/value heads, 1 = multi-query) and a KV cache;
 - one hook point before W_O, `attn.hook_z` (each head's output), for every head intervention;
 - attention weights on request only (`GPT.forward_with_attention`), never in the training step;
@@ -86,61 +86,44 @@ class MultiHeadAttention(nn.Module):
         pos = kv_cache.pos if kv_cache is not None else 0
         # (B, T, C) -> (B, T, C), 2 x (B, T, kv_dim)
         q, k, v = self.qkv(x).split([C, self.kv_dim, self.kv_dim], dim=2)
+        # (B, T, C) -> (B, T, H, hd) -> (B, H, T, hd)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        # (B, T, kv_dim) -> (B, T, Hkv, hd) -> (B, Hkv, T, hd)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if kv_cache is not None:
+            # (B, Hkv, Tk, hd): every key and value so far, Tk = pos + T
+            k, v = kv_cache.update(layer, k, v)
         if mask is None:
             mask = causal_mask(self.impl, return_attn, pos, T, x.device)
         if self.impl == "loop":
-            z, att = self._loop(q, k, v, mask, kv_cache, layer)
+            y, att = self._loop(q, k, v, mask)
+        elif self.impl == "batched":
+            y, att = self._batched(q, k, v, mask)
         else:
-            # (B, T, C) -> (B, T, H, hd) -> (B, H, T, hd)
-            q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-            # (B, T, kv_dim) -> (B, T, Hkv, hd) -> (B, Hkv, T, hd)
-            k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-            v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-            if kv_cache is not None:
-                # (B, Hkv, Tk, hd): every key and value so far, Tk = pos + T
-                k, v = kv_cache.update(layer, k, v)
-            if self.impl == "batched":
-                y, att = self._batched(q, k, v, mask)
-            else:
-                y, att = self._sdpa(q, k, v, mask, pos, return_attn)
-            # (B, H, T, hd) -> (B, T, H, hd)
-            z = y.transpose(1, 2)
-        z = self.hook_z(z)
+            y, att = self._sdpa(q, k, v, mask, pos, return_attn)
+        # (B, H, T, hd) -> (B, T, H, hd)
+        z = self.hook_z(y.transpose(1, 2))
         # (B, T, H, hd) -> (B, T, C): head h at channels [h*hd, (h+1)*hd)
         y = z.contiguous().view(B, T, C)
         y = self.resid_drop(self.proj(y))
         return y, (att if return_attn else None)
 
-    def _loop(self, q, k, v, mask, kv_cache, layer):
-        """The textbook version, each head slicing its channels: q (B, T, C), k and v
-        (B, T, kv_dim) -> z (B, T, H, hd), weights (B, H, T, Tk)."""
-        B, T, _ = q.shape
-        hd = self.head_dim
-        if kv_cache is not None:
-            # the cache holds heads: write them, then read back every position
-            # (B, T, kv_dim) -> (B, T, Hkv, hd) -> (B, Hkv, T, hd)
-            k_heads = k.view(B, T, self.n_kv_head, hd).transpose(1, 2)
-            v_heads = v.view(B, T, self.n_kv_head, hd).transpose(1, 2)
-            k_heads, v_heads = kv_cache.update(layer, k_heads, v_heads)
-            Tk = k_heads.size(2)
-            # (B, Hkv, Tk, hd) -> (B, Tk, Hkv, hd) -> (B, Tk, kv_dim)
-            k = k_heads.transpose(1, 2).reshape(B, Tk, self.kv_dim)
-            v = v_heads.transpose(1, 2).reshape(B, Tk, self.kv_dim)
+    def _loop(self, q, k, v, mask):
+        """The textbook version, a head at a time: q (B, H, T, hd), k and v (B, Hkv, Tk, hd) ->
+        y (B, H, T, hd), weights (B, H, T, Tk)."""
+        # a (B, 1, T, Tk) mask of packed documents -> (B, T, Tk)
+        visible = mask[:, 0] if mask.dim() == 4 else mask
         outputs, weights = [], []
         for h in range(self.n_head):
             # this head's key/value group
             g = h // self.group
-            q_h = q[:, :, h * hd : (h + 1) * hd]  # (B, T, hd)
-            k_h = k[:, :, g * hd : (g + 1) * hd]  # (B, Tk, hd)
-            v_h = v[:, :, g * hd : (g + 1) * hd]  # (B, Tk, hd)
-            scores = q_h @ k_h.transpose(1, 2) / math.sqrt(hd)  # (B, T, Tk)
-            # a (B, 1, T, Tk) mask of packed documents -> (B, T, Tk)
-            visible = mask[:, 0] if mask.dim() == 4 else mask
-            att = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)  # (B, T, Tk)
+            scores = q[:, h] @ k[:, g].transpose(1, 2) / math.sqrt(self.head_dim)  # (B, T, Tk)
+            att = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
             weights.append(att)
-            outputs.append(self.attn_drop(att) @ v_h)  # (B, T, hd)
-        # H x (B, T, hd) -> (B, T, H, hd); H x (B, T, Tk) -> (B, H, T, Tk)
-        return torch.stack(outputs, dim=2), torch.stack(weights, dim=1)
+            outputs.append(self.attn_drop(att) @ v[:, g])  # (B, T, hd)
+        # H x (B, T, hd) -> (B, H, T, hd); H x (B, T, Tk) -> (B, H, T, Tk)
+        return torch.stack(outputs, dim=1), torch.stack(weights, dim=1)
 
     def _attention_weights(self, q, k, mask):
         """softmax(q k^T / sqrt(hd)) over the visible keys: q (B, H, T, hd), k (B, Hkv, Tk, hd)
@@ -160,18 +143,12 @@ class MultiHeadAttention(nn.Module):
 
     def _sdpa(self, q, k, v, mask, pos, return_attn):
         T = q.size(2)
-        if mask is not None and mask.dim() == 4:
-            # several documents in each row: attention stays inside each
-            attn_mask, is_causal = mask, False
-        elif pos == 0:
-            # no cached prefix: plain causal attention (the flash path)
-            attn_mask, is_causal = None, T > 1
-        elif T == 1:
-            # one new token sees every cached key
-            attn_mask, is_causal = None, False
-        else:
-            # several new tokens after a cached prefix
-            attn_mask, is_causal = mask, False
+        # packed documents, or several new tokens after a cached prefix: the explicit mask; else
+        # no cached prefix is plain causal attention (the flash path), and one new token after
+        # a cached prefix sees every cached key
+        packed = mask is not None and mask.dim() == 4
+        attn_mask = mask if packed or (pos > 0 and T > 1) else None
+        is_causal = not packed and pos == 0 and T > 1
         dropout, gqa = (self.dropout if self.training else 0.0), self.group > 1
         # (B, H, T, hd)
         y = F.scaled_dot_product_attention(
@@ -237,11 +214,8 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = make_norm(config)
         self.attn = MultiHeadAttention(config)
-        if config.mlp:
-            self.norm2 = make_norm(config)
-            self.mlp = MLP(config)
-        else:
-            self.norm2 = self.mlp = None
+        self.norm2 = make_norm(config) if config.mlp else None
+        self.mlp = MLP(config) if config.mlp else None
 
     def forward(self, x, kv_cache=None, layer=0, mask=None, return_attn=False):
         # x (B, T, C) -> (x (B, T, C), the attention weights or None)
@@ -286,10 +260,9 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, kv_cache: KVCache | None = None, doc_starts=None):
-        """idx (B, T) -> (logits (B, T, vocab), the mean cross-entropy over targets != -1 or None).
-        With a kv_cache, idx holds the tokens after its position; the cache advances by T.
-        doc_starts (B, T) booleans: each row packs documents, each starting where it is True;
-        positions restart and attention stays inside each (T may exceed block_size)."""
+        """idx (B, T) -> (logits (B, T, vocab), the mean cross-entropy over targets != -1 or None);
+        idx follows kv_cache's position, if any. doc_starts (B, T): True where a packed document
+        starts (positions restart, attention stays inside it; T may exceed block_size)."""
         logits, loss, _ = self._run(idx, targets, kv_cache, False, doc_starts)
         return logits, loss
 
@@ -300,16 +273,16 @@ class GPT(nn.Module):
     def _run(self, idx, targets, kv_cache, return_attn, doc_starts=None):
         B, T = idx.shape
         pos = kv_cache.pos if kv_cache is not None else 0
-        if doc_starts is not None:
-            positions, mask = document_positions(doc_starts)
-        elif pos + T > self.config.block_size:
+        if doc_starts is None and pos + T > self.config.block_size:
             raise ValueError(
                 f"sequence of {pos + T} tokens is longer than block_size={self.config.block_size}: "
                 f"shorten the input, or train a model with a larger model.block_size"
             )
         if kv_cache is not None and kv_cache.batch_size != B:
             raise ValueError(f"KV cache holds {kv_cache.batch_size} rows but the input has {B}")
-        if doc_starts is None:
+        if doc_starts is not None:
+            positions, mask = document_positions(doc_starts)
+        else:
             positions = torch.arange(pos, pos + T, device=idx.device)  # (T,)
             # one causal mask for every layer, built only where the implementation needs it
             mask = causal_mask(self.config.attn_impl, return_attn, pos, T, idx.device)
@@ -328,12 +301,9 @@ class GPT(nn.Module):
         return logits, loss, attention
 
 
-# ----------------------------------------------------------------------------- the config's rules
-
-
 def check_gpt_settings(values: dict, name=lambda field: field) -> None:
-    """Raise a ValueError naming the fix for the first bad setting in `values` (GPTConfig's
-    fields). `name(field)` names a field in messages: the config layer passes `model.n_head`."""
+    """A ValueError naming the fix for the first bad setting in `values` (GPTConfig's fields), each
+    named by `name(field)` (the config layer: `model.n_head`)."""
     v = values
     for f in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head", "mlp_ratio"):
         # vocab_size and block_size may come from the data, n_kv_head from n_head

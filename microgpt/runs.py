@@ -1,9 +1,8 @@
 """THE run folder: every run path, who owns a folder, and how commands find runs.
 
-A new run claims a new or empty folder by creating run.json in one exclusive step (of two
-processes one wins; the loser removes nothing); a resume writes only into its own run's folder or
-a new or empty one; a flock on .lock lasts as long as the run; a run that fails before its first
-checkpoint removes the folder it claimed. Plain Python and the file system only."""
+A new run claims a new or empty folder by creating run.json in one exclusive step (the loser removes
+nothing); a resume writes only into its own run's folder or a new one; a flock on .lock lasts as
+long as the run; a run that fails before its first checkpoint removes the folder it claimed."""
 
 from __future__ import annotations
 
@@ -23,15 +22,15 @@ from microgpt.files import CHECKPOINTS, RUN_FILE, atomic_write, is_run_folder, i
 
 RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
 HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
-MIN_FREE = 16 * 2**20  # a run folder's disk needs room for a few checkpoints at the least
+MIN_FREE = 16 * 2**20  # room for a few checkpoints at the least
 
 
 class RunFolderError(UserError):
-    """A folder a run may not use, or no run where one was expected; says why and what to do."""
+    """A folder a run may not use, or no run where one was expected."""
 
 
 def new_run_id() -> str:
-    """A run's identity: when it started, and 8 random hex digits."""
+    """When the run started, and 8 random hex digits."""
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)
 
 
@@ -47,15 +46,14 @@ class RunFolder:
         return self.checkpoints / f"step-{step:06d}.pt"
 
     def default_checkpoint(self) -> Path | None:
-        """The checkpoint a command reads when given the folder: best.pt, else last.pt."""
+        """best.pt, else last.pt, else None."""
         return next((p for p in (self.best, self.last) if p.is_file()), None)
 
     def analysis(self, checkpoint: str | os.PathLike, suffix: str = ".json") -> Path:
-        """Where the head analysis of `checkpoint` goes: heads-<checkpoint name><suffix>."""
+        """heads-<checkpoint name><suffix>: where the head analysis of `checkpoint` goes."""
         return self.path / f"heads-{Path(checkpoint).stem}{suffix}"
 
     def run_id(self) -> str | None:
-        """The id in run.json, or None."""
         try:
             return str(json.loads((self.path / RUN_FILE).read_text())["run_id"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -68,11 +66,8 @@ class RunFolder:
         return str(self.path)
 
 
-# ----------------------------------------------------------------------------- finding runs
-
-
 def run_of(checkpoint: str | os.PathLike) -> RunFolder:
-    """The run a checkpoint file belongs to (a checkpoint elsewhere: the folder it lies in)."""
+    """The run a checkpoint belongs to (a checkpoint elsewhere: the folder it lies in)."""
     p = Path(checkpoint).expanduser()
     return RunFolder(p.parent.parent if p.parent.name == CHECKPOINTS else p.parent)
 
@@ -87,11 +82,11 @@ def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
     run = RunFolder(p.parent if p.name == CHECKPOINTS else p)
     if run.default_checkpoint() is not None:
         return run, run.default_checkpoint()
-    inside = [c.parent.parent for c in find_checkpoints((p,), "best.pt")]
-    hint = f"; it holds these runs: {', '.join(map(str, inside[:5]))}" if inside else ""
+    inside = [str(c.parent.parent) for c in find_checkpoints((p,), "best.pt")]
+    hint = f"; it holds these runs: {', '.join(inside[:5])}" if inside else ""
     raise RunFolderError(
-        f"{p} holds no checkpoints/best.pt or checkpoints/last.pt; pass a run folder "
-        f"(outputs/<date>/<time>) or a checkpoint file{hint}"
+        f"{p} holds no checkpoints/best.pt or checkpoints/last.pt; pass a run folder or a "
+        f"checkpoint file{hint}"
     )
 
 
@@ -105,9 +100,7 @@ def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
     """Every run at or under `folder` with config.yaml and event files (not in hidden folders)."""
     root = Path(folder).expanduser()
     if not root.is_dir():
-        raise RunFolderError(
-            f"{root} is not a folder; pass a sweep folder (multirun/<date>/<time>) or a run folder"
-        )
+        raise RunFolderError(f"{root} is not a folder; pass a sweep or run folder")
     found = {
         p.parent
         for p in root.rglob("events.out.tfevents.*")
@@ -115,11 +108,7 @@ def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
         and not any(part.startswith(".") for part in p.parent.relative_to(root).parts)
     }
     if not found:
-        raise RunFolderError(
-            f"no runs under {root}: a run folder holds config.yaml and events.out.tfevents.* "
-            f"files (python train.py -m heads=1,2,4,8 writes one per job under "
-            f"multirun/<date>/<time>/)"
-        )
+        raise RunFolderError(f"no runs under {root}; pass a folder of runs (multirun/<d>/<t>)")
     return [RunFolder(p) for p in sorted(found)]
 
 
@@ -131,15 +120,14 @@ def latest_checkpoint(roots=RUN_ROOTS) -> Path | None:
 
 
 def resume_checkpoint(resume: bool | str, folder: str | os.PathLike) -> Path | None:
-    """The checkpoint a resume setting continues: True -> `folder`'s last.pt; a run folder or its
-    checkpoints/ folder -> its last.pt; a file -> itself; False -> None."""
+    """What a resume setting continues: True -> `folder`'s last.pt; a run or its checkpoints/
+    folder -> its last.pt; a file -> itself; False -> None."""
     if resume is True:
         path = RunFolder(folder).last
         if not path.exists():
             raise RunFolderError(
-                f"resume=true but there is no run to resume: {path} does not exist (from the "
-                f"command line, resume=true continues the newest run under outputs/ or "
-                f"multirun/); pass resume=PATH to a checkpoint, or start a new run without resume"
+                f"resume=true but there is no run to resume ({path} does not exist); pass "
+                f"resume=PATH, or start a new run"
             )
         return path
     p = Path(resume).expanduser() if resume else None
@@ -148,15 +136,12 @@ def resume_checkpoint(resume: bool | str, folder: str | os.PathLike) -> Path | N
     for run in (RunFolder(p), RunFolder(p.parent)):
         if run.checkpoints == p or run.checkpoints.is_dir():
             return run.last
-    raise RunFolderError(
-        f"resume={resume}: {p} is a folder that holds no run (no checkpoints/last.pt); pass "
-        f"a run folder or a checkpoint file"
-    )
+    raise RunFolderError(f"resume={resume}: {p} is a folder that holds no run; pass a run folder")
 
 
 def resume_folder(resume: bool | str) -> RunFolder | None:
-    """The folder a resume continues in: true -> the run whose last.pt is newest; else the run of
-    the checkpoint it names, if in a checkpoints/ folder; else None (a new folder)."""
+    """Where a resume continues: true -> the run with the newest last.pt; else the run of the
+    checkpoint it names, if in a checkpoints/ folder; else None (a new folder)."""
     if resume is True:
         found = find_checkpoints(RUN_ROOTS, "last.pt")
         return run_of(found[0]) if found else None
@@ -164,12 +149,9 @@ def resume_folder(resume: bool | str) -> RunFolder | None:
     return run_of(p) if p is not None and p.parent.name == CHECKPOINTS else None
 
 
-# ----------------------------------------------------------------------------- owning a folder
-
-
 @dataclass
 class _Owned:
-    """What this process holds in one folder; made: claimed empty, so it may remove it whole."""
+    """What this process holds in one folder; made: claimed by it, so removable."""
 
     run_id: str | None = None
     made: bool = False
@@ -179,13 +161,13 @@ class _Owned:
 _OWNED: dict[str, _Owned] = {}  # folder (absolute) -> what this process holds there
 
 
-def _owned(folder) -> _Owned:
-    return _OWNED.setdefault(os.path.abspath(Path(folder).expanduser()), _Owned())
+def _key(folder) -> str:
+    return os.path.abspath(Path(folder).expanduser())
 
 
 def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]:
-    """What `folder` holds but Hydra's train.log (ours, else an empty one) and, claims=False, a
-    claim another process is making (.run.json.*.tmp)."""
+    """What `folder` holds but Hydra's train.log (ours, else an empty one) and, unless `claims`,
+    another process's claim in progress (.run.json.*.tmp)."""
     return sorted(
         p.name
         for p in folder.iterdir()
@@ -194,56 +176,40 @@ def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]
     )
 
 
-def new_run_error(
+def check_new(
     folder: str | os.PathLike, setting: str = "", what: str | None = "a run", ours: bool = True
-) -> str | None:
-    """Why a new run (a sweep: `what`; None: any run) may not use `folder` (`setting`), or None: a
-    system path, a file, a read-only or full disk, a run or other files (ours: its train.log)."""
-    path = Path(os.path.abspath(Path(folder).expanduser()))
-    shown = f"{setting}={folder}" if setting else str(folder)
+) -> None:
+    """Refuse (RunFolderError) a folder `what` (a run, a sweep; None: any run, its disk only) may
+    not use: a system path, a file, a read-only or full disk, a run, other files (ours: Hydra's
+    train.log there is this process's). A folder this process claimed passes."""
+    owned = _OWNED.get(_key(folder))
+    if owned is not None and owned.run_id:
+        return
+    path = Path(_key(folder))
     existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
     free = MIN_FREE
     with contextlib.suppress(OSError):
         free = shutil.disk_usage(existing).free
     if is_system_path(path):
-        return f"{shown} is under /{path.parts[1]}, not on a disk; name a folder on a disk"
-    if not existing.is_dir():
+        why = f" is under /{path.parts[1]}, not on a disk; name a folder on a disk"
+    elif not existing.is_dir():
         where = "an existing file" if existing == path else f"inside {existing}, which is a file"
-        return f"{shown} is {where}, not a folder; name a new folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return (
-            f"{shown}: cannot write in {existing} (a read-only disk or no permission); name a "
-            f"folder you can write"
-        )
-    if free < MIN_FREE:
-        return (
-            f"{shown}: the disk of {existing} is full ({free // 2**20} MiB free); free some space "
-            f"or name a folder on another disk"
-        )
-    if what is None:
-        return None
-    if is_run_folder(path):
-        if what != "a run":
-            return f"{shown} already holds a run; {what} never writes into one: name a new folder"
-        return (
-            f"{shown} already holds a run; continue it with resume={folder}, or write the new run "
-            f"to another folder"
-        )
-    foreign = _foreign(path, ours) if path.is_dir() else []
-    if foreign:
+        why = f" is {where}, not a folder; name a new folder"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f": cannot write in {existing} (read-only or no permission); name another folder"
+    elif free < MIN_FREE:
+        why = f": the disk of {existing} is full ({free // 2**20} MiB free); free some space"
+    elif what and is_run_folder(path):
+        why = f" already holds a run; {what} never writes into one: name a new folder"
+        if what == "a run":
+            why = f" already holds a run; continue it with resume={folder}, or name a new folder"
+    else:
+        foreign = _foreign(path, ours) if what and path.is_dir() else []
+        if not foreign:
+            return
         listed = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        return (
-            f"{shown} is not empty ({listed}) and holds no run: {what} writes only into a new or "
-            f"empty folder, so nothing there is written over; name another folder"
-        )
-    return None
-
-
-def check_new(folder: str | os.PathLike) -> None:
-    """Refuse (RunFolderError) a new run in a folder it may not use, unless claimed already."""
-    error = None if _owned(folder).run_id else new_run_error(folder)
-    if error is not None:
-        raise RunFolderError(error)
+        why = f" is not empty ({listed}) and holds no run: {what} writes only into an empty one"
+    raise RunFolderError((f"{setting}={folder}" if setting else str(folder)) + why)
 
 
 def _write_claim(folder: Path, run_id: str) -> bool:
@@ -259,16 +225,15 @@ def _write_claim(folder: Path, run_id: str) -> bool:
 
 
 def claim_new(folder: str | os.PathLike, run_id: str | None = None, what: str = "a run") -> str:
-    """Claim `folder` for a new run (or `what`: a resume, with its run id) and return the run id,
-    or RunFolderError: it holds a run or other files, or another process claimed it first."""
-    owned = _owned(folder)
+    """Claim `folder` for a new run (or `what`: a resume, with its run id) and return the run id;
+    RunFolderError if it may not (check_new) or another process claimed it first."""
+    owned = _OWNED.setdefault(_key(folder), _Owned())
     if owned.run_id is None:
         run_id = run_id or new_run_id()
-        error = new_run_error(folder, what=what)
-        if error is None and not _write_claim(Path(folder).expanduser(), run_id):
-            error = new_run_error(folder, what=what)  # another process claimed it first
-        if error is not None:
-            raise RunFolderError(error)
+        check_new(folder, what=what)
+        if not _write_claim(Path(folder).expanduser(), run_id):
+            check_new(folder, what=what)
+            raise RunFolderError(f"{folder} was claimed by another process; name another folder")
         owned.run_id, owned.made = run_id, True
     return owned.run_id
 
@@ -277,8 +242,8 @@ def claim_resume(
     folder: str | os.PathLike, checkpoint: str | os.PathLike, run_id: str | None
 ) -> str:
     """Claim `folder`, holding the same run or new or empty, for a resume from `checkpoint` (run
-    id `run_id`, None before run ids) and return the run id it carries; else RunFolderError."""
-    run, owned = RunFolder(folder), _owned(folder)
+    `run_id`, None before run ids) and return the run id it carries; else RunFolderError."""
+    run, owned = RunFolder(folder), _OWNED.setdefault(_key(folder), _Owned())
     here = run.run_id()
     own_checkpoint = run_of(checkpoint).path.resolve() == run.path.resolve()
     if owned.run_id is None and run.holds_run():
@@ -291,16 +256,15 @@ def claim_resume(
         else:
             raise RunFolderError(
                 f"cannot resume {checkpoint} (run {run_id or 'without an id'}) in {run}: that "
-                f"folder holds another run ({f'run {here}' if here else 'a run'}), which would be "
-                f"written over; resume in the checkpoint's own folder (resume="
-                f"{run_of(checkpoint)}), or in a new folder (hydra.run.dir=NEW_FOLDER)"
+                f"folder holds another run ({here or 'without an id'}); resume in the run's own "
+                f"folder (resume={run_of(checkpoint)}) or a new one (hydra.run.dir=NEW_FOLDER)"
             )
     return owned.run_id or claim_new(folder, run_id, "a resumed run")
 
 
 def lock(folder: str | os.PathLike) -> None:
-    """Hold a flock on <folder>/.lock until `release` (or the process dies), else RunFolderError."""
-    owned = _owned(folder)
+    """Hold a flock on <folder>/.lock until `release` (or the process ends), else RunFolderError."""
+    owned = _OWNED.setdefault(_key(folder), _Owned())
     if owned.lock_fd is not None:
         return
     fd = os.open(Path(folder) / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -320,8 +284,7 @@ def lock(folder: str | os.PathLike) -> None:
 
 def release(folder: str | os.PathLike, forget: bool = True) -> None:
     """Drop the lock on `folder`; forget=False keeps what this process made there for `discard`."""
-    key = os.path.abspath(Path(folder).expanduser())
-    owned = _OWNED.pop(key, None) if forget else _OWNED.get(key)
+    owned = _OWNED.pop(_key(folder), None) if forget else _OWNED.get(_key(folder))
     if owned is not None and owned.lock_fd is not None:
         with contextlib.suppress(OSError):
             os.close(owned.lock_fd)
@@ -342,8 +305,9 @@ def discard(before_removing=None, made_for=None) -> str | None:
         if before_removing is not None:
             before_removing(folder)
         shutil.rmtree(folder, ignore_errors=True)
-        for parent in (folder.parent, folder.parent.parent):  # outputs/<date>/, outputs/
+        # outputs/<date>/ and outputs/, when they held this run only
+        for parent in (folder.parent, folder.parent.parent):
             if set(RUN_ROOTS) & {parent.name, parent.parent.name}:
-                with contextlib.suppress(OSError):  # when they held this run only
+                with contextlib.suppress(OSError):
                     parent.rmdir()
     return str(doomed[-1]) if doomed else None

@@ -1,6 +1,5 @@
 """Checking a command line before Hydra writes anything: every job of a sweep composed and
-validated, one line per bad setting (unknown keys with a close match, unknown group options,
-wrong types, `--heads=4`), and a run or sweep refused a folder it may not use."""
+validated, one line per bad setting, and a run or sweep refused a folder it may not use."""
 
 from __future__ import annotations
 
@@ -9,27 +8,28 @@ import difflib
 import itertools
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import runs
 from microgpt.config import Config, SampleConfig, flatten, load_config, parse_resume
-from microgpt.data.dataset import resolve_data_path
+from microgpt.data.dataset import check_data_file
 from microgpt.errors import UserError, print_error
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
-INFO_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-sc",
-              "--shell-completion", "--resolve", "--experimental-rerun"}  # fmt: skip
+INFO_FLAGS = set(
+    "-h --help --hydra-help --version -c --cfg -i --info -sc --shell-completion --resolve "
+    "--experimental-rerun".split()
+)
 CONFIG_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
 FLAGS = {"-m", "--multirun", "-p", "--package", *INFO_FLAGS, *CONFIG_FLAGS}
 GROUPS = ("model", "data", "optim", "experiment")
-COMPOSE_ERRORS = (HydraException, OmegaConfBaseException)
 SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"  # the keys a -m command line sweeps, for cli.job_dir
 
 
@@ -95,23 +95,22 @@ def _overrides(argv: list[str]) -> list[str]:
 
 
 def _parse(overrides: list[str]) -> list:
-    """Hydra's reading of the overrides; one that cannot be read is a UserError naming it."""
-    parser = OverridesParser.create()
-    for override in overrides:  # one at a time, to name the one that cannot be read
+    """Hydra's reading of the overrides, one at a time to name one it cannot read (a UserError)."""
+    parser, parsed = OverridesParser.create(), []
+    for override in overrides:
         try:
-            parser.parse_overrides([override])
+            (o,) = parser.parse_overrides([override])
         except HydraException as e:
             _leave_to_hydra_if_asked()
             why = _first(e).replace("Error parsing override", "").strip(" '")
-            raise UserError(f"{override}: cannot read the setting ({why}); settings are written "
-                            f"key=value, e.g. heads=4, and a value with '=' or spaces in quotes: "
-                            f"run='multirun/x/heads=4'") from None  # fmt: skip
-    parsed = parser.parse_overrides(overrides)
-    for o in parsed:
+            raise UserError(
+                f"{override}: cannot read the setting ({why}); write key=value, a value with '=' "
+                f"or spaces in quotes: run='multirun/x/heads=4'"
+            ) from None
         key = o.get_key_element().lstrip("~")
         if o.is_delete() and key not in GROUPS and not key.startswith("hydra"):
-            raise UserError(f"{o.input_line}: every setting needs a value, so none is removed; "
-                            f"set it instead ({key}=VALUE)")  # fmt: skip
+            raise UserError(f"{override}: every setting needs a value; set {key}=VALUE")
+        parsed.append(o)
     return parsed
 
 
@@ -122,14 +121,13 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
         swept = [o for o in _parse(overrides) if o.is_sweep_override()]
         if swept and not multirun:
             raise UserError(
-                f"{swept[0].input_line}: a list of values is a sweep: add -m to run one job per "
-                f"value; for one value that is a list write key=[a,b], for text with a comma "
-                f"quote it: key='a,b'"
+                f"{swept[0].input_line}: a list of values is a sweep: add -m (one value that is a "
+                f"list: key=[a,b]; text with a comma: key='a,b')"
             )
         if multirun:  # in the environment: launcher subprocesses see it too
             os.environ[SWEPT_KEYS_ENV] = ",".join(o.get_key_element().lstrip("+~") for o in swept)
         if multirun and config_name == "config":
-            _check_sweep_folder(overrides)
+            _check_folder(_settings(overrides), "hydra.sweep.dir", "multirun", "a sweep")
     except UserError as e:
         return [str(e)]
     try:
@@ -144,47 +142,49 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
         if message:
             errors.append(f"job {name}: {message}" if len(jobs) > 1 else message)
         elif settings in seen:  # two jobs that would train the same run, into one folder
-            return [
-                f"jobs {seen[settings]} and {name} are the same run (the sweep lists it twice); "
-                f"list each value once"
-            ]
+            return [f"jobs {seen[settings]} and {name} are the same run (listed twice)"]
         else:
             seen[settings] = name
+    if not errors and multirun and _settings(overrides).get("hydra/launcher") == "slurm":
+        errors += _slurm_error()
     return errors
+
+
+def _slurm_error() -> list[str]:
+    """submitit's SLURM launcher on a machine without SLURM would stop in a traceback."""
+    if shutil.which("srun"):
+        return []
+    return [
+        "hydra/launcher=slurm: this machine has no SLURM (no srun); run the command on the "
+        "cluster, or use hydra/launcher=joblib for parallel jobs here"
+    ]
 
 
 def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | None, str]:
     """(what is wrong with this job, or None; its validated settings as text, to find twins)."""
     schema = SampleConfig if config_name == "sample" else Config
+    known = list(flatten(dataclasses.asdict(schema())))
     task = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/", "override hydra"))]
     if schema is Config and "out_dir" not in _settings(task):
         task.append("out_dir=.")  # ${hydra:...} does not resolve under compose()
     with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
         try:
             cfg = compose(config_name=config_name, overrides=task)
-        except COMPOSE_ERRORS as e:
+        except (HydraException, OmegaConfBaseException) as e:
             _leave_to_hydra_if_asked()
-            groups = [o for o in task if o.split("=", 1)[0].lstrip("+~") in GROUPS]
-            try:  # the settings there are, to name the closest (composed only when needed)
-                base = compose(config_name=config_name, overrides=groups)
-            except COMPOSE_ERRORS:
-                base = None
-            return _explain(e, task, base, conf_dir), ""
+            return _explain(e, task, known, conf_dir), ""
     try:
-        _check_added_keys(task, schema)
+        _check_added_keys(task, known)
         c = load_config(cfg, schema)
         if schema is Config:
-            _check_heads(job)
-            _check_data(c, job)
-            _check_run_folder(c, job)
+            _check_job(c, job)
     except UserError as e:
         return str(e), ""
     return None, json.dumps(dataclasses.asdict(c), sort_keys=True, default=str)
 
 
-def _check_added_keys(task: list[str], schema: type) -> None:
+def _check_added_keys(task: list[str], known: list[str]) -> None:
     """`+key=value` with a key the schema does not have (it would be ignored) is a UserError."""
-    known = list(flatten(dataclasses.asdict(schema())))
     for override in task:
         key = override.split("=", 1)[0]
         bare = key.lstrip("+")
@@ -204,44 +204,13 @@ def _unknown(override: str, key: str, known: list[str]) -> str:
     return f"{override}: unknown setting {key}; known settings{where}: {', '.join(under)}"
 
 
-def _check_heads(job: list[str]) -> None:
-    """heads=N sets model.n_head: both given and different, one would be silently dropped."""
-    heads, n_head = (_settings(job).get(key) for key in ("heads", "model.n_head"))
-    if heads is not None and n_head is not None and heads != n_head:
-        raise UserError(
-            f"heads={heads} and model.n_head={n_head} name the same setting with different "
-            f"values; give one of them"
-        )
-
-
-def _check_data(c: Config, job: list[str]) -> None:
-    """The data file of every job, before job 0 starts: a regular file (not a FIFO or device)."""
-    # a resume trains on its checkpoint's data; repeats reads no file
-    if (parse_resume(c.resume) and "data.path" not in _settings(job)) or c.data.format == "repeats":
-        return
-    path = resolve_data_path(c.data.path)
-    where = Path(os.path.abspath(path))
-    fix = "point data.path=... at a text file"
-    if not path.exists():
-        # a preset that names how its file is built (data=shakespeare) says so
-        fix = f"build it first: {c.data.prepare}" if c.data.prepare else fix
-        raise UserError(f"no data file at {where} (data.path={c.data.path}); {fix}")
-    if path.is_dir():
-        raise UserError(f"data.path={c.data.path}: {where} is a folder, not a file; {fix}")
-    if not path.is_file():
-        raise UserError(
-            f"data.path={c.data.path}: {where} is not a regular file (a device or FIFO); {fix}"
-        )
-
-
 def _first(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     return lines[0] if lines else type(e).__name__
 
 
-def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
+def _explain(e: Exception, task: list[str], known: list[str], conf_dir: Path) -> str:
     """Hydra's multi-line composition error in one line: the setting, what is valid, a match."""
-    known = list(flatten(OmegaConf.to_container(base, resolve=False))) if base is not None else []
     for override in task:
         key, _, value = override.partition("=")
         bare = key.lstrip("+~")
@@ -254,7 +223,7 @@ def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
                     f"{override}: there is no {bare} named {value!r}; choose one of "
                     f"{', '.join(options)}{hint}"
                 )
-        elif known and not key.startswith("+") and bare not in known:
+        elif not key.startswith("+") and bare not in known:
             return _unknown(override, bare, known)
     cause = e.__cause__ or e
     key = getattr(cause, "full_key", None)
@@ -263,27 +232,26 @@ def _explain(e: Exception, task: list[str], base, conf_dir: Path) -> str:
     return f"{named[-1] if named else _first(e)}: {_first(cause)}"
 
 
-def _check_run_folder(c: Config, job: list[str]) -> None:
-    """A new run's folders (runs.new_run_error), or a resume's run, before Hydra writes there."""
-    named = _settings(job)
-    resume = parse_resume(c.resume)
+def _check_job(c: Config, job: list[str]) -> None:
+    """What the schema cannot see: heads vs model.n_head, the data file, the run's folders."""
+    named, resume = _settings(job), parse_resume(c.resume)
+    heads, n_head = named.get("heads"), named.get("model.n_head")
+    if heads is not None and n_head is not None and heads != n_head:
+        raise UserError(f"heads={heads} and model.n_head={n_head} differ; give one of them")
+    # a resume trains on its checkpoint's data; repeats reads no file
+    if not (resume and "data.path" not in named) and c.data.format != "repeats":
+        check_data_file(c.data.path, c.data.prepare)
     # under torchrun, rank 0 checks and claims the folder and the other ranks join it
-    new = not resume and os.environ.get("RANK", "0") == "0"
-    folders = {"hydra.run.dir": named.get("hydra.run.dir", "outputs")}
-    if c.out_dir != "." and named.get("out_dir"):
-        folders["out_dir"] = named["out_dir"]
-    for key, folder in folders.items():
-        error = runs.new_run_error(folder, key, "a run" if new and key in named else None, False)
-        if error:
-            raise UserError(error)
+    what = "a run" if not resume and os.environ.get("RANK", "0") == "0" else None
+    _check_folder(named, "hydra.run.dir", "outputs", what)
+    if c.out_dir != ".":
+        _check_folder(named, "out_dir", "", what)
     if isinstance(resume, str):
         runs.resume_checkpoint(resume, ".")
 
 
-def _check_sweep_folder(overrides: list[str]) -> None:
-    """A sweep owns its folder too: hydra.sweep.dir, when named, must be new or empty."""
-    named = _settings(overrides).get("hydra.sweep.dir")
-    folder = named.strip("'\"") if named else "multirun"
-    error = runs.new_run_error(folder, "hydra.sweep.dir", "a sweep" if named else None, False)
-    if error:
-        raise UserError(error)
+def _check_folder(named: dict, key: str, default: str, what: str | None) -> None:
+    """The folder `key` names (else `default`): refused to `what` when named, else if unusable."""
+    folder = named.get(key, "").strip("'\"") or default
+    if folder:
+        runs.check_new(folder, key, what if key in named else None, ours=False)

@@ -1,15 +1,10 @@
-"""The machine a command runs on: device and precision, data-parallel ranks, CPU threads; and
-`eval_mode`, the model in eval mode while a block runs.
+"""The machine a command runs on: device and precision, data-parallel ranks (torchrun's variables,
+else a submitit job's: docs/cluster.md; else rank 0 of 1), CPU threads, and `eval_mode`.
 
-Ranks come from torchrun's variables (RANK, WORLD_SIZE, ...), else, in a submitit job of several
-tasks, from submitit's `TorchDistributedEnvironment` (docs/cluster.md); else this is rank 0 of 1,
-and a plain `python train.py` in a multi-task allocation never waits for ranks that never come.
-
-Threads: two processes that each take every core wait on each other's threads (2 cores, the
-default model: 35 steps/s alone, 0.8 each with two at once; issue 20). So `threads=auto` takes the
-cores this process may use (`sched_getaffinity`: taskset, cpusets, SLURM) or, when set,
-OMP_NUM_THREADS: a parallel sweep's share (`microgpt.cli.ShareCores`), or torchrun's 1.
-`threads=N` asks for N. Idle threads sleep: `microgpt/__init__.py` sets OMP_WAIT_POLICY=PASSIVE.
+Two processes that each take every core wait on each other's threads (issue 20), so `threads=auto`
+takes the cores this process may use (`sched_getaffinity`) or, when set, OMP_NUM_THREADS (a
+parallel sweep's share, `microgpt.cli.ShareCores`; torchrun's 1). Idle threads sleep:
+`microgpt/__init__.py` sets OMP_WAIT_POLICY=PASSIVE.
 """
 
 from __future__ import annotations
@@ -36,9 +31,9 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
 
+    # rank 0 alone writes logs, TensorBoard, checkpoints and samples
     @property
     def is_main(self) -> bool:
-        """Rank 0 alone writes logs, TensorBoard, checkpoints and samples."""
         return self.rank == 0
 
     @property
@@ -81,7 +76,6 @@ def cuda_index(info: DistInfo) -> int:
 
 
 def barrier() -> None:
-    """Wait until every rank gets here (no-op in a single process)."""
     if dist.is_initialized():
         dist.barrier()
 
@@ -106,7 +100,6 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
 
 
 def sum_over_ranks(value: float, info: DistInfo) -> float:
-    """The sum of `value` over all ranks."""
     return float(_all_reduce(value, torch.float64, dist.ReduceOp.SUM, info))
 
 
@@ -129,9 +122,8 @@ def gather_objects(obj, info: DistInfo) -> list:
 
 
 def run_on_main(fn, info: DistInfo):
-    """fn() on rank 0 alone, returning its result there (None elsewhere). An exception on rank 0
-    is raised on every rank, with the same class and message, so that no rank is left waiting
-    for rank 0 in the next collective until the process group times out."""
+    """fn() on rank 0 alone, returning its result there (None elsewhere); its exception is raised
+    on every rank, so that none waits for rank 0 in the next collective until a timeout."""
     if not info.enabled:
         return fn()
     result, error = None, None
@@ -164,8 +156,8 @@ def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
 
 
 def pick_precision(name: str, device: torch.device, error: type[Exception] = ValueError) -> str:
-    """train.precision -> "fp32", "bf16" or "fp16". auto: bf16 on a GPU that has it, else fp16 on
-    CUDA, fp32 elsewhere; bf16 asked of a GPU without it (T4, V100) raises `error`."""
+    """train.precision -> "fp32", "bf16" or "fp16"; auto: bf16 on a GPU that has it, else fp16 on
+    CUDA, fp32 elsewhere."""
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False)
     if name == "auto":
         return ("bf16" if bf16_ok else "fp16") if device.type == "cuda" else "fp32"
@@ -192,12 +184,12 @@ def gib(n: float) -> str:
 
 
 class ThreadsError(UserError):
-    """A bad `threads` setting; the message names it and what would be valid."""
+    """A bad `threads` setting."""
 
 
 def check_threads(value, name: str = "threads") -> None:
-    """`auto` or a whole number of threads, at most 4 per usable core or 64 (more only slows a
-    run down, and very many crash the OpenMP runtime); else ThreadsError naming the setting."""
+    """A ThreadsError unless `auto` or 1 to max(64, 4 per usable core) threads (more only slow a
+    run down, and very many crash the OpenMP runtime)."""
     if value == "auto":
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -221,15 +213,13 @@ def usable_cores() -> int:
 
 
 def env_threads(environ: Mapping[str, str]) -> int | None:
-    """OMP_NUM_THREADS as a number of threads (its first entry: OpenMP allows "4,2" for nested
-    levels), or None when it is unset or not a positive number."""
+    """OMP_NUM_THREADS's first entry (OpenMP allows "4,2" for nested levels), None if no count."""
     first = environ.get(THREADS_ENV, "").split(",")[0].strip()
     return int(first) if first.isdigit() and int(first) > 0 else None
 
 
 def choose_threads(setting, cores: int, environ: Mapping[str, str]) -> int:
-    """The intra-op threads for a `threads` setting: N itself; for auto, OMP_NUM_THREADS when it
-    is set (a ThreadsError when it is not a count), else every usable core."""
+    """The threads for a `threads` setting: N; auto: OMP_NUM_THREADS if set, else every core."""
     check_threads(setting)
     if setting != "auto":
         return setting
@@ -244,14 +234,13 @@ def choose_threads(setting, cores: int, environ: Mapping[str, str]) -> int:
 
 
 def jobs_at_once(n_jobs: int, jobs: int, cores: int) -> int:
-    """How many of a sweep's `jobs` a joblib launcher runs at once with `n_jobs` workers (n_jobs < 0
-    means cores + 1 + n_jobs: -1 = every core)."""
+    """How many of a sweep's `jobs` joblib runs at once with `n_jobs` (-1: every core) workers."""
     workers = n_jobs if n_jobs > 0 else cores + 1 + n_jobs
     return max(1, min(workers, jobs))
 
 
 def share(cores: int, jobs: int) -> int:
-    """Each of `jobs` processes' share of `cores`: at least one thread."""
+    """Each of `jobs` processes' share of `cores`, at least one thread."""
     return max(1, cores // max(1, jobs))
 
 

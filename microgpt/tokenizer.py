@@ -1,15 +1,12 @@
-"""Characters <-> integer ids, with one boundary token marking both the start and end of an item.
-
-Id 0 is the boundary token (shown as "."), ids 1..N are the characters of the training items in
-sorted order, as in makemore: "emma" is fed to the model as [., e, m, m, a] and trained to
-predict [e, m, m, a, .].
+"""Characters <-> ids, as in makemore: id 0 is the boundary token (shown as "."), which starts and
+ends an item, ids 1..N the characters in sorted order: "emma" is fed to the model as
+[., e, m, m, a] and trained to predict [e, m, m, a, .].
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-BOUNDARY = "."  # how the boundary token is shown; it is not a character of the vocabulary
 BOUNDARY_ID = 0
 
 
@@ -47,15 +44,13 @@ class CharTokenizer:
             )
 
     def encode(self, text: str) -> list[int]:
-        """The ids of the characters of `text` (no boundary tokens added)."""
         self.check(text)
         return [self.stoi[c] for c in text]
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`, up to the first boundary token (which ends an item)."""
         out = []
-        for i in ids:
-            i = int(i)
+        for i in map(int, ids):
             if i == self.boundary_id:
                 break
             if i not in self.itos:
@@ -64,7 +59,7 @@ class CharTokenizer:
         return "".join(out)
 
     def to_dict(self) -> dict:
-        # plain types: safe for torch.load(weights_only=True) and JSON
+        """Plain types: safe for torch.load(weights_only=True) and JSON."""
         return {"chars": "".join(self.chars), "boundary_id": self.boundary_id}
 
     @classmethod
@@ -77,6 +72,3 @@ class CharTokenizer:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CharTokenizer) and self.chars == other.chars
-
-    def __repr__(self) -> str:
-        return f"CharTokenizer(vocab_size={self.vocab_size}, chars={''.join(self.chars)!r})"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,8 +77,8 @@ def test_sample_out_never_overwrites_a_checkpoint_a_run_file_a_device_or_an_exis
         (best, f"out={best} is the checkpoint being sampled from; out= never replaces it"),
         (run_dir / "checkpoints" / "last.pt", f"is inside the run folder {run_dir}, which only"),
         (run_dir / "config.yaml", f"is inside the run folder {run_dir}, which only its run writes"),
-        ("/dev/null", "out=/dev/null is a device or system path, not a file to write"),
-        (binary, f"out={binary} already exists; out= writes a new file: add overwrite=true"),
+        ("/dev/null", "out=/dev/null is a device or system path"),
+        (binary, f"out={binary} already exists; add overwrite=true"),
     ]
     before, outside = snapshot(world), binary.read_bytes()
     for out, message in cases:
@@ -192,10 +193,10 @@ CONFIG_ERRORS = [
     (
         ["hydra.run.dir=run"],
         "microgpt: error: hydra.run.dir=run already holds a run; continue it with resume=run, or "
-        "write the new run to another folder",
+        "name a new folder",
     ),
     (["data.path=nope.txt"], "microgpt: error: no data file at "),
-    (["resume=true"], "microgpt: error: resume=true but there is no run to resume: "),
+    (["resume=true"], "microgpt: error: resume=true but there is no run to resume"),
     (
         ["hydra.run.dir=."],
         "microgpt: error: hydra.run.dir=. is not empty (names.txt, run) and holds no run",
@@ -215,6 +216,19 @@ def test_bad_settings_are_one_line_exit_2_and_leave_no_folder(world, args, first
     assert r.returncode == 2, r.stderr
     assert first_line(r).startswith(first), r.stderr
     assert "Traceback" not in r.stderr
+    assert snapshot(world) == before
+    assert sorted(p.name for p in world.iterdir()) == ["names.txt", "run"], "debris left behind"
+
+
+@pytest.mark.skipif(shutil.which("srun") is not None, reason="a SLURM cluster would take the jobs")
+def test_slurm_without_a_cluster_is_one_line_and_leaves_no_folder(world):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    before = snapshot(world)
+    r = run("train.py", "-m", "heads=1,2", "hydra/launcher=slurm", "data.path=names.txt", cwd=world)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert first_line(r).startswith(
+        "microgpt: error: hydra/launcher=slurm: this machine has no SLURM (no srun)"
+    ), r.stderr
     assert snapshot(world) == before
     assert sorted(p.name for p in world.iterdir()) == ["names.txt", "run"], "debris left behind"
 

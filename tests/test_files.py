@@ -65,11 +65,8 @@ def _run_folder(root):
         ("conf/config.yaml", "inside the config folder"),
         ("conf/model/new.yaml", "inside the config folder"),
         ("fifo", "not a regular file"),
-        ("existing.txt", "already exists; out= writes a new file: add overwrite=true"),
-        (
-            "/dev/stdout",
-            "device or system path, not a file to write; for standard output give out=-",
-        ),
+        ("existing.txt", "already exists; add overwrite=true"),
+        ("/dev/stdout", "device or system path; for standard output give out=-"),
         ("/proc/self/fd/2", "device or system path"),
         ("data.txt", "is the data; out= never replaces it"),
     ],

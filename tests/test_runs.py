@@ -132,7 +132,7 @@ def test_of_two_claims_on_one_folder_one_wins_and_the_loser_removes_nothing(tmp_
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "train.log").touch()  # what Hydra makes before the claim, in both processes
-    assert runs.new_run_error(folder) is None  # this process looks first: empty, a new run fits
+    runs.check_new(folder)  # this process looks first: empty, a new run fits
     winner = subprocess.run(
         [
             sys.executable,

@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from microgpt import cli, system
 from microgpt.config import ConfigError, SampleConfig, load_config
 from microgpt.sample.generate import SamplingError
+from microgpt.startup_checks import sweep_jobs
 from microgpt.system import ThreadsError, check_threads, choose_threads, jobs_at_once, share
 from microgpt.train.trainer import Trainer
 from tests.conftest import CONF, REPO
@@ -117,10 +118,10 @@ def test_a_parallel_sweep_gives_each_job_its_share(monkeypatch):
     assert "OMP_NUM_THREADS" not in os.environ
 
 
-def test_sweep_size_counts_the_jobs():
-    assert cli.sweep_size(["heads=1,2,4,8", "seed=1,2", "train.max_steps=10"]) == 8
-    assert cli.sweep_size(["seed=range(3)"]) == 3
-    assert cli.sweep_size([]) == 1
+def test_sweep_jobs_counts_the_jobs():
+    assert len(sweep_jobs(["heads=1,2,4,8", "seed=1,2", "train.max_steps=10"])) == 8
+    assert len(sweep_jobs(["seed=range(3)"])) == 3
+    assert len(sweep_jobs([])) == 1
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,7 @@
-"""The data of a run, one interface whatever the format: `load_data(...)` returns a `Data`, the one
-thing the trainer asks for batches (`Data.train_batches(...).next(rank, batch_size)`) and evaluation
-sets (`Data.datasets["val"]`, `["test"]`). The formats: `lines` (names, microgpt.data.lines),
-`text` (one stream cut into windows, microgpt.data.text) and `repeats` (generated items, no file,
-microgpt.data.repeats; then split and batched as lines). `data_of_checkpoint(ckpt)` rebuilds the
-evaluation data of a finished run, for sampling and the head analysis.
+"""The data of a run, one interface whatever the format (`lines`, `text`, `repeats`: generated
+items, split and batched as lines): `load_data` gives a `Data`, which gives the training batches
+(`train_batches(...).next(rank, batch_size)`) and evaluation sets (`datasets["val"]`, `["test"]`).
+`data_of_checkpoint(ckpt)` rebuilds a finished run's evaluation data.
 """
 
 from __future__ import annotations
@@ -17,27 +15,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from microgpt.data import text
-from microgpt.data.lines import (
-    SPLIT_NAMES,
-    CharDataset,
-    ItemBatches,
-    Split,
-    block_size_for,
-    check_fits,
-    read_items,
-    split_items,
-)
+from microgpt.data import lines, text
+from microgpt.data.lines import CharDataset, Split
 from microgpt.data.repeats import repeat_items
-from microgpt.data.text import TextSplit, TextWindows, WindowBatches
+from microgpt.data.text import TextSplit, TextWindows
 from microgpt.errors import DataError
 from microgpt.files import sha256_file
 from microgpt.tokenizer import CharTokenizer
 
 FORMATS = ("lines", "text", "repeats")  # one item per line | one stream | generated items
-
-__all__ = ["FORMATS", "Data", "DataError", "data_of_checkpoint", "load_data", "resolve_data_path"]
-
 
 # the repository: microgpt/data/dataset.py -> microgpt/data -> microgpt -> the root
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +35,20 @@ def resolve_data_path(path: str) -> Path:
     if p.is_absolute() or p.exists():
         return p
     return REPO_ROOT / p if (REPO_ROOT / p).exists() else p
+
+
+def check_data_file(path: str, prepare: str | None = None) -> Path:
+    """The file data.path=`path` names, else a DataError: missing (`prepare` builds it), a folder,
+    a FIFO or a device."""
+    resolved = resolve_data_path(str(path))
+    where, fix = resolved.absolute(), "point data.path=... at a text file"
+    if not resolved.exists():
+        fix = f"build it first: {prepare}" if prepare else fix
+        raise DataError(f"no data file at {where} (data.path={path}); {fix}")
+    if not resolved.is_file():
+        what = "a folder" if resolved.is_dir() else "not a regular file (a device or FIFO)"
+        raise DataError(f"data.path={path}: {where} is {what}; {fix}")
+    return resolved
 
 
 @dataclass
@@ -67,16 +67,16 @@ class Data:
 
     @property
     def source(self) -> str:
-        """e.g. "data/names.txt", or "generated repeats (seed 0)" (repeats: no file)."""
+        """e.g. "data/names.txt", or "generated repeats (seed 0)"."""
         return self.label or str(self.path)
 
     def train_batches(
         self, global_batch: int, seed: int, group_by_length: int = 0, pack: int = 0
-    ) -> ItemBatches | WindowBatches:
+    ) -> lines.ItemBatches | text.WindowBatches:
         if self.format == "text":
             device = self.datasets["val"].device
-            return WindowBatches(self.train_ids, self.block_size, global_batch, seed, device)
-        return ItemBatches(self.datasets["train"], global_batch, seed, group_by_length, pack)
+            return text.WindowBatches(self.train_ids, self.block_size, global_batch, seed, device)
+        return lines.ItemBatches(self.datasets["train"], global_batch, seed, group_by_length, pack)
 
     @cached_property
     def verbatim_index(self) -> text.VerbatimIndex | None:
@@ -91,20 +91,18 @@ class Data:
             return hashlib.sha256(json.dumps(self.split.to_dict()).encode()).hexdigest()
         return sha256_file(self.path)
 
-    def describe(self) -> str:
-        """e.g. "25,910 train / 1,000 val / 1,000 test items"."""
-        return self.split.describe()
-
     def probe_ids(self, probe: str | None) -> list[int]:
         """The ids whose attention is drawn: `probe` (log.probe), else the first validation item
         or (text) a validation passage."""
         if probe is None and self.format == "text":
+            # from the start of a line, where one fits
+            ids, length = self.datasets["val"].ids, min(text.PROBE_LENGTH, self.block_size)
             newline = self.tokenizer.stoi.get("\n")
-            length = min(text.PROBE_LENGTH, self.block_size)
-            return text.probe_passage(self.datasets["val"].ids, length, newline).tolist()
+            hits = (ids[: max(len(ids) - length, 0)] == newline).nonzero() if newline else []
+            start = int(hits[0]) + 1 if len(hits) else 0
+            return ids[start : start + length].tolist()
         probe = probe if probe is not None else self.split.val[0]
-        unknown = self.tokenizer.unknown_chars(probe)
-        if unknown:
+        if unknown := self.tokenizer.unknown_chars(probe):
             raise DataError(
                 f"log.probe={probe!r} has characters the vocabulary does not know: "
                 f"{''.join(unknown)!r}; use characters of the data or log.probe=null"
@@ -120,14 +118,7 @@ class Data:
 
 
 def load_data(
-    path: str | Path,
-    seed: int,
-    block_size: int | None = None,
-    device: str | torch.device = "cpu",
-    trim: bool = True,
-    format: str = "lines",
-    prepare: str | None = None,
-    repeats=None,
+    path, seed, block_size=None, device="cpu", trim=True, format="lines", prepare=None, repeats=None
 ) -> Data:
     """The data in `format` on `device`. block_size None: the longest item + 1 (lines), or
     text.DEFAULT_BLOCK_SIZE. repeats: generated by `repeats` (config.RepeatsConfig; `path` is a
@@ -137,20 +128,18 @@ def load_data(
         items = repeat_items(r.items, r.chars, tuple(r.span), r.length, r.seed)
         path, label = Path(path), f"generated repeats (seed {r.seed})"
     else:
-        path = resolve_data_path(str(path))
-        if prepare and not path.exists():
-            raise DataError(f"no data file at {path.resolve()}; build it first: {prepare}")
+        path = check_data_file(path, prepare)
         if format == "text":
             return _load_text(path, block_size or text.DEFAULT_BLOCK_SIZE, device)
-        items = read_items(path)
+        items = lines.read_items(path)
         label = str(path)
-    block_size = block_size or block_size_for(items)
-    check_fits(items, block_size, label)
+    block_size = block_size or lines.block_size_for(items)
+    lines.check_fits(items, block_size, label)
     tokenizer = CharTokenizer.from_items(items)
-    split = split_items(items, seed)
+    split = lines.split_items(items, seed)
     datasets = {
         name: CharDataset.from_items(getattr(split, name), tokenizer, block_size, device, trim)
-        for name in SPLIT_NAMES
+        for name in lines.SPLIT_NAMES
     }
     return Data(path, format, tokenizer, split, block_size, datasets, label=label)
 
@@ -174,19 +163,14 @@ def data_of_checkpoint(ckpt, device: str | torch.device = "cpu") -> Data:
     stored in it; text re-read from the run's data file and checked against the stored digest (a
     DataError says the file is missing or changed, and what to do)."""
     from_ckpt = CharTokenizer.from_dict(ckpt.tokenizer)
-    block_size = int(ckpt.model_config["block_size"])
-    data_config = ckpt.data
-    stored = ckpt.split
-    if data_config.get("format", "lines") != "text":
-        split = Split.from_dict(stored)
+    block_size, path = int(ckpt.model_config["block_size"]), ckpt.data.get("path")
+    if ckpt.data.get("format", "lines") != "text":
+        split = Split.from_dict(ckpt.split)
         datasets = {
             name: CharDataset.from_items(getattr(split, name), from_ckpt, block_size, device)
             for name in ("val", "test")
         }
-        return Data(
-            Path(data_config.get("path", "")), "lines", from_ckpt, split, block_size, datasets
-        )
-    path = data_config.get("path")
+        return Data(Path(path or ""), "lines", from_ckpt, split, block_size, datasets)
     where = resolve_data_path(str(path))
     if not where.is_file():
         raise DataError(
@@ -197,7 +181,7 @@ def data_of_checkpoint(ckpt, device: str | torch.device = "cpu") -> Data:
         data = load_data(where, 0, block_size, device, format="text")
     except DataError:
         data = None
-    if data is None or data.split.to_dict() != stored or data.tokenizer != from_ckpt:
+    if data is None or data.split.to_dict() != ckpt.split or data.tokenizer != from_ckpt:
         raise DataError(
             f"{where} no longer holds the text this run was trained on (its content differs); "
             f"restore the file the run used"

@@ -4,8 +4,7 @@ into train/val/test, encoded into rows and batched. Rows follow makemore: "emma"
     x = [0, e, m, m, a, 0,  0,  0]    # the boundary token, the characters, padding
     y = [e, m, m, a, 0, -1, -1, -1]   # the characters, the end boundary, ignored padding
 
-The loss is nats per character, the end token included, and ignores the targets -1; to average it
-exactly over a split, weight each batch's mean by its number of targets, `(y >= 0).sum()`.
+The loss (nats per character, the end token included) ignores the targets -1.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ ITEMS_FILE = "a text file with one item per line"
 
 
 def read_data_file(path: str | Path, kind: str) -> tuple[bytes, Path]:
-    """(the bytes of the file at `path`, its absolute path); a DataError where it is missing, a
-    directory, a pipe or a device."""
+    """(the file's bytes, its absolute path); a DataError where it is missing or no regular file."""
     path = Path(path).expanduser()
     where = path.resolve()
     if not path.exists():
@@ -56,9 +54,7 @@ def read_items(path: str | Path) -> list[str]:
     lines = (unicodedata.normalize("NFC", line.strip()) for line in text.split("\n"))
     items = list(dict.fromkeys(s for s in lines if s))
     if not items:
-        raise DataError(
-            f"data file {where} is empty (or only blank lines); put one item per line in it"
-        )
+        raise DataError(f"data file {where} is empty (or only blank lines): put one item per line")
     if len(items) < len(SPLIT_NAMES):
         raise DataError(
             f"data file {where} has only {len(items)} distinct item(s); it needs at least 3, "
@@ -84,19 +80,15 @@ class Split:
         return self._split_of.get(item)
 
     def describe(self) -> str:
-        """e.g. "25,910 train / 1,000 val / 1,000 test items"."""
         return f"{len(self.train):,} train / {len(self.val):,} val / {len(self.test):,} test items"
 
     def to_dict(self) -> dict[str, list[str]]:
-        """Plain lists (safe for torch.load(weights_only=True) and JSON)."""
         return {name: list(getattr(self, name)) for name in SPLIT_NAMES}
 
     @classmethod
     def from_dict(cls, d: dict) -> Split:
         if not isinstance(d, dict) or not all(isinstance(d.get(n), list) for n in SPLIT_NAMES):
-            raise DataError(
-                "not a Split dict: expected {'train': [...], 'val': [...], 'test': [...]}"
-            )
+            raise DataError("not a Split: expected {'train': [...], 'val': [...], 'test': [...]}")
         return cls(*(list(d[name]) for name in SPLIT_NAMES))
 
 
@@ -114,7 +106,7 @@ def split_items(items: Sequence[str], seed: int) -> Split:
 
 
 def block_size_for(items: Sequence[str]) -> int:
-    """The smallest block_size that fits every item: the longest item plus the boundary token."""
+    """The smallest block_size that fits every item (and the boundary token)."""
     return max(map(len, items)) + 1
 
 
@@ -133,9 +125,7 @@ def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
     )
 
 
-def encode_items(
-    items: Sequence[str], tokenizer: CharTokenizer, block_size: int
-) -> tuple[Tensor, Tensor]:
+def encode_items(items, tokenizer: CharTokenizer, block_size: int) -> tuple[Tensor, Tensor]:
     """X, Y LongTensors of shape (N, block_size): X = [0, c1..cn, 0...], Y = [c1..cn, 0, -1...]."""
     check_fits(items, block_size)
     ids: list[int] = []
@@ -172,11 +162,6 @@ class BatchSampler:
         self._perm: Tensor | None = None
         self._state_before_perm: Tensor | None = None  # regenerates the current permutation
 
-    @property
-    def epochs_done(self) -> float:
-        """Passes over the data so far, e.g. 2.5 halfway through the third epoch."""
-        return max(self.epoch - 1, 0) + self.position / self.n if self._perm is not None else 0.0
-
     def _draw_order(self) -> Tensor:
         """One epoch's order: a random permutation; with `group_by_length` = k, runs of
         k * batch_size indices sorted by length, cut into batches, the batches shuffled."""
@@ -192,8 +177,7 @@ class BatchSampler:
 
     def next_batch(self) -> Tensor:
         """The next `batch_size` indices, a LongTensor on the CPU."""
-        parts = []
-        need = self.batch_size
+        parts, need = [], self.batch_size
         while need:
             if self._perm is None or self.position == self.n:
                 self._state_before_perm = self.generator.get_state()
@@ -212,11 +196,7 @@ class BatchSampler:
         return {**{k: getattr(self, k) for k in keys}, "generator_state": state.clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["n"] != self.n:
-            raise ValueError(
-                f"sampler state is for {state['n']} items but this sampler has {self.n}; "
-                f"resume with the same data and split"
-            )
+        check_sampler_state(state, self.n, "items", "data and split")
         for k in ("batch_size", "seed", "epoch", "position"):
             setattr(self, k, state[k])
         self.generator.set_state(state["generator_state"])
@@ -227,13 +207,20 @@ class BatchSampler:
             self._perm = self._draw_order()
 
 
+def check_sampler_state(state: dict, n: int, what: str, same: str) -> None:
+    """A ValueError unless a saved sampler `state` is for `n` of `what` (as this one)."""
+    if state["n"] != n:
+        raise ValueError(
+            f"sampler state is for {state['n']} {what} but this data has {n}; resume with the "
+            f"same {same}"
+        )
+
+
 class ItemBatches(BatchSampler):
     """Training batches of items: `next(rank, batch_size)` gives this rank's (x, y) (B, T), its
     number of targets and the global batch's, like text.WindowBatches."""
 
-    def __init__(
-        self, dataset: CharDataset, global_batch: int, seed: int, group_by_length=0, pack=0
-    ):
+    def __init__(self, dataset: CharDataset, global_batch, seed, group_by_length=0, pack=0):
         super().__init__(len(dataset), global_batch, seed, dataset.lengths, group_by_length)
         # > 0: the batch's items end to end in rows of `pack` tokens, or of the longest item's
         # (with its boundary token) where that is longer: no padding between items
@@ -270,7 +257,7 @@ class CharDataset(Rows):
 
     @classmethod
     def from_items(cls, items, tokenizer, block_size, device="cpu", trim=True) -> CharDataset:
-        return cls(*encode_items(items, tokenizer, block_size), device=device, trim=trim)
+        return cls(*encode_items(items, tokenizer, block_size), device, trim)
 
     @property
     def block_size(self) -> int:

@@ -8,7 +8,8 @@ boundary token, a span of L random characters, then the same span again:
 The first copy cannot be predicted; in the repeat, from s2 on, an induction head (attend to the
 token after an earlier occurrence of this one, copy it) predicts each character. The loss is
 compared on the same targets s2..sL in both copies: the first copy's at positions 1..L-1, the
-repeat's at L+1..2L-1. A seeded torch.Generator gives the same rows on any machine.
+repeat's at L+1..2L-1. A seeded torch.Generator gives the same rows on any machine. On a text
+model the rows are passages of its own text twice, without the boundary token (repeated_passages).
 """
 
 from __future__ import annotations
@@ -88,12 +89,10 @@ def repeated_spans(
     lengths = torch.randint(lo, hi + 1, (n,), generator=g)  # (N,)
     pos = torch.arange(T)  # (T,)
     L = lengths[:, None]  # (N, 1)
-    if fill:  # the span's first copy starts at 1 + P, P uniform in 0..T-1-2L
-        room = (T - 2 * lengths).clamp(min=1)  # (N,) choices of P
-        P = (torch.rand(n, generator=g) * room).long().clamp(max=room - 1)[:, None]  # (N, 1)
-    else:
-        P = torch.zeros_like(L)
-    rel = pos[None, :] - 1 - P  # (N, T): position within the two copies
+    # the span's first copy starts at 1 + P: P = 0, or with fill uniform in 0..T-1-2L
+    room = (T - 2 * lengths).clamp(min=1)  # (N,) choices of P
+    P = (torch.rand(n, generator=g) * room).long().clamp(max=room - 1)[:, None] if fill else 0
+    rel = pos[None, :] - 1 - P  # (N, T) or (1, T): position within the two copies
     # the copies hold span[rel mod L] at 0 <= rel < 2L; position 0 is the boundary token; the
     # rest is padding (boundary) or, with fill, random characters
     k = (rel.clamp(min=0) % L).clamp(max=hi - 1)  # (N, T) index into the span
@@ -106,11 +105,25 @@ def repeated_spans(
         other = torch.full((n, T), BOUNDARY_ID)
         real = copies
     x = torch.where(copies, spans.gather(1, k), other)  # (N, T)
+    return _repeats(x, rel, L, real)
+
+
+def repeated_passages(ids: Tensor, n: int, span: int, generator: torch.Generator) -> Repeats:
+    """n rows of a passage of `span` consecutive ids of a text (from a random start), then the same
+    passage again, no boundary token: the copies' targets s2..sL at positions 0..L-2 and L..2L-2."""
+    starts = torch.randint(len(ids) - span + 1, (n,), generator=generator)  # (N,)
+    x = ids[starts[:, None] + torch.arange(span)].long().repeat(1, 2)  # (N, 2L)
+    L = torch.full((n, 1), span)
+    return _repeats(x, torch.arange(2 * span).expand_as(x), L, torch.ones_like(x, dtype=torch.bool))
+
+
+def _repeats(x: Tensor, rel: Tensor, L: Tensor, real: Tensor) -> Repeats:
+    """Rows x (N, T) with two copies of L (N, 1) ids at rel = 0..2L-1; y: the next id where real."""
     y = torch.full_like(x, IGNORE_ID)
     y[:, :-1] = torch.where(real[:, 1:], x[:, 1:], IGNORE_ID)  # the next token, then -1
     first = (rel >= 0) & (rel <= L - 2)  # the queries whose targets are s2..sL, first copy
     repeat = (rel >= L) & (rel <= 2 * L - 2)  # the same targets in the repeat
-    return Repeats(x, y, first, repeat, lengths)
+    return Repeats(x, y, first, repeat, L[:, 0])
 
 
 def repeat_items(n: int, chars: str, span: tuple[int, int], length: int, seed: int) -> list[str]:

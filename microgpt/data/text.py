@@ -1,13 +1,7 @@
-"""Continuous text (`data.format=text`): one stream of characters, split into contiguous slices
-(the first 90% train, then 5% val, 5% test), trained on random windows and evaluated over every
-character of a split.
-
-A training window is `block_size + 1` consecutive characters from a uniformly random start in the
-train slice: x its first block_size, y its last. The starts come from a seeded torch.Generator
-whose state is saved in last.pt, so a resumed run draws the same windows. Evaluation cuts a split
-into non-overlapping windows of block_size targets, the last one shorter (its padding ignored):
-every character of the split but the first is predicted exactly once. The loss is nats per
-character; bits per character = nats / ln 2.
+"""Continuous text (`data.format=text`): one stream of characters in contiguous slices (90% train,
+5% val, 5% test). Training draws windows of block_size + 1 characters at seeded random starts (x
+the first block_size, y the last); evaluation cuts a split into non-overlapping windows, so every
+character of it but the first is predicted exactly once.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from microgpt.data.lines import IGNORE_ID, Rows, read_data_file
+from microgpt.data.lines import IGNORE_ID, Rows, check_sampler_state, read_data_file
 from microgpt.errors import DataError, decode_utf8
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
@@ -142,21 +136,13 @@ class WindowBatches:
         x, y = windows[:, :-1], windows[:, 1:]  # (B, T) each
         return x, y, len(mine) * self.block_size, len(starts) * self.block_size
 
-    @property
-    def epochs_done(self) -> float:
-        return self.drawn * self.block_size / len(self.ids)
-
     def state_dict(self) -> dict:
         keys = ("n", "batch_size", "seed", "drawn")
         state = self.generator.get_state().clone()
         return {**{k: getattr(self, k) for k in keys}, "generator_state": state}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["n"] != self.n:
-            raise ValueError(
-                f"sampler state is for {state['n']} window starts but this text has {self.n}; "
-                f"resume with the same text and block_size"
-            )
+        check_sampler_state(state, self.n, "window starts", "text and block_size")
         self.batch_size, self.seed, self.drawn = state["batch_size"], state["seed"], state["drawn"]
         self.generator.set_state(state["generator_state"])
 
@@ -181,16 +167,6 @@ class TextWindows(Rows):
         x = windows[:, :-1].masked_fill(~real[:, :-1], BOUNDARY_ID)
         y = windows[:, 1:].masked_fill(~real[:, 1:], IGNORE_ID)
         return x.to(self.device), y.to(self.device)
-
-
-def probe_passage(ids: Tensor, length: int = PROBE_LENGTH, newline_id: int | None = None) -> Tensor:
-    """`length` validation ids for the attention maps, from the start of a line where one fits."""
-    start = 0
-    if newline_id is not None:
-        hits = (ids[: max(len(ids) - length, 0)] == newline_id).nonzero()
-        if len(hits):
-            start = int(hits[0]) + 1
-    return ids[start : start + length]
 
 
 class VerbatimIndex:

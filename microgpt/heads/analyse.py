@@ -17,15 +17,17 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from microgpt.data.repeats import repeated_spans, span_for
+from microgpt.data.repeats import repeated_passages, repeated_spans, span_for
 from microgpt.heads import circuits, roles
 from microgpt.heads.circuits import batches_loss, keep_all, model_heads, token_losses
 from microgpt.heads.report import PRUNE_TOLERANCE, HeadReport, Probe
 from microgpt.system import eval_mode
+from microgpt.tokenizer import BOUNDARY_ID
 
 BATCH_SIZE = 256  # rows per forward pass
 BOUNDARY_LABEL = "<s>"  # the boundary token in the circuit tables
 PROBE_ROWS = 200  # rows of repeated spans in the induction probe
+TEXT_PROBE_ROWS = 32  # rows of a text's passages twice (a block each: as many tokens as 270 spans)
 PROBE_SEED = 1234  # the probe's own seed: every run and step sees the same rows
 
 
@@ -93,13 +95,18 @@ def _first_pass(model, batches, members, chars, width: int):
 
 
 @torch.no_grad()
-def run_probe(model, device) -> Probe | None:
-    """The repeated-span probe (microgpt.data.repeats) on `model` in eval mode; None where the
-    span would be < 2."""
-    span, V = span_for(model.config.block_size), model.config.vocab_size
+def run_probe(model, device, text: Tensor | None = None) -> Probe | None:
+    """The repeated-span probe (microgpt.data.repeats) on `model` in eval mode: random spans, or
+    passages of half the block from `text` (ids); None where the span would be < 2."""
+    T, V = model.config.block_size, model.config.vocab_size
+    span = span_for(T) if text is None else min(T // 2, len(text))
     if span < 2 or V < 3:
         return None
-    rows = repeated_spans(PROBE_ROWS, V, span, torch.Generator().manual_seed(PROBE_SEED))
+    g = torch.Generator().manual_seed(PROBE_SEED)
+    if text is None:
+        rows = repeated_spans(PROBE_ROWS, V, span, g)
+    else:
+        rows = repeated_passages(text.cpu(), TEXT_PROBE_ROWS, span, g)
     x, y, repeat = rows.x.to(device), rows.y.to(device), rows.repeat.to(device)
     logits, _, attention = model.forward_with_attention(x)
     per_token = token_losses(logits, y)  # (B, T)
@@ -118,6 +125,7 @@ def run_probe(model, device) -> Probe | None:
         loss_first=float(per_token[rows.first.to(device)].mean()),
         loss_repeat=float(per_token[repeat].mean()),
         ablated=circuits.each_head(model, lambda layer, h: repeat_loss((layer, h))),
+        text=text is not None,
     )
     if found.induction_heads.any():
         found.induction_zeroed = repeat_loss(found.induction_heads.to(device))
@@ -151,7 +159,9 @@ def analyse(
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # the baseline with an all-ones mask: the exact arithmetic of every ablated pass
         base = batches_loss(model, batches, keep_all(model, device))
-        found = run_probe(model, device) if probe else None
+        # text windows (no boundary token at their start): the probe repeats passages of them
+        text = x[y >= 0] if bool((x[:, 0] != BOUNDARY_ID).all()) else None
+        found = run_probe(model, device, text) if probe else None
         qk, ov, copying = circuits.layer0_circuits(model)
     return HeadReport(
         n_layer=model.config.n_layer,

@@ -26,7 +26,8 @@ from microgpt.heads.report import HeadReport
 from microgpt.system import DEVICES, check_threads, pick_device, set_threads
 from microgpt.train.checkpoint import Checkpoint
 
-ANALYSIS_TARGETS = 16384  # the command analyses the first validation rows holding this many targets
+# the command analyses the first validation rows holding this many targets: every name, 32 windows
+ANALYSIS_TARGETS = {"lines": 16384, "text": 4096}
 
 
 def training_counts(data) -> Tensor:
@@ -53,8 +54,9 @@ def analyse_checkpoint(
     data = data_of_checkpoint(ckpt, device)
     val = data.datasets["val"]  # names, or windows of a text run
     x, y = val.batch(torch.arange(len(val)))  # (N, T) each
-    keep = int(((y >= 0).sum(dim=1).cumsum(0) <= ANALYSIS_TARGETS).sum().clamp(min=1))
-    x, y = x[:keep], y[:keep]  # every name; the first 128 windows of 128 characters of a text
+    limit = ANALYSIS_TARGETS["text" if data.format == "text" else "lines"]
+    keep = int(((y >= 0).sum(dim=1).cumsum(0) <= limit).sum().clamp(min=1))
+    x, y = x[:keep], y[:keep]
     report = analyse(model, x, y, tokenizer, training_counts(data))
     report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.step}
     return report, run, ckpt_path

@@ -30,7 +30,7 @@ MEASURES = {
 @dataclass
 class Probe:
     """The repeated-span probe (microgpt.data.repeats): rows of a boundary token, a random span of
-    `span` characters and the span again. Tensors (L, H)."""
+    `span` characters and the span again, or (text) a passage of the text twice. Tensors (L, H)."""
 
     rows: int
     span: int
@@ -39,6 +39,7 @@ class Probe:
     loss_first: float  # on s2..sL of the first copy (unpredictable: about ln of the characters)
     loss_repeat: float  # on the same targets in the repeat
     ablated: Tensor  # the repeat's loss with the head zeroed
+    text: bool = False  # passages of the validation text, not random spans
     # the repeat's loss with every induction head (induction_heads) zeroed together; nan: none
     induction_zeroed: float = math.nan
 
@@ -241,8 +242,11 @@ class HeadReport:
         if probe is not None:
             best = divmod(int(probe.prefix.argmax()), self.n_head)
             zeroed = _heads(probe.induction_heads.nonzero().tolist())
+            what = (
+                "a {}-character passage of the text" if probe.text else "a random {}-character span"
+            )
             lines.append(
-                f"Repeated spans ({probe.rows} rows of a random {probe.span}-character span "
+                f"Repeated spans ({probe.rows} rows of {what.format(probe.span)} "
                 f"twice): loss {probe.loss_first:.3f} on the first copy, {probe.loss_repeat:.3f} "
                 f"on the repeat (gain {probe.gain:.3f} nats); best prefix matching "
                 f"L{best[0]}H{best[1]} {float(probe.prefix.max()):.2f}, which zeroed brings the "

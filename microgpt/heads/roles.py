@@ -67,12 +67,8 @@ def relation_masks(x: Tensor, chars: str | None) -> dict[str, Tensor]:
     after = torch.zeros_like(same)
     after[:, :, 1:] = x[:, :, None] == x[:, None, :-1]  # (B, T, T): x_{j-1} == x_i
     out["induction"] = after & causal
-    ids = {c: k for k, c in enumerate(chars or "", start=1)}
-    breaks = {
-        "line_start": [ids["\n"]] if "\n" in ids else [],
-        "word_start": [k for c, k in ids.items() if c.isspace()],
-    }
-    for name, wanted in breaks.items():
+    for name, is_break in (("line_start", lambda c: c == "\n"), ("word_start", str.isspace)):
+        wanted = [k for k, c in enumerate(chars or "", start=1) if is_break(c)]
         if wanted:
             flags = torch.isin(x, torch.tensor(wanted, device=x.device))  # (B, T)
             last = torch.where(flags, i, -1).cummax(dim=1).values  # (B, T): last break at p <= i

@@ -1,6 +1,6 @@
-"""What `python sample.py` does: find and load a checkpoint, sample, mark each item new or found
-in a split (names) or measure its longest stretch found verbatim in the training text (passages
-of a text run), and write `out` if asked. It prints nothing: sample.py prints the SampleResult.
+"""What `python sample.py` does but printing: find and load a checkpoint, sample names (marked new
+or found in a split) or passages (with their longest stretch found verbatim in the training
+text), and write `out` if asked.
 """
 
 from __future__ import annotations
@@ -33,10 +33,7 @@ class SampleResult:
 
     names: list[str]
     marked: list[tuple[str, str]]  # (name, "new" | "train" | "val" | "test" | "empty")
-    checkpoint: Path
-    step: int | None
-    val_loss: float | None
-    seed: int
+    step: int | None  # the checkpoint's
     header: str
     lines: list[str]  # the header, notes, one line per item, a summary
     to_stdout: bool = False  # out=-: the items alone go to standard output, the report to stderr
@@ -110,7 +107,7 @@ def check_items_fit(num_samples: int, length: int) -> None:
 
 
 def sample_from_config(cfg, progress=None) -> SampleResult:
-    """Everything `python sample.py` does but printing. `progress(done, total)` follows each batch
+    """Everything `python sample.py` does but printing; `progress(done, total)` follows each batch
     of names."""
     # every setting that does not need the model, before any loading
     c = load_config(cfg, SampleConfig)
@@ -118,37 +115,32 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
     set_threads(c.threads)
     path = find_checkpoint(c.ckpt, c.run)
     ckpt = Checkpoint.load(path, map_location="cpu")
-    data_path = ckpt.data.get("path")
     text_run = ckpt.data.get("format") == "text"
     try:
         split = Split.from_dict(ckpt.split) if ckpt.split is not None else None
     except DataError:
         split = None
-    lists = ("train", "val", "test") if not text_run else ()  # a text run's split: no items
-    items = {i for name in lists for i in getattr(split, name, None) or []}
-    out = check_out(c.out, path, data_path, c.overwrite, items)
+    # a text run's split has no items
+    items = set() if text_run or split is None else {*split.train, *split.val, *split.test}
+    out = check_out(c.out, path, ckpt.data.get("path"), c.overwrite, items)
     model, tokenizer = ckpt.build_model(device)
     count = c.num_samples if c.num_samples is not None else (PASSAGES if text_run else NAMES)
     check_items_fit(count, (c.max_len or PASSAGE_LENGTH) if text_run else model.config.block_size)
     seed = c.seed if c.seed is not None else int.from_bytes(os.urandom(4), "little")
     shown, notes = _sample(c, ckpt, text_run, model, tokenizer, split, count, seed, progress)
-
-    metrics = ckpt.metrics
-    metrics = metrics if isinstance(metrics, dict) else {}  # a hand-edited one: shown as n/a
+    # a hand-edited metrics entry is shown as n/a
+    metrics = ckpt.metrics if isinstance(ckpt.metrics, dict) else {}
     val_loss = metrics.get("val_loss", metrics.get("best_val_loss"))
-    step = ckpt.step
     loss = f"{val_loss:.4f}" if isinstance(val_loss, (int, float)) else "n/a"
-    header = (
-        f"checkpoint {path} (step {'?' if step is None else step}, val loss {loss}), seed {seed}"
-    )
+    step = "?" if ckpt.step is None else ckpt.step
+    header = f"checkpoint {path} (step {step}, val loss {loss}), seed {seed}"
     if split is None and not text_run:
         header += " [no data split in this checkpoint: every item is marked new]"
     if out is not None:
         _write_out(out, shown.lines[:-1] if text_run else shown.items, c)
     lines = [header, *notes, *shown.lines]
-    return SampleResult(
-        shown.items, shown.marked or [], path, step, val_loss, seed, header, lines, c.out == STDOUT
-    )
+    marked = shown.marked or []
+    return SampleResult(shown.items, marked, ckpt.step, header, lines, c.out == STDOUT)
 
 
 def run_sampling(**settings) -> SampleResult:

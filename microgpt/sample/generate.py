@@ -1,10 +1,7 @@
 """Decoding: `sample_next` (logits -> one token per row: temperature, top-k, top-p); `decode`,
 the loop that fills token rows from a GPT with the KV cache, sliding past the context; `generate`
-(item rows) and `sample_items` (strings, in batches).
-
-Sampling settings are checked once, where they enter (`generate`, or SampleConfig through
-`check_sampling_args`), and trusted after; what needs the model (the prefix, the cache's memory)
-is checked where the model is known.
+(item rows) and `sample_items` (strings, in batches). Sampling settings are checked where they
+enter (`generate`, SampleConfig); what needs the model, where the model is known.
 """
 
 from __future__ import annotations
@@ -51,9 +48,8 @@ def check_sampling_args(temperature: float, top_k: int | None, top_p: float | No
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> torch.Tensor:
-    """logits (B, V) -> one token id per row (B,). temperature 0 is greedy (argmax); otherwise the
-    logits are divided by it, cut to the top_k most likely tokens, then to the smallest set whose
-    probability reaches top_p, and a token is drawn with `generator`."""
+    """logits (B, V) -> one token id per row (B,): argmax at temperature 0, else drawn from the
+    tempered logits cut to the top_k tokens, then to the smallest set reaching probability top_p."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     # subtracting the max first keeps a tiny temperature from overflowing to inf (and NaN later)
@@ -101,28 +97,6 @@ def decode(
     return idx
 
 
-def _items(model, n: int, prefix: list[int], max_new: int | None, *sampling) -> torch.Tensor:
-    """(n, len(prefix) + new) ids: `n` items decoded after the boundary token and the prefix,
-    of at most max_new new tokens and block_size - 1 characters (the longest item trained on)."""
-    new = model.config.block_size - 1 - len(prefix)
-    new = new if max_new is None else min(new, max_new)
-    device = model.wte.weight.device
-    idx = torch.full((n, 1 + len(prefix) + new), BOUNDARY_ID, dtype=torch.long, device=device)
-    idx[:, 1 : 1 + len(prefix)] = torch.tensor(prefix, dtype=torch.long, device=device)
-    return decode(model, idx, 1 + len(prefix), *sampling)[:, 1:]
-
-
-def _check_prefix(prefix: list[int], vocab_size: int, block_size: int) -> None:
-    """A SamplingError unless `prefix` (ids) is characters that leave room in an item."""
-    if len(prefix) > block_size - 1:
-        raise SamplingError(
-            f"prefix of {len(prefix)} characters is longer than this model's items: block_size is "
-            f"{block_size} (1 boundary token + at most {block_size - 1} characters)"
-        )
-    if any(not 0 < t < vocab_size for t in prefix):
-        raise SamplingError(f"prefix ids must be characters, in 1..{vocab_size - 1}: {prefix}")
-
-
 def generate(
     model,
     num_samples: int = 1,
@@ -135,16 +109,29 @@ def generate(
     max_new_tokens: int | None = None,
     stop_at_boundary: bool = True,
 ) -> torch.Tensor:
-    """(num_samples, n) ids sampled from `model` (a GPT): `prefix` (ids), then items' new tokens
-    (see _items), the same with and without the cache for the same generator state.
+    """(num_samples, len(prefix) + new) ids: items decoded after the boundary token and `prefix`
+    (ids), of at most max_new_tokens new tokens and block_size - 1 characters (the longest item
+    trained on); the same with and without the cache for the same generator state.
     stop_at_boundary=False fills every row to its full length (benchmarks)."""
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise SamplingError(f"num_samples={num_samples!r} must be an integer >= 1")
     check_sampling_args(temperature, top_k, top_p)
     prefix = [int(t) for t in (prefix if prefix is not None else [])]
-    _check_prefix(prefix, model.config.vocab_size, model.config.block_size)
-    sampling = (stop_at_boundary, generator, temperature, top_k, top_p, use_cache)
-    return _items(model, num_samples, prefix, max_new_tokens, *sampling)
+    vocab_size, block_size = model.config.vocab_size, model.config.block_size
+    if len(prefix) > block_size - 1:
+        raise SamplingError(
+            f"prefix of {len(prefix)} characters is longer than this model's items: block_size is "
+            f"{block_size} (1 boundary token + at most {block_size - 1} characters)"
+        )
+    if any(not 0 < t < vocab_size for t in prefix):
+        raise SamplingError(f"prefix ids must be characters, in 1..{vocab_size - 1}: {prefix}")
+    new = block_size - 1 - len(prefix)
+    new = new if max_new_tokens is None else min(new, max_new_tokens)
+    device = model.wte.weight.device
+    idx = torch.full((num_samples, 1 + len(prefix) + new), BOUNDARY_ID, device=device)
+    idx[:, 1 : 1 + len(prefix)] = torch.tensor(prefix, dtype=torch.long, device=device)
+    sampling = (temperature, top_k, top_p, use_cache)
+    return decode(model, idx, 1 + len(prefix), stop_at_boundary, generator, *sampling)[:, 1:]
 
 
 def seeded(device: torch.device, seed: int | None) -> torch.Generator:
@@ -170,7 +157,7 @@ def sample_items(
     """`num_samples` items (strings) sampled `batch_size` at a time, each starting with `prefix`
     and at most `max_len` characters long (default: what the block size allows). The same seed
     gives the same items, with or without the cache. `progress(done, total)` follows each batch."""
-    prefix_ids = _prefix_ids(model, tokenizer, prefix, max_len)
+    prefix_ids = _prefix_ids(tokenizer, prefix, max_len)
     device = next(model.parameters()).device
     batch_size = min(batch_size or default_batch(model, num_samples), num_samples)
     need = batch_size * cache_bytes_per_row(model)
@@ -180,9 +167,9 @@ def sample_items(
             f"batch_size={batch_size} needs a KV cache of {gib(need)} but {device} has "
             f"{gib(free)} free; lower batch_size (or leave it null)"
         )
-    generator = seeded(device, seed)
     max_new = None if max_len is None else max_len - len(prefix)
-    sampling = (True, generator, temperature, top_k, top_p, use_cache)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache)
+    sampling |= dict(generator=seeded(device, seed), max_new_tokens=max_new)
     c, threads = model.config, torch.get_num_threads()
     small = device.type == "cpu" and batch_size * c.n_layer * c.n_embd**2 < SINGLE_THREAD_WORK
     torch.set_num_threads(1 if small else threads)
@@ -190,7 +177,7 @@ def sample_items(
     try:
         while len(items) < num_samples:
             n = min(batch_size, num_samples - len(items))
-            rows = _items(model, n, prefix_ids, max_new, *sampling)
+            rows = generate(model, n, prefix_ids, **sampling)
             items.extend(tokenizer.decode(row) for row in rows.tolist())
             if progress is not None:
                 progress(len(items), num_samples)
@@ -199,8 +186,9 @@ def sample_items(
     return items
 
 
-def _prefix_ids(model, tokenizer, prefix: str, max_len: int | None) -> list[int]:
-    """The prefix's ids; a SamplingError if the tokenizer, the model or max_len cannot take it."""
+def _prefix_ids(tokenizer, prefix: str, max_len: int | None) -> list[int]:
+    """The prefix's ids; a SamplingError if the tokenizer or max_len cannot take it (generate
+    checks that the model can)."""
     if max_len is not None and max_len <= len(prefix):
         raise SamplingError(
             f"max_len={max_len} must be longer than the prefix ({len(prefix)} characters)"
@@ -209,6 +197,4 @@ def _prefix_ids(model, tokenizer, prefix: str, max_len: int | None) -> list[int]
         tokenizer.check(prefix, what="prefix")
     except ValueError as e:
         raise SamplingError(str(e)) from None
-    prefix_ids = tokenizer.encode(prefix)
-    _check_prefix(prefix_ids, model.config.vocab_size, model.config.block_size)
-    return prefix_ids
+    return tokenizer.encode(prefix)

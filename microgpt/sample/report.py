@@ -1,7 +1,6 @@
 """What a run shows of its samples: names marked "new" or found in a split (makemore style), or
-passages continuing a prompt, each with the longest stretch of its continuation found verbatim in
-the training text (the number to watch for memorisation). `sample_for_run` is what the trainer
-logs and writes to samples.txt; `python sample.py` calls `sample_names` / `sample_passages`.
+passages continuing a prompt, each with its longest stretch found verbatim in the training text
+(the number to watch for memorisation). The trainer logs `sample_for_run`.
 """
 
 from __future__ import annotations
@@ -24,12 +23,11 @@ EVAL_NAMES, EVAL_PASSAGES = 10, 1  # items each evaluation logs
 
 @dataclass
 class Samples:
-    """Sampled items and how they are shown: `lines` is what is printed and written."""
+    """Sampled items and the lines that show them (printed and written)."""
 
     items: list[str]  # names, or passages (prompt + continuation)
     lines: list[str]
     marked: list[tuple[str, str]] | None = None  # names: (name, "new" | "train" | ...)
-    verbatim: list[int] | None = None  # passages: the longest verbatim stretch of each
     note: str = ""  # passages: what was done to the prompt, if anything
 
 
@@ -64,10 +62,9 @@ def format_marked(marked: list[tuple[str, str]]) -> list[str]:
 def sample_passages(
     model, tokenizer, index: VerbatimIndex | None, n: int, seed, prefix="", max_len=None, **sampling
 ) -> Samples:
-    """`n` continuations of `prefix` (default: a new line) by `max_len` characters (default
-    PASSAGE_LENGTH), with decode's `sampling` settings; a prefix longer than the context keeps its
-    last block_size - 1 characters (`note`). With an `index`, each passage's longest verbatim
-    stretch of the training text."""
+    """`n` continuations of `prefix` (default: a new line) by `max_len` characters (decode's
+    `sampling` settings), each with its longest verbatim stretch of the `index`ed training text;
+    a prefix longer than the context keeps its last block_size - 1 characters (`note`)."""
     if unknown := tokenizer.unknown_chars(prefix):
         raise SamplingError(
             f"prefix has characters this model's vocabulary does not know: "
@@ -89,7 +86,7 @@ def sample_passages(
     new = rows[:, len(prompt) :].tolist()
     passages = [prompt + "".join(tokenizer.itos.get(i, "?") for i in row) for row in new]
     verbatim = [index.longest(row)[0] for row in new] if index is not None else None
-    return Samples(passages, format_passages(passages, verbatim), verbatim=verbatim, note=note)
+    return Samples(passages, format_passages(passages, verbatim), note=note)
 
 
 def check_max_new(max_new) -> None:
@@ -126,8 +123,7 @@ def format_passages(passages: list[str], verbatim: list[int] | None) -> list[str
 
 
 def sample_for_run(model, data: Data, n: int | None, seed: int) -> Samples:
-    """What a run shows: `n` names marked against the split, or `n` passages of PASSAGE_LENGTH
-    characters with their longest verbatim stretch. n=None: what an evaluation logs."""
+    """What a run shows: `n` marked names or passages; n=None: what an evaluation logs."""
     if data.format == "text":
         n = EVAL_PASSAGES if n is None else n
         return sample_passages(model, data.tokenizer, data.verbatim_index, n, seed)

@@ -1,6 +1,6 @@
 """A self-describing checkpoint, the typed `Checkpoint`: on disk a dict of plain containers and
 tensors (loaded with weights_only=True: nothing in it runs code) with a sha256 checksum checked at
-load, saved atomically (files.atomic_write: a killed save leaves the previous checkpoint whole)."""
+load, saved atomically (a killed save leaves the previous checkpoint whole)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from microgpt.config import Config, ConfigError, flatten
-from microgpt.errors import UserError
+from microgpt.errors import UserError, reason
 from microgpt.files import atomic_write
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
@@ -23,13 +23,13 @@ FORMAT = "microgpt-checkpoint"
 VERSION = 1
 # torch.save writes a zip archive; anything else is never unpickled
 ZIP_MAGIC = b"PK\x03\x04"
-# Settings that may differ when a run is resumed; every other setting must match the checkpoint's.
-RESUMABLE_CHANGES = (
-    "train.max_steps", "train.eval_every", "train.save_every", "train.eval_batch_size",
-    "train.log_every", "train.num_samples", "train.progress", "train.compile", "train.precision",
-    # the data's content (items, split, tokenizer) must match, wherever it lies
-    "data.path", "data.prepare", "log.", "device", "threads", "out_dir", "resume",
-)  # fmt: skip
+# settings that may differ when a run is resumed ("log." names all of log); the data's content
+# (items, split, tokenizer) must match, wherever it lies
+RESUMABLE_CHANGES = tuple(
+    "train.max_steps train.eval_every train.save_every train.eval_batch_size train.log_every "
+    "train.num_samples train.progress train.compile train.precision data.path data.prepare log. "
+    "device threads out_dir resume".split()
+)
 
 
 class CheckpointError(UserError):
@@ -62,13 +62,14 @@ class Checkpoint:
 
     def to_dict(self) -> dict:
         """What is saved: format, version and the fields (no `resume` in a weights-only one)."""
-        saved = [f.name for f in fields(self) if f.name != "path"]
-        saved = [k for k in saved if k != "resume" or self.resume is not None]
-        return {"format": FORMAT, "version": VERSION, **{k: getattr(self, k) for k in saved}}
+        saved = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "path"}
+        if self.resume is None:
+            del saved["resume"]
+        return {"format": FORMAT, "version": VERSION, **saved}
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write it with its checksum to `path` atomically; a failed write (a full or read-only
-        disk) is a CheckpointError saying which checkpoint of the run is whole, how to resume."""
+        """Write it with its checksum to `path` atomically; a failed write is a CheckpointError
+        saying which checkpoint of the run is whole."""
         path, full = Path(path), self.to_dict()
         full["checksum"] = checksum(full)
         try:
@@ -80,20 +81,15 @@ class Checkpoint:
             if isinstance(e, RuntimeError) and "write" not in str(e):
                 raise
             last = path.parent / "last.pt"
-            # an atomic write that failed left last.pt as it was
-            kept = (
-                f"the last good checkpoint, {last}, is whole: free the space (or fix the "
-                f"permissions), then continue with python train.py resume={last}"
-                if last.is_file()
-                else "no checkpoint of this run was written yet: free the space, then start again"
-            )
-            raise CheckpointError(f"cannot write {path}: {_why(e)}; {kept}") from None
+            kept = f"{last} is whole: free space, then python train.py resume={last}"
+            if not last.is_file():
+                kept = "no checkpoint of this run was written yet: free space, then start again"
+            raise CheckpointError(f"cannot write {path}: {reason(e)}; {kept}") from None
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike, map_location="cpu") -> Checkpoint:
-        """Load with torch.load(weights_only=True), the checksum checked; a CheckpointError
-        naming the file if it cannot be used."""
+        """Load with torch.load(weights_only=True) and check its checksum, else CheckpointError."""
         path = Path(path)
         raw = _read(path, map_location)
         names = {f.name for f in fields(cls)} - {"path"}
@@ -101,14 +97,9 @@ class Checkpoint:
         if not isinstance(raw, dict) or raw.get("format") != FORMAT or not required <= raw.keys():
             problem = f"is not a microgpt checkpoint (no {FORMAT!r} format marker or model)"
         elif (version := raw.get("version", 0)) > VERSION:
-            problem = f"was written by a newer microgpt (checkpoint version {version} > {VERSION})"
-            problem += "; upgrade"
+            problem = f"was written by a newer microgpt (version {version} > {VERSION}); upgrade"
         elif "checksum" in raw and raw["checksum"] != checksum(raw):
-            problem = (
-                "is corrupt: its content does not match the checksum written with it (a changed, "
-                "flipped or zeroed byte); use another checkpoint (best.pt or last.pt of the run, "
-                "or an earlier step-N.pt)"
-            )
+            problem = "is corrupt: its content does not match its checksum; use another checkpoint"
         else:
             return cls(**{k: v for k, v in raw.items() if k in names}, path=path)
         raise CheckpointError(f"{path} {problem}")
@@ -121,14 +112,11 @@ class Checkpoint:
             model = GPT(config)
             model.load_state_dict(self.model)
         except (TypeError, ValueError, RuntimeError, KeyError) as e:
-            raise CheckpointError(
-                f"{self.path} holds a model that cannot be rebuilt: {_why(e)}"
-            ) from None
+            raise CheckpointError(f"{self.path} holds a model that cannot be rebuilt: {reason(e)}")
         if tokenizer.vocab_size != config.vocab_size:
             raise CheckpointError(
                 f"{self.path} does not hang together: its tokenizer has {tokenizer.vocab_size} "
-                f"symbols but its model's vocabulary has {config.vocab_size}; use an unedited "
-                f"checkpoint"
+                f"symbols, its model {config.vocab_size}; use an unedited checkpoint"
             )
         return model.to(device).eval(), tokenizer
 
@@ -137,8 +125,8 @@ class Checkpoint:
         naming what differs: settings, model, data, the global batch, or no steps left."""
         if self.resume is None:
             raise CheckpointError(
-                f"{self.path} has no training state to resume from (best.pt holds weights only); "
-                f"resume from checkpoints/last.pt"
+                f"{self.path} has no training state (best.pt holds weights only); resume from "
+                f"checkpoints/last.pt"
             )
         config, mine = current.train_config, current.model_config
         _check_settings(self.train_config, config, self.path)
@@ -147,36 +135,30 @@ class Checkpoint:
         was, now = self.data.get("path"), config["data"]["path"]
         max_steps, saved_batch = config["train"]["max_steps"], self.resume["sampler"]["batch_size"]
         ranks = self.resume.get("world_size", 1)
-        if differing:
-            why = f"the model differs in {', '.join(differing)}"
-        # another file named: the data of a run cannot change
-        elif not same_data and was != now:
-            why = (
+        refusals = [
+            (differing, f"the model differs in {', '.join(differing)}"),
+            (
+                not same_data and was != now,
                 f"the data of a run cannot change, and data.path={now} holds other data than the "
-                f"run's {was}; resume with the run's own data (or a copy of it), or start a new "
-                f"run on {now}"
-            )
-        elif not same_data:
-            why = (
-                f"{now} no longer holds the data the run was trained on (different items or "
-                f"split); restore it or start a new run"
-            )
-        elif self.step >= max_steps:
-            raise ConfigError(
+                f"run's {was}; resume with the run's own data, or start a new run",
+            ),
+            (not same_data, f"{now} no longer holds the run's data; restore it or start a new run"),
+            (
+                self.step >= max_steps,
                 f"nothing to resume: {self.path} is at step {self.step} and train.max_steps="
-                f"{max_steps}; pass a larger train.max_steps to train on"
-            )
-        # the data order is drawn per global batch
-        elif saved_batch != global_batch:
-            why = (
-                f"it was trained with a global batch of {saved_batch} ({ranks} "
-                f"rank{'s' if ranks != 1 else ''}) but this run's is {global_batch} "
-                f"(train.batch_size={config['train']['batch_size']} x {world_size} ranks); "
-                f"resume on {ranks} rank(s)"
-            )
-        else:
-            return
-        raise ConfigError(f"cannot resume from {self.path}: {why}")
+                f"{max_steps}; pass a larger train.max_steps",
+            ),
+            # the data order is drawn per global batch
+            (
+                saved_batch != global_batch,
+                f"it was trained with a global batch of {saved_batch} ({ranks} rank"
+                f"{'s' if ranks != 1 else ''}) but this run's is {global_batch} (train.batch_size="
+                f"{config['train']['batch_size']} x {world_size} ranks); resume on {ranks} rank(s)",
+            ),
+        ]
+        why = next((message for refused, message in refusals if refused), None)
+        if why is not None:
+            raise ConfigError(f"cannot resume from {self.path}: {why}")
 
 
 def checksum(checkpoint: dict) -> str:
@@ -225,40 +207,28 @@ def _read(path: Path, map_location):
         with open(path, "rb") as f:
             magic = f.read(4)
     except OSError as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {_why(e)}") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: {reason(e)}") from None
     if magic != ZIP_MAGIC:
-        raise CheckpointError(
-            f"{path} is not a microgpt checkpoint (not a file written by torch.save)"
-        )
+        raise CheckpointError(f"{path} is not a microgpt checkpoint (not written by torch.save)")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         if "weights_only" in str(e) or "Unsupported global" in str(e) or "not allowed" in str(e):
             raise CheckpointError(
                 f"refused to load {path}: it holds Python objects that could run code when "
-                f"unpickled; microgpt checkpoints hold plain data only, so this file is not one "
-                f"(or was tampered with)"
+                f"unpickled, so it is not a microgpt checkpoint (or was tampered with)"
             ) from None
-        raise CheckpointError(f"{path} is not a readable checkpoint ({_why(e)})") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint ({reason(e)})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as e:
         raise CheckpointError(
-            f"{path} is truncated or corrupt and cannot be read ({_why(e)}); "
-            f"use another checkpoint (best.pt or last.pt of the run)"
-        ) from None
-
-
-def _why(e: BaseException) -> str:
-    """An OSError's reason in words ("No space left on device"), else the first sentence."""
-    text = str(e).strip().splitlines()
-    first = text[0].split(". ")[0][:200] if text else type(e).__name__
-    return getattr(e, "strerror", None) or first
+            f"{path} is truncated or corrupt ({reason(e)}); use another checkpoint"
+        )
 
 
 def _check_settings(saved: dict, current: dict, path: Path) -> None:
     """Refuse to resume when a setting outside RESUMABLE_CHANGES differs from the checkpoint's."""
     # a setting added to microgpt after the checkpoint was written counts as its default
     a, b = {**flatten(asdict(Config())), **flatten(saved)}, flatten(current)
-    # "log." names every setting under log
     groups = tuple(r for r in RESUMABLE_CHANGES if r.endswith("."))
     differing = sorted(
         k
@@ -271,7 +241,6 @@ def _check_settings(saved: dict, current: dict, path: Path) -> None:
         )
         allowed = ", ".join(r.rstrip(".") for r in RESUMABLE_CHANGES)
         raise ConfigError(
-            f"cannot resume from {path}: settings differ from the checkpoint's ({details}). Resume "
-            f"with the checkpoint's settings (only {allowed} may change), or start a new run "
-            f"without resume"
+            f"cannot resume from {path}: settings differ from the checkpoint's ({details}); only "
+            f"{allowed} may change, or start a new run"
         )

@@ -1,5 +1,5 @@
-"""Measuring the loss: the mean per character over a whole split (`evaluate`), and the train loss
-of the steps between two log lines (`StepResult`, `LossWindow`)."""
+"""The loss: its mean per character over a split (`evaluate`), and the train loss of the steps
+between two log lines (`StepResult`, `LossWindow`)."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ class LossWindow:
         self.start_clock()
 
     def start_clock(self) -> None:
-        """Time training from now: the tokens so far (a resumed window's) are not timed; `paused`
-        gathers the seconds spent on other work (evaluation, checkpoints, the head analysis)."""
+        """Time training from now (not a resumed window's tokens); `paused` gathers the seconds
+        spent on other work (evaluation, checkpoints, the head analysis)."""
         self.time, self.paused, self.untimed = time.perf_counter(), 0.0, self.tokens
 
     def tokens_per_sec(self, now: float) -> float:

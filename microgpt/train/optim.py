@@ -16,8 +16,7 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW, or Muon for the blocks' matrices and AdamW for the rest; weight decay on matrices
-    (Linear weights, embeddings) only, never biases or gains."""
+    """AdamW (or Muon), with weight decay on matrices only, never biases or gains."""
     o = config.optim
     if o.name == "muon":
         return Muon(model, o)
@@ -122,10 +121,9 @@ def fit_warmup(config: Config) -> tuple[Config, str | None]:
     o, steps = config.optim, config.train.max_steps
     if o.warmup_steps <= steps:
         return config, None
-    fitted = steps // 10
     line = f"optim.warmup_steps={o.warmup_steps} is longer than the run (train.max_steps={steps})"
-    fitted_config = dataclasses.replace(config, optim=dataclasses.replace(o, warmup_steps=fitted))
-    return fitted_config, f"{line}: using {fitted}"
+    fitted = dataclasses.replace(o, warmup_steps=steps // 10)
+    return dataclasses.replace(config, optim=fitted), f"{line}: using {steps // 10}"
 
 
 def lr_at(step: int, config: Config) -> float:

@@ -81,13 +81,12 @@ def summary(trainer) -> str:
     c, m = trainer.config, trainer.model_config
     kv = f" ({m.n_kv_head} kv heads)" if m.n_kv_head != m.n_head else ""
     precision = "" if trainer.precision == "fp32" else f" {trainer.precision}"
-    ranks = (
-        f" ({c.train.batch_size} x {trainer.dist.world_size} ranks)" if trainer.dist.enabled else ""
-    )
+    ranks = f" ({c.train.batch_size} x {trainer.dist.world_size} ranks)"
+    ranks = ranks if trainer.dist.enabled else ""
     return (
         f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads{kv}, "
         f"attn {m.attn_impl}, {trainer.model.num_params():,} parameters | data "
-        f"{trainer.data_path} ({c.data.format}): {trainer.data.describe()}, vocab "
+        f"{trainer.data.source} ({c.data.format}): {trainer.data.split.describe()}, vocab "
         f"{trainer.tokenizer.vocab_size}, block {m.block_size} | {c.train.max_steps} steps x "
         f"batch {trainer.global_batch}{ranks}, lr {c.optim.lr:g} ({c.optim.warmup_steps} warmup, "
         f"{c.optim.decay}) | device {trainer.device}{precision}"
@@ -133,9 +132,8 @@ def finish(trainer, metrics: dict) -> None:
     hparams.update(batch_size=trainer.global_batch, lr=c.optim.lr, max_steps=c.train.max_steps)
     hparams.update(dropout=m.dropout, seed=c.seed)
     keys = ("best_val_loss", "val_loss", "test_loss")
-    trainer.writer.hparams(
-        hparams, {f"result/{k}": metrics[k] for k in keys if k in metrics}, step=trainer.step
-    )
+    scores = {f"result/{k}": metrics[k] for k in keys if k in metrics}
+    trainer.writer.hparams(hparams, scores, step=trainer.step)
     trainer.writer.close()
     best_val = metrics.get("best_val_loss", math.nan)
     log.info(

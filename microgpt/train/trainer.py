@@ -1,7 +1,5 @@
-"""The training loop: data, model, AdamW with warmup and decay, evaluation, checkpoints, logging.
-
-`train(cfg)` takes a composed config (a DictConfig, a dict or a `Config`), runs, and returns the
-final metrics; `Trainer.train_step()` is one optimisation step. What a run writes: microgpt.runs.
+"""The training loop: `train(cfg)` builds a `Trainer` (device, data, model, optimizer, resume
+state), runs it (`train_step`, evaluation, checkpoints, logging) and returns the final metrics.
 """
 
 from __future__ import annotations
@@ -90,14 +88,12 @@ class Trainer:
             block = c.model_for_data(2, c.model.block_size)
             check_memory(block, c.train.batch_size, self.device, True)
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
-        self.data = data = load_data(
-            c.data.path, c.seed, c.model.block_size, self.device, not c.train.compile,
-            c.data.format, c.data.prepare, c.data.repeats,
-        )  # fmt: skip
-        self.data_path, self.tokenizer, self.split = data.source, data.tokenizer, data.split
-        self.datasets = data.datasets
+        d, trim = c.data, not c.train.compile
+        args = (d.path, c.seed, c.model.block_size, self.device, trim)
+        self.data = data = load_data(*args, d.format, d.prepare, d.repeats)
+        self.tokenizer, self.datasets = data.tokenizer, data.datasets
         # the checkpoint names the data by one absolute path, and its content's hash
-        resolved = dataclasses.replace(c.data, path=str(Path(data.path).resolve()))
+        resolved = dataclasses.replace(d, path=str(Path(data.path).resolve()))
         self.config = dataclasses.replace(c, data=resolved)
         self.data_sha256 = data.sha256()
         try:
@@ -137,9 +133,8 @@ class Trainer:
         """The loop's state: the batches and step 0, or all of it from last.pt on a resume."""
         c = self.config
         self.global_batch = c.train.batch_size * self.dist.world_size
-        self.batches = self.data.train_batches(
-            self.global_batch, c.seed, c.train.group_by_length, c.train.pack
-        )
+        grouping = (c.train.group_by_length, c.train.pack)
+        self.batches = self.data.train_batches(self.global_batch, c.seed, *grouping)
         self.step, self.best_val_loss, self.history = 0, math.inf, {}
         self.window, self.resumed_from = LossWindow(), None
         if self.resume_path is not None:
@@ -178,7 +173,7 @@ class Trainer:
             (self.scaler.is_enabled() or math.isfinite(float(grad_norm)))
             and (self.dist.enabled or math.isfinite(float(loss.detach())))
         ):
-            self._diverged(float(loss.detach()), float(grad_norm), lr)
+            raise diverged(self.step + 1, float(loss.detach()), float(grad_norm), lr, self._last)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -191,7 +186,7 @@ class Trainer:
     # ---- the loop
 
     def run(self) -> dict:
-        c = self.config
+        c, max_steps = self.config, self.config.train.max_steps
         system.run_on_main(self._open_run_folder, self.dist)
         start, tokens_done, other_work = time.perf_counter(), 0, 0.0
         self.window.start_clock()  # throughput counts training alone, not the set-up
@@ -202,11 +197,11 @@ class Trainer:
         try:
             with StopFlag() as stop, logging_redirect_tqdm(loggers=[logging.root]):
                 self.model.train()
-                while self.step < c.train.max_steps:
+                while self.step < max_steps:
                     out = self.train_step(check=(self.step + 1) % check_every == 0)
                     tokens_done += out.tokens
                     self.window.add(out)
-                    final = self.step == c.train.max_steps
+                    final = self.step == max_steps
                     if self.step % c.train.log_every == 0 or final:
                         metrics.update(summary.log_window(self, out, bar))
                     bar.update(1)
@@ -219,7 +214,8 @@ class Trainer:
                     self.window.paused += spent
                     asks = check_every == 1 or self.step % c.train.log_every == 0
                     if asks and not final and system.any_rank(stop.requested, self.dist):
-                        self._interrupted(metrics, stop.signal_name)
+                        self._save_last({**metrics, "interrupted_at": self.step})
+                        raise Interrupted(stop.signal_name, self.step, max_steps, self._last)
         finally:
             bar.close()
         elapsed = time.perf_counter() - start
@@ -243,14 +239,9 @@ class Trainer:
         if self.step == 0:
             self._log_heads(0)
 
-    def _interrupted(self, metrics: dict, signal_name: str) -> None:
-        self._save_last({**metrics, "interrupted_at": self.step})
-        max_steps, last = self.config.train.max_steps, runs.RunFolder(self.out_dir).last
-        raise Interrupted(signal_name, self.step, max_steps, last)
-
-    def _diverged(self, loss: float, grad_norm: float, lr: float, what: str = "") -> None:
-        step = self.step if what == "validation loss" else self.step + 1
-        raise diverged(step, loss, grad_norm, lr, runs.RunFolder(self.out_dir).last, what)
+    @property
+    def _last(self) -> Path:
+        return runs.RunFolder(self.out_dir).last
 
     # ---- evaluation, checkpoints, logging
 
@@ -262,7 +253,7 @@ class Trainer:
             train_config=self.config.to_dict(),
             step=self.step,
             metrics=dict(metrics),
-            split=self.split.to_dict(),
+            split=self.data.split.to_dict(),
             run_id=self.run_id,
             data_sha256=self.data_sha256,
             resume=resume,
@@ -271,9 +262,8 @@ class Trainer:
     def _save_snapshot(self, metrics: dict) -> None:
         """checkpoints/step-NNNNNN.pt: the (averaged) weights and what describes them, no
         optimizer: for sample.py ckpt= and python -m microgpt.heads at this step."""
-        self._checkpoint(metrics, self.eval_model).save(
-            runs.RunFolder(self.out_dir).snapshot(self.step)
-        )
+        snapshot = runs.RunFolder(self.out_dir).snapshot(self.step)
+        self._checkpoint(metrics, self.eval_model).save(snapshot)
 
     def _save_last(self, metrics: dict) -> None:
         """last.pt with the resume state; every rank calls it (each rank's RNG and loss window)."""
@@ -284,8 +274,9 @@ class Trainer:
         # rng: rank 0's, what a resume on another number of ranks uses
         resume.update(scaler=self.scaler.state_dict(), ema=ema, rng=ranks[0]["rng"], ranks=ranks)
         resume.update(best_val_loss=self.best_val_loss, world_size=self.dist.world_size)
-        last = runs.RunFolder(self.out_dir).last
-        system.run_on_main(lambda: self._checkpoint(metrics, resume=resume).save(last), self.dist)
+        system.run_on_main(
+            lambda: self._checkpoint(metrics, resume=resume).save(self._last), self.dist
+        )
 
     def _load_resume(self, path: Path) -> None:
         # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
@@ -330,11 +321,12 @@ class Trainer:
 
     def _evaluate_and_save_best(self, metrics: dict) -> dict:
         c = self.config
-        val_loss = evaluate(
-            self.eval_model, self.datasets["val"], c.train.eval_batch_size, self.autocast
-        )
-        if not math.isfinite(val_loss):  # off the CPU the loss is checked every log_every steps
-            self._diverged(val_loss, math.nan, lr_at(self.step - 1, c), what="validation loss")
+        val = self.datasets["val"]
+        val_loss = evaluate(self.eval_model, val, c.train.eval_batch_size, self.autocast)
+        # off the CPU the train loss is checked every log_every steps
+        if not math.isfinite(val_loss):
+            lr = lr_at(self.step - 1, c)
+            raise diverged(self.step, val_loss, math.nan, lr, self._last, "validation loss")
         improved = val_loss < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, val_loss)
         out = {"val_loss": val_loss, "best_val_loss": self.best_val_loss, "step": self.step}

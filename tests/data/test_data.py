@@ -165,7 +165,7 @@ def test_every_epoch_covers_every_index_once_and_batches_straddle_epochs():
     for epoch in epochs:
         assert sorted(epoch.tolist()) == list(range(n))
     assert len({tuple(e.tolist()) for e in epochs}) > 1  # a fresh permutation each epoch
-    assert sampler.epochs_done == 6.0
+    assert (sampler.epoch, sampler.position) == (6, n)  # six whole epochs handed out
 
 
 def test_batch_larger_than_the_data_samples_across_epochs():

@@ -208,7 +208,7 @@ CASES = [
         "data-is-a-folder",
         lambda w: [f"data.path={w.root / 'files'}"],
         DataError,
-        r"is a directory",
+        r"is a folder",
     ),
     Case("empty-data", lambda w: [f"data.path={w.empty_txt}"], DataError, r"empty\.txt is empty"),
     Case(
@@ -335,7 +335,7 @@ CASES = [
         "checkpoint-is-a-folder-without-a-run",
         lambda w: [f"resume={w.run.parent}"],
         RunFolderError,
-        r"is a folder that holds no run \(no checkpoints/last.pt\)",
+        r"is a folder that holds no run; pass a run folder",
         out="run",
     ),
 ]

@@ -721,7 +721,7 @@ OS_FAILURES = [
     ),  # fmt: skip
     train(
         "run-dir-read-only",
-        message=r"runs/new: cannot write in .*runs \(a read-only disk",
+        message=r"runs/new: cannot write in .*runs \(read-only",
         setup=lambda root: _failing_writes(root / "runs", errno.EROFS),
     ),  # fmt: skip
     train(
@@ -745,7 +745,7 @@ SW = ["-m", *T, "train.max_steps=2", "heads=1,2"]  # a sweep that would train if
 SWEEPS_AND_EDGES = [
     # a sweep owns its folder: refused before Hydra writes multirun.yaml anywhere
     C("sweep-into-a-sweep", "train.py", [*SW, "hydra.sweep.dir=multirun/sweep"],
-      r"multirun/sweep is not empty .*a sweep writes only into a new or empty folder"),
+      r"multirun/sweep is not empty .*a sweep writes only into an empty one"),
     C("sweep-into-user-folder", "train.py", [*SW, "hydra.sweep.dir=out"], r"out is not empty"),
     C("sweep-into-conf", "train.py", [*SW, "hydra.sweep.dir=conf"], r"conf is not empty"),
     C("sweep-into-data", "train.py", [*SW, "hydra.sweep.dir=data"], r"data is not empty"),

@@ -455,14 +455,16 @@ def _tensorboard(sandbox: Sandbox, words: list[str], how: How) -> None:
 
 
 def _slurm(sandbox: Sandbox, words: list[str], how: How) -> None:
-    """Without a cluster the command composes, checks every job and builds submitit's SLURM
-    executor, which stops for want of srun; the same sweep then runs under submitit's local
-    launcher (appended: hydra/launcher=submitit_local, two of the jobs)."""
+    """Without a cluster the command checks every job, then stops in one line (no srun), before
+    Hydra writes the sweep's folder; the same sweep then runs under submitit's local launcher
+    (appended: hydra/launcher=submitit_local, two of the jobs)."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     if shutil.which("srun") is None:  # on a cluster this would submit real jobs: not here
+        before = sorted(sandbox.root.rglob("*"))
         r = run_command(argv_for(words), sandbox.root)
-        assert r.code != 0 and "srun" in r.stderr, r.text[-3000:]
-        assert "microgpt: error" not in r.stderr, r.stderr  # every job's settings are fine
+        assert r.code == 2 and "Traceback" not in r.stderr, r.text[-3000:]
+        assert "error: hydra/launcher=slurm: this machine has no SLURM (no srun)" in r.stderr
+        assert sorted(sandbox.root.rglob("*")) == before
     local = [*words, "heads=1,2", "hydra/launcher=submitit_local"]
     r = run_command(argv_for(local), sandbox.root)
     assert r.code == 0 and "Traceback" not in r.stderr, r.text[-4000:]
