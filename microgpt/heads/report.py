@@ -241,10 +241,10 @@ class HeadReport:
         probe = self.probe
         if probe is not None:
             best = divmod(int(probe.prefix.argmax()), self.n_head)
+            zeroed = _heads(probe.induction_heads.nonzero().tolist())
             what = (
                 "a {}-character passage of the text" if probe.text else "a random {}-character span"
             )
-            zeroed = _heads(probe.induction_heads.nonzero().tolist())
             lines.append(
                 f"Repeated spans ({probe.rows} rows of {what.format(probe.span)} "
                 f"twice): loss {probe.loss_first:.3f} on the first copy, {probe.loss_repeat:.3f} "
