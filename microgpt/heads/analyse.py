@@ -19,7 +19,7 @@ from torch import Tensor
 
 from microgpt.data.repeats import repeated_passages, repeated_spans, span_for
 from microgpt.heads import circuits, roles
-from microgpt.heads.circuits import batches_loss, keep_all, model_heads, token_losses
+from microgpt.heads.circuits import ablated_losses, model_heads, single_heads, token_losses
 from microgpt.heads.report import PRUNE_TOLERANCE, HeadReport, Probe
 from microgpt.system import eval_mode
 from microgpt.tokenizer import BOUNDARY_ID
@@ -112,11 +112,9 @@ def run_probe(model, device, text: Tensor | None = None) -> Probe | None:
     per_token = token_losses(logits, y)  # (B, T)
     prefix, duplicate = roles.probe_scores(attention, x, repeat)
 
-    def repeat_loss(drop) -> float:
-        with circuits.scaled_heads(model, keep_all(model, device, drop=drop)):
-            logits, _ = model(x)
-        return float(token_losses(logits, y)[repeat].mean())
-
+    # the repeat's targets alone: the losses on them, the head zeroed
+    on_repeat = [(x, torch.where(repeat, y, -1))]
+    ablated = ablated_losses(model, on_repeat, [(drop, None) for drop in single_heads(model)])
     found = Probe(
         rows=int(x.shape[0]),
         span=int(rows.lengths.max()),
@@ -124,11 +122,12 @@ def run_probe(model, device, text: Tensor | None = None) -> Probe | None:
         duplicate=duplicate,
         loss_first=float(per_token[rows.first.to(device)].mean()),
         loss_repeat=float(per_token[repeat].mean()),
-        ablated=circuits.each_head(model, lambda layer, h: repeat_loss((layer, h))),
+        ablated=ablated[1:].view(prefix.shape),
         text=text is not None,
     )
     if found.induction_heads.any():
-        found.induction_zeroed = repeat_loss(found.induction_heads.to(device))
+        heads = found.induction_heads
+        found.induction_zeroed = float(ablated_losses(model, on_repeat, [(heads, None)])[1])
     return found
 
 
@@ -157,8 +156,6 @@ def analyse(
     members = roles.class_members(chars, V, counts)
     with eval_mode(model), torch.inference_mode():
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
-        # the baseline with an all-ones mask: the exact arithmetic of every ablated pass
-        base = batches_loss(model, batches, keep_all(model, device))
         # text windows (no boundary token at their start): the probe repeats passages of them
         text = x[y >= 0] if bool((x[:, 0] != BOUNDARY_ID).all()) else None
         found = run_probe(model, device, text) if probe else None
@@ -168,8 +165,7 @@ def analyse(
         n_head=model.config.n_head,
         items=int(x.shape[0]),
         tokens=int((y >= 0).sum()),
-        loss=base,
-        **_importances(model, batches, base, means, at, tolerance),
+        **_importances(model, batches, means, at, tolerance),
         **roles.patterns_of(sums),
         probe=found,
         qk=qk,
@@ -181,24 +177,26 @@ def analyse(
     )
 
 
-def _importances(model, batches, base: float, means, at, tolerance: float) -> dict:
-    """HeadReport's importance fields: by zero, mean, per-position mean ablation and gradient,
-    their rank correlations, and the pruning curve (by zero ablation)."""
+def _importances(model, batches, means, at, tolerance: float) -> dict:
+    """HeadReport's loss and importance fields: by zero, mean, per-position mean ablation and
+    gradient, their rank correlations, and the pruning curve (by zero ablation)."""
+    L, H, _ = model_heads(model)
     with eval_mode(model), torch.inference_mode():
-        zero = circuits.zero_importance(model, batches, base)
-        mean = circuits.mean_importance(model, batches, base, means)
-        position = circuits.mean_importance(model, batches, base, at)
-        order, losses, prunable = circuits.pruning(model, batches, base, zero, tolerance)
+        ablations = [(drop, value) for value in (None, means, at) for drop in single_heads(model)]
+        losses = ablated_losses(model, batches, ablations)
+        zero, mean, position = (losses[1:] - losses[0]).view(3, L, H)
+        order, curve, prunable = circuits.pruning(model, batches, zero, tolerance)
     with eval_mode(model):
         gradient = circuits.gradient_importance(model, batches)
     rank = circuits.rank_correlation
     return {
+        "loss": float(losses[0]),
         "zero_importance": zero,
         "mean_importance": mean,
         "position_importance": position,
         "gradient": gradient,
         "pruning_order": order,
-        "pruning_losses": losses,
+        "pruning_losses": curve,
         "prunable": prunable,
         "correlations": {
             "gradient_vs_zero": rank(gradient, zero),

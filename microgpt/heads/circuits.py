@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -26,21 +26,10 @@ def model_heads(model) -> tuple[int, int, int]:
     return c.n_layer, c.n_head, c.head_dim
 
 
-def keep_all(model, device, drop: tuple[int, int] | Tensor | None = None) -> Tensor:
-    """A head mask (L, H) of ones: every head kept, but `drop` (a (layer, head) or an (L, H) bool
-    mask), zeroed."""
+def single_heads(model) -> Tensor:
+    """(L*H, L, H) bool: drop k holds head k alone, (layer k // H, head k % H)."""
     L, H, _ = model_heads(model)
-    mask = torch.ones(L, H, device=device)
-    if drop is not None:
-        mask[drop] = 0.0
-    return mask
-
-
-def each_head(model, measure: Callable[[int, int], float]) -> Tensor:
-    """(L, H) float64: measure(layer, head) for every head."""
-    L, H, _ = model_heads(model)
-    values = [[measure(layer, h) for h in range(H)] for layer in range(L)]
-    return torch.tensor(values, dtype=torch.float64)
+    return torch.eye(L * H, dtype=torch.bool).view(L * H, L, H)
 
 
 def token_losses(logits: Tensor, y: Tensor) -> Tensor:
@@ -88,19 +77,29 @@ def scaled_heads(model, head_mask: Tensor | None):
     return hooked_heads(model, lambda layer, z: z * scale[layer].to(z.dtype))
 
 
-def replaced_head(model, layer: int, head: int, value: Tensor):
-    """While open, the head outputs `value` instead of its own output: (hd,) at every position,
-    or (T, hd) one per position (a batch of width T' <= T takes the first T')."""
+def replaced_heads(model, drop: Tensor, value: Tensor | None = None):
+    """While open, the heads drop (L, H) bool output `value` instead of their own: (L, H, hd) at
+    every position, or (L, H, T, hd) one per position (a batch of width T' <= T takes the first
+    T'); None: zero."""
 
-    def hook(at: int, z: Tensor) -> Tensor | None:
-        if at != layer:
-            return None
-        z = z.clone()
-        # z (B, T', H, hd): the head's (B, T', hd) gets value (hd,) or value[:T'] (T', hd)
-        z[:, :, head] = (value if value.dim() == 1 else value[: z.shape[1]]).to(z)
-        return z
+    def hook(layer: int, z: Tensor) -> Tensor:
+        # z (B, T', H, hd); v broadcasts over it: 0, (H, hd) or (T', H, hd)
+        if value is None:
+            v = z.new_zeros(())
+        else:
+            v = value[layer] if value.dim() == 3 else value[layer, :, : z.shape[1]].transpose(0, 1)
+        return torch.where(drop[layer, :, None].to(z.device), v.to(z), z)
 
     return hooked_heads(model, hook)
+
+
+def run_blocks(model, h: Tensor, start: int = 0) -> list[Tensor]:
+    """The residual stream h (B, T, C) entering layer `start`, then leaving it and every later
+    layer."""
+    out = [h]
+    for layer in range(start, model.config.n_layer):
+        out.append(model.blocks[layer](out[-1], layer=layer)[0])
+    return out
 
 
 # ----------------------------------------------------------------------------- importance
@@ -118,24 +117,25 @@ def batches_loss(model, batches, head_mask: Tensor | None = None) -> float:
     return total / max(count, 1)
 
 
-def zero_importance(model, batches, base: float) -> Tensor:
-    device = batches[0][0].device
-
-    def rise(layer: int, h: int) -> float:
-        return batches_loss(model, batches, keep_all(model, device, drop=(layer, h))) - base
-
-    return each_head(model, rise)
-
-
-def mean_importance(model, batches, base: float, means: Tensor) -> Tensor:
-    """means: (L, H, hd) for the mean ablation, (L, H, T, hd) for the per-position one."""
-    means = means.to(batches[0][0].device)
-
-    def rise(layer: int, h: int) -> float:
-        with replaced_head(model, layer, h, means[layer, h]):
-            return batches_loss(model, batches) - base
-
-    return each_head(model, rise)
+@torch.no_grad()
+def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]) -> Tensor:
+    """(1 + K,) float64: the mean loss per real target over every batch, then with each of the K
+    ablations (drop, value) of replaced_heads. Per batch, the stream entering each layer is kept
+    from the plain pass (as GPT.forward), and an ablation runs only from the first layer it
+    touches."""
+    totals, count = torch.zeros(1 + len(ablations), dtype=torch.float64), 0
+    for x, y in batches:
+        positions = torch.arange(x.shape[1], device=x.device)
+        streams = run_blocks(model, model.drop(model.wte(x) + model.wpe(positions)))
+        ends = [streams[-1]]
+        for drop, value in ablations:
+            start = int(drop.any(dim=1).int().argmax())
+            with replaced_heads(model, drop, value):
+                ends.append(run_blocks(model, streams[start], start)[-1])
+        sums = [token_losses(model.lm_head(model.norm_f(h)), y).sum() for h in ends]
+        totals += torch.stack(sums).double().cpu()
+        count += int((y >= 0).sum())
+    return totals / max(count, 1)
 
 
 def gradient_importance(model, batches) -> Tensor:
@@ -157,17 +157,15 @@ def gradient_importance(model, batches) -> Tensor:
     return total / max(rows, 1)
 
 
-def pruning(model, batches, base: float, importance: Tensor, tolerance: float):
-    """Heads removed one at a time, least important first: (order, losses, prunable = how many go
-    before the loss has risen by `tolerance`)."""
+def pruning(model, batches, importance: Tensor, tolerance: float):
+    """Heads removed one at a time, least important first: (order, the losses with the first k
+    removed, k = 0..L*H, prunable = how many go before the loss has risen by `tolerance`)."""
     L, H = importance.shape
     order = sorted(range(L * H), key=lambda k: (float(importance.flatten()[k]), k))
-    mask = keep_all(model, batches[0][0].device)
-    losses = [base]
-    for k in order:
-        mask[k // H, k % H] = 0.0
-        losses.append(batches_loss(model, batches, mask))
-    rises = [loss - base for loss in losses[1:]]
+    # drop k: the first k + 1 heads of the order
+    drops = torch.eye(L * H, dtype=torch.int)[order].cumsum(0).bool().view(L * H, L, H)
+    losses = ablated_losses(model, batches, [(drop, None) for drop in drops]).tolist()
+    rises = [loss - losses[0] for loss in losses[1:]]
     prunable = next((n for n, rise in enumerate(rises) if rise >= tolerance), len(rises))
     return [(k // H, k % H) for k in order], losses, prunable
 

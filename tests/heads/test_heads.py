@@ -12,9 +12,10 @@ import torch
 
 from microgpt.heads.analyse import analyse, length_batches
 from microgpt.heads.circuits import (
+    ablated_losses,
     batches_loss,
     gradient_importance,
-    replaced_head,
+    replaced_heads,
     scaled_heads,
 )
 from microgpt.heads.command import main
@@ -230,9 +231,33 @@ def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
     got = importance(model, x, y, mode="mean")
     assert got[layer, h] == pytest.approx(expected, abs=1e-5)
     # the hook itself: replacing the head by its mean gives the same logits as the fold
-    with torch.no_grad(), replaced_head(model, layer, h, mean):
+    drop, value = torch.zeros(2, 4, dtype=torch.bool), torch.zeros(2, 4, hd)
+    drop[layer, h], value[layer, h] = True, mean
+    with torch.no_grad(), replaced_heads(model, drop, value):
         torch.testing.assert_close(model(x)[0], folded(x)[0], rtol=0, atol=1e-5)
     assert not attn.hook_z._forward_hooks  # hooks removed
+
+
+def test_ablations_run_from_their_first_layer_equal_whole_passes(rows):
+    """ablated_losses runs an ablation only from the first layer it touches, on the stream kept
+    from the plain pass: the same losses as whole passes of the model with the heads replaced (by
+    zero, a value per head, or per position), on batches of several widths, in a 3-layer model."""
+    x, y, tok = rows
+    model = random_model(tok, n_layer=3)
+    L, H, hd = 3, 4, model.config.head_dim
+    batches = length_batches(x, y, batch_size=64)
+    assert len({b.shape[1] for b, _ in batches}) > 1
+    drops = list(torch.eye(L * H, dtype=torch.bool).view(L * H, L, H))
+    drops.append(drops[5] | drops[11])  # heads of layers 1 and 2: run from layer 1
+    values = (None, torch.randn(L, H, hd), torch.randn(L, H, x.shape[1], hd))
+    ablations = [(drop, value) for value in values for drop in drops]
+    got = ablated_losses(model, batches, ablations)
+    expected = [batches_loss(model, batches)]
+    for drop, value in ablations:
+        with replaced_heads(model, drop, value):
+            expected.append(batches_loss(model, batches))
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=got.dtype), rtol=0, atol=1e-5)
+    assert (got[1:] - got[0]).abs().min() > 1e-4  # every ablation changes the loss
 
 
 def without_heads(model: GPT, heads) -> GPT:
