@@ -120,22 +120,32 @@ def batches_loss(model, batches, head_mask: Tensor | None = None) -> float:
 @torch.no_grad()
 def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]) -> Tensor:
     """(1 + K,) float64: the mean loss per real target over every batch, then with each of the K
-    ablations (drop, value) of replaced_heads. Per batch, the stream entering each layer is kept
-    from the plain pass (as GPT.forward), and an ablation runs only from the first layer it
-    touches."""
+    ablations (drop, value) of replaced_heads. Per batch, each run takes the streams of the run
+    before it (the plain pass, as GPT.forward, for the first) up to the first layer where their
+    ablations differ, and runs only the layers from there."""
+    L, H, _ = model_heads(model)
     totals, count = torch.zeros(1 + len(ablations), dtype=torch.float64), 0
     for x, y in batches:
         positions = torch.arange(x.shape[1], device=x.device)
         streams = run_blocks(model, model.drop(model.wte(x) + model.wpe(positions)))
-        ends = [streams[-1]]
+        sums = [_loss_sum(model, streams[-1], y)]
+        last, last_value = torch.zeros(L, H, dtype=torch.bool), None
         for drop, value in ablations:
-            start = int(drop.any(dim=1).int().argmax())
+            # the heads whose output may differ from the last run's
+            changed = drop ^ last if value is last_value else drop | last
+            start = int(changed.any(dim=1).int().argmax())
             with replaced_heads(model, drop, value):
-                ends.append(run_blocks(model, streams[start], start)[-1])
-        sums = [token_losses(model.lm_head(model.norm_f(h)), y).sum() for h in ends]
+                streams = streams[:start] + run_blocks(model, streams[start], start)
+            sums.append(_loss_sum(model, streams[-1], y))
+            last, last_value = drop, value
         totals += torch.stack(sums).double().cpu()
         count += int((y >= 0).sum())
     return totals / max(count, 1)
+
+
+def _loss_sum(model, h: Tensor, y: Tensor) -> Tensor:
+    """The cross-entropy summed over the targets y (B, T) of the last layer's stream h (B, T, C)."""
+    return token_losses(model.lm_head(model.norm_f(h)), y).sum()
 
 
 def gradient_importance(model, batches) -> Tensor:

@@ -239,18 +239,21 @@ def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
 
 
 def test_ablations_run_from_their_first_layer_equal_whole_passes(rows):
-    """ablated_losses runs an ablation only from the first layer it touches, on the stream kept
-    from the plain pass: the same losses as whole passes of the model with the heads replaced (by
-    zero, a value per head, or per position), on batches of several widths, in a 3-layer model."""
+    """ablated_losses runs an ablation only from the first layer where it differs from the run
+    before, on that run's streams: the same losses as whole passes of the model with the heads
+    replaced (by zero, a value per head, or per position), on batches of several widths."""
     x, y, tok = rows
     model = random_model(tok, n_layer=3)
     L, H, hd = 3, 4, model.config.head_dim
     batches = length_batches(x, y, batch_size=64)
     assert len({b.shape[1] for b, _ in batches}) > 1
     drops = list(torch.eye(L * H, dtype=torch.bool).view(L * H, L, H))
-    drops.append(drops[5] | drops[11])  # heads of layers 1 and 2: run from layer 1
+    # after head 11 (layer 2), heads 5 and 11: from the run before, at layer 1
+    drops.append(drops[5] | drops[11])
     values = (None, torch.randn(L, H, hd), torch.randn(L, H, x.shape[1], hd))
     ablations = [(drop, value) for value in values for drop in drops]
+    # layer 0's head with another value, and a head of layer 2: from layer 0
+    ablations += [(drops[1], None), (drops[1] | drops[8], values[1])]
     got = ablated_losses(model, batches, ablations)
     expected = [batches_loss(model, batches)]
     for drop, value in ablations:
