@@ -79,11 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         "model": f"{c.n_layer} layers, {c.n_head} heads, n_embd {c.n_embd}, attn {c.attn_impl}",
         "items": report.items,
         "characters": report.tokens,
-        # attention, baseline, zero, mean, per-position mean, pruning; one forward and backward
-        # (gradient); on the probe's repeated spans one pass and one per head
-        "forward_passes": 1 + 1 + 4 * heads,
+        # attention, a baseline per ablated_losses call (2), zero, mean, per-position mean,
+        # pruning, each of those only from its head's layer on; one forward and backward
+        # (gradient); on the probe's repeated spans two passes and one per head
+        "forward_passes": 1 + 2 + 4 * heads,
         "backward_passes": 1,
-        "probe_passes": 1 + heads,
+        "probe_passes": 2 + heads,
         "seconds": {
             "median": statistics.median(times),
             "min": min(times),
