@@ -147,7 +147,8 @@ def read_run(run: Path, root: Path) -> RunSummary:
         r.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
     layers: dict[int, list[float]] = {}
     for tag, points in scalars.items():
-        layer = re.fullmatch(r"per_head/layer([^/]*)/[^/]*/entropy", tag)
+        # runs logged before the per_head/ tags wrote attention_entropy/layer{l}/head{h}
+        layer = re.fullmatch(r"(?:per_head|attention_entropy)/layer(\d+)/head\d+(?:/entropy)?", tag)
         if layer and points:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
     r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]

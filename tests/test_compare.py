@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from PIL import Image
@@ -73,6 +74,23 @@ def test_runs_sorted_by_heads_with_their_curves(sweep):
     assert [s for s, _ in runs[0].val_curve] == [6, 12]  # TINY: eval_every=6, max_steps=12
     assert runs[1].label == "2 heads" and runs[0].label == "1 head"
     assert len(runs[0].entropy) == 1 and runs[0].tokens_per_sec > 0
+
+
+def test_runs_logged_before_the_per_head_tags_keep_their_entropy(sweep, tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    root, _ = sweep
+    old = tmp_path / "old" / "heads=2"
+    shutil.copytree(root / "heads=2", old)
+    # the event files alone, with the old tags
+    for logged in [*old.glob("events.out.tfevents.*"), old / "metrics.jsonl"]:
+        logged.unlink()
+    with SummaryWriter(old) as writer:
+        writer.add_scalar("loss/val", 2.5, 12)
+        for h, entropy in enumerate((1.25, 1.75)):
+            writer.add_scalar(f"attention_entropy/layer0/head{h}", entropy, 12)
+    (run,) = read_runs(old.parent)
+    assert run.entropy == [1.5]
 
 
 def test_plot_path_and_table_only(sweep, tmp_path, capsys):
