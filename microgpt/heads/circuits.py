@@ -106,18 +106,6 @@ def run_blocks(model, h: Tensor, start: int = 0) -> list[Tensor]:
 
 
 @torch.no_grad()
-def batches_loss(model, batches, head_mask: Tensor | None = None) -> float:
-    """Mean cross-entropy per real target over every batch (each batch weighted by its targets)."""
-    total, count = 0.0, 0
-    with scaled_heads(model, head_mask):
-        for x, y in batches:
-            _, loss = model(x, y)
-            n = int((y >= 0).sum())
-            total, count = total + float(loss) * n, count + n
-    return total / max(count, 1)
-
-
-@torch.no_grad()
 def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]) -> Tensor:
     """(1 + K,) float64: the mean loss per real target over every batch, then with each of the K
     ablations (drop, value) of replaced_heads. Per batch, each run takes the streams of the run

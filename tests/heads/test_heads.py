@@ -13,7 +13,6 @@ import torch
 from microgpt.heads.analyse import analyse, length_batches
 from microgpt.heads.circuits import (
     ablated_losses,
-    batches_loss,
     gradient_importance,
     replaced_heads,
     scaled_heads,
@@ -51,6 +50,18 @@ def importance(model: GPT, x, y, mode: str = "zero"):
     report = analyse(model, x, y, probe=False)
     fields = {"zero": "zero_importance", "mean": "mean_importance"}
     return getattr(report, fields.get(mode, "position_importance"))
+
+
+@torch.no_grad()
+def batches_loss(model: GPT, batches, head_mask=None) -> float:
+    """The mean loss per real target over every batch from whole passes of model(x, y), each head's
+    output scaled by head_mask (L, H) or (B, L, H), if any."""
+    total, count = 0.0, 0
+    with scaled_heads(model, head_mask):
+        for x, y in batches:
+            n = int((y >= 0).sum())
+            total, count = total + float(model(x, y)[1]) * n, count + n
+    return total / max(count, 1)
 
 
 def masked(model: GPT, x, head_mask, y=None):
