@@ -181,8 +181,9 @@ class VerbatimIndex:
         codes = np.zeros(n, dtype=np.int64)  # the q-gram at each position, as one number
         for k in range(self.Q):  # the last positions' q-grams end in end-of-text symbols
             codes *= self.base
-            codes[: n - k] += ids[k:]
-            codes[n - k :] += vocab_size
+            inside = max(n - k, 0)
+            codes[:inside] += ids[k:]
+            codes[inside:] += vocab_size
         order = np.argsort(codes, kind="stable")  # positions, by q-gram
         self.codes = codes[order]
         self.order = order.astype(np.int32) if n < 2**31 else order

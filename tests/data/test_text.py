@@ -235,6 +235,14 @@ def test_verbatim_index_finds_the_longest_stretch_in_the_training_text():
     assert index.longest(ids_of("he mat", tok))[0] == 6 and index.longest([])[0] == 0
 
 
+def test_verbatim_index_of_a_text_shorter_than_its_grams():
+    tok = CharTokenizer(set("abz"))
+    for text in ("a", "ab", "aba"):
+        index = VerbatimIndex(torch.tensor(ids_of(text, tok), dtype=torch.uint8), tok.vocab_size)
+        assert index.longest(ids_of("z" + text + "z", tok)) == (len(text), 1)
+        assert not index.contains(ids_of(text + "a", tok))
+
+
 # ----------------------------------------------------------------------------- training
 
 
