@@ -145,19 +145,14 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
             return [f"jobs {seen[settings]} and {name} are the same run (listed twice)"]
         else:
             seen[settings] = name
-    if not errors and multirun and _settings(overrides).get("hydra/launcher") == "slurm":
-        errors += _slurm_error()
+    # submitit's SLURM launcher on a machine without SLURM would stop in a traceback
+    slurm = multirun and _settings(overrides).get("hydra/launcher") == "slurm"
+    if not errors and slurm and not shutil.which("srun"):
+        errors.append(
+            "hydra/launcher=slurm: this machine has no SLURM (no srun); run the command on the "
+            "cluster, or use hydra/launcher=joblib for parallel jobs here"
+        )
     return errors
-
-
-def _slurm_error() -> list[str]:
-    """submitit's SLURM launcher on a machine without SLURM would stop in a traceback."""
-    if shutil.which("srun"):
-        return []
-    return [
-        "hydra/launcher=slurm: this machine has no SLURM (no srun); run the command on the "
-        "cluster, or use hydra/launcher=joblib for parallel jobs here"
-    ]
 
 
 def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | None, str]:
