@@ -4,19 +4,28 @@ ratio to today's default run.
 A row is a recipe (Hydra overrides), the loss it is judged on, its target and its budget in units
 of today's default run. Its loss is exact whatever the machine's load: `train()` runs the recipe
 whole once per seed (the seed also draws the split). Its cost is bench/cost.py's ratio. The
-names rows run again on data/names-1980s.txt, which no tuning saw (reported, no target).
+names rows run again on data/names-1980s.txt, which no tuning saw (reported, no target). The
+"overhead" row is a whole run's wall time against its plain step loop (issue 27).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import compose, error_figure, figure, run_overrides
-from bench.cost import cost_ratio
+from bench.common import compose, error_figure, figure, make_trainer, run_overrides
+from bench.cost import busy, cost_ratio, load, time_steps
 from microgpt.train.trainer import train
 
 SECOND_NAMES = "data=names-1980s"
+# the text recipe at nanoGPT's documented CPU settings: 2,000 steps x 12 x 64 characters
+NANOGPT = (
+    "experiment=shakespeare",
+    "train.max_steps=2000",
+    "train.batch_size=12",
+    "model.block_size=64",
+)
 
 
 @dataclass(frozen=True)
@@ -56,17 +65,22 @@ ROWS = (
     Row(
         "nanogpt",
         "text, nanoGPT's CPU budget (2,000 steps x 12 x 64 characters)",
-        (
-            "experiment=shakespeare",
-            "train.max_steps=2000",
-            "train.batch_size=12",
-            "model.block_size=64",
-        ),
+        NANOGPT,
         "best_val_loss",
         1.75,
         None,
         "nanoGPT: val 1.88 on its own Shakespeare",
         notes="the budget is the characters trained on (1.54M), not the time",
+    ),
+    Row(
+        "overhead",
+        "a whole text run with nanoGPT's settings, analysis and samples included",
+        NANOGPT,
+        "wall time / its plain step loop",
+        1.1,
+        None,
+        "1.31x (2 threads), about 2x in issue 27",
+        notes="train() run whole against the same steps alone, one run each",
     ),
     Row(
         "text",
@@ -112,9 +126,40 @@ def losses(row: Row, data: list[str], args, tmp: Path) -> list[float]:
     return out
 
 
+def overhead(row: Row, args, tmp: Path) -> dict:
+    """The run whole (train(), as python train.py would: start-up, evaluations, head analyses,
+    samples, the end of the run) against its plain step loop (a Trainer's steps alone), once each,
+    the steps first."""
+    tr = make_trainer(list(row.overrides), args, tmp)
+    loads = [load()]
+    steps_s = time_steps(tr, tr.config.train.max_steps)
+    del tr
+    loads.append(load())
+    cfg = compose([*row.overrides, *run_overrides(args, tmp)])
+    t0 = time.perf_counter()
+    metrics = train(cfg)
+    run_s = time.perf_counter() - t0
+    loads.append(load())
+    parts = {"run_s": run_s, "steps_s": steps_s, "in_run_s": metrics["elapsed_s"]}
+    return {"ratio": run_s / steps_s, **parts, "loads": loads, "busy": busy(loads)}
+
+
 def run_targets(args, device, tmp: Path) -> dict:
     figures, info = {}, {"seeds": list(args.seeds), "rows": {}}
     for row in rows_for(args):
+        if row.key == "overhead":
+            try:
+                found = overhead(row, args, tmp)
+                target = None if args.quick else ("<=", row.target)
+                figures["overhead: run / step loop"] = figure(
+                    [found["ratio"]], "x", target, busy=found["busy"]
+                )
+                figures["overhead: run"] = figure([found["run_s"]], "s", loads=found["loads"])
+                figures["overhead: step loop"] = figure([found["steps_s"]], "s")
+                info["rows"][row.key] = {"recipe": row.recipe, "overrides": row.overrides, **found}
+            except Exception as e:  # noqa: BLE001
+                figures["overhead: run / step loop"] = error_figure(e, "x")
+            continue
         files = [("", [])] + ([(" [names-1980s]", [SECOND_NAMES])] if row.second_file else [])
         for suffix, data in files:
             name = f"{row.key}{suffix}: {row.metric.replace('_', ' ')}"
@@ -167,6 +212,12 @@ def format_targets(results: dict) -> str:
 
     lines = ["recipe | budget | cost | target | loss (median, min-max) | today"]
     for row in ROWS:
+        if row.key == "overhead" and "overhead: run / step loop" in figs:
+            lines.append(
+                f"{row.recipe} | - | - | <= {row.target:g} (wall time / its step loop's) | "
+                f"{show('overhead: run / step loop', 2)} | {row.today}"
+            )
+            continue
         if f"{row.key}: cost (default runs)" not in figs:
             continue
         loss = f"{row.key}: {row.metric.replace('_', ' ')}"

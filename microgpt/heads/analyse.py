@@ -29,6 +29,7 @@ BOUNDARY_LABEL = "<s>"  # the boundary token in the circuit tables
 PROBE_ROWS = 200  # rows of repeated spans in the induction probe
 TEXT_PROBE_ROWS = 32  # rows of a text's passages twice (a block each: as many tokens as 270 spans)
 PROBE_SEED = 1234  # the probe's own seed: every run and step sees the same rows
+LIGHT_SHARE = 8  # analyse(light=True), during training: an eighth of the rows and probe rows
 
 
 class HeadsError(ValueError):
@@ -95,18 +96,19 @@ def _first_pass(model, batches, members, chars, width: int):
 
 
 @torch.no_grad()
-def run_probe(model, device, text: Tensor | None = None) -> Probe | None:
+def run_probe(model, device, text: Tensor | None = None, share: int = 1) -> Probe | None:
     """The repeated-span probe (microgpt.data.repeats) on `model` in eval mode: random spans, or
-    passages of half the block from `text` (ids); None where the span would be < 2."""
+    passages of half the block from `text` (ids), 1/share of the rows; None where the span would
+    be < 2."""
     T, V = model.config.block_size, model.config.vocab_size
     span = span_for(T) if text is None else min(T // 2, len(text))
     if span < 2 or V < 3:
         return None
     g = torch.Generator().manual_seed(PROBE_SEED)
     if text is None:
-        rows = repeated_spans(PROBE_ROWS, V, span, g)
+        rows = repeated_spans(max(1, PROBE_ROWS // share), V, span, g)
     else:
-        rows = repeated_passages(text.cpu(), TEXT_PROBE_ROWS, span, g)
+        rows = repeated_passages(text.cpu(), max(1, TEXT_PROBE_ROWS // share), span, g)
     x, y, repeat = rows.x.to(device), rows.y.to(device), rows.repeat.to(device)
     logits, _, attention = model.forward_with_attention(x)
     per_token = token_losses(logits, y)  # (B, T)
@@ -140,12 +142,16 @@ def analyse(
     tolerance: float = PRUNE_TOLERANCE,
     batch_size: int = BATCH_SIZE,
     probe: bool = True,
+    light: bool = False,
 ) -> HeadReport:
     """The HeadReport of `model` on rows x, y (N, T). tokenizer: for the key classes of characters
     (else only `boundary` and `rare`) and the circuits' labels; counts (V,): each token's training
-    frequency, for `rare` (default: in these rows). The model's mode is kept."""
+    frequency, for `rare` (default: in these rows); light: on 1/LIGHT_SHARE of the rows and of the
+    probe's (a run's analyses while it trains). The model's mode is kept."""
     if x.shape[0] == 0:
         raise HeadsError("no rows to analyse")
+    share = LIGHT_SHARE if light else 1
+    x, y = x[: max(1, len(x) // share)], y[: max(1, len(y) // share)]
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     V = model.config.vocab_size
@@ -158,7 +164,7 @@ def analyse(
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # text windows (no boundary token at their start): the probe repeats passages of them
         text = x[y >= 0] if bool((x[:, 0] != BOUNDARY_ID).all()) else None
-        found = run_probe(model, device, text) if probe else None
+        found = run_probe(model, device, text, share) if probe else None
         qk, ov, copying = circuits.layer0_circuits(model)
     return HeadReport(
         n_layer=model.config.n_layer,

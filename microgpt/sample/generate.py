@@ -6,7 +6,9 @@ enter (`generate`, SampleConfig); what needs the model, where the model is known
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -170,20 +172,28 @@ def sample_items(
     max_new = None if max_len is None else max_len - len(prefix)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache)
     sampling |= dict(generator=seeded(device, seed), max_new_tokens=max_new)
-    c, threads = model.config, torch.get_num_threads()
-    small = device.type == "cpu" and batch_size * c.n_layer * c.n_embd**2 < SINGLE_THREAD_WORK
-    torch.set_num_threads(1 if small else threads)
     items: list[str] = []
-    try:
+    with decoding_threads(model, batch_size):
         while len(items) < num_samples:
             n = min(batch_size, num_samples - len(items))
             rows = generate(model, n, prefix_ids, **sampling)
             items.extend(tokenizer.decode(row) for row in rows.tolist())
             if progress is not None:
                 progress(len(items), num_samples)
+    return items
+
+
+@contextlib.contextmanager
+def decoding_threads(model, batch_size: int) -> Iterator[None]:
+    """While open, one CPU thread where a decoding step is small (SINGLE_THREAD_WORK)."""
+    c, threads = model.config, torch.get_num_threads()
+    cpu = next(model.parameters()).device.type == "cpu"
+    small = cpu and batch_size * c.n_layer * c.n_embd**2 < SINGLE_THREAD_WORK
+    torch.set_num_threads(1 if small else threads)
+    try:
+        yield
     finally:
         torch.set_num_threads(threads)
-    return items
 
 
 def _prefix_ids(tokenizer, prefix: str, max_len: int | None) -> list[int]:

@@ -13,7 +13,13 @@ import torch
 
 from microgpt.data.dataset import Data
 from microgpt.data.text import VerbatimIndex
-from microgpt.sample.generate import SamplingError, decode, sample_items, seeded
+from microgpt.sample.generate import (
+    SamplingError,
+    decode,
+    decoding_threads,
+    sample_items,
+    seeded,
+)
 
 PASSAGE_LENGTH = 300  # new characters of a text sample, when max_len is not given
 MAX_NEW_CHARS = 100_000  # the most max_len of a passage: one step of the model per character
@@ -82,7 +88,8 @@ def sample_passages(
     device = next(model.parameters()).device
     rows = torch.empty((n, len(prompt) + max_len), dtype=torch.long, device=device)
     rows[:, : len(prompt)] = torch.tensor(tokenizer.encode(prompt), device=device)
-    rows = decode(model, rows, len(prompt), stop=False, generator=seeded(device, seed), **sampling)
+    with decoding_threads(model, n):
+        rows = decode(model, rows, len(prompt), False, seeded(device, seed), **sampling)
     new = rows[:, len(prompt) :].tolist()
     passages = [prompt + "".join(tokenizer.itos.get(i, "?") for i in row) for row in new]
     verbatim = [index.longest(row)[0] for row in new] if index is not None else None

@@ -16,7 +16,7 @@ from microgpt import runs, system
 from microgpt.files import remove_leftovers, write_text
 from microgpt.sample.report import sample_for_run
 from microgpt.train.checkpoint import Checkpoint
-from microgpt.train.loss import LossWindow, StepResult, evaluate
+from microgpt.train.loss import LossWindow, StepResult, eval_rows, evaluate
 from microgpt.viz.tensorboard import TensorBoardLogger
 
 log = logging.getLogger("microgpt")
@@ -118,6 +118,11 @@ def finish(trainer, metrics: dict) -> None:
     test = evaluate(model, trainer.datasets["test"], c.train.eval_batch_size, trainer.autocast)
     metrics["test_loss"] = test
     trainer.writer.scalars(trainer.step, {"loss/test": test})
+    val = trainer.datasets["val"]
+    if best is not None and best.step < trainer.step and len(eval_rows(val, True)) < len(val):
+        # best.pt was chosen on an estimate (Trainer._evaluate_and_save_best): its exact loss
+        exact = evaluate(model, val, c.train.eval_batch_size, trainer.autocast)
+        metrics["best_val_loss"] = best.metrics["best_val_loss"] = exact
     if best is not None:  # best.pt gains the test loss
         best.metrics["test_loss"] = test
         best.save(best_path)

@@ -26,7 +26,7 @@ from microgpt.sample.report import sample_for_run
 from microgpt.tokenizer import BOUNDARY_ID
 from microgpt.train import summary
 from microgpt.train.checkpoint import Checkpoint
-from microgpt.train.loss import LossWindow, StepResult, evaluate
+from microgpt.train.loss import LossWindow, StepResult, eval_rows, evaluate
 from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
 from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged
 from microgpt.viz.tensorboard import TensorBoardLogger, labels_for
@@ -304,12 +304,14 @@ class Trainer:
         self.run_id = ckpt.run_id  # None: written before run ids existed
 
     def _log_heads(self, step: int) -> None:
-        """The probe's attention maps and the head analysis on validation items (rank 0)."""
-        val = self.datasets["val"]
-        x, y = val.batch(torch.arange(min(len(val), self.config.log.head_items)))  # (N, T)
+        """The probe's attention maps and the head analysis on validation items (rank 0): light
+        while the run trains, whole at its end."""
+        c, val = self.config, self.datasets["val"]
+        x, y = val.batch(torch.arange(min(len(val), c.log.head_items)))  # (N, T)
         maps = probe_attention(self.eval_model, self.probe_ids)
         self.writer.attention_maps(step, maps, labels_for(self.probe_ids, self.tokenizer))
-        self.writer.heads(step, analyse(self.eval_model, x, y, self.tokenizer))
+        light = step < c.train.max_steps
+        self.writer.heads(step, analyse(self.eval_model, x, y, self.tokenizer, light=light))
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
         """Validation loss on the whole split; best.pt if it improved; last.pt always."""
@@ -320,26 +322,29 @@ class Trainer:
         return out
 
     def _evaluate_and_save_best(self, metrics: dict) -> dict:
-        c = self.config
-        val = self.datasets["val"]
-        val_loss = evaluate(self.eval_model, val, c.train.eval_batch_size, self.autocast)
+        c, val, final = self.config, self.datasets["val"], self.step == self.config.train.max_steps
+        # best.pt is chosen on the same rows every time: a large split's estimate (eval_rows)
+        score = evaluate(self.eval_model, val, c.train.eval_batch_size, self.autocast, True)
+        rows, val_loss = len(eval_rows(val, True)), score
+        if final and rows < len(val):  # the last evaluation reads the whole split
+            val_loss = evaluate(self.eval_model, val, c.train.eval_batch_size, self.autocast)
         # off the CPU the train loss is checked every log_every steps
         if not math.isfinite(val_loss):
             lr = lr_at(self.step - 1, c)
             raise diverged(self.step, val_loss, math.nan, lr, self._last, "validation loss")
-        improved = val_loss < self.best_val_loss
-        self.best_val_loss = min(self.best_val_loss, val_loss)
-        out = {"val_loss": val_loss, "best_val_loss": self.best_val_loss, "step": self.step}
+        improved = score < self.best_val_loss
+        self.best_val_loss = min(self.best_val_loss, score)
+        best = val_loss if final and improved else self.best_val_loss
+        out = {"val_loss": val_loss, "best_val_loss": best, "step": self.step}
         self.writer.scalars(self.step, {"loss/val": val_loss})
         shown = sample_for_run(self.eval_model, self.data, None, seed=c.seed + self.step)
         self.writer.samples(self.step, shown.lines)
         if improved:
-            best = runs.RunFolder(self.out_dir).best
-            self._checkpoint({**metrics, **out}, self.eval_model).save(best)
+            best_path = runs.RunFolder(self.out_dir).best
+            self._checkpoint({**metrics, **out}, self.eval_model).save(best_path)
         train_part = f", train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
-        log.info(
-            f"step {self.step}: val loss {val_loss:.4f} (best {self.best_val_loss:.4f}){train_part}"
-        )
+        part = f" on {rows:,} of {len(val):,} rows" if rows < len(val) and not final else ""
+        log.info(f"step {self.step}: val loss {val_loss:.4f}{part} (best {best:.4f}){train_part}")
         return out
 
 

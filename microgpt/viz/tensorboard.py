@@ -10,6 +10,7 @@ sort after them: `lr`, `per_head/layer{l}/head{h}/...`, `result/` (the HParams m
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import numbers
 import time
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
+from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torch.utils.tensorboard.summary import text as text_summary
@@ -155,7 +158,15 @@ class TensorBoardLogger:
         self._text("heads/table", report.markdown(), step)
 
     def _image(self, tag: str, img: np.ndarray, step: int) -> None:
-        self.writer.add_image(tag, img, step, dataformats="HWC")
+        """A uint8 (H, W, 3) image as PNG at zlib level 1: several times faster than add_image's
+        default level, for files a little larger."""
+        png = io.BytesIO()
+        Image.fromarray(img).save(png, format="PNG", compress_level=1)
+        h, w, c = img.shape
+        image = Summary.Image(height=h, width=w, colorspace=c, encoded_image_string=png.getvalue())
+        self.writer.file_writer.add_summary(
+            Summary(value=[Summary.Value(tag=tag, image=image)]), step
+        )
 
     def _text(self, tag: str, body: str, step: int) -> None:
         summary = text_summary(tag, body)

@@ -11,7 +11,15 @@ from microgpt.data.dataset import load_data
 from microgpt.data.repeats import repeated_passages, repeated_spans
 from microgpt.data.text import TextWindows
 from microgpt.heads import command
-from microgpt.heads.analyse import PROBE_ROWS, PROBE_SEED, TEXT_PROBE_ROWS, analyse, run_probe
+from microgpt.heads.analyse import (
+    LIGHT_SHARE,
+    PROBE_ROWS,
+    PROBE_SEED,
+    TEXT_PROBE_ROWS,
+    analyse,
+    run_probe,
+)
+from microgpt.train.checkpoint import Checkpoint
 from tests.heads.test_head_roles import induction_circuit
 from tests.heads.test_heads import random_model
 
@@ -101,3 +109,21 @@ def test_the_command_analyses_every_name_and_the_first_windows_of_a_text(
         assert report.probe.rows == (TEXT_PROBE_ROWS if fmt == "text" else PROBE_ROWS)
         assert math.isfinite(report.probe.loss_first) and math.isfinite(report.probe.loss_repeat)
         assert ("passage of the text twice" in report.markdown()) == (fmt == "text")
+
+
+def test_a_light_analysis_reads_an_eighth_of_the_rows_and_of_the_probe(tmp_path, tiny_cfg):
+    """analyse(light=True), a run's analyses while it trains: 1/LIGHT_SHARE of the rows and of the
+    probe's rows, the same report otherwise (a run's last analysis is whole: tests/train)."""
+    from microgpt.train.trainer import train
+
+    cfg = tiny_cfg("data.format=text", "model.block_size=9", "train.num_samples=0")
+    train(cfg)
+    model, _ = Checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt").build_model("cpu")
+    val = load_data(cfg.data.path, cfg.seed, 9, format="text").datasets["val"]
+    x, y = val.batch(torch.arange(min(len(val), 16)))
+    light, whole = analyse(model, x, y, light=True), analyse(model, x, y)
+    assert (whole.items, light.items) == (len(x), len(x) // LIGHT_SHARE)
+    assert light.probe.rows == TEXT_PROBE_ROWS // LIGHT_SHARE and light.probe.text
+    assert whole.probe.rows == TEXT_PROBE_ROWS
+    assert light.summaries().keys() == whole.summaries().keys()
+    assert light.zero_importance.shape == whole.zero_importance.shape

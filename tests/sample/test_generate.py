@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
-from microgpt.sample.generate import check_sampling_args, generate, sample_next
+from microgpt.sample import generate as generate_module
+from microgpt.sample.generate import (
+    check_sampling_args,
+    decoding_threads,
+    generate,
+    sample_next,
+)
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
 # ---------------------------------------------------------------- sample_next
@@ -334,3 +340,16 @@ def test_generate_in_training_mode_is_deterministic_and_keeps_the_mode():
     rows = [generate(model, 6, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
     assert torch.equal(rows[0], rows[1])  # dropout is off while sampling
     assert model.training
+
+
+def test_small_decoding_steps_take_one_thread_then_the_threads_come_back(monkeypatch):
+    """decoding_threads, around sample_items and a text's passages: one thread for small steps."""
+    counts = []
+    monkeypatch.setattr(torch, "set_num_threads", counts.append)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    with decoding_threads(model(), batch_size=8):
+        assert counts == [1]
+    assert counts == [1, 2]
+    monkeypatch.setattr(generate_module, "SINGLE_THREAD_WORK", 1)  # every step counts as big
+    with decoding_threads(model(), batch_size=8):
+        assert counts[2:] == [2]

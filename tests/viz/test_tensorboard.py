@@ -1,9 +1,12 @@
+import io
 import math
 import re
 from contextlib import closing
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.heads.analyse import attention_entropy
@@ -132,6 +135,16 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
     assert "emma" in text and "olivia (in train)" in text and len(text.splitlines()) == 3
     hp = acc.PluginTagToContent("hparams")
     assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(hp)
+
+
+def test_images_are_written_losslessly_as_pngs_tensorboard_reads(tmp_path):
+    """_image encodes its own PNG (zlib level 1, for speed): the pixels come back unchanged."""
+    img = np.random.default_rng(0).integers(0, 256, (7, 11, 3), dtype=np.uint8)
+    with closing(TensorBoardLogger(tmp_path)) as tb:
+        tb._image("attention/layer0", img, 3)
+    event = load(tmp_path).Images("attention/layer0")[0]
+    assert (event.step, event.height, event.width) == (3, 7, 11)
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(event.encoded_image_string))), img)
 
 
 def test_logger_purge_step_on_an_existing_folder(tmp_path):

@@ -1,0 +1,106 @@
+"""What a run logs, kept cheap: a large split estimated on fixed rows while the run trains and
+read whole at its end (the figures a run reports stay exact), light head analyses while it trains
+and a whole one at its end."""
+
+import re
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from microgpt.data.dataset import load_data
+from microgpt.data.text import TextWindows
+from microgpt.heads.analyse import LIGHT_SHARE
+from microgpt.model import GPT, GPTConfig
+from microgpt.train import loss, trainer
+from microgpt.train.checkpoint import Checkpoint
+from microgpt.train.loss import eval_rows, evaluate
+from microgpt.train.trainer import train
+
+
+def test_eval_rows_are_the_whole_split_or_evenly_spaced_rows_of_about_the_estimate(monkeypatch):
+    windows = TextWindows(torch.arange(1001) % 7, block_size=10)  # 100 windows, 1,000 positions
+    assert eval_rows(windows).tolist() == list(range(100))
+    assert eval_rows(windows, estimate=True).tolist() == list(range(100))  # no larger than 2**14
+    monkeypatch.setattr(loss, "ESTIMATE_POSITIONS", 250)
+    assert eval_rows(windows, estimate=True).tolist() == list(range(0, 100, 4))
+    assert eval_rows(windows).tolist() == list(range(100))
+
+
+def test_evaluate_estimates_on_its_rows_and_sums_the_whole_split_as_before(monkeypatch):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=7, block_size=10, n_layer=1, n_head=2, n_embd=8)).eval()
+    windows = TextWindows(torch.randint(1, 7, (1001,)), block_size=10)
+    monkeypatch.setattr(loss, "ESTIMATE_POSITIONS", 250)
+    with torch.no_grad():
+        x, y = windows.batch(torch.arange(0, 100, 4))
+        estimate = evaluate(model, windows, 25, estimate=True)  # its 25 rows in one batch
+        assert estimate == pytest.approx(float(model(x, y)[1]), rel=1e-12)
+        # the whole split: each batch's mean times its targets, summed in float64 in order
+        total = torch.zeros((), dtype=torch.float64)
+        for x, y in windows.iter_batches(8):
+            total += model(x, y)[1].double() * int((y >= 0).sum())
+    assert evaluate(model, windows, 8) == float(total / 1000)
+
+
+def whole_val_loss(path, data) -> float:
+    model, _ = Checkpoint.load(path).build_model("cpu")
+    return evaluate(model, data.datasets["val"], 1000)
+
+
+def test_a_text_run_estimates_while_it_trains_and_reports_whole_split_figures(
+    tiny_cfg, tmp_path, monkeypatch
+):
+    cfg = tiny_cfg("data.format=text", "model.block_size=8", "train.num_samples=1")
+    estimated = tiny_cfg(
+        "data.format=text", "model.block_size=8", "train.num_samples=1", out=tmp_path / "est"
+    )
+    whole = train(cfg)
+    monkeypatch.setattr(loss, "ESTIMATE_POSITIONS", 64)  # 8 windows of the val split
+    metrics = train(estimated)
+    data = load_data(cfg.data.path, cfg.seed, 8, format="text")
+    assert len(eval_rows(data.datasets["val"], True)) < len(data.datasets["val"])
+    # the training draws are the run's own: the same weights, whatever the evaluation read
+    a = Checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt").model
+    b = Checkpoint.load(tmp_path / "est" / "checkpoints" / "last.pt").model
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the last evaluation reads the whole split, as the run without estimates did
+    assert metrics["val_loss"] == whole["val_loss"]
+    best = tmp_path / "est" / "checkpoints" / "best.pt"
+    assert metrics["best_val_loss"] == whole_val_loss(best, data)
+    assert Checkpoint.load(best).metrics["best_val_loss"] == metrics["best_val_loss"]
+    acc = EventAccumulator(str(tmp_path / "est"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss/val")] == [6, 12]
+
+
+def test_a_best_checkpoint_chosen_on_an_estimate_gets_its_whole_split_loss(
+    tiny_cfg, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(loss, "ESTIMATE_POSITIONS", 64)
+    real, calls = trainer.evaluate, []
+
+    def first_estimate_best(model, dataset, batch_size, autocast=None, estimate=False):
+        # the estimate at step 6 made to look the best: best.pt keeps step 6's weights
+        calls.append(estimate)
+        out = real(model, dataset, batch_size, autocast, estimate)
+        return out - 10 if calls == [True] else out
+
+    monkeypatch.setattr(trainer, "evaluate", first_estimate_best)
+    cfg = tiny_cfg("data.format=text", "model.block_size=8", "train.num_samples=0")
+    metrics = train(cfg)
+    best = tmp_path / "run" / "checkpoints" / "best.pt"
+    assert Checkpoint.load(best).step == 6
+    data = load_data(cfg.data.path, cfg.seed, 8, format="text")
+    assert metrics["best_val_loss"] == whole_val_loss(best, data)
+    assert Checkpoint.load(best).metrics["best_val_loss"] == metrics["best_val_loss"]
+    assert metrics["val_loss"] == whole_val_loss(tmp_path / "run" / "checkpoints" / "last.pt", data)
+
+
+def test_the_head_analyses_are_light_while_the_run_trains_and_whole_at_its_end(tiny_cfg, tmp_path):
+    train(tiny_cfg("train.num_samples=0", "log.head_items=16"))
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0})
+    acc.Reload()
+    tables = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("heads/table")}
+    items = {step: int(re.search(r"over ([\d,]+) items", t)[1]) for step, t in tables.items()}
+    assert items == {0: 16 // LIGHT_SHARE, 6: 16 // LIGHT_SHARE, 12: 16}
