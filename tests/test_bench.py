@@ -129,3 +129,22 @@ def test_quick_targets_and_threads_sections_write_json(tmp_path):
     assert "The targets of issue 20" in done.stdout
     table = done.stdout.split("The targets of issue 20")[1]
     assert "python train.py heads=4" in table and "the same on names-1980s" in table
+
+
+def test_the_overhead_row_times_a_whole_run_against_its_step_loop(names_file, tmp_path):
+    """bench/targets.py's "overhead" row (issue 27): train() run whole against the same recipe's
+    steps alone, as a ratio with its parts, and the line format_targets prints for it."""
+    from types import SimpleNamespace
+
+    from bench import targets
+    from tests.conftest import TINY
+
+    tiny = (*TINY, f"data.path={names_file}")
+    row = next(r for r in targets.ROWS if r.key == "overhead")
+    args = SimpleNamespace(device="cpu", threads=1)
+    found = targets.overhead(targets.Row(**{**row.__dict__, "overrides": tiny}), args, tmp_path)
+    assert found["ratio"] == pytest.approx(found["run_s"] / found["steps_s"])
+    assert 0 < found["steps_s"] < found["run_s"] and found["in_run_s"] < found["run_s"]
+    figures = {"overhead: run / step loop": {"median": 1.23, "n": 1}}
+    table = targets.format_targets({"sections": {"targets": {"figures": figures}}})
+    assert row.recipe in table and "| 1.23 |" in table and "<= 1.1" in table

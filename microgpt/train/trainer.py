@@ -314,7 +314,8 @@ class Trainer:
         self.writer.heads(step, analyse(self.eval_model, x, y, self.tokenizer, light=light))
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
-        """Validation loss on the whole split; best.pt if it improved; last.pt always."""
+        """Validation loss (a large split estimated while the run trains); best.pt if it
+        improved; last.pt always."""
         out = system.run_on_main(lambda: self._evaluate_and_save_best(metrics), self.dist) or {}
         self._save_last({**metrics, **out})
         if self.is_main:
@@ -332,6 +333,7 @@ class Trainer:
         if not math.isfinite(val_loss):
             lr = lr_at(self.step - 1, c)
             raise diverged(self.step, val_loss, math.nan, lr, self._last, "validation loss")
+        # best_val_loss: the best score; the final one, or summary.finish, makes it exact
         improved = score < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, score)
         best = val_loss if final and improved else self.best_val_loss
