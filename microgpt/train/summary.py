@@ -122,7 +122,7 @@ def finish(trainer, metrics: dict) -> None:
     if best is not None and best.step < trainer.step and len(eval_rows(val, True)) < len(val):
         # best.pt was chosen on an estimate (Trainer._evaluate_and_save_best): its exact loss
         exact = evaluate(model, val, c.train.eval_batch_size, trainer.autocast)
-        metrics["best_val_loss"] = best.metrics["best_val_loss"] = exact
+        metrics["best_val_loss"] = best.metrics["best_val_loss"] = best.metrics["val_loss"] = exact
     if best is not None:  # best.pt gains the test loss
         best.metrics["test_loss"] = test
         best.save(best_path)

@@ -93,7 +93,8 @@ def test_a_best_checkpoint_chosen_on_an_estimate_gets_its_whole_split_loss(
     assert Checkpoint.load(best).step == 6
     data = load_data(cfg.data.path, cfg.seed, 8, format="text")
     assert metrics["best_val_loss"] == whole_val_loss(best, data)
-    assert Checkpoint.load(best).metrics["best_val_loss"] == metrics["best_val_loss"]
+    kept = Checkpoint.load(best).metrics
+    assert kept["best_val_loss"] == kept["val_loss"] == metrics["best_val_loss"]
 
 
 def test_the_head_analyses_are_light_while_the_run_trains_and_whole_at_its_end(tiny_cfg, tmp_path):
