@@ -147,7 +147,7 @@ def analyse(
     """The HeadReport of `model` on rows x, y (N, T). tokenizer: for the key classes of characters
     (else only `boundary` and `rare`) and the circuits' labels; counts (V,): each token's training
     frequency, for `rare` (default: in these rows); light: on 1/LIGHT_SHARE of the rows and of the
-    probe's (a run's analyses while it trains). The model's mode is kept."""
+    probe's, no layer-0 tables (a run's analyses while it trains). The model's mode is kept."""
     if x.shape[0] == 0:
         raise HeadsError("no rows to analyse")
     share = LIGHT_SHARE if light else 1
@@ -167,6 +167,8 @@ def analyse(
         text = x[y >= 0] if bool((x[:, 0] != BOUNDARY_ID).all()) else None
         found = run_probe(model, device, text, share) if probe else None
         qk, ov, copying = circuits.layer0_circuits(model)
+    if light:  # the QK and OV tables (large images) are left to the whole analysis
+        qk = ov = None
     return HeadReport(
         n_layer=model.config.n_layer,
         n_head=model.config.n_head,

@@ -127,3 +127,6 @@ def test_a_light_analysis_reads_an_eighth_of_the_rows_and_of_the_probe(tmp_path,
     assert whole.probe.rows == TEXT_PROBE_ROWS
     assert light.summaries().keys() == whole.summaries().keys()
     assert light.zero_importance.shape == whole.zero_importance.shape
+    # the layer-0 copying scores stay; their QK and OV tables are the whole analysis's alone
+    assert torch.equal(light.copying, whole.copying) and light.qk is light.ov is None
+    assert whole.qk is not None and "Layer-0 circuits" not in light.markdown()
