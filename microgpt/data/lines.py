@@ -279,15 +279,17 @@ class CharDataset(Rows):
     def packed(self, idx: Tensor, row_len: int) -> tuple[Tensor, Tensor]:
         """The items `idx` end to end in rows of row_len tokens, (rows, row_len) each: item i
         brings X[i, :n+1] (its boundary token and n characters) and Y[i, :n+1] (the characters
-        and the end token); an item never straddles two rows; the rest of a row is padding."""
+        and the end token); an item never straddles two rows; the rest of a row is padding.
+        Each item, in order, goes into the first row with room for it (first fit)."""
         sizes = (self.lengths[idx.cpu()] + 1).tolist()
-        rows, offsets, row, used = [], [], 0, 0
+        rows, offsets, used = [], [], []
         for size in sizes:
-            if used + size > row_len:
-                row, used = row + 1, 0
+            row = next((r for r, u in enumerate(used) if u + size <= row_len), len(used))
+            if row == len(used):
+                used.append(0)
             rows.append(row)
-            offsets.append(used)
-            used += size
+            offsets.append(used[row])
+            used[row] += size
         idx, sizes_t = idx.cpu(), torch.tensor(sizes)
         # one entry per token: its item, its column in the item, where it goes in the rows
         item = torch.repeat_interleave(torch.arange(len(sizes)), sizes_t)
@@ -297,7 +299,7 @@ class CharDataset(Rows):
         # the gather runs where the data lives: only the indices travel
         dest, src = dest.to(self.X.device), src.to(self.X.device)
         x = torch.full(
-            ((row + 1) * row_len,), BOUNDARY_ID, dtype=self.X.dtype, device=self.X.device
+            (len(used) * row_len,), BOUNDARY_ID, dtype=self.X.dtype, device=self.X.device
         )
         y = torch.full_like(x, IGNORE_ID)
         x[dest], y[dest] = self.X.view(-1)[src], self.Y.view(-1)[src]
