@@ -20,7 +20,17 @@ def test_default_config_is_small_on_names():
     config = load_config(compose_config(["out_dir=."]))
     assert config.model.name == "small"
     assert config.data.path == "data/names.txt"
-    assert config.optim.name == "adamw"
+    # issue 27's recipe: Muon, weight averaging, names packed into rows
+    assert (config.optim.name, config.optim.weight_decay) == ("muon", 0.3)
+    assert (config.train.ema, config.train.pack) == (0.995, 32)
+
+
+def test_experiments_measured_with_adamw_keep_it():
+    """The induction and microgpt.py experiments' figures were measured with AdamW, unaveraged,
+    padded: they pin that recipe whatever the defaults."""
+    for name in ("induction", "microgpt"):
+        config = load_config(compose_config([f"experiment={name}", "out_dir=."]))
+        assert (config.optim.name, config.train.ema, config.train.pack) == ("adamw", 0.0, 0)
 
 
 def test_heads_sets_the_models_head_count():

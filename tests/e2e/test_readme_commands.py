@@ -282,7 +282,7 @@ COVERED: dict[str, How] = {
     "python -m microgpt.heads outputs/<date>/<time>": How(runs=("names",), check=_heads),
     # as typed but smaller: its 40 steps are what it is about
     "python train.py train.max_steps=40": How(append=SHORT, check=_short_run),
-    "python train.py heads=4 optim=muon train.ema=0.995 train.pack=32": How(
+    "python train.py heads=4 optim=adamw train.ema=0 train.pack=0": How(
         append=SMALL, check=_trained
     ),
     # Sampling
