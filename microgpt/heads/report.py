@@ -241,7 +241,13 @@ class HeadReport:
         probe = self.probe
         if probe is not None:
             best = divmod(int(probe.prefix.argmax()), self.n_head)
-            zeroed = _heads(probe.induction_heads.nonzero().tolist())
+            induction = probe.induction_heads.nonzero().tolist()
+            together = (
+                f"the heads of prefix matching >= {MIN_MASS} ({_heads(induction)}) zeroed "
+                f"together, to {probe.induction_zeroed:.3f}"
+                if induction
+                else f"no head reaches prefix matching {MIN_MASS}"
+            )
             what = (
                 "a {}-character passage of the text" if probe.text else "a random {}-character span"
             )
@@ -250,8 +256,7 @@ class HeadReport:
                 f"twice): loss {probe.loss_first:.3f} on the first copy, {probe.loss_repeat:.3f} "
                 f"on the repeat (gain {probe.gain:.3f} nats); best prefix matching "
                 f"L{best[0]}H{best[1]} {float(probe.prefix.max()):.2f}, which zeroed brings the "
-                f"repeat's loss to {float(probe.ablated[best]):.3f}; the heads of prefix matching "
-                f">= {MIN_MASS} ({zeroed}) zeroed together, to {probe.induction_zeroed:.3f}."
+                f"repeat's loss to {float(probe.ablated[best]):.3f}; {together}."
             )
         return lines
 

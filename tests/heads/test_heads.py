@@ -330,6 +330,9 @@ def test_report_is_json_summaries_do_not_depend_on_head_count(rows):
         k: None if math.isnan(v) else pytest.approx(v) for k, v in summaries
     }
     table = eight.markdown().splitlines()
+    # ... and said in words in the notes, never printed as a number
+    assert "no head reaches prefix matching 0.5" in eight.markdown()
+    assert "nan" not in eight.markdown()
     assert table[0].startswith("| layer | head | role | score | lift | entropy")
     head_rows = table[2 : 2 + 16]  # then the notes and the layer-0 circuits
     assert len([line for line in head_rows if line.startswith("| 1 |")]) == 8
