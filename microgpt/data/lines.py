@@ -279,17 +279,15 @@ class CharDataset(Rows):
     def packed(self, idx: Tensor, row_len: int) -> tuple[Tensor, Tensor]:
         """The items `idx` end to end in rows of row_len tokens, (rows, row_len) each: item i
         brings X[i, :n+1] (its boundary token and n characters) and Y[i, :n+1] (the characters
-        and the end token); an item never straddles two rows; the rest of a row is padding.
-        Each item, in order, goes into the first row with room for it (first fit)."""
+        and the end token); an item never straddles two rows; the rest of a row is padding."""
         sizes = (self.lengths[idx.cpu()] + 1).tolist()
-        rows, offsets, used = [], [], []
+        rows, offsets, row, used = [], [], 0, 0
         for size in sizes:
-            row = next((r for r, u in enumerate(used) if u + size <= row_len), len(used))
-            if row == len(used):
-                used.append(0)
+            if used + size > row_len:
+                row, used = row + 1, 0
             rows.append(row)
-            offsets.append(used[row])
-            used[row] += size
+            offsets.append(used)
+            used += size
         idx, sizes_t = idx.cpu(), torch.tensor(sizes)
         # one entry per token: its item, its column in the item, where it goes in the rows
         item = torch.repeat_interleave(torch.arange(len(sizes)), sizes_t)
@@ -299,7 +297,7 @@ class CharDataset(Rows):
         # the gather runs where the data lives: only the indices travel
         dest, src = dest.to(self.X.device), src.to(self.X.device)
         x = torch.full(
-            (len(used) * row_len,), BOUNDARY_ID, dtype=self.X.dtype, device=self.X.device
+            ((row + 1) * row_len,), BOUNDARY_ID, dtype=self.X.dtype, device=self.X.device
         )
         y = torch.full_like(x, IGNORE_ID)
         x[dest], y[dest] = self.X.view(-1)[src], self.Y.view(-1)[src]

@@ -18,16 +18,16 @@ def dataset():
 def test_packed_rows_hold_each_name_whole_with_its_targets():
     ds = dataset()
     x, y = ds.packed(torch.arange(len(NAMES)), 12)
-    # first fit: rows of at most 12 tokens, each name (its length + 1) whole, in the first row
-    # with room: emma(5) olivia(7) | ava(4) x(2) mia(4) | isabella(9) | charlotte(10) | abigail(8)
-    assert x.shape == (5, 12)
-    expected = [".emma.olivia", ".ava.x.mia", ".isabella", ".charlotte", ".abigail"]
+    # greedy in order: rows of at most 12 tokens, each name (its length + 1) whole
+    # emma(5) olivia(7) | ava(4) x(2) | isabella(9) | mia(4) | charlotte(10) | abigail(8)
+    assert x.shape == (6, 12)
+    expected = [".emma.olivia", ".ava.x", ".isabella", ".mia", ".charlotte", ".abigail"]
     tok = CharTokenizer(sorted(set("".join(NAMES))))
 
     def show(ids):
         return "".join("." if i == 0 else tok.chars[i - 1] for i in ids)
 
-    for row, want in enumerate(expected):
+    for row, want in zip(range(6), expected):
         n = len(want)
         assert show(x[row, :n].tolist()) == want
         # the targets: each character's next, the end token closing every name, then -1
