@@ -3,7 +3,9 @@ alternating in one process, so that whatever else the machine does slows both al
 
 A recipe's cost is then (its step / the default step) x (its steps / the default's steps): its
 whole training in units of today's default run (`python train.py heads=4`), evaluations
-excluded. Absolute seconds come with it, with the machine's load at the time.
+excluded. Absolute seconds come with it, with the machine's load at the time. With loop=True
+the whole step of Trainer.run's loop is timed (issue 27's training speed: chars_ratio, the real
+characters/s of the loop against the old default's).
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from bench.common import make_trainer, step, sync
+from microgpt.train import summary
+from microgpt.train.stopping import StopFlag
+from microgpt.train.trainer import StepResult
+from microgpt.viz.tensorboard import TensorBoardLogger
 
 # the unit of cost: the default run before issue 27 (AdamW, padded rows, no averaging), pinned
 # so that the unit stays put while the defaults move
@@ -51,39 +58,59 @@ def busy(loads: list[dict]) -> bool:
     return first is not None and first > BUSY_LOAD
 
 
-def time_steps(tr, n: int) -> float:
-    """Seconds for n training steps."""
-    sync(tr.device)
-    t0 = time.perf_counter()
+def loop_stepper(tr) -> Callable[[], tuple[StepResult, float]]:
+    """One step of Trainer.run's loop (train_step and the loop's per-step work: the loss window,
+    the log line every log_every steps to TensorBoard, the stop check): a callable giving (the
+    step's result, the seconds it spent evaluating or saving, which are not training)."""
+    tr.writer = TensorBoardLogger(tr.out_dir)
+    metrics, bar, stop = {}, summary.progress_bar(tr), StopFlag()
+    tr.model.train()
+    return lambda: tr.loop_step(metrics, bar, stop)
+
+
+def time_steps(advance: Callable[[], tuple[StepResult, float]], n: int, device) -> tuple:
+    """(seconds, real characters) of n steps of `advance`, the time it spent evaluating left out."""
+    sync(device)
+    t0, chars, other = time.perf_counter(), 0, 0.0
     for _ in range(n):
-        step(tr)
-    sync(tr.device)
-    return time.perf_counter() - t0
+        out, spent = advance()
+        chars, other = chars + out.tokens, other + spent
+    sync(device)
+    return time.perf_counter() - t0 - other, chars
 
 
-def cost_ratio(overrides, args, tmp: Path, rounds: int, block_s: float, warmup: int = 5) -> dict:
+def cost_ratio(
+    overrides, args, tmp: Path, rounds: int, block_s: float, warmup: int = 5, loop: bool = False
+) -> dict:
     """The recipe's step against the default step: `rounds` rounds, each timing a block of about
-    block_s seconds of each (the order swapped every round), the ratio per round, and medians."""
-    base = make_trainer(DEFAULT_RECIPE, args, tmp)
-    recipe = make_trainer(list(overrides), args, tmp)
-    for tr in (base, recipe):
-        time_steps(tr, warmup)
-    k = [max(1, round(block_s / (time_steps(tr, 3) / 3))) for tr in (base, recipe)]
-    loads, ratios, base_s, recipe_s = [load()], [], [], []
+    block_s seconds of each (the order swapped every round), the ratio per round, and medians;
+    chars_ratio: the recipe's real characters/s over the default's. loop: time the whole step of
+    Trainer.run's loop (Trainer.loop_step), not train_step alone."""
+    trainers = [make_trainer(DEFAULT_RECIPE, args, tmp), make_trainer(list(overrides), args, tmp)]
+    steppers = [loop_stepper(tr) if loop else lambda tr=tr: (step(tr), 0.0) for tr in trainers]
+    device = trainers[0].device
+    for advance in steppers:
+        time_steps(advance, warmup, device)
+    k = [max(1, round(block_s / (time_steps(a, 3, device)[0] / 3))) for a in steppers]
+    loads, ratios, chars_ratios, base_s, recipe_s = [load()], [], [], [], []
     for r in range(rounds):
         order = (0, 1) if r % 2 == 0 else (1, 0)
-        per_step = [0.0, 0.0]
+        per_step, chars_s = [0.0, 0.0], [0.0, 0.0]
         for i in order:
-            per_step[i] = time_steps((base, recipe)[i], k[i]) / k[i]
+            seconds, chars = time_steps(steppers[i], k[i], device)
+            per_step[i], chars_s[i] = seconds / k[i], chars / seconds
         base_s.append(per_step[0])
         recipe_s.append(per_step[1])
         ratios.append(per_step[1] / per_step[0])
+        chars_ratios.append(chars_s[1] / chars_s[0])
         loads.append(load())
     step_ratio = statistics.median(ratios)
-    steps = (base.config.train.max_steps, recipe.config.train.max_steps)
+    steps = [tr.config.train.max_steps for tr in trainers]
     return {
         "step_ratio": step_ratio,
         "ratios": ratios,
+        "chars_ratio": statistics.median(chars_ratios),
+        "chars_ratios": chars_ratios,
         "run_cost": step_ratio * steps[1] / steps[0],
         "default_step_s": statistics.median(base_s),
         "recipe_step_s": statistics.median(recipe_s),

@@ -1,10 +1,10 @@
 """The cost of recipes against the default before issue 27, alone, in one process:
 
-    python bench/recipe_cost.py [--threads N] [RECIPE ...]   # each RECIPE: overrides joined by ','
+    python bench/recipe_cost.py [--threads N] [--loop] [RECIPE ...]   # RECIPE: overrides, ','
 
-Each recipe's training step is alternated with the pinned old default's (bench/cost.py), and the
-step ratio, the run's cost in old default runs and the real characters/s ratio are printed (the
-names recipes draw the same names in every step, so characters/s scale as 1 / the step ratio).
+Each recipe's training step (--loop: the whole step of Trainer.run's loop, evaluations excluded)
+is alternated with the pinned old default's (bench/cost.py), and the step ratio, the run's cost
+in old default runs and the ratio of real characters/s are printed.
 """
 
 from __future__ import annotations
@@ -31,21 +31,23 @@ def main() -> None:
     p.add_argument("recipes", nargs="*", default=RECIPES)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--loop", action="store_true", help="time Trainer.run's whole step")
     a = p.parse_args()
     args = argparse.Namespace(device="cpu", threads=a.threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for recipe in a.recipes:
-            c = cost_ratio(recipe.split(","), args, Path(tmp), a.rounds, 1.0)
+            c = cost_ratio(recipe.split(","), args, Path(tmp), a.rounds, 1.0, loop=a.loop)
             rows.append({"recipe": recipe, "unit": " ".join(DEFAULT_RECIPE), **c})
             print(
                 f"{recipe:40s} step x{c['step_ratio']:.3f} (rounds {min(c['ratios']):.3f}-"
                 f"{max(c['ratios']):.3f}), run cost {c['run_cost']:.2f}, characters/s "
-                f"x{1 / c['step_ratio']:.2f}, default step {c['default_step_s'] * 1e3:.1f} ms"
+                f"x{c['chars_ratio']:.2f}, default step {c['default_step_s'] * 1e3:.1f} ms"
                 f"{' (busy)' if c['busy'] else ''}",
                 flush=True,
             )
-    print(json.dumps([{k: r[k] for k in ("recipe", "unit", "step_ratio", "ratios")} for r in rows]))
+    keys = ("recipe", "unit", "step_ratio", "ratios", "chars_ratio")
+    print(json.dumps([{k: r[k] for k in keys} for r in rows]))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ if str(REPO) not in sys.path:  # bench/ is a package at the repository root, not
     sys.path.insert(0, str(REPO))
 
 from bench.common import step  # noqa: E402
+from bench.cost import loop_stepper, time_steps  # noqa: E402
 from bench.sampling import decode  # noqa: E402
 
 STEPS = 3
@@ -57,6 +58,20 @@ def test_bench_step_is_the_trainers_step(tiny_cfg, tmp_path):
 
     unclipped, _ = bench_steps(tiny_cfg(*STEP_CFG, "optim.grad_clip=0", out=tmp_path / "nc"))
     assert_same_weights(unclipped.model, trainer.model, same=False)
+
+
+def test_bench_loop_step_is_the_loops_step(tiny_cfg, tmp_path):
+    """bench/cost.py's loop timing runs Trainer.run's whole step: the same weights, and the train
+    loss logged every log_every steps, as the loop logs it."""
+    bench = Trainer(load_config(tiny_cfg(*STEP_CFG, out=tmp_path / "bench")))
+    seconds, chars = time_steps(loop_stepper(bench), STEPS, bench.device)
+    assert seconds > 0 and chars > 0
+    assert bench.window.steps == 0  # the window was logged at step STEPS, then a new one begun
+    assert '"loss/train"' in (bench.out_dir / "metrics.jsonl").read_text()
+
+    trainer = Trainer(load_config(tiny_cfg(*STEP_CFG, out=tmp_path / "run")))
+    trainer.run()
+    assert_same_weights(bench.model, trainer.model)
 
 
 def test_bench_step_counts_the_batch(tiny_cfg, tmp_path):

@@ -103,7 +103,7 @@ def fp32(x: float) -> float:
 
 def orthogonalise(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     """The semi-orthogonal matrix nearest g (singular values pushed towards 1), by the quintic
-    Newton-Schulz iteration of Muon; (..., rows, cols) -> (..., rows, cols)."""
+    Newton-Schulz iteration of Muon; (n, rows, cols) -> (n, rows, cols)."""
     a, b, c = 3.4445, -4.7750, 2.0315
     tall = g.size(-2) > g.size(-1)
     # work on the wide orientation: X X^T is the smaller Gram matrix
@@ -111,7 +111,9 @@ def orthogonalise(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
     for _ in range(steps):
         gram = x @ x.mT
-        x = a * x + (b * gram + c * gram @ gram) @ x
+        # x <- a x + (b gram + c gram gram) x, the scaled sums inside the matmuls (baddbmm)
+        poly = torch.baddbmm(gram, c * gram, gram, beta=b)
+        x = torch.baddbmm(x, poly, x, beta=a)
     return x.mT if tall else x
 
 

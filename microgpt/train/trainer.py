@@ -186,42 +186,48 @@ class Trainer:
     # ---- the loop
 
     def run(self) -> dict:
-        c, max_steps = self.config, self.config.train.max_steps
+        max_steps = self.config.train.max_steps
         system.run_on_main(self._open_run_folder, self.dist)
         start, tokens_done, other_work = time.perf_counter(), 0, 0.0
         self.window.start_clock()  # throughput counts training alone, not the set-up
         metrics: dict = dict(self.history)
-        # off the CPU, float() waits for the GPU: check and agree on stopping every log_every steps
-        check_every = 1 if self.device.type == "cpu" else c.train.log_every
         bar = summary.progress_bar(self)
         try:
             with StopFlag() as stop, logging_redirect_tqdm(loggers=[logging.root]):
                 self.model.train()
                 while self.step < max_steps:
-                    out = self.train_step(check=(self.step + 1) % check_every == 0)
-                    tokens_done += out.tokens
-                    self.window.add(out)
-                    final = self.step == max_steps
-                    if self.step % c.train.log_every == 0 or final:
-                        metrics.update(summary.log_window(self, out, bar))
-                    bar.update(1)
-                    # evaluation, checkpoints and the head analysis are not training: their time
-                    # is left out of tokens_per_sec (on a GPU, log_window's float() just synced)
-                    busy = time.perf_counter()
-                    self._between_steps(metrics, final)
-                    spent = time.perf_counter() - busy
-                    other_work += spent
-                    self.window.paused += spent
-                    asks = check_every == 1 or self.step % c.train.log_every == 0
-                    if asks and not final and system.any_rank(stop.requested, self.dist):
-                        self._save_last({**metrics, "interrupted_at": self.step})
-                        raise Interrupted(stop.signal_name, self.step, max_steps, self._last)
+                    out, spent = self.loop_step(metrics, bar, stop)
+                    tokens_done, other_work = tokens_done + out.tokens, other_work + spent
         finally:
             bar.close()
         elapsed = time.perf_counter() - start
         metrics = summary.final_metrics(self, metrics, elapsed, tokens_done, other_work)
         system.run_on_main(lambda: summary.finish(self, metrics), self.dist)
         return metrics
+
+    def loop_step(self, metrics: dict, bar, stop: StopFlag) -> tuple[StepResult, float]:
+        """One step of the loop: train_step, the train loss window and its log line, then what is
+        due between steps; (the step's result, the seconds of that other work)."""
+        c, max_steps = self.config, self.config.train.max_steps
+        # off the CPU, float() waits for the GPU: check and agree on stopping every log_every steps
+        check_every = 1 if self.device.type == "cpu" else c.train.log_every
+        out = self.train_step(check=(self.step + 1) % check_every == 0)
+        self.window.add(out)
+        final = self.step == max_steps
+        if self.step % c.train.log_every == 0 or final:
+            metrics.update(summary.log_window(self, out, bar))
+        bar.update(1)
+        # evaluation, checkpoints and the head analysis are not training: their time is left
+        # out of tokens_per_sec (on a GPU, log_window's float() just synced)
+        busy = time.perf_counter()
+        self._between_steps(metrics, final)
+        spent = time.perf_counter() - busy
+        self.window.paused += spent
+        asks = check_every == 1 or self.step % c.train.log_every == 0
+        if asks and not final and system.any_rank(stop.requested, self.dist):
+            self._save_last({**metrics, "interrupted_at": self.step})
+            raise Interrupted(stop.signal_name, self.step, max_steps, self._last)
+        return out, spent
 
     def _between_steps(self, metrics: dict, final: bool) -> None:
         """What is due after this step: evaluation and last.pt, a snapshot, the head analysis."""
