@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import compose, error_figure, figure, make_trainer, run_overrides
+from bench.common import compose, error_figure, figure, make_trainer, run_overrides, step
 from bench.cost import busy, cost_ratio, load, time_steps
 from microgpt.train.trainer import train
 
@@ -132,8 +132,7 @@ def overhead(row: Row, args, tmp: Path) -> dict:
     the steps first."""
     tr = make_trainer(list(row.overrides), args, tmp)
     loads = [load()]
-    steps_s = time_steps(tr, tr.config.train.max_steps)
-    del tr
+    steps_s, _ = time_steps(lambda: (step(tr), 0.0), tr.config.train.max_steps, tr.device)
     loads.append(load())
     cfg = compose([*row.overrides, *run_overrides(args, tmp)])
     t0 = time.perf_counter()
