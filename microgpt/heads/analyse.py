@@ -151,8 +151,7 @@ def analyse(
     if x.shape[0] == 0:
         raise HeadsError("no rows to analyse")
     share = LIGHT_SHARE if light else 1
-    keep = max(1, x.shape[0] // share)
-    x, y = x[:keep], y[:keep]
+    x, y = x[: max(1, x.shape[0] // share)], y[: max(1, x.shape[0] // share)]
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     V = model.config.vocab_size
