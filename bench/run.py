@@ -248,6 +248,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     g.add_argument("--seeds", default=None, help="default 1337,1,2 (1337 with --quick)")
     g.add_argument(
+        "--jobs", type=int, default=1, help="seeds trained at once, each in its own process (1)"
+    )
+    g.add_argument(
         "--row-override",
         action="append",
         default=[],
@@ -307,6 +310,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         unknown = [v for v in values if v not in known]
         if unknown:
             p.error(f"{name}: unknown {unknown}; choose from {list(known)}")
+    if a.jobs < 1:
+        p.error(f"--jobs={a.jobs} must be at least 1")
     return a
 
 

@@ -148,3 +148,19 @@ def test_the_overhead_row_times_a_whole_run_against_its_step_loop(names_file, tm
     figures = {"overhead: run / step loop": {"median": 1.23, "n": 1}}
     table = targets.format_targets({"sections": {"targets": {"figures": figures}}})
     assert row.recipe in table and "| 1.23 |" in table and "<= 1.1" in table
+
+
+@pytest.mark.slow  # about 20 s: two tiny trainings in spawned processes, then the same in this one
+def test_targets_jobs_train_the_seeds_at_once_to_the_same_losses(names_file, tmp_path):
+    """--jobs 2 trains two seeds in their own processes at once: the losses are those of the
+    seeds trained one after the other here (exact), in seed order."""
+    from types import SimpleNamespace
+
+    from bench import targets
+    from tests.conftest import TINY
+
+    row = targets.Row("t", "tiny", (*TINY, f"data.path={names_file}"), "test_loss", None, None, "")
+    args = SimpleNamespace(device="cpu", threads=1, seeds=[1, 2], jobs=2)
+    together = targets.losses(row, [], args, tmp_path)
+    alone = targets.losses(row, [], SimpleNamespace(**{**vars(args), "jobs": 1}), tmp_path)
+    assert together == alone and together[0] != together[1]

@@ -26,9 +26,9 @@ def test_default_config_is_small_on_names():
 
 
 def test_experiments_measured_with_adamw_keep_it():
-    """The induction and microgpt.py experiments' figures were measured with AdamW, unaveraged,
-    padded: they pin that recipe whatever the defaults."""
-    for name in ("induction", "microgpt"):
+    """The induction, microgpt.py and long experiments' figures were measured with AdamW,
+    unaveraged, padded: they pin that recipe whatever the defaults."""
+    for name in ("induction", "microgpt", "long"):
         config = load_config(compose_config([f"experiment={name}", "out_dir=."]))
         assert (config.optim.name, config.train.ema, config.train.pack) == ("adamw", 0.0, 0)
 
