@@ -21,7 +21,7 @@ def test_default_config_is_small_on_names():
     assert config.model.name == "small"
     assert config.data.path == "data/names.txt"
     # issue 27's recipe: Muon, weight averaging, names packed into rows
-    assert (config.optim.name, config.optim.weight_decay) == ("muon", 0.3)
+    assert (config.optim.name, config.optim.weight_decay) == ("muon", 0.1)
     assert (config.train.ema, config.train.pack) == (0.995, 32)
 
 
