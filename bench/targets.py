@@ -86,7 +86,8 @@ ROWS = (
     Row(
         "nanogpt",
         "text, nanoGPT's CPU budget (2,000 steps x 12 x 64 characters)",
-        NANOGPT,
+        # batches of 12 windows want half Muon's rate, and weight averaging (docs/benchmarks.md)
+        (*NANOGPT, "optim.muon_lr=0.01", "train.ema=0.995"),
         "best_val_loss",
         1.75,
         None,
