@@ -11,7 +11,6 @@ names rows run again on data/names-1980s.txt, which no tuning saw (reported, no 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from bench.common import compose, error_figure, figure, make_trainer, run_overrides, step
 from bench.cost import busy, cost_ratio, load, time_steps
+from microgpt.system import share, usable_cores
 from microgpt.train.trainer import train
 
 SECOND_NAMES = "data=names-1980s"
@@ -157,7 +157,7 @@ def losses(row: Row, data: list[str], args, tmp: Path) -> list[float]:
     """The row's loss for each seed; with --jobs N, N seeds at once in their own processes, the
     cores shared between them (losses are exact: only the time changes)."""
     jobs = min(args.jobs, len(args.seeds))
-    extra = [] if jobs < 2 or args.threads else [f"threads={max(1, cores() // jobs)}"]
+    extra = [] if jobs < 2 or args.threads else [f"threads={share(usable_cores(), jobs)}"]
     runs = [
         [*row.overrides, *data, f"seed={seed}", *run_overrides(args, tmp), *extra]
         for seed in args.seeds
@@ -167,10 +167,6 @@ def losses(row: Row, data: list[str], args, tmp: Path) -> list[float]:
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch threads
     with ProcessPoolExecutor(jobs, mp_context=spawn) as pool:
         return list(pool.map(loss, runs, [row.metric] * len(runs)))
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def overhead(row: Row, args, tmp: Path) -> dict:

@@ -151,7 +151,8 @@ def analyse(
     if x.shape[0] == 0:
         raise HeadsError("no rows to analyse")
     share = LIGHT_SHARE if light else 1
-    x, y = x[: max(1, x.shape[0] // share)], y[: max(1, x.shape[0] // share)]
+    keep = max(1, x.shape[0] // share)
+    x, y = x[:keep], y[:keep]
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     V = model.config.vocab_size
@@ -166,8 +167,7 @@ def analyse(
         text = x[y >= 0] if bool((x[:, 0] != BOUNDARY_ID).all()) else None
         found = run_probe(model, device, text, share) if probe else None
         qk, ov, copying = circuits.layer0_circuits(model)
-    if light:  # the QK and OV tables (large images) are left to the whole analysis
-        qk = ov = None
+    qk, ov = (None, None) if light else (qk, ov)  # large images: left to the whole analysis
     return HeadReport(
         n_layer=model.config.n_layer,
         n_head=model.config.n_head,
