@@ -307,12 +307,14 @@ def load_config(cfg, schema: type = Config):
     if isinstance(cfg, schema):
         return cfg
     try:
-        if not isinstance(cfg, DictConfig):
-            cfg = OmegaConf.create(cfg)
-        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
-        if schema is Config:
-            _apply_heads(merged)
-        config = OmegaConf.to_object(merged)
+        # a signal raised inside OmegaConf would surface as its own AttributeError: held
+        with system.signals_held():
+            if not isinstance(cfg, DictConfig):
+                cfg = OmegaConf.create(cfg)
+            merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
+            if schema is Config:
+                _apply_heads(merged)
+            config = OmegaConf.to_object(merged)
         # threads=auto takes OMP_NUM_THREADS: one that is no count is refused here, once
         system.choose_threads(config.threads, 1, os.environ)
         return config

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import signal
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -203,6 +204,20 @@ def check_threads(value, name: str = "threads") -> None:
             f"{name}={value} is more threads than this machine can use (at most {most}: "
             f"4 per usable core); use threads=auto or a number up to {most}"
         )
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held while the block runs, delivered when it ends: for library code
+    (OmegaConf) that an exception raised inside it would leave half-updated."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: delivered at once, as before
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def usable_cores() -> int:

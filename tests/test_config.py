@@ -1,5 +1,7 @@
 """Configs compose for every preset and group; bad settings stop with a message naming them."""
 
+import os
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -139,3 +141,32 @@ def test_preset_yaml_builds_the_promised_model(preset, params):
         assert 180_000 < model.num_params() < 220_000
     else:
         assert model.config.block_size == 256 and model.config.n_head == 6
+
+
+def test_a_signal_during_the_conversion_is_delivered_after_it(monkeypatch):
+    """SIGTERM arriving inside OmegaConf (a run stopped while it starts) is raised once the
+    conversion is done, as the handler's own exception, not inside OmegaConf (where it left an
+    AttributeError and a traceback)."""
+    import signal
+
+    from omegaconf import OmegaConf
+
+    real, reached = OmegaConf.to_object, []
+
+    def convert_while_a_signal_arrives(cfg):  # called again for each nested group
+        if not reached:
+            os.kill(os.getpid(), signal.SIGTERM)
+            reached.append("after the signal")
+        return real(cfg)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr(OmegaConf, "to_object", convert_while_a_signal_arrives)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            load_config(compose_config(["out_dir=."]))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert reached == ["after the signal"]
