@@ -1,7 +1,7 @@
-"""What every section shares: figures, the config and Trainer of a run, the timed step, the machine.
+"""What every section shares: figures, the Trainer of a recipe, the timed step, the machine.
 
-The step timed is Trainer.train_step, the one Trainer.run takes, checked for finiteness as run
-checks it; nothing here copies the library's training or decoding.
+The step timed is Trainer.train_step, the one Trainer.run takes; nothing here copies the
+library's training or decoding.
 """
 
 from __future__ import annotations
@@ -12,58 +12,40 @@ import os
 import platform
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from microgpt.config import load_config
 from microgpt.train.trainer import StepResult, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
-NAMES = REPO / "data" / "names.txt"
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
-
-# ----------------------------------------------------------------------------- figures
+# the plain reference GPT: microgpt's model trained as a plain GPT is (AdamW, every row padded to
+# the longest, no weight averaging); `heads=4` plus these is the default run before issue 27
+PLAIN = ("optim=adamw", "train.pack=0", "train.ema=0")
 
 
 def figure(values, unit: str, target: tuple[str, float] | None = None, **extra) -> dict:
-    """{median, min, max, unit, n}; with a target ("<", 0.8), also `target` and `pass` (of the
-    median). A None among the values (a threshold never reached, say) makes the median None and
-    the target a miss."""
+    """{median, min, max, unit, n}; with a target ("<", 0.8), also `target` and `pass` (judged on
+    the median). A None among the values (a loss never reached) makes the median None, a miss."""
     values = list(values)
     known = [v for v in values if v is not None]
-    if len(known) == len(values) and values:
-        med, lo, hi = statistics.median(values), min(values), max(values)
-    else:
-        med, lo, hi = None, (min(known) if known else None), (max(known) if known else None)
+    med = statistics.median(values) if values and len(known) == len(values) else None
+    lo, hi = (min(known), max(known)) if known else (None, None)
     fig = {"median": med, "min": lo, "max": hi, "unit": unit, "n": len(values)}
     if target is not None:
         op, value = target
         fig["target"] = f"{op} {value:g}"
         fig["pass"] = med is not None and OPS[op](med, value)
-    fig.update(extra)
-    return fig
+    return {**fig, **extra}
 
 
 def error_figure(e: BaseException, unit: str) -> dict:
+    """A figure that could not be measured, with the first line of why."""
     first = (str(e).strip().splitlines() or [""])[0]
-    return {
-        "median": None,
-        "min": None,
-        "max": None,
-        "unit": unit,
-        "n": 0,
-        "error": f"{type(e).__name__}: {first}"[:300],
-    }
-
-
-# ----------------------------------------------------------------------------- runs
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    return {**figure([], unit), "error": f"{type(e).__name__}: {first}"[:300]}
 
 
 def compose(overrides) -> object:
@@ -82,45 +64,55 @@ _runs = 0
 
 
 def run_overrides(args, tmp: Path) -> list[str]:
-    """The overrides every bench run takes: the device, a fresh out_dir under tmp, no progress
-    bar, the thread count (--threads, else auto)."""
+    """What every run here takes: the device, a fresh out_dir under tmp, no progress bar, the
+    thread count (--threads, else auto)."""
     global _runs
     _runs += 1
-    return [
-        f"device={args.device}",
-        f"out_dir={tmp / f'run{_runs}'}",
-        "train.progress=false",
-        f"threads={args.threads or 'auto'}",  # the Trainer applies it (microgpt/threads.py)
-    ]
+    out = tmp / f"run{_runs}"
+    threads = f"threads={args.threads or 'auto'}"
+    return [f"device={args.device}", f"out_dir={out}", "train.progress=false", threads]
 
 
 def make_trainer(overrides, args, tmp: Path) -> Trainer:
-    """A Trainer (data, model, optimizer; nothing written yet) for the default config plus
-    overrides."""
+    """A Trainer (data, model, optimizer; nothing written yet) for conf/ plus overrides."""
     return Trainer(load_config(compose([*run_overrides(args, tmp), *overrides])))
 
 
-def preset_model_config(preset: str, vocab_size: int):
-    """The GPTConfig of a model preset at its own block size (256 when the preset leaves it to
-    the data)."""
-    cfg = load_config(compose([f"model={preset}", "device=cpu", "out_dir=."]))
-    return cfg.model_for_data(vocab_size, cfg.model.block_size or 256)
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def step(tr: Trainer) -> StepResult:
-    """The step every section takes: Trainer.train_step, its loss and gradient checked for
-    finiteness when Trainer.run would check them (every step on the CPU, every log_every steps
-    elsewhere, where the check waits for the device)."""
+    """Trainer.train_step, its loss checked for finiteness when Trainer.run would check it."""
     every = 1 if tr.device.type == "cpu" else tr.config.train.log_every
     return tr.train_step(check=(tr.step + 1) % every == 0)
 
 
-def matmul_params(model: nn.Module) -> int:
-    """Weights that multiply activations: every nn.Linear (lm_head included), not the embeddings."""
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+def time_steps(tr: Trainer, n: int) -> tuple[float, int]:
+    """(seconds, real characters) of n steps."""
+    sync(tr.device)
+    t0, chars = time.perf_counter(), 0
+    for _ in range(n):
+        chars += step(tr).tokens
+    sync(tr.device)
+    return time.perf_counter() - t0, chars
 
 
-# ----------------------------------------------------------------------------- machine
+def alternate(trainers: list[Trainer], rounds: int, block_s: float, warmup: int) -> list[list]:
+    """Blocks of about block_s seconds of each trainer's steps in turn, the order reversed every
+    round, so that whatever else the machine does slows all alike: per trainer, per round,
+    (seconds a step, characters a second)."""
+    for tr in trainers:
+        time_steps(tr, warmup)
+    steps = [max(1, round(block_s * 3 / time_steps(tr, 3)[0])) for tr in trainers]
+    per: list[list] = [[] for _ in trainers]
+    for r in range(rounds):
+        order = range(len(trainers)) if r % 2 == 0 else reversed(range(len(trainers)))
+        for i in order:
+            seconds, chars = time_steps(trainers[i], steps[i])
+            per[i].append((seconds / steps[i], chars / seconds))
+    return per
 
 
 def machine_info() -> dict:
@@ -130,15 +122,7 @@ def machine_info() -> dict:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-    }
+    info = {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info
@@ -147,13 +131,12 @@ def machine_info() -> dict:
 def git_commit() -> str:
     """The short commit of the repository, with +dirty when tracked files are changed."""
 
-    def git(*args: str, check: bool) -> str:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=check)
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True)
         return done.stdout.strip()
 
     try:
-        sha = git("rev-parse", "--short", "HEAD", check=True)
-        dirty = git("status", "--porcelain", "--untracked-files=no", check=False)
-        return sha + ("+dirty" if dirty else "")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -1,6 +1,5 @@
-"""3. Sampling: names from the small preset (microgpt.sample.generate.sample_items) and long
-contexts decoded by the base preset (microgpt.sample.generate.generate, every row filled to
-its length)."""
+"""Sampling: names (microgpt.sample.generate.sample_items) as one batch and one at a time, with
+and without the KV cache; and the base preset filling long contexts (generate)."""
 
 from __future__ import annotations
 
@@ -9,100 +8,68 @@ from pathlib import Path
 
 import torch
 
-from bench.common import figure, make_trainer, preset_model_config, step, sync
+from bench.common import compose, figure, make_trainer, step, sync
+from microgpt.config import load_config
 from microgpt.model import GPT
 from microgpt.sample.generate import generate, sample_items
-from microgpt.train.loss import evaluate
+from microgpt.train.checkpoint import Checkpoint
 
 
-def sampling_model(args, device: torch.device, tmp: Path):
-    """The small preset: from --ckpt, or trained here for --sample-train-steps steps."""
-    if args.ckpt:
-        from microgpt.train.checkpoint import Checkpoint
-
-        model, tok = Checkpoint.load(args.ckpt).build_model(device)
-        return model, tok, f"checkpoint {args.ckpt}"
+def names_model(args, device, tmp: Path):
+    """The model of --run, else the small preset trained here for --sample-steps steps."""
+    if args.run:
+        model, tokenizer = Checkpoint.load(args.checkpoint).build_model(device)
+        return model.eval(), tokenizer, f"checkpoint {args.checkpoint}"
     tr = make_trainer(["model=small"], args, tmp)
-    for _ in range(args.sample_train_steps):
+    for _ in range(args.sample_steps):
         step(tr)
-    loss = evaluate(tr.model, tr.datasets["val"], 1000, tr.autocast)
-    return (
-        tr.model.eval(),
-        tr.tokenizer,
-        f"small preset trained here for {args.sample_train_steps} steps (val loss {loss:.3f})",
-    )
+    return tr.model.eval(), tr.tokenizer, f"small preset trained here for {args.sample_steps} steps"
 
 
 def decode(model: GPT, context: int, use_cache: bool, generator: torch.Generator) -> int:
-    """Fill a context of `context` positions: the boundary token, then context - 1 sampled tokens
-    (fewer where block_size - 1 is less), not stopping at a boundary. Returns the tokens sampled."""
-    rows = generate(
-        model,
-        1,
-        generator=generator,
-        use_cache=use_cache,
-        max_new_tokens=context - 1,
-        stop_at_boundary=False,
-    )  # (1, sampled)
-    return rows.size(1)
+    """Fill `context` positions (the boundary token, then sampled tokens, block_size permitting,
+    not stopping at a boundary); the tokens sampled."""
+    fill = {"max_new_tokens": context - 1, "stop_at_boundary": False}
+    return generate(model, 1, generator=generator, use_cache=use_cache, **fill).size(1)
 
 
-def time_names(model, tok, n: int, repeats: int, device, one_at_a_time: bool, use_cache: bool):
-    """Seconds per run of sample_items(n), and the lengths of the names sampled."""
-    times, lengths = [], []
-    for r in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        items = sample_items(
-            model, tok, n, seed=r, batch_size=1 if one_at_a_time else None, use_cache=use_cache
-        )
-        sync(device)
-        times.append(time.perf_counter() - t0)
-        lengths += [len(s) for s in items]
-    return times, lengths
+def timed(fn, device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
 
 
 def run_sampling(args, device, tmp: Path) -> dict:
-    model, tok, source = sampling_model(args, device, tmp)
-    n = args.names
-    full = n == 1000 and not args.quick
-    figures, info = {}, {"model": source, "names": n}
-    lengths = []
-    for one_at_a_time in (False, True):
+    model, tok, source = names_model(args, device, tmp)
+    n, figures = args.names, {}
+    for batch_size, how, limit in ((None, "as one batch", 0.8), (1, "one at a time", 12.0)):
         for use_cache in (True, False):
-            times, lens = time_names(model, tok, n, args.repeats, device, one_at_a_time, use_cache)
-            lengths += lens
-            limit = 12.0 if one_at_a_time else 0.8
-            how = "one at a time" if one_at_a_time else "as one batch"
+            kw, runs = {"batch_size": batch_size, "use_cache": use_cache}, range(args.repeats)
+            times = [timed(lambda: sample_items(model, tok, n, seed=r, **kw), device) for r in runs]
+            target = ("<", limit) if n == 1000 and use_cache and not args.quick else None
             figures[f"{n} names {how}, {'cache' if use_cache else 'no cache'}"] = figure(
-                times, "s", ("<", limit) if full and use_cache else None
+                times, "s", target
             )
-    info["mean_name_length"] = sum(lengths) / len(lengths)
-
-    base = GPT(preset_model_config("base", tok.vocab_size)).to(device).eval()
-    info["base"] = (
-        f"base preset, random weights ({base.num_params():,} parameters), batch 1: a context "
-        f"of N positions is the boundary token then N-1 sampled tokens (generate with "
-        f"stop_at_boundary=False), one forward each; tokens/s = tokens sampled / time"
-    )
-    info["sampled_tokens"] = {}
+    cfg = load_config(compose(["model=base", "device=cpu", "out_dir=."]))
+    base = GPT(cfg.model_for_data(tok.vocab_size, cfg.model.block_size)).to(device).eval()
     for context in args.contexts:
         per = {True: [], False: []}
         for r in range(args.repeats):
-            for use_cache in (True, False):
+            for use_cache in per:
                 g = torch.Generator(device=device).manual_seed(r)
-                sync(device)
-                t0 = time.perf_counter()
-                sampled = decode(base, context, use_cache, g)
-                sync(device)
-                per[use_cache].append(time.perf_counter() - t0)
-        info["sampled_tokens"][context] = sampled  # context - 1 unless block_size cuts it
-        for use_cache in (True, False):
+                per[use_cache].append(timed(lambda: decode(base, context, use_cache, g), device))
+        sampled = min(context, cfg.model.block_size) - 1
+        for use_cache, times in per.items():
             figures[f"base {context} tokens, {'cache' if use_cache else 'no cache'}"] = figure(
-                [sampled / t for t in per[use_cache]], "tokens/s"
+                [sampled / t for t in times], "tokens/s"
             )
+        target = (">=", 5.0) if context == 256 and not args.quick else None
         speedup = [nc / c for c, nc in zip(per[True], per[False])]
-        figures[f"base {context} tokens, cache speedup"] = figure(
-            speedup, "x", (">=", 5.0) if context == 256 and not args.quick else None
-        )
+        figures[f"base {context} tokens, cache speedup"] = figure(speedup, "x", target)
+    info = {
+        "names": f"{n} names from the {source}",
+        "base": f"base preset, random weights ({base.num_params():,} parameters), batch 1",
+    }
     return {"figures": figures, "info": info}
