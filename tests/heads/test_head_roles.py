@@ -9,12 +9,7 @@ import torch
 
 from microgpt.data.repeats import repeated_spans, span_for
 from microgpt.heads.analyse import analyse, induction_test
-from microgpt.heads.roles import (
-    class_members,
-    pattern_sums,
-    patterns_of,
-    relation_masks,
-)
+from microgpt.heads.roles import class_members, pattern_sums, patterns_of, relation_masks
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
 
@@ -52,9 +47,8 @@ def attend(x, keys):
 def test_uniform_attention_has_lift_one_for_every_pattern(rows):
     x, y, tok = rows
     _, _, mass, lift = describe([uniform(x, H=2)], x, y, tok)
-    assert {"previous", "start", "vowel", "consonant", "rare", "duplicate", "induction"} <= set(
-        lift
-    )
+    expected = {"previous", "start", "vowel", "consonant", "rare", "duplicate", "induction"}
+    assert expected <= set(lift)
     assert "newline" not in lift and "line_start" not in lift  # names have no newline: left out
     for name, value in lift.items():
         torch.testing.assert_close(value, torch.ones_like(value), rtol=0, atol=1e-9, msg=name)

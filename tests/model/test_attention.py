@@ -104,28 +104,15 @@ def test_causality(impl):
 
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
 def test_the_hook_point_is_each_heads_output_on_its_way_into_wo(impl):
-    """`hook_z` sees z (B, T, H, hd), W_O's input split per head, and W_O reads what it returns:
-    the one place every head intervention (microgpt.heads) goes through."""
+    """`hook_z` sees z (B, T, H, hd), W_O's input split per head: the one place every head
+    intervention (microgpt.heads, whose tests scale heads through it) goes through."""
     m = randomize(MultiHeadAttention(config(4, impl)), seed=5).eval()
     x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1))
     seen, into = [], []
-    hooks = [
-        m.hook_z.register_forward_hook(lambda mod, args, z: seen.append(z)),
-        m.proj.register_forward_pre_hook(lambda mod, args: into.append(args[0])),
-    ]
+    m.hook_z.register_forward_hook(lambda mod, args, z: seen.append(z))
+    m.proj.register_forward_pre_hook(lambda mod, args: into.append(args[0]))
     with torch.no_grad():
-        y, _ = m(x)
+        m(x)
         assert seen[0].shape == (2, 5, 4, 8)  # (B, T, H, hd)
         # (B, T, H, hd) -> (B, T, C): head h at channels [h*hd, (h+1)*hd)
         assert torch.equal(seen[0].reshape(2, 5, 32), into[0])
-        for h in hooks:
-            h.remove()
-        # a hook that zeroes head 1 acts as zero columns of W_O for it
-        zero = m.hook_z.register_forward_hook(
-            lambda mod, args, z: z * torch.tensor([1, 0, 1, 1.0])[:, None]
-        )
-        got, _ = m(x)
-        zero.remove()
-        m.proj.weight[:, 8:16] = 0
-        close(got, m(x)[0])
-        assert not torch.allclose(got, y, atol=1e-3)

@@ -64,22 +64,6 @@ def test_cached_attention_weights_match_full_forward(impl):
         close(a_step, a_full[:, :, 4:7, :7])
 
 
-def test_update_returns_keys_so_far_and_advance_is_explicit():
-    cache = KVCache(batch_size=1, n_layer=2, n_head=2, block_size=5, head_dim=3)
-    k, v = torch.ones(1, 2, 2, 3), 2 * torch.ones(1, 2, 2, 3)
-    for layer in range(2):
-        ks, vs = cache.update(layer, k, v)
-        assert ks.shape == vs.shape == (1, 2, 2, 3)
-    assert cache.pos == 0  # update does not move the position; advance does
-    cache.advance(2)
-    ks, vs = cache.update(0, 3 * k[:, :, :1], 4 * v[:, :, :1])
-    assert ks.shape == (1, 2, 3, 3)
-    assert torch.equal(ks[0, 0, :, 0], torch.tensor([1.0, 1.0, 3.0]))
-    assert torch.equal(vs[0, 0, :, 0], torch.tensor([2.0, 2.0, 8.0]))
-    with pytest.raises(ValueError, match=r"KV cache is full: position 2 \+ 4 new tokens > block_"):
-        cache.update(0, torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 4, 3))
-
-
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
 def test_reset_makes_the_cache_reusable(impl):
     m = model(impl)
@@ -121,4 +105,6 @@ def test_refusals_leave_the_cache_where_it_was():
             m(idx[:, :3], kv_cache=cache)
         with pytest.raises(ValueError, match="KV cache holds 3 rows but the input has 2"):
             m(idx[:2, 10:11], kv_cache=cache)
+        with pytest.raises(ValueError, match=r"KV cache is full: position 10 \+ 3 new tokens > b"):
+            cache.update(0, *[torch.zeros(3, 4, 3, 8)] * 2)  # k, v (B, H, T, hd)
     assert cache.pos == 10
