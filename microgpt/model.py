@@ -277,11 +277,10 @@ class GPT(nn.Module):
         if doc_starts is not None:
             positions, mask = document_positions(doc_starts)
         else:
-            # one causal mask for every layer, built only where the implementation needs it
-            positions, mask = (
-                pos,
-                causal_mask(self.config.attn_impl, return_attn, pos, T, idx.device),
-            )
+            # positions from the cache's on; one causal mask for every layer, built only where the
+            # implementation needs it
+            positions = pos
+            mask = causal_mask(self.config.attn_impl, return_attn, pos, T, idx.device)
         x = self.embed(idx, positions)
         streams, attention = self.run_layers(x, 0, kv_cache, mask, return_attn)
         if kv_cache is not None:
