@@ -1,4 +1,4 @@
-"""A preallocated key/value cache for sampling: one (B, n_kv_head, block_size, hd) buffer per layer.
+"""A preallocated key/value cache for sampling: one (B, n_head, block_size, hd) buffer per layer.
 Its position is explicit: `GPT.forward` writes every layer's new keys and values at `pos`, then
 calls `advance(T)` once (a prompt prefilled in one forward, then one token a step).
 """
@@ -10,9 +10,9 @@ import torch
 
 class KVCache:
     def __init__(
-        self, batch_size, n_layer, n_kv_head, block_size, head_dim, device=None, dtype=torch.float32
+        self, batch_size, n_layer, n_head, block_size, head_dim, device=None, dtype=torch.float32
     ):
-        shape = (batch_size, n_kv_head, block_size, head_dim)
+        shape = (batch_size, n_head, block_size, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.batch_size, self.block_size = batch_size, block_size
@@ -23,12 +23,12 @@ class KVCache:
     def for_model(cls, model, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
         """A cache sized for `model` (a GPT), on the model's device."""
         c, p = model.config, next(model.parameters())
-        sizes = (batch_size, c.n_layer, c.n_kv_head, c.block_size, c.head_dim)
+        sizes = (batch_size, c.n_layer, c.n_head, c.block_size, c.head_dim)
         return cls(*sizes, p.device, dtype or p.dtype)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Write k, v (B, n_kv_head, T, hd) at the current position; return all keys and values
-        so far, (B, n_kv_head, pos + T, hd) each."""
+        """Write k, v (B, n_head, T, hd) at the current position; return all keys and values so
+        far, (B, n_head, pos + T, hd) each."""
         end = self.pos + k.size(2)
         if end > self.block_size:
             full = f"position {self.pos} + {k.size(2)} new tokens > block_size {self.block_size}"

@@ -1,11 +1,14 @@
 """A character-level GPT in plain PyTorch, in reading order: config, attention, MLP, block, GPT.
 
 Notable features (what differs from GPT-2):
-- attention three ways, proven equal in tests: "loop" (a head at a time: the reference),
-  "batched" (one matmul for all heads), "sdpa" (PyTorch's fused kernel: training);
-- grouped-query attention (`n_kv_head` key/value heads, 1 = multi-query) and a KV cache;
+- attention two ways, proven equal in tests: "loop" (a head at a time: the reference) and
+  "sdpa" (PyTorch's fused kernel: training); an explicit KV cache for sampling;
 - one hook point before W_O, `attn.hook_z` (each head's output), for every head intervention;
-- attention weights on request only (`GPT.forward_with_attention`), never in the training step;
+- attention weights on request only (`GPT.forward_with_attention`), from the loop's per-head
+  computation whatever the implementation, never in the training step;
+- the forward in three public steps, `embed`, `run_layers`, `unembed`: an analysis can start
+  from a cached layer's stream;
+- packed documents (`doc_starts`): positions restart and attention stays inside each document;
 - no biases by default, LayerNorm or RMSNorm, GELU or ReLU, tied embeddings, `mlp=False`.
 """
 
@@ -20,7 +23,7 @@ from torch import nn
 
 from microgpt.kv_cache import KVCache
 
-ATTN_IMPLS = ("loop", "batched", "sdpa")
+ATTN_IMPLS = ("loop", "sdpa")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "relu")
 
@@ -34,12 +37,11 @@ class GPTConfig:
     n_layer: int = 4
     n_embd: int = 64
     n_head: int = 4
-    n_kv_head: int | None = None  # key/value heads (GQA); None = n_head (MHA), 1 = multi-query
     dropout: float = 0.0
     bias: bool = False  # biases in every Linear and LayerNorm
     norm: str = "layernorm"  # "layernorm" | "rmsnorm" (no learned gain, as microgpt.py)
     activation: str = "gelu"  # "gelu" | "relu"
-    attn_impl: str = "sdpa"  # "loop" | "batched" | "sdpa"
+    attn_impl: str = "sdpa"  # "loop" | "sdpa"
     tie_weights: bool = False  # share the token embedding with the output head
     mlp_ratio: int = 4  # the MLP's hidden width is mlp_ratio * n_embd
     mlp: bool = True  # false: attention-only blocks (no MLP, no second norm), as Elhage et al.
@@ -47,7 +49,6 @@ class GPTConfig:
 
     def __post_init__(self):
         check_gpt_settings(asdict(self))
-        self.n_kv_head = self.n_kv_head or self.n_head
 
     @property
     def head_dim(self) -> int:
@@ -58,19 +59,15 @@ class GPTConfig:
 
 
 class MultiHeadAttention(nn.Module):
-    """Causal multi-head attention: head h reads channels [h*hd, (h+1)*hd) of Q, and of K and V for
-    its key/value group; the heads' outputs z, concatenated in head order, are mixed by W_O."""
+    """Causal multi-head attention: head h reads channels [h*hd, (h+1)*hd) of Q, K and V; the
+    heads' outputs z, concatenated in head order, are mixed by W_O."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.head_dim
-        # query heads per key/value head
-        self.group = config.n_head // config.n_kv_head
-        self.kv_dim = config.n_kv_head * config.head_dim
+        self.n_head, self.head_dim = config.n_head, config.head_dim
         self.impl, self.dropout = config.attn_impl, config.dropout
-        # Q, K and V in one matmul: columns [0, C) are Q, then kv_dim of K, then kv_dim of V
-        self.qkv = nn.Linear(config.n_embd, config.n_embd + 2 * self.kv_dim, bias=config.bias)
+        # Q, K and V in one matmul: columns [0, C) are Q, then [C, 2C) K, then [2C, 3C) V
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         # W_O: mixes the heads
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_drop = nn.Dropout(config.dropout)
@@ -84,24 +81,26 @@ class MultiHeadAttention(nn.Module):
         B, T, C = x.shape
         # the absolute position of x[:, 0]
         pos = kv_cache.pos if kv_cache is not None else 0
-        # (B, T, C) -> (B, T, C), 2 x (B, T, kv_dim)
-        q, k, v = self.qkv(x).split([C, self.kv_dim, self.kv_dim], dim=2)
-        # (B, T, C) -> (B, T, H, hd) -> (B, H, T, hd)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        # (B, T, kv_dim) -> (B, T, Hkv, hd) -> (B, Hkv, T, hd)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        # (B, T, 3C) -> 3 x (B, T, C) -> (B, T, H, hd) -> (B, H, T, hd)
+        q, k, v = (
+            t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+            for t in self.qkv(x).split(C, dim=2)
+        )
         if kv_cache is not None:
-            # (B, Hkv, Tk, hd): every key and value so far, Tk = pos + T
+            # (B, H, Tk, hd): every key and value so far, Tk = pos + T
             k, v = kv_cache.update(layer, k, v)
         if mask is None:
             mask = causal_mask(self.impl, return_attn, pos, T, x.device)
         if self.impl == "loop":
-            y, att = self._loop(q, k, v, mask)
-        elif self.impl == "batched":
-            y, att = self._batched(q, k, v, mask)
+            att = self._weights(q, k, mask)  # (B, H, T, Tk)
+            # a head at a time: H x (B, T, Tk) @ (B, Tk, hd) -> (B, H, T, hd)
+            y = torch.stack([self.attn_drop(att[:, h]) @ v[:, h] for h in range(self.n_head)], 1)
         else:
-            y, att = self._sdpa(q, k, v, mask, pos, return_attn)
+            y, att = self._sdpa(q, k, v, mask, pos), None
+            if return_attn:
+                # sdpa returns no weights: the loop's, on a side path, for looking at only
+                with torch.no_grad():
+                    att = self._weights(q, k, mask)
         # (B, H, T, hd) -> (B, T, H, hd)
         z = self.hook_z(y.transpose(1, 2))
         # (B, T, H, hd) -> (B, T, C): head h at channels [h*hd, (h+1)*hd)
@@ -109,39 +108,19 @@ class MultiHeadAttention(nn.Module):
         y = self.resid_drop(self.proj(y))
         return y, (att if return_attn else None)
 
-    def _loop(self, q, k, v, mask):
-        """The textbook version, a head at a time: q (B, H, T, hd), k and v (B, Hkv, Tk, hd) ->
-        y (B, H, T, hd), weights (B, H, T, Tk)."""
+    def _weights(self, q, k, mask):
+        """The textbook softmax(q k^T / sqrt(hd)) over the visible keys, a head at a time:
+        q (B, H, T, hd), k (B, H, Tk, hd) -> (B, H, T, Tk)."""
         # a (B, 1, T, Tk) mask of packed documents -> (B, T, Tk)
         visible = mask[:, 0] if mask.dim() == 4 else mask
-        outputs, weights = [], []
+        weights = []
         for h in range(self.n_head):
-            # this head's key/value group
-            g = h // self.group
-            scores = q[:, h] @ k[:, g].transpose(1, 2) / math.sqrt(self.head_dim)  # (B, T, Tk)
-            att = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
-            weights.append(att)
-            outputs.append(self.attn_drop(att) @ v[:, g])  # (B, T, hd)
-        # H x (B, T, hd) -> (B, H, T, hd); H x (B, T, Tk) -> (B, H, T, Tk)
-        return torch.stack(outputs, dim=1), torch.stack(weights, dim=1)
+            scores = q[:, h] @ k[:, h].transpose(1, 2) / math.sqrt(self.head_dim)  # (B, T, Tk)
+            weights.append(scores.masked_fill(~visible, float("-inf")).softmax(dim=-1))
+        return torch.stack(weights, dim=1)  # H x (B, T, Tk) -> (B, H, T, Tk)
 
-    def _attention_weights(self, q, k, mask):
-        """softmax(q k^T / sqrt(hd)) over the visible keys: q (B, H, T, hd), k (B, Hkv, Tk, hd)
-        -> (B, H, T, Tk)."""
-        if self.group > 1:
-            # (B, Hkv, Tk, hd) -> (B, H, Tk, hd)
-            k = k.repeat_interleave(self.group, dim=1)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, Tk)
-        return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-
-    def _batched(self, q, k, v, mask):
-        att = self._attention_weights(q, k, mask)  # (B, H, T, Tk)
-        if self.group > 1:
-            # (B, Hkv, Tk, hd) -> (B, H, Tk, hd)
-            v = v.repeat_interleave(self.group, dim=1)
-        return self.attn_drop(att) @ v, att  # (B, H, T, hd)
-
-    def _sdpa(self, q, k, v, mask, pos, return_attn):
+    def _sdpa(self, q, k, v, mask, pos):
+        """PyTorch's fused attention, q, k, v (B, H, T or Tk, hd) -> (B, H, T, hd)."""
         T = q.size(2)
         # packed documents, or several new tokens after a cached prefix: the explicit mask; else
         # no cached prefix is plain causal attention (the flash path), and one new token after
@@ -149,16 +128,10 @@ class MultiHeadAttention(nn.Module):
         packed = mask is not None and mask.dim() == 4
         attn_mask = mask if packed or (pos > 0 and T > 1) else None
         is_causal = not packed and pos == 0 and T > 1
-        dropout, gqa = (self.dropout if self.training else 0.0), self.group > 1
-        # (B, H, T, hd)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal, enable_gqa=gqa
+        dropout = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal
         )
-        if not return_attn:
-            return y, None
-        # sdpa returns no weights: compute them on a side path, for looking at only
-        with torch.no_grad():
-            return y, self._attention_weights(q, k, mask)
 
 
 def causal_mask(impl: str, return_attn: bool, pos: int, T: int, device=None):
@@ -270,6 +243,27 @@ class GPT(nn.Module):
         """(logits, loss, each layer's attention weights [(B, H, T, Tk)] * n_layer)."""
         return self._run(idx, targets, kv_cache, return_attn=True)
 
+    def embed(self, idx, positions: torch.Tensor | int = 0):
+        """idx (B, T) -> the residual stream entering layer 0, (B, T, C); positions: each token's
+        (B, T), or where idx[:, 0] is (an int: the positions run on from there)."""
+        if isinstance(positions, int):
+            positions = torch.arange(positions, positions + idx.shape[1], device=idx.device)  # (T,)
+        return self.drop(self.wte(idx) + self.wpe(positions))
+
+    def run_layers(self, x, start=0, kv_cache=None, mask=None, return_attn=False):
+        """The stream x (B, T, C) entering layer `start` -> (the stream leaving it and each later
+        layer [(B, T, C)], their attention weights [(B, H, T, Tk) or None])."""
+        streams, attention = [], []
+        for layer in range(start, len(self.blocks)):
+            x, att = self.blocks[layer](x, kv_cache, layer, mask, return_attn)
+            streams.append(x)
+            attention.append(att)
+        return streams, attention
+
+    def unembed(self, x):
+        """The last layer's stream x (B, T, C) -> logits (B, T, vocab): the final norm, the head."""
+        return self.lm_head(self.norm_f(x))
+
     def _run(self, idx, targets, kv_cache, return_attn, doc_starts=None):
         B, T = idx.shape
         pos = kv_cache.pos if kv_cache is not None else 0
@@ -283,17 +277,15 @@ class GPT(nn.Module):
         if doc_starts is not None:
             positions, mask = document_positions(doc_starts)
         else:
-            positions = torch.arange(pos, pos + T, device=idx.device)  # (T,)
-            # one causal mask for every layer, built only where the implementation needs it
+            # positions from the cache's on; one causal mask for every layer, built only where the
+            # implementation needs it
+            positions = pos
             mask = causal_mask(self.config.attn_impl, return_attn, pos, T, idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, T, C)
-        attention = []
-        for layer, block in enumerate(self.blocks):
-            x, att = block(x, kv_cache, layer, mask, return_attn)
-            attention.append(att)
+        x = self.embed(idx, positions)
+        streams, attention = self.run_layers(x, 0, kv_cache, mask, return_attn)
         if kv_cache is not None:
             kv_cache.advance(T)
-        logits = self.lm_head(self.norm_f(x))  # (B, T, vocab)
+        logits = self.unembed(streams[-1])  # (B, T, vocab)
         loss = None
         if targets is not None:
             # (B, T, V) -> (B*T, V) and (B, T) -> (B*T,): one row per position
@@ -305,25 +297,18 @@ def check_gpt_settings(values: dict, name=lambda field: field) -> None:
     """A ValueError naming the fix for the first bad setting in `values` (GPTConfig's fields), each
     named by `name(field)` (the config layer: `model.n_head`)."""
     v = values
-    for f in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head", "mlp_ratio"):
-        # vocab_size and block_size may come from the data, n_kv_head from n_head
-        if v.get(f) is None and f in ("vocab_size", "block_size", "n_kv_head"):
+    for f in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "mlp_ratio"):
+        # vocab_size and block_size may come from the data
+        if v.get(f) is None and f in ("vocab_size", "block_size"):
             continue
         if isinstance(v.get(f), bool) or not isinstance(v.get(f), int) or v[f] < 1:
             raise ValueError(f"{name(f)}={v.get(f)!r} must be a positive integer (1 or more)")
     C, H = v["n_embd"], v["n_head"]
-    Hkv = v.get("n_kv_head") or H
     if C % H != 0:
         raise ValueError(
             f"{name('n_embd')}={C} is not divisible by {name('n_head')}={H}: each head owns "
             f"n_embd/n_head channels. Use {name('n_head')} in {_divisors(C)} or change "
             f"{name('n_embd')}."
-        )
-    if H % Hkv != 0:
-        raise ValueError(
-            f"{name('n_head')}={H} is not divisible by {name('n_kv_head')}={Hkv}: each "
-            f"key/value head is shared by n_head/n_kv_head query heads. Use "
-            f"{name('n_kv_head')} in {_divisors(H)} (n_head = multi-head, 1 = multi-query)."
         )
     if not isinstance(v.get("mlp", True), bool):
         raise ValueError(f"{name('mlp')}={v['mlp']!r} must be true or false")

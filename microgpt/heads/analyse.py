@@ -5,7 +5,8 @@
 
 On validation rows x, y (N, T) (y = -1 at padding), batched by length: one pass with the
 attention for the patterns (microgpt.heads.roles) and the heads' mean outputs, the ablations,
-gradient and pruning (microgpt.heads.circuits), the repeated-span probe, the layer-0 circuits.
+gradient and pruning (microgpt.heads.circuits), the induction test on repeated spans, the
+layer-0 circuits.
 `spread`: the attention's entropy over log(i + 1), 0 one key, 1 uniform; `entropy` in nats.
 """
 
@@ -20,16 +21,16 @@ from torch import Tensor
 from microgpt.data.repeats import repeated_passages, repeated_spans, span_for
 from microgpt.heads import circuits, roles
 from microgpt.heads.circuits import ablated_losses, model_heads, single_heads, token_losses
-from microgpt.heads.report import PRUNE_TOLERANCE, HeadReport, Probe
+from microgpt.heads.report import PRUNE_TOLERANCE, HeadReport, InductionTest
 from microgpt.system import eval_mode
 from microgpt.tokenizer import BOUNDARY_ID
 
 BATCH_SIZE = 256  # rows per forward pass
 BOUNDARY_LABEL = "<s>"  # the boundary token in the circuit tables
-PROBE_ROWS = 200  # rows of repeated spans in the induction probe
-TEXT_PROBE_ROWS = 32  # rows of a text's passages twice (a block each: as many tokens as 270 spans)
-PROBE_SEED = 1234  # the probe's own seed: every run and step sees the same rows
-LIGHT_SHARE = 8  # analyse(light=True), during training: an eighth of the rows and probe rows
+INDUCTION_ROWS = 200  # rows of repeated spans in the induction test
+TEXT_INDUCTION_ROWS = 32  # rows of a text's passages twice (a block each: the tokens of 270 spans)
+INDUCTION_SEED = 1234  # the induction test's own seed: every run and step sees the same rows
+LIGHT_SHARE = 8  # analyse(light=True), during training: an eighth of the rows and test rows
 
 
 class HeadsError(ValueError):
@@ -96,28 +97,30 @@ def _first_pass(model, batches, members, chars, width: int):
 
 
 @torch.no_grad()
-def run_probe(model, device, text: Tensor | None = None, share: int = 1) -> Probe | None:
-    """The repeated-span probe (microgpt.data.repeats) on `model` in eval mode: random spans, or
-    passages of half the block from `text` (ids), 1/share of the rows; None where the span would
-    be < 2."""
+def induction_test(
+    model, device, text: Tensor | None = None, share: int = 1
+) -> InductionTest | None:
+    """The induction test on repeated spans (microgpt.data.repeats) of `model` in eval mode:
+    random spans, or passages of half the block from `text` (ids), 1/share of the rows; None where
+    the span would be < 2."""
     T, V = model.config.block_size, model.config.vocab_size
     span = span_for(T) if text is None else min(T // 2, len(text))
     if span < 2 or V < 3:
         return None
-    g = torch.Generator().manual_seed(PROBE_SEED)
+    g = torch.Generator().manual_seed(INDUCTION_SEED)
     if text is None:
-        rows = repeated_spans(max(1, PROBE_ROWS // share), V, span, g)
+        rows = repeated_spans(max(1, INDUCTION_ROWS // share), V, span, g)
     else:
-        rows = repeated_passages(text.cpu(), max(1, TEXT_PROBE_ROWS // share), span, g)
+        rows = repeated_passages(text.cpu(), max(1, TEXT_INDUCTION_ROWS // share), span, g)
     x, y, repeat = rows.x.to(device), rows.y.to(device), rows.repeat.to(device)
     logits, _, attention = model.forward_with_attention(x)
     per_token = token_losses(logits, y)  # (B, T)
-    prefix, duplicate = roles.probe_scores(attention, x, repeat)
+    prefix, duplicate = roles.induction_scores(attention, x, repeat)
 
     # the repeat's targets alone: the losses on them, the head zeroed
     on_repeat = [(x, torch.where(repeat, y, -1))]
     ablated = ablated_losses(model, on_repeat, [(drop, None) for drop in single_heads(model)])
-    found = Probe(
+    found = InductionTest(
         rows=int(x.shape[0]),
         span=int(rows.lengths.max()),
         prefix=prefix,
@@ -141,13 +144,14 @@ def analyse(
     counts: Tensor | None = None,
     tolerance: float = PRUNE_TOLERANCE,
     batch_size: int = BATCH_SIZE,
-    probe: bool = True,
+    induction: bool = True,
     light: bool = False,
 ) -> HeadReport:
     """The HeadReport of `model` on rows x, y (N, T). tokenizer: for the key classes of characters
     (else only `boundary` and `rare`) and the circuits' labels; counts (V,): each token's training
-    frequency, for `rare` (default: in these rows); light: on 1/LIGHT_SHARE of the rows and of the
-    probe's, no layer-0 tables (a run's analyses while it trains). The model's mode is kept."""
+    frequency, for `rare` (default: in these rows); induction: run the induction test; light: on
+    1/LIGHT_SHARE of the rows and of the test's, no layer-0 tables (a run's analyses while it
+    trains). The model's mode is kept."""
     if x.shape[0] == 0:
         raise HeadsError("no rows to analyse")
     share = LIGHT_SHARE if light else 1
@@ -163,9 +167,9 @@ def analyse(
     members = roles.class_members(chars, V, counts)
     with eval_mode(model), torch.inference_mode():
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
-        # text windows (no boundary token at their start): the probe repeats passages of them
+        # text windows (no boundary token at their start): the test repeats passages of them
         text = x[y >= 0] if bool((x[:, 0] != BOUNDARY_ID).all()) else None
-        found = run_probe(model, device, text, share) if probe else None
+        found = induction_test(model, device, text, share) if induction else None
         qk, ov, copying = circuits.layer0_circuits(model)
     qk, ov = (None, None) if light else (qk, ov)  # large images: left to the whole analysis
     return HeadReport(
@@ -175,7 +179,7 @@ def analyse(
         tokens=int((y >= 0).sum()),
         **_importances(model, batches, means, at, tolerance),
         **roles.patterns_of(sums),
-        probe=found,
+        induction=found,
         qk=qk,
         ov=ov,
         copying=copying,

@@ -93,15 +93,6 @@ def replaced_heads(model, drop: Tensor, value: Tensor | None = None):
     return hooked_heads(model, hook)
 
 
-def run_blocks(model, h: Tensor, start: int = 0) -> list[Tensor]:
-    """The residual stream h (B, T, C) entering layer `start`, then leaving it and every later
-    layer."""
-    out = [h]
-    for layer in range(start, model.config.n_layer):
-        out.append(model.blocks[layer](out[-1], layer=layer)[0])
-    return out
-
-
 # ----------------------------------------------------------------------------- importance
 
 
@@ -109,13 +100,14 @@ def run_blocks(model, h: Tensor, start: int = 0) -> list[Tensor]:
 def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]) -> Tensor:
     """(1 + K,) float64: the mean loss per real target over every batch, then with each of the K
     ablations (drop, value) of replaced_heads. Per batch, each run takes the streams of the run
-    before it (the plain pass, as GPT.forward, for the first) up to the first layer where their
-    ablations differ, and runs only the layers from there."""
+    before it (the plain pass for the first) up to the first layer where their ablations differ,
+    and runs only the layers from there."""
     L, H, _ = model_heads(model)
     totals, count = torch.zeros(1 + len(ablations), dtype=torch.float64), 0
     for x, y in batches:
-        positions = torch.arange(x.shape[1], device=x.device)
-        streams = run_blocks(model, model.drop(model.wte(x) + model.wpe(positions)))
+        # the stream entering each layer, then leaving the last: (B, T, C) each
+        first = model.embed(x)
+        streams = [first] + model.run_layers(first)[0]
         sums = [_loss_sum(model, streams[-1], y)]
         last, last_value = torch.zeros(L, H, dtype=torch.bool), None
         for drop, value in ablations:
@@ -123,7 +115,7 @@ def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]
             changed = drop ^ last if value is last_value else drop | last
             start = int(changed.any(dim=1).int().argmax())
             with replaced_heads(model, drop, value):
-                streams = streams[:start] + run_blocks(model, streams[start], start)
+                streams = streams[: start + 1] + model.run_layers(streams[start], start)[0]
             sums.append(_loss_sum(model, streams[-1], y))
             last, last_value = drop, value
         totals += torch.stack(sums).double().cpu()
@@ -133,7 +125,7 @@ def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]
 
 def _loss_sum(model, h: Tensor, y: Tensor) -> Tensor:
     """The cross-entropy summed over the targets y (B, T) of the last layer's stream h (B, T, C)."""
-    return token_losses(model.lm_head(model.norm_f(h)), y).sum()
+    return token_losses(model.unembed(h), y).sum()
 
 
 def gradient_importance(model, batches) -> Tensor:
@@ -202,17 +194,15 @@ def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
     """The layer-0 heads' QK (H, V, V) [query, key token] and OV (H, V, V) [key, output token]
     tables and their copying scores (H,), float64 on the CPU: see the module's docstring."""
     _, H, hd = model_heads(model)
-    block, C = model.blocks[0], model.config.n_embd
-    kv_dim, group = block.attn.kv_dim, block.attn.group
+    block = model.blocks[0]
     e = block.norm1(model.wte.weight)  # (V, C): the attention's input for each token
-    q, k, v = block.attn.qkv(e).split([C, kv_dim, kv_dim], dim=1)  # (V, C), 2 x (V, kv_dim)
+    q, k, v = block.attn.qkv(e).split(model.config.n_embd, dim=1)  # 3 x (V, C)
     wo = block.attn.proj.weight  # (C, C): column block h is head h's W_O
     qk, ov = [], []
     for h in range(H):
-        # the query head's channels, and those of the key/value head it reads
-        mine, read = slice(h * hd, (h + 1) * hd), slice(h // group * hd, (h // group + 1) * hd)
-        qk.append(q[:, mine] @ k[:, read].T / math.sqrt(hd))  # (V, hd) @ (hd, V) -> (V, V)
-        written = v[:, read] @ wo[:, mine].T  # (V, hd) @ (hd, C) -> (V, C)
+        mine = slice(h * hd, (h + 1) * hd)  # the head's channels
+        qk.append(q[:, mine] @ k[:, mine].T / math.sqrt(hd))  # (V, hd) @ (hd, V) -> (V, V)
+        written = v[:, mine] @ wo[:, mine].T  # (V, hd) @ (hd, C) -> (V, C)
         ov.append(written @ model.lm_head.weight.T)  # (V, C) @ (C, V) -> [key, output token]
     qk, ov = torch.stack(qk).double().cpu(), torch.stack(ov).double().cpu()
     return qk, ov, torch.stack([copying_score(t) for t in ov])

@@ -1,5 +1,5 @@
 """What the head analysis found, as one object: per-head tensors, roles, the patterns behind them,
-importance four ways, the induction probe, layer-0 circuits, the pruning curve, the summaries that
+importance four ways, the induction test, layer-0 circuits, the pruning curve, the summaries that
 read the same whatever the head count, JSON and markdown."""
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ MEASURES = {
 
 
 @dataclass
-class Probe:
-    """The repeated-span probe (microgpt.data.repeats): rows of a boundary token, a random span of
-    `span` characters and the span again, or (text) a passage of the text twice. Tensors (L, H)."""
+class InductionTest:
+    """The induction test on repeated spans (microgpt.data.repeats): rows of a boundary token, a
+    random span of `span` characters and the span again, or (text) a passage of the text twice.
+    Tensors (L, H)."""
 
     rows: int
     span: int
@@ -89,7 +90,7 @@ class HeadReport:
     pruning_order: list[tuple[int, int]]  # (layer, head), least important first
     pruning_losses: list[float]  # loss with the first k heads removed, k = 0..L*H
     prunable: int  # heads that can go with a loss rise < tolerance
-    probe: Probe | None = None  # None where the block is too short for a span of 2
+    induction: InductionTest | None = None  # None where the block is too short for a span of 2
     qk: Tensor | None = None  # (H, V, V) layer 0: [query token, key token] scores
     ov: Tensor | None = None  # (H, V, V) layer 0: [key token, output token] logit rises
     copying: Tensor | None = None  # (H,) layer 0: OV eigenvalues' sum(l) / sum(|l|), -1 to 1
@@ -109,7 +110,7 @@ class HeadReport:
             "heads/prunable": float(self.prunable),
             "heads/prunable_fraction": self.prunable / (L * self.n_head),
         }
-        p = self.probe
+        p = self.induction
         out["heads/induction_max"] = float(p.prefix.max()) if p else nan
         out["heads/duplicate_max"] = float(p.duplicate.max()) if p else nan
         out["heads/repeat_loss_first"] = p.loss_first if p else nan
@@ -142,9 +143,9 @@ class HeadReport:
             "gradient_importance": self.gradient,
             "score": self.scores,
         }
-        if self.probe is not None:
-            out["induction"] = self.probe.prefix
-            out["duplicate"] = self.probe.duplicate
+        if self.induction is not None:
+            out["induction"] = self.induction.prefix
+            out["duplicate"] = self.induction.duplicate
         return out
 
     def to_dict(self) -> dict:
@@ -156,7 +157,8 @@ class HeadReport:
             "thresholds": THRESHOLDS,
             "heads": heads,
             "correlations": {k: _number(v) for k, v in self.correlations.items()},
-            "probe": self.probe.to_dict() if self.probe is not None else None,
+            # "probe": the key heads-*.json files on disk already use
+            "probe": self.induction.to_dict() if self.induction is not None else None,
             "pruning": {
                 "order": [list(p) for p in self.pruning_order],
                 "losses": list(self.pruning_losses),
@@ -187,8 +189,8 @@ class HeadReport:
         values = {name: getattr(self, name) for name in names}
         values["position_mean_importance"] = self.position_importance
         values["gradient_importance"] = self.gradient
-        if self.probe is not None:
-            p = self.probe
+        if self.induction is not None:
+            p = self.induction
             values.update(induction=p.prefix, duplicate=p.duplicate, repeat_loss_ablated=p.ablated)
         row |= {name: v[at].tolist() for name, v in values.items()}
         if layer == 0 and self.copying is not None:
@@ -196,7 +198,7 @@ class HeadReport:
         return row
 
     def markdown(self) -> str:
-        """A row per head, lines on importance, the probe and pruning, then any layer-0 circuits."""
+        """A row per head, lines on importance, induction and pruning, then any layer-0 circuits."""
         header = ["layer", "head", "role", "score", "lift", "entropy (nats)", "zero-ablated"]
         header += ["mean-ablated (per position)", "gradient", "prefix match", "copying"]
         heads = [(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
@@ -207,7 +209,7 @@ class HeadReport:
         return "\n".join(lines)
 
     def _head_cells(self, layer: int, h: int) -> list[str]:
-        at, probe, role = (layer, h), self.probe, self.roles[layer][h]
+        at, test, role = (layer, h), self.induction, self.roles[layer][h]
         lift = self.lift[role][at] if role in self.lift else math.nan
         copying = self.copying[h] if layer == 0 and self.copying is not None else None
         return [
@@ -215,12 +217,12 @@ class HeadReport:
             "-" if math.isnan(lift) else f"{lift:.1f}",
             *(f"{self.entropy[at]:.3f}", f"{self.zero_importance[at]:+.4f}"),
             *(f"{self.position_importance[at]:+.4f}", f"{self.gradient[at]:.4f}"),
-            "-" if probe is None else f"{probe.prefix[at]:.2f}",
+            "-" if test is None else f"{test.prefix[at]:.2f}",
             "-" if copying is None else f"{copying:.2f}",
         ]
 
     def _notes(self) -> list[str]:
-        """The lines under the table: loss and pruning, what the columns mean, the probe."""
+        """The lines under the table: loss and pruning, what the columns mean, induction."""
         total = self.n_layer * self.n_head
         gone = _heads(self.pruning_order[: self.prunable])
         corr = {k: self.correlations.get(k, math.nan) for k in CORRELATIONS}
@@ -238,25 +240,25 @@ class HeadReport:
             f"{corr['gradient_vs_zero']:.2f}, zero and mean ablation {corr['zero_vs_mean']:.2f}, "
             f"zero and per-position mean {corr['zero_vs_position_mean']:.2f}.",
         ]
-        probe = self.probe
-        if probe is not None:
-            best = divmod(int(probe.prefix.argmax()), self.n_head)
-            induction = probe.induction_heads.nonzero().tolist()
+        test = self.induction
+        if test is not None:
+            best = divmod(int(test.prefix.argmax()), self.n_head)
+            induction = test.induction_heads.nonzero().tolist()
             together = (
                 f"the heads of prefix matching >= {MIN_MASS} ({_heads(induction)}) zeroed "
-                f"together, to {probe.induction_zeroed:.3f}"
+                f"together, to {test.induction_zeroed:.3f}"
                 if induction
                 else f"no head reaches prefix matching {MIN_MASS}"
             )
             what = (
-                "a {}-character passage of the text" if probe.text else "a random {}-character span"
+                "a {}-character passage of the text" if test.text else "a random {}-character span"
             )
             lines.append(
-                f"Repeated spans ({probe.rows} rows of {what.format(probe.span)} "
-                f"twice): loss {probe.loss_first:.3f} on the first copy, {probe.loss_repeat:.3f} "
-                f"on the repeat (gain {probe.gain:.3f} nats); best prefix matching "
-                f"L{best[0]}H{best[1]} {float(probe.prefix.max()):.2f}, which zeroed brings the "
-                f"repeat's loss to {float(probe.ablated[best]):.3f}; {together}."
+                f"Repeated spans ({test.rows} rows of {what.format(test.span)} "
+                f"twice): loss {test.loss_first:.3f} on the first copy, {test.loss_repeat:.3f} "
+                f"on the repeat (gain {test.gain:.3f} nats); best prefix matching "
+                f"L{best[0]}H{best[1]} {float(test.prefix.max()):.2f}, which zeroed brings the "
+                f"repeat's loss to {float(test.ablated[best]):.3f}; {together}."
             )
         return lines
 

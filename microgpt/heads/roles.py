@@ -1,4 +1,4 @@
-"""What a head looks at, against chance, and the repeated-span probe of induction and copying:
+"""What a head looks at, against chance, and its induction and copying on repeated spans:
 vectorised functions on a layer's attention (B, H, T, T) and the rows' ids (microgpt.heads.analyse).
 
 Per head and pattern, over the real queries i >= 1 that see one of its keys: `mass`, the mean
@@ -196,13 +196,13 @@ def roles_of(mass: dict[str, Tensor], lift: dict[str, Tensor]) -> tuple[list[lis
     return roles, torch.where(best >= 0, best, near)
 
 
-# ----------------------------------------------------------------------------- the probe
+# ----------------------------------------------------------------------------- induction test
 
 
-def probe_scores(attention: list[Tensor], x: Tensor, queries: Tensor) -> tuple[Tensor, Tensor]:
-    """Per head (L, H): the mean attention of the probe's repeat queries (B, T) on the key after
-    an earlier occurrence of their character (prefix matching) and on an earlier occurrence itself
-    (duplicate)."""
+def induction_scores(attention: list[Tensor], x: Tensor, queries: Tensor) -> tuple[Tensor, Tensor]:
+    """Per head (L, H): the mean attention of the induction test's repeat queries (B, T) on the
+    key after an earlier occurrence of their character (prefix matching) and on an earlier
+    occurrence itself (duplicate)."""
     rel, q = relation_masks(x, None), queries.double()
 
     def score(name: str) -> Tensor:

@@ -1,4 +1,4 @@
-"""What a head looks for: content roles against chance, the repeated-span probe, induction."""
+"""What a head looks for: content roles against chance, the induction test on repeated spans."""
 
 from __future__ import annotations
 
@@ -8,13 +8,8 @@ import pytest
 import torch
 
 from microgpt.data.repeats import repeated_spans, span_for
-from microgpt.heads.analyse import analyse, run_probe
-from microgpt.heads.roles import (
-    class_members,
-    pattern_sums,
-    patterns_of,
-    relation_masks,
-)
+from microgpt.heads.analyse import analyse, induction_test
+from microgpt.heads.roles import class_members, pattern_sums, patterns_of, relation_masks
 from microgpt.model import GPT, GPTConfig
 from microgpt.tokenizer import CharTokenizer
 
@@ -52,9 +47,8 @@ def attend(x, keys):
 def test_uniform_attention_has_lift_one_for_every_pattern(rows):
     x, y, tok = rows
     _, _, mass, lift = describe([uniform(x, H=2)], x, y, tok)
-    assert {"previous", "start", "vowel", "consonant", "rare", "duplicate", "induction"} <= set(
-        lift
-    )
+    expected = {"previous", "start", "vowel", "consonant", "rare", "duplicate", "induction"}
+    assert expected <= set(lift)
     assert "newline" not in lift and "line_start" not in lift  # names have no newline: left out
     for name, value in lift.items():
         torch.testing.assert_close(value, torch.ones_like(value), rtol=0, atol=1e-9, msg=name)
@@ -187,29 +181,31 @@ def induction_circuit(V: int, T: int = 16, beta: float = 30.0, heads: int = 1) -
 
 def test_a_hand_wired_induction_circuit_scores_high_and_its_previous_head_not():
     model = induction_circuit(V=12)
-    probe = run_probe(model, "cpu")
-    assert probe.span == 7
-    assert probe.prefix[1, 0] > 0.9, probe.prefix  # the induction head
-    assert probe.prefix[0, 0] < 0.05  # the previous-character head
+    test = induction_test(model, "cpu")
+    assert test.span == 7
+    assert test.prefix[1, 0] > 0.9, test.prefix  # the induction head
+    assert test.prefix[0, 0] < 0.05  # the previous-character head
     x = repeated_spans(64, 12, 7, torch.Generator().manual_seed(5)).x
     y = torch.cat([x[:, 1:], torch.full((64, 1), -1)], dim=1)
-    report = analyse(model, x, y, probe=False)
+    report = analyse(model, x, y, induction=False)
     assert report.roles[0] == ["previous"] and report.roles[1] == ["induction"]
-    assert math.isnan(report.summaries()["heads/induction_max"])  # no probe: nan, same tag
+    assert math.isnan(report.summaries()["heads/induction_max"])  # no test: nan, same tag
 
 
 def test_zeroing_the_induction_heads_together_undoes_the_repeat():
     # two induction heads that share the work: either one alone still predicts the repeat
     model = induction_circuit(V=12, heads=2)
-    probe = run_probe(model, "cpu")
-    assert probe.induction_heads.nonzero().tolist() == [[1, 0], [1, 1]]
-    single = float((probe.ablated[1] - probe.loss_repeat).max())
-    together = probe.induction_zeroed - probe.loss_repeat
+    test = induction_test(model, "cpu")
+    assert test.induction_heads.nonzero().tolist() == [[1, 0], [1, 1]]
+    single = float((test.ablated[1] - test.loss_repeat).max())
+    together = test.induction_zeroed - test.loss_repeat
     assert single < 1.0 <= together, (single, together)
     # the same loss from the model with layer 1's W_O zeroed: the heads' writes removed by hand
     with torch.no_grad():
         model.blocks[1].attn.proj.weight.zero_()
-    assert run_probe(model, "cpu").loss_repeat == pytest.approx(probe.induction_zeroed, rel=1e-5)
+    assert induction_test(model, "cpu").loss_repeat == pytest.approx(
+        test.induction_zeroed, rel=1e-5
+    )
     x = repeated_spans(64, 12, 7, torch.Generator().manual_seed(5)).x
     y = torch.cat([x[:, 1:], torch.full((64, 1), -1)], dim=1)
     report = analyse(induction_circuit(V=12, heads=2), x, y)
@@ -218,6 +214,6 @@ def test_zeroing_the_induction_heads_together_undoes_the_repeat():
     # no head of prefix matching >= 0.5 (layer 1 attends uniformly): nothing to zero, nan
     with torch.no_grad():
         model.blocks[1].attn.qkv.weight.zero_()
-    none = run_probe(model, "cpu")
+    none = induction_test(model, "cpu")
     assert not none.induction_heads.any() and math.isnan(none.induction_zeroed)
     assert none.to_dict()["loss_induction_zeroed"] is None

@@ -1,5 +1,5 @@
 """The induction experiment (experiment=induction): generated repeated spans, an attention-only
-model, the probe logged during training."""
+model, the induction test logged during training."""
 
 from __future__ import annotations
 

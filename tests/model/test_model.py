@@ -1,28 +1,17 @@
-"""GPTConfig validation, parameter counts of the presets, loss, weight tying, dropout, variants."""
+"""GPTConfig validation, parameter counts of the presets, loss, weight tying, dropout, variants,
+the forward in its three steps, packed documents."""
 
-import re
+import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from microgpt.kv_cache import KVCache
-from microgpt.model import GPT, GPTConfig, MultiHeadAttention
+from microgpt.model import ATTN_IMPLS, GPT, GPTConfig, MultiHeadAttention, document_positions
 
 # The presets of the issue, as GPTConfig fields (the YAML presets mirror these).
-MICRO = {
-    "vocab_size": 27,
-    "block_size": 16,
-    "n_layer": 1,
-    "n_embd": 16,
-    "n_head": 4,
-    "norm": "rmsnorm",
-    "activation": "relu",
-    "bias": False,
-    "tie_weights": False,
-}
-SMALL = {"vocab_size": 27, "block_size": 16, "n_layer": 4, "n_embd": 64, "n_head": 4}
-BASE = {"vocab_size": 27, "block_size": 256, "n_layer": 6, "n_embd": 384, "n_head": 6}
+MICRO = {"n_layer": 1, "n_embd": 16, "n_head": 4, "norm": "rmsnorm", "activation": "relu"}
+SMALL = {"n_layer": 4, "n_embd": 64, "n_head": 4}
+BASE = {"block_size": 256, "n_layer": 6, "n_embd": 384, "n_head": 6}
 
 
 def tiny(**kw):
@@ -30,114 +19,47 @@ def tiny(**kw):
     return GPTConfig(**{**base, **kw})
 
 
-# ---------------------------------------------------------------- parameter counts
+# ---------------------------------------------------------------- sizes and settings
 
 
-def test_attention_params_with_bias_is_4dd_plus_4d():
-    d = 512
-    attn = MultiHeadAttention(GPTConfig(n_embd=d, n_head=8, bias=True))
-    n = sum(p.numel() for p in attn.parameters())
-    assert n == 4 * d * d + 4 * d == 1_050_624
+@pytest.mark.parametrize("d,h,bias", [(512, 8, True), (16, 1, False), (64, 8, False)])
+def test_attention_has_4dd_weights_and_4d_biases(d, h, bias):
+    attn = MultiHeadAttention(GPTConfig(n_embd=d, n_head=h, bias=bias))
+    assert sum(p.numel() for p in attn.parameters()) == 4 * d * d + (4 * d if bias else 0)
 
 
-@pytest.mark.parametrize("d,h", [(16, 1), (16, 4), (64, 8)])
-def test_attention_params_without_bias_is_4dd(d, h):
-    attn = MultiHeadAttention(GPTConfig(n_embd=d, n_head=h, bias=False))
-    assert sum(p.numel() for p in attn.parameters()) == 4 * d * d
-
-
-def test_micro_preset_has_4192_params():
-    m = GPT(GPTConfig(**MICRO))
-    assert m.num_params() == 4192
-    # by hand: wte 27*16 + wpe 16*16 + attn 4*16*16 + mlp 2*16*64 + lm_head 27*16
+def test_preset_sizes():
+    # micro by hand: wte 27*16 + wpe 16*16 + attn 4*16*16 + mlp 2*16*64 + lm_head 27*16
     # (rmsnorm has no gain, and there are no biases)
-    assert 27 * 16 + 16 * 16 + 4 * 16 * 16 + 2 * 16 * 64 + 27 * 16 == 4192
-
-
-def test_small_preset_is_about_0_2m_params():
-    n = GPT(GPTConfig(**SMALL)).num_params()
-    assert 0.19e6 < n < 0.21e6, n
-
-
-def test_base_preset_builds_and_runs_a_forward():
-    m = GPT(GPTConfig(**BASE)).eval()
-    assert 10e6 < m.num_params() < 11.5e6
-    idx = torch.randint(0, 27, (1, 256))
+    assert GPT(GPTConfig(**MICRO)).num_params() == 4192
+    assert 0.19e6 < GPT(GPTConfig(**SMALL)).num_params() < 0.21e6
+    base = GPT(GPTConfig(**BASE)).eval()
+    assert 10e6 < base.num_params() < 11.5e6
     with torch.no_grad():
-        logits, loss = m(idx, idx)
-    assert logits.shape == (1, 256, 27)
-    assert torch.isfinite(loss)
-
-
-@pytest.mark.parametrize("n_head", [2, 4, 8])
-def test_mqa_shrinks_kv_projections_and_cache_by_n_head(n_head):
-    C = 32
-    mha = GPTConfig(n_embd=C, n_head=n_head, n_layer=2, block_size=8)
-    mqa = GPTConfig(n_embd=C, n_head=n_head, n_kv_head=1, n_layer=2, block_size=8)
-    w_mha = MultiHeadAttention(mha).qkv.weight
-    w_mqa = MultiHeadAttention(mqa).qkv.weight
-    assert w_mha.shape == (3 * C, C)
-    assert w_mqa.shape == (C + 2 * C // n_head, C)  # Q keeps C rows, K and V get C/n_head each
-    assert (w_mha.shape[0] - C) == n_head * (w_mqa.shape[0] - C)
-    nbytes = [KVCache.for_model(GPT(c), batch_size=3).nbytes for c in (mha, mqa)]
-    assert nbytes[0] == n_head * nbytes[1]
-
-
-# ---------------------------------------------------------------- validation
-
-
-def test_n_embd_not_divisible_by_n_head_names_both_values():
-    with pytest.raises(ValueError, match=r"n_embd=30 is not divisible by n_head=4") as e:
-        GPTConfig(n_embd=30, n_head=4)
-    assert "[1, 2, 3, 5, 6, 10, 15, 30]" in str(e.value)  # the valid head counts
-
-
-def test_n_head_not_divisible_by_n_kv_head():
-    with pytest.raises(ValueError, match=r"n_head=4 is not divisible by n_kv_head=3") as e:
-        GPTConfig(n_embd=16, n_head=4, n_kv_head=3)
-    assert "[1, 2, 4]" in str(e.value)
+        logits, loss = base(torch.randint(0, 27, (1, 256)), torch.randint(0, 27, (1, 256)))
+    assert logits.shape == (1, 256, 27) and torch.isfinite(loss)
 
 
 @pytest.mark.parametrize(
-    "field", ["vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head", "mlp_ratio"]
-)
-@pytest.mark.parametrize("value", [0, -1, 2.0, True])
-def test_non_positive_or_non_int_sizes_rejected(field, value):
-    with pytest.raises(ValueError, match=rf"{field}={value!r} must be a positive integer"):
-        GPTConfig(**{field: value})
-
-
-@pytest.mark.parametrize(
-    "field,choices",
+    "setting,message",
     [
-        ("attn_impl", "['loop', 'batched', 'sdpa']"),
-        ("norm", "['layernorm', 'rmsnorm']"),
-        ("activation", "['gelu', 'relu']"),
+        ({"n_embd": 30}, r"n_embd=30 is not divisible by n_head=4.*\[1, 2, 3, 5, 6, 10, 15, 30\]"),
+        *(
+            ({field: value}, rf"{field}={value!r} must be a positive integer")
+            for field in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "mlp_ratio")
+            for value in (0, 2.0, True)
+        ),
+        ({"attn_impl": "batched"}, r"attn_impl='batched' is unknown; choose one of \['loop', 's"),
+        ({"norm": "x"}, r"norm='x' is unknown; choose one of \['layernorm', 'rmsnorm'\]"),
+        ({"activation": "x"}, r"activation='x' is unknown; choose one of \['gelu', 'relu'\]"),
+        ({"dropout": 1.0}, r"dropout=1.0 must be in \[0, 1\)"),
+        ({"dropout": -0.1}, r"dropout=-0.1 must be in \[0, 1\)"),
+        ({"mlp": "no"}, r"mlp='no' must be true or false"),
     ],
 )
-def test_unknown_choice_lists_valid_ones(field, choices):
-    with pytest.raises(
-        ValueError, match=re.escape(f"{field}='bogus' is unknown; choose one of {choices}")
-    ):
-        GPTConfig(**{field: "bogus"})
-
-
-@pytest.mark.parametrize("p", [-0.1, 1.0])
-def test_bad_dropout(p):
-    with pytest.raises(ValueError, match=re.escape(f"dropout={p!r} must be in [0, 1)")):
-        GPTConfig(dropout=p)
-
-
-def test_n_kv_head_defaults_to_n_head():
-    assert GPTConfig(n_head=4).n_kv_head == 4
-    assert GPTConfig(n_embd=16, n_head=4).head_dim == 4
-    assert GPTConfig(**MICRO).to_dict()["n_kv_head"] == 4
-
-
-def test_sequence_longer_than_block_size_rejected():
-    m = GPT(tiny())
-    with pytest.raises(ValueError, match=r"sequence of 9 tokens is longer than block_size=8"):
-        m(torch.zeros(1, 9, dtype=torch.long))
+def test_bad_settings_are_refused_with_the_fix(setting, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**setting)
 
 
 # ---------------------------------------------------------------- loss, tying, dropout, variants
@@ -146,21 +68,24 @@ def test_sequence_longer_than_block_size_rejected():
 def test_loss_is_mean_cross_entropy_over_targets_not_minus_one():
     torch.manual_seed(0)
     m = GPT(tiny())
-    idx = torch.randint(0, 7, (3, 8))
-    targets = torch.randint(0, 7, (3, 8))
+    idx, targets = torch.randint(0, 7, (3, 8)), torch.randint(0, 7, (3, 8))
     targets[0, 5:] = -1
     targets[2, 1:] = -1
     logits, loss = m(idx, targets)
     logp = logits.log_softmax(-1)
-    keep = targets != -1
-    manual = -logp[keep].gather(1, targets[keep][:, None]).mean()
-    torch.testing.assert_close(loss, manual)
-    # by hand, one term at a time
     terms = [-logp[b, t, targets[b, t]] for b in range(3) for t in range(8) if targets[b, t] != -1]
-    torch.testing.assert_close(loss, torch.stack(terms).mean())
     assert len(terms) == 24 - 3 - 7
-    # no targets: no loss
-    assert m(idx)[1] is None
+    torch.testing.assert_close(loss, torch.stack(terms).mean())
+    assert m(idx)[1] is None  # no targets: no loss
+    with pytest.raises(ValueError, match=r"sequence of 9 tokens is longer than block_size=8"):
+        m(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_loss_at_init_is_near_log_vocab():
+    torch.manual_seed(0)
+    idx = torch.randint(0, 27, (8, 16))
+    _, loss = GPT(GPTConfig(**SMALL))(idx, idx)
+    assert abs(loss.item() - math.log(27)) < 0.1
 
 
 def test_tie_weights_shares_the_tensor():
@@ -174,28 +99,16 @@ def test_tie_weights_shares_the_tensor():
     assert tied.wte.weight.grad is tied.lm_head.weight.grad  # one tensor, one gradient
 
 
-def test_dropout_train_mode_varies_eval_mode_deterministic():
-    m = GPT(tiny(dropout=0.3))
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+def test_dropout_only_in_train_mode(impl):
     idx = torch.randint(0, 7, (2, 8))
-    m.train()
-    a, _ = m(idx)
-    b, _ = m(idx)
-    assert not torch.allclose(a, b)
-    m.eval()
+    m = GPT(tiny(dropout=0.3, attn_impl=impl)).train()
+    assert not torch.allclose(m(idx)[0], m(idx)[0])
     with torch.no_grad():
-        c, _ = m(idx)
-        d, _ = m(idx)
-    assert torch.equal(c, d)
-
-
-@pytest.mark.parametrize("attn_impl", ["loop", "batched", "sdpa"])
-def test_dropout_zero_train_equals_eval(attn_impl):
-    m = GPT(tiny(attn_impl=attn_impl))
-    idx = torch.randint(0, 7, (2, 8))
-    with torch.no_grad():
-        a, _ = m.train()(idx)
-        b, _ = m.eval()(idx)
-    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        m.eval()
+        assert torch.equal(m(idx)[0], m(idx)[0])
+        plain = GPT(tiny(attn_impl=impl))  # dropout 0: train mode is eval mode
+        torch.testing.assert_close(plain.train()(idx)[0], plain.eval()(idx)[0], atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
@@ -212,33 +125,66 @@ def test_norm_activation_bias_variants_run_and_train(norm, activation, bias):
     assert norms and set(norms) == {"LayerNorm" if norm == "layernorm" else "RMSNorm"}
     acts = {type(mod).__name__ for mod in m.modules()} & {"GELU", "ReLU"}
     assert acts == {"GELU" if activation == "gelu" else "ReLU"}
-    has_bias = any(name.endswith("bias") for name, _ in m.named_parameters())
-    assert has_bias == bias
+    assert any(name.endswith("bias") for name, _ in m.named_parameters()) == bias
+    if norm == "rmsnorm":  # x / rms(x), no gain
+        x = torch.randn(2, 3, 16)
+        expected = x / x.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()
+        torch.testing.assert_close(m.norm_f(x), expected)
 
 
-def test_rmsnorm_is_x_over_rms():
-    m = GPT(tiny(norm="rmsnorm"))
-    x = torch.randn(2, 3, 16)
-    expected = x / x.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()
-    torch.testing.assert_close(m.norm_f(x), expected)
+# ---------------------------------------------------------------- the forward in three steps
 
 
-def test_forward_shapes_and_forward_with_attention():
+def test_forward_with_attention_is_forward_plus_each_layers_weights():
     m = GPT(tiny(n_layer=3))
     idx = torch.randint(0, 7, (2, 5))
     logits, loss, att = m.forward_with_attention(idx)
     assert logits.shape == (2, 5, 7) and loss is None
     assert len(att) == 3 and all(a.shape == (2, 4, 5, 5) for a in att)
-    # forward always returns (logits, loss), the same as forward_with_attention's first two
-    plain = m(idx)
-    assert len(plain) == 2 and torch.equal(plain[0], logits)
-    with_targets = m(idx, idx)
-    assert len(with_targets) == 2 and with_targets[1] is not None
+    plain = m(idx, idx)  # always (logits, loss)
+    assert len(plain) == 2 and torch.equal(plain[0], logits) and plain[1] is not None
 
 
-def test_loss_at_init_is_near_log_vocab():
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+def test_running_from_a_cached_layer_equals_the_full_forward(impl):
+    """embed, run_layers from any layer on the stream cached there, unembed: the forward's logits,
+    bit for bit (what the head analysis runs its ablations on)."""
     torch.manual_seed(0)
-    m = GPT(GPTConfig(**SMALL))
-    idx = torch.randint(0, 27, (8, 16))
-    _, loss = m(idx, idx)
-    assert abs(loss.item() - F.cross_entropy(torch.zeros(1, 27), torch.tensor([0])).item()) < 0.1
+    m = GPT(tiny(n_layer=3, attn_impl=impl, dropout=0.1)).eval()
+    idx = torch.randint(0, 7, (2, 8))
+    with torch.no_grad():
+        full, _ = m(idx)
+        first = m.embed(idx)
+        streams = [first] + m.run_layers(first)[0]  # entering each layer, then leaving the last
+        for start in range(3):
+            assert torch.equal(m.unembed(m.run_layers(streams[start], start)[0][-1]), full)
+        # a token's position is its place in the row: the same ids shifted change the stream
+        assert not torch.allclose(m.embed(idx[:, 1:]), first[:, :-1])
+        assert torch.equal(m.embed(idx[:, 1:], 1), first[:, 1:])
+
+
+def test_positions_restart_and_attention_stays_inside_each_document():
+    starts = torch.tensor([[1, 0, 0, 1, 0, 1]], dtype=torch.bool)
+    positions, mask = document_positions(starts)
+    assert positions.tolist() == [[0, 1, 2, 0, 1, 0]]
+    # query 4 (the second document's second token) sees keys 3 and 4 only
+    assert mask[0, 0, 4].tolist() == [False, False, False, True, True, False]
+    assert mask.shape == (1, 1, 6, 6)
+
+
+@pytest.mark.parametrize("impl", ATTN_IMPLS)
+def test_a_packed_row_gives_each_documents_own_logits_and_loss(impl):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=27, block_size=8, attn_impl=impl)).eval()
+    docs = [torch.tensor([[0, 5, 13, 13, 1]]), torch.tensor([[0, 15, 12, 9, 22, 9, 1]])]
+    docs.append(torch.tensor([[0, 1, 22, 1]]))
+    # 16 tokens: longer than block_size, which only bounds each document
+    row = torch.cat(docs, dim=1)
+    targets = torch.cat([torch.roll(d, -1, dims=1) for d in docs], dim=1)
+    logits, loss = model(row, targets, doc_starts=row == 0)
+    alone = [model(d, torch.roll(d, -1, dims=1)) for d in docs]
+    torch.testing.assert_close(logits, torch.cat([lg for lg, _ in alone], dim=1))
+    # the mean over all 16 targets: each document's mean weighted by its length
+    sizes = torch.tensor([d.size(1) for d in docs], dtype=torch.float)
+    expected = (torch.stack([lo for _, lo in alone]) * sizes).sum() / sizes.sum()
+    torch.testing.assert_close(loss, expected)

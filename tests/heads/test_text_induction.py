@@ -1,4 +1,4 @@
-"""The induction probe of a text run: passages of its own validation text, each twice; a names
+"""The induction test of a text run: passages of its own validation text, each twice; a names
 run keeps its random spans."""
 
 from __future__ import annotations
@@ -8,34 +8,33 @@ import math
 import torch
 
 from microgpt.data.dataset import load_data
-from microgpt.data.repeats import repeated_passages, repeated_spans
+from microgpt.data.repeats import repeated_passages, span_for
 from microgpt.data.text import TextWindows
 from microgpt.heads import command
 from microgpt.heads.analyse import (
+    INDUCTION_ROWS,
     LIGHT_SHARE,
-    PROBE_ROWS,
-    PROBE_SEED,
-    TEXT_PROBE_ROWS,
+    TEXT_INDUCTION_ROWS,
     analyse,
-    run_probe,
+    induction_test,
 )
+from microgpt.model import GPT, GPTConfig
 from microgpt.train.checkpoint import Checkpoint
 from tests.heads.test_head_roles import induction_circuit
 from tests.heads.test_heads import random_model
 
 
-def probe_rows(model, x, y, n: int) -> list[list[int]]:
-    """The rows analyse(model, x, y) runs its probe on: its one pass of n rows."""
-    seen, forward = [], model.forward_with_attention
-
-    def spy(rows):
-        seen.append(rows)
-        return forward(rows)
-
-    model.forward_with_attention = spy
-    analyse(model, x, y)
-    del model.forward_with_attention
-    return next(rows for rows in seen if rows.shape[0] == n).tolist()
+def cycle_model(V: int = 12) -> GPT:
+    """A bigram that knows a text cycling through ids 1..V-1: each id raises the next one's logit
+    (one-hot embeddings, attention writing nothing, no MLP, RMSNorm without a gain)."""
+    sizes = {"block_size": 16, "n_layer": 1, "n_embd": V, "n_head": 1}
+    model = GPT(GPTConfig(vocab_size=V, **sizes, mlp=False, norm="rmsnorm"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.wte.weight.copy_(torch.eye(V))
+        model.lm_head.weight[torch.arange(V) % (V - 1) + 1, torch.arange(V)] = 30.0
+    return model.eval()
 
 
 def test_repeated_passages_are_a_passage_of_the_text_twice():
@@ -53,43 +52,30 @@ def test_repeated_passages_are_a_passage_of_the_text_twice():
     assert torch.equal(r.x, repeated_passages(ids, 30, 5, torch.Generator().manual_seed(1)).x)
 
 
-def test_a_text_runs_probe_is_its_validation_text_twice_and_a_names_runs_is_unchanged(rows):
-    # a text run's rows: consecutive windows of its validation text, no boundary token
-    ids = torch.randint(1, 12, (300,), generator=torch.Generator().manual_seed(2))
-    val = TextWindows(ids, 16)
-    x, y = val.batch(torch.arange(len(val)))
-    model = induction_circuit(V=12, T=16)
-    text = ids.tolist()
-    for row in probe_rows(model, x, y, TEXT_PROBE_ROWS):
-        passage = row[:8]
-        assert row == passage + passage
-        assert any(text[s : s + 8] == passage for s in range(300 - 8))
-    probe = analyse(model, x, y).probe
-    assert probe.rows == TEXT_PROBE_ROWS and probe.span == 8 and math.isfinite(probe.loss_first)
-    # a names run: the boundary token and random spans, as before
-    x, y, tok = rows
-    model = random_model(tok, n_layer=1, n_head=2)
-    g = torch.Generator().manual_seed(PROBE_SEED)
-    assert (
-        probe_rows(model, x, y, PROBE_ROWS)
-        == repeated_spans(PROBE_ROWS, tok.vocab_size, 3, g).x.tolist()
-    )
-    assert analyse(model, x, y).probe.to_dict() == run_probe(model, "cpu").to_dict()
-
-
-def test_a_hand_wired_induction_circuit_copies_the_repeated_passage():
-    # a text of 11 characters in a cycle: any passage of 8 holds 8 different characters
+def test_a_text_runs_induction_test_repeats_passages_of_its_own_text(rows):
+    # validation windows (no boundary token) of a text cycling through 11 characters
     ids = torch.arange(400) % 11 + 1
+    x, y = TextWindows(ids, 16).batch(torch.arange(25))
+    # a model that knows the text predicts both copies of a passage of it ...
+    test = analyse(cycle_model(), x, y).induction
+    assert test.text and (test.rows, test.span) == (TEXT_INDUCTION_ROWS, 8)
+    assert test.loss_first < 0.01 and test.loss_repeat < 0.01
+    # ... and not random spans' first copy
+    assert induction_test(cycle_model(), "cpu").loss_first > 5
+    # the hand-wired induction circuit predicts the repeat from the first copy: zeroing its
+    # induction head undoes it
     model = induction_circuit(V=12, T=16)
     with torch.no_grad():
         # sharper logits: the copied character (and the current one) far above the rest
         model.lm_head.weight.mul_(10.0)
-    probe = run_probe(model, "cpu", ids)
-    assert probe.span == 8
-    assert probe.prefix[1, 0] > 0.9 and probe.prefix[0, 0] < 0.05, probe.prefix
-    # the repeat is predicted from the first copy: zeroing the induction head undoes it
-    assert probe.loss_repeat < probe.loss_first - 0.5
-    assert probe.ablated[1, 0] > probe.loss_repeat + 0.5
+    test = analyse(model, x, y).induction
+    assert test.prefix[1, 0] > 0.9 and test.prefix[0, 0] < 0.05, test.prefix
+    assert test.loss_repeat < test.loss_first - 0.5
+    assert test.ablated[1, 0] > test.loss_repeat + 0.5
+    # a names run (the boundary token at its rows' start): random spans
+    x, y, tok = rows
+    test = analyse(random_model(tok, n_layer=1, n_head=2), x, y).induction
+    assert not test.text and (test.rows, test.span) == (INDUCTION_ROWS, span_for(8))
 
 
 def test_the_command_analyses_every_name_and_the_first_windows_of_a_text(
@@ -106,14 +92,16 @@ def test_the_command_analyses_every_name_and_the_first_windows_of_a_text(
         val = load_data(cfg.data.path, cfg.seed, 9, format=fmt).datasets["val"]
         _, y = val.batch(torch.arange(len(val)))
         assert report.tokens == (45 if fmt == "text" else int((y >= 0).sum()))
-        assert report.probe.rows == (TEXT_PROBE_ROWS if fmt == "text" else PROBE_ROWS)
-        assert math.isfinite(report.probe.loss_first) and math.isfinite(report.probe.loss_repeat)
+        test = report.induction
+        assert test.rows == (TEXT_INDUCTION_ROWS if fmt == "text" else INDUCTION_ROWS)
+        assert math.isfinite(test.loss_first) and math.isfinite(test.loss_repeat)
         assert ("passage of the text twice" in report.markdown()) == (fmt == "text")
 
 
-def test_a_light_analysis_reads_an_eighth_of_the_rows_and_of_the_probe(tmp_path, tiny_cfg):
+def test_a_light_analysis_reads_an_eighth_of_the_rows_and_of_the_test(tmp_path, tiny_cfg):
     """analyse(light=True), a run's analyses while it trains: 1/LIGHT_SHARE of the rows and of the
-    probe's rows, the same report otherwise (a run's last analysis is whole: tests/train)."""
+    induction test's rows, the same report otherwise (a run's last analysis is whole:
+    tests/train)."""
     from microgpt.train.trainer import train
 
     cfg = tiny_cfg("data.format=text", "model.block_size=9", "train.num_samples=0")
@@ -123,8 +111,8 @@ def test_a_light_analysis_reads_an_eighth_of_the_rows_and_of_the_probe(tmp_path,
     x, y = val.batch(torch.arange(min(len(val), 16)))
     light, whole = analyse(model, x, y, light=True), analyse(model, x, y)
     assert (whole.items, light.items) == (len(x), len(x) // LIGHT_SHARE)
-    assert light.probe.rows == TEXT_PROBE_ROWS // LIGHT_SHARE and light.probe.text
-    assert whole.probe.rows == TEXT_PROBE_ROWS
+    assert light.induction.rows == TEXT_INDUCTION_ROWS // LIGHT_SHARE and light.induction.text
+    assert whole.induction.rows == TEXT_INDUCTION_ROWS
     assert light.summaries().keys() == whole.summaries().keys()
     assert light.zero_importance.shape == whole.zero_importance.shape
     # the layer-0 copying scores stay; their QK and OV tables are the whole analysis's alone
