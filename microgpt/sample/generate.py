@@ -28,7 +28,7 @@ SINGLE_THREAD_WORK = 2**30
 def cache_bytes_per_row(model) -> int:
     """The KV cache's bytes for one sampled item: keys and values of every layer, full block."""
     c, itemsize = model.config, next(model.parameters()).element_size()
-    return 2 * c.n_layer * c.n_kv_head * c.block_size * c.head_dim * itemsize
+    return 2 * c.n_layer * c.n_head * c.block_size * c.head_dim * itemsize
 
 
 def default_batch(model, num_samples: int) -> int:

@@ -79,12 +79,11 @@ def log_window(trainer, out: StepResult, bar: tqdm) -> dict:
 def summary(trainer) -> str:
     """One line: the model, the data, the recipe, the device."""
     c, m = trainer.config, trainer.model_config
-    kv = f" ({m.n_kv_head} kv heads)" if m.n_kv_head != m.n_head else ""
     precision = "" if trainer.precision == "fp32" else f" {trainer.precision}"
     ranks = f" ({c.train.batch_size} x {trainer.dist.world_size} ranks)"
     ranks = ranks if trainer.dist.enabled else ""
     return (
-        f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads{kv}, "
+        f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads, "
         f"attn {m.attn_impl}, {trainer.model.num_params():,} parameters | data "
         f"{trainer.data.source} ({c.data.format}): {trainer.data.split.describe()}, vocab "
         f"{trainer.tokenizer.vocab_size}, block {m.block_size} | {c.train.max_steps} steps x "
@@ -132,7 +131,7 @@ def finish(trainer, metrics: dict) -> None:
         lines = shown.lines
         write_text(trainer.out_dir / "samples.txt", "\n".join(lines) + "\n")
         metrics["samples"] = shown.items
-    hparams = {"heads": m.n_head, "kv_heads": m.n_kv_head, "n_layer": m.n_layer, "n_embd": m.n_embd}
+    hparams = {"heads": m.n_head, "n_layer": m.n_layer, "n_embd": m.n_embd}
     hparams.update(params=metrics["params"], model=m.name, attn_impl=m.attn_impl)
     hparams.update(batch_size=trainer.global_batch, lr=c.optim.lr, max_steps=c.train.max_steps)
     hparams.update(dropout=m.dropout, seed=c.seed)
