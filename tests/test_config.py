@@ -146,8 +146,10 @@ def test_preset_yaml_builds_the_promised_model(preset, params):
 def test_a_signal_during_the_conversion_is_delivered_after_it(monkeypatch):
     """SIGTERM arriving inside OmegaConf (a run stopped while it starts) is raised once the
     conversion is done, as the handler's own exception, not inside OmegaConf (where it left an
-    AttributeError and a traceback)."""
+    AttributeError and a traceback), even while another thread lives (tqdm's monitor): the OS may
+    hand the signal to that thread, and Python still runs the handler in the main one."""
     import signal
+    import threading
 
     from omegaconf import OmegaConf
 
@@ -164,9 +166,14 @@ def test_a_signal_during_the_conversion_is_delivered_after_it(monkeypatch):
 
     monkeypatch.setattr(OmegaConf, "to_object", convert_while_a_signal_arrives)
     previous = signal.signal(signal.SIGTERM, stop)
+    done = threading.Event()
+    other = threading.Thread(target=done.wait)
+    other.start()
     try:
         with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
             load_config(compose_config(["out_dir=."]))
     finally:
+        done.set()
+        other.join()
         signal.signal(signal.SIGTERM, previous)
     assert reached == ["after the signal"]
