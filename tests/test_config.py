@@ -37,21 +37,17 @@ def test_default_config_is_small_on_names_with_issue_27s_recipe():
     assert (config.train.ema, config.train.pack) == (0.995, 32)
 
 
-def test_experiments_measured_with_adamw_keep_it():
+def test_experiments_measured_with_adamw_keep_it_and_microgpt_is_microgpt_py():
     """The induction, microgpt.py and long experiments' figures were measured with AdamW,
     unaveraged, padded: they pin that recipe whatever the defaults."""
-    for name in ("induction", "microgpt", "long"):
+    for name in ("induction", "long", "microgpt"):
         config = load_config(compose_config([f"experiment={name}", "out_dir=."]))
         assert (config.optim.name, config.train.ema, config.train.pack) == ("adamw", 0.0, 0)
-
-
-def test_experiment_microgpt_is_microgpt_py():
-    config = load_config(compose_config(["experiment=microgpt", "out_dir=."]))
-    m = config.model
+    m, train, optim = config.model, config.train, config.optim  # microgpt.py's own settings
     assert (m.name, m.norm, m.activation, m.bias, m.tie_weights) == (
         "micro", "rmsnorm", "relu", False, False)  # fmt: skip
-    assert config.train.batch_size == 1 and config.train.max_steps == 1000
-    assert config.optim.lr == 0.01 and list(config.optim.betas) == [0.85, 0.99]
+    assert (train.batch_size, train.max_steps, optim.lr, list(optim.betas)) == (
+        1, 1000, 0.01, [0.85, 0.99])  # fmt: skip
 
 
 def test_heads_sets_the_models_head_count_and_the_config_round_trips_through_yaml():
@@ -78,7 +74,6 @@ BAD = [
     ("heads=0", r"heads=0 must be a positive integer"),
     ("model.n_head=5", r"model.n_embd=64 is not divisible by model.n_head=5"),
     ("model.n_layer=0", r"model.n_layer=0 must be a positive integer"),
-    ("model.n_embd=0", r"model.n_embd=0 must be a positive integer"),
     ("model.block_size=0", r"model.block_size=0 must be a positive integer"),
     ("model.attn_impl=flash", r"model.attn_impl='flash' is unknown.*loop.*sdpa"),
     ("model.norm=batchnorm", r"model.norm='batchnorm' is unknown"),
@@ -88,9 +83,6 @@ BAD = [
     ("train.max_steps=0", r"train.max_steps=0 must be at least 1"),
     ("train.max_steps=lots", r"bad setting train.max_steps: Value 'lots'"),
     ("train.batch_size=0", r"train.batch_size=0 must be at least 1"),
-    ("train.eval_every=0", r"train.eval_every=0 must be at least 1"),
-    ("train.log_every=0", r"train.log_every=0 must be at least 1"),
-    ("train.save_every=-1", r"train.save_every=-1 must be >= 0"),
     ("train.pack=-1", r"train.pack=-1 must be >= 0"),
     ("train.ema=1.0", r"train.ema=1.0 must be in \[0, 1\)"),
     ("train.num_samples=-1", r"train.num_samples=-1 must be 0 or more"),
@@ -98,7 +90,6 @@ BAD = [
     ("train.precision=fp8", r"train.precision='fp8' is unknown"),
     ("optim.lr=0", r"optim.lr=0.0 must be > 0"),
     ("optim.lr=nan", r"optim.lr=nan must be a finite number"),
-    ("optim.lr=inf", r"optim.lr=inf must be a finite number"),
     ("optim.eps=0", r"optim.eps=0.0 must be > 0"),
     ("optim.eps=1e300", r"optim.eps=1e\+300 divides every update .* would not move"),
     ("optim.betas=[0.9]", r"optim.betas=\[0.9\] must be two numbers"),
@@ -110,7 +101,6 @@ BAD = [
     ("optim.grad_clip=-1", r"optim.grad_clip=-1.0 must be >= 0"),
     ("optim.name=sgd", r"optim.name='sgd' is unknown"),
     ("log.attn_every=0", r"log.attn_every=0 must be at least 1"),
-    ("log.head_items=0", r"log.head_items=0 must be at least 1"),
     ("device=tpu", r"device='tpu' is unknown"),
     ("seed=-1", r"seed=-1 must be in \[0, 2\*\*63\)"),
     ("threads=0", r"threads=0 must be"),
@@ -124,8 +114,6 @@ BAD = [
     ("data.format=repeats data.repeats.chars=abca", r"data.repeats.chars='abca' must be distinct"),
     ("data.format=repeats data.repeats.items=2", r"data.repeats.items=2 must be at least 3 \(one"),
     ("data.format=repeats data.repeats.span=[5,2]", r"data.repeats.span=\[5, 2\] must be \[lo, "),
-    ("data.format=repeats data.repeats.span=[0,3]", r"data.repeats.span=\[0, 3\]"),
-    ("data.format=repeats data.repeats.span=[1,2,3]", r"data.repeats.span=\[1, 2, 3\]"),
     ("data.format=repeats data.repeats.span=[2,20]", r"span=\[2, 20\] .*length=32 \(hi <= 16\)"),
     ("data.format=repeats data.repeats.length=0", r"data.repeats.length=0 \(hi <= 0\)"),
     ("data.format=repeats data.repeats.seed=-1", r"data.repeats.seed=-1 must be in \[0, 2\*\*63"),

@@ -109,6 +109,7 @@ class Sandbox:
     def __init__(self, root: Path, real: bool):
         self.root, self.real = root, real
         self.folders: dict[str, Path] = {}  # "names", "text", "induction": runs; "heads": a sweep
+        self.started = 0  # the runs started
         (root / "data").mkdir(parents=True)
         for name in ("names.txt", "names-1980s.txt"):  # 2,000 names of each: enough to train
             names = (REPO / "data" / name).read_text().splitlines()[:2000]
@@ -293,7 +294,10 @@ COVERED: dict[str, How] = {
     "python train.py experiment=shakespeare": How(append=SMALL, makes="text", check=_text_run),
     'python sample.py prefix="ROMEO:"': How(needs="text", check=_passages),
     # Heads, explained
-    "python train.py experiment=induction": How(append=SMALL, makes="induction", check=_trained),
+    # 2,000 generated items, not 100,000: the run is what the command is about
+    "python train.py experiment=induction": How(
+        append=(*SMALL, "data.repeats.items=2000"), makes="induction", check=_trained
+    ),
     # Resume: the settings come from the checkpoint; a longer run is what is appended
     "python train.py resume=true": How(
         append=("train.max_steps=24",),
@@ -326,13 +330,18 @@ PLACEHOLDER = re.compile(r"(outputs|multirun)/(<date>|\d{4}-\d\d-\d\d)/(<time>|\
 
 
 def resolve(sandbox: Sandbox, command: str, how: How) -> list[str]:
-    """The command's words, its placeholders replaced by the sandbox's folders, SMALL appended."""
+    """The command's words, its placeholders replaced by the sandbox's folders, SMALL appended;
+    a new run gets a folder of its own (two runs started within a second would share Hydra's
+    outputs/<date>/<time>)."""
     keys = iter(how.runs)
     words = []
     for word in shlex.split(command):
         if PLACEHOLDER.search(word):
             word = PLACEHOLDER.sub(str(sandbox.folder(next(keys))), word)
         words.append(word)
+    if "train.py" in words and not {"-m", "resume=true"} & set(words):
+        sandbox.started += 1
+        words.append(f"hydra.run.dir=outputs/readme/{sandbox.started}")
     return [*words, *how.append]
 
 
