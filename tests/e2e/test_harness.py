@@ -52,8 +52,7 @@ R = ["data=repeats", "data.repeats.items=300", "model.block_size=null"]  # gener
 NAMES_RUN, TEXT_RUN, AWAY_RUN = "run=runs/a", "run=runs/text", "run=runs/away"
 
 
-def C(*a, **k) -> Case:
-    return Case(*a, **k)
+C = Case
 
 
 def train(id, *args, message, **k) -> Case:

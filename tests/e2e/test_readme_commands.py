@@ -395,10 +395,7 @@ def _run(sandbox: Sandbox, words: list[str], how: How) -> Result:
 
 def _pip(sandbox: Sandbox, words: list[str], how: How) -> None:
     """pip is not run: the package (or the extra) it installs must be what pyproject.toml has."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        tomllib = pytest.importorskip("tomli")
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert words[:2] == ["pip", "install"], words
     targets = [w for w in words[2:] if not w.startswith("-") and not w.startswith("http")]
