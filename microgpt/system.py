@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import os
 import signal
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -209,15 +210,24 @@ def check_threads(value, name: str = "threads") -> None:
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held while the block runs, delivered when it ends: for library code
-    (OmegaConf) that an exception raised inside it would leave half-updated."""
-    if not hasattr(signal, "pthread_sigmask"):  # Windows: delivered at once, as before
-        yield
+    (OmegaConf) that an exception raised inside it would leave half-updated. The handlers are
+    swapped for ones that note the signal: Python runs a handler in the main thread whichever
+    thread the OS gives the signal to, so a thread's signal mask (pthread_sigmask) would not hold
+    it while another thread (tqdm's monitor, a writer) lives."""
+    signums = (signal.SIGINT, signal.SIGTERM)
+    main = threading.current_thread() is threading.main_thread()
+    if not main or any(signal.getsignal(s) is None for s in signums):
+        yield  # handlers run in the main thread (or were set outside Python): nothing to hold
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signums}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(caught):  # each signal once, as a pending one would be
+            signal.raise_signal(s)
 
 
 def usable_cores() -> int:

@@ -20,7 +20,7 @@ CONF = REPO / "conf"
 register()
 # The test models are tiny: one thread is faster than two fighting over small matmuls, and it keeps
 # the suite's time steady on a busy 2-core machine. The environment says so too, so that
-# `threads=auto` (microgpt/threads.py) in the trainer keeps one thread.
+# `threads=auto` (microgpt/system.py) in the trainer keeps one thread.
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 

@@ -1,6 +1,8 @@
-"""The machinery of tests/e2e/test_harness.py: a sandbox project, its fingerprint, and the commands
+"""The machinery of tests/e2e/test_harness.py (its sandbox: tests/e2e/conftest.py): the commands
 (train.py, sample.py, python -m microgpt.heads / compare) run in this process, as a user would
-type them, with their exit status, standard output and standard error.
+type them, with their exit status, standard output and standard error; a sandbox's fingerprint;
+a case and its promise (`check_one_line`); and what a case may do around its command (a file
+unreadable, a disk read-only or full, a signal landing at one step of the command's work).
 
 Running a command in-process (rather than in a new Python, 3-5 s of imports each) is what makes a
 few hundred bad commands cheap: train.py and sample.py are loaded once, and each call goes through
@@ -10,7 +12,9 @@ working directory, the signal handlers and the environment put back afterwards.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import errno
 import hashlib
 import importlib.util
 import io
@@ -21,6 +25,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 from tests.conftest import REPO
 
@@ -158,6 +163,22 @@ def remove_added(root: Path, added) -> None:
             path.unlink(missing_ok=True)
 
 
+@dataclass
+class Case:
+    id: str
+    command: str  # train.py | sample.py | heads | compare
+    args: list  # "{root}" stands for the sandbox's path
+    message: str = ""  # a regex: the error line when code != 0, else the output
+    code: int = 2
+    cwd: str = "."
+    added: tuple = ()  # glob patterns of the paths the command may add
+    changed: tuple = ()  # paths it may change
+    setup: object = None  # (sandbox) -> a context manager around the command
+    lines: int = 1  # how many "microgpt: error" lines
+    absent: str = ""  # a regex the output must not match (advice that does not work)
+    stdout: bool = False  # a success's message is looked for on stdout alone
+
+
 def check_one_line(case, r: Result, success_on_stdout: bool = False) -> None:
     """The harness's promise for a command: no traceback, the exit status expected, and a failure
     is `case.lines` lines of `microgpt: error:` (the first matching case.message), nothing else
@@ -177,3 +198,113 @@ def check_one_line(case, r: Result, success_on_stdout: bool = False) -> None:
     if case.command in ("train.py", "sample.py"):  # nothing else on stderr: the one line
         others = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith("microgpt")]
         assert not others, r.stderr
+
+
+# ----------------------------------------------------------------------------- around a command
+
+
+@contextlib.contextmanager
+def unreadable(path: Path):
+    """`path` cannot be opened (what chmod 000 does, which root would ignore)."""
+    real_open, target = builtins.open, os.path.realpath(path)
+
+    def fake_open(file, *a, **k):
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == target:
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, *a, **k)
+
+    with mock.patch("builtins.open", fake_open), mock.patch("io.open", fake_open):
+        yield
+
+
+@contextlib.contextmanager
+def failing_writes(folder: Path, err: int = errno.EROFS):
+    """Every file or folder made under `folder` fails with `err` (EROFS: a read-only disk, ENOSPC:
+    a full one), and so does os.access's write check there (root would ignore a chmod)."""
+    folder = os.path.realpath(folder)
+    real_open, real_os_open, real_mkdir = builtins.open, os.open, os.mkdir
+    real_access, real_usage = os.access, shutil.disk_usage
+
+    def under(path) -> bool:
+        p = None if isinstance(path, int) else os.path.realpath(path)
+        return p is not None and (p == folder or p.startswith(folder + os.sep))
+
+    def fail(path):
+        raise OSError(err, os.strerror(err), str(path))
+
+    def fake_open(file, mode="r", *a, **k):
+        if under(file) and any(c in mode for c in "wax+"):
+            fail(file)
+        return real_open(file, mode, *a, **k)
+
+    def fake_os_open(path, flags, *a, **k):
+        if under(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            fail(path)
+        return real_os_open(path, flags, *a, **k)
+
+    def fake_mkdir(path, *a, **k):
+        if under(path) and os.path.realpath(path) != folder:
+            fail(path)
+        return real_mkdir(path, *a, **k)
+
+    def fake_access(path, mode, *a, **k):
+        writable = not (under(path) and mode & os.W_OK and err == errno.EROFS)
+        return writable and real_access(path, mode, *a, **k)
+
+    def fake_usage(path):
+        usage = real_usage(path)
+        return usage._replace(free=0) if under(path) and err == errno.ENOSPC else usage
+
+    fakes = {"builtins.open": fake_open, "io.open": fake_open, "os.open": fake_os_open,
+             "os.mkdir": fake_mkdir, "os.access": fake_access,
+             "shutil.disk_usage": fake_usage}  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        for target, fake in fakes.items():
+            stack.enter_context(mock.patch(target, fake))
+        yield
+
+
+@contextlib.contextmanager
+def signal_at(target: str, signame: str, replacement=None):
+    """`target` (a module's attribute the command calls) sends `signame` to this process when
+    called (or `replacement` does, in its place), so the signal lands exactly there. A SIGTERM no
+    handler of the command catches stops the case, not the test run."""
+
+    def unhandled(signum, frame):
+        raise AssertionError(f"{signame} reached the test: the command installed no handler")
+
+    def send(*args, **kwargs):
+        signal.raise_signal(getattr(signal, signame))
+        raise AssertionError(f"{signame} was ignored")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        with mock.patch(target, replacement or send):
+            yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def rewritten(path: Path, text: str | None):
+    """The file at `path` holds `text` (None: is gone) while the command runs, then is back."""
+    hidden = path.with_name(path.name + ".hidden")
+    path.rename(hidden)
+    if text is not None:
+        path.write_text(text)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        hidden.rename(path)
+
+
+def environ(**values):
+    return mock.patch.dict(os.environ, values)
+
+
+class EvilPickle:
+    """Unpickling it runs a command: what a malicious checkpoint would do."""
+
+    def __reduce__(self):
+        return (os.system, ("touch code-ran",))

@@ -24,14 +24,6 @@ def _checkpoint() -> Checkpoint:
     )
 
 
-def _tensor_bytes_at(data: bytes, tensor: torch.Tensor) -> int:
-    """Where a tensor's bytes lie in the saved file (found by content, not by torch's layout)."""
-    raw = tensor.numpy().tobytes()
-    at = data.find(raw)
-    assert at > 0
-    return at
-
-
 def test_a_checkpoint_loads_back_whole_with_its_checksum(tmp_path):
     path = _checkpoint().save(tmp_path / "best.pt")
     raw = torch.load(path, weights_only=True)
@@ -51,23 +43,6 @@ def test_a_checkpoint_saved_as_a_plain_dict_with_its_checksum_loads(tmp_path):
     loaded = Checkpoint.load(tmp_path / "old.pt")
     assert loaded.run_id == "r1" and loaded.metrics == {"val_loss": 2.5}
     assert loaded.to_dict().keys() == old.keys() - {"checksum"}
-
-
-@pytest.mark.parametrize("damage", ["flip", "zero"])
-def test_a_flipped_or_zeroed_byte_of_the_weights_is_one_line_naming_the_file(tmp_path, damage):
-    path = _checkpoint().save(tmp_path / "best.pt")
-    data = bytearray(path.read_bytes())
-    at = _tensor_bytes_at(bytes(data), _checkpoint().model["w"]) + 1000
-    if damage == "flip":
-        data[at] ^= 0x04  # one bit of one weight
-    else:
-        data[at : at + 512] = bytes(512)  # a zeroed block, as a bad sector leaves
-    path.write_bytes(data)
-    with pytest.raises(CheckpointError) as info:
-        Checkpoint.load(path)
-    message = str(info.value)
-    assert "\n" not in message and message.startswith(f"{path} is corrupt")
-    assert "checksum" in message
 
 
 def test_a_checkpoint_written_before_checksums_still_loads(tmp_path):
@@ -93,11 +68,3 @@ def test_a_failed_save_keeps_the_last_checkpoint_and_says_how_to_resume(tmp_path
     assert last.read_bytes() == before
     with pytest.raises(CheckpointError, match="no checkpoint of this run was written yet"):
         _checkpoint().save(tmp_path / "other" / "checkpoints" / "best.pt")
-
-
-def test_a_fifo_is_refused_without_blocking(tmp_path):
-    import os
-
-    os.mkfifo(tmp_path / "fifo.pt")
-    with pytest.raises(CheckpointError, match="is not a regular file"):
-        Checkpoint.load(tmp_path / "fifo.pt")

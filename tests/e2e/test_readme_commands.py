@@ -109,6 +109,7 @@ class Sandbox:
     def __init__(self, root: Path, real: bool):
         self.root, self.real = root, real
         self.folders: dict[str, Path] = {}  # "names", "text", "induction": runs; "heads": a sweep
+        self.started = 0  # the runs started
         (root / "data").mkdir(parents=True)
         for name in ("names.txt", "names-1980s.txt"):  # 2,000 names of each: enough to train
             names = (REPO / "data" / name).read_text().splitlines()[:2000]
@@ -230,9 +231,7 @@ def _short_run(s: Sandbox, r: Result) -> None:
 
 
 def _compared(s: Sandbox, r: Result) -> None:
-    for h in (1, 2, 4, 8):
-        assert f"heads={h}" in r.stdout, r.stdout
-    assert (s.folders["heads"] / "val_loss.png").is_file()
+    assert all(f"heads={h}" in r.stdout for h in (1, 2, 4, 8)), r.stdout
 
 
 def _resumed(key: str, start: int, end: int):
@@ -295,7 +294,10 @@ COVERED: dict[str, How] = {
     "python train.py experiment=shakespeare": How(append=SMALL, makes="text", check=_text_run),
     'python sample.py prefix="ROMEO:"': How(needs="text", check=_passages),
     # Heads, explained
-    "python train.py experiment=induction": How(append=SMALL, makes="induction", check=_trained),
+    # 2,000 generated items, not 100,000: the run is what the command is about
+    "python train.py experiment=induction": How(
+        append=(*SMALL, "data.repeats.items=2000"), makes="induction", check=_trained
+    ),
     # Resume: the settings come from the checkpoint; a longer run is what is appended
     "python train.py resume=true": How(
         append=("train.max_steps=24",),
@@ -328,13 +330,18 @@ PLACEHOLDER = re.compile(r"(outputs|multirun)/(<date>|\d{4}-\d\d-\d\d)/(<time>|\
 
 
 def resolve(sandbox: Sandbox, command: str, how: How) -> list[str]:
-    """The command's words, its placeholders replaced by the sandbox's folders, SMALL appended."""
+    """The command's words, its placeholders replaced by the sandbox's folders, SMALL appended;
+    a new run gets a folder of its own (two runs started within a second would share Hydra's
+    outputs/<date>/<time>)."""
     keys = iter(how.runs)
     words = []
     for word in shlex.split(command):
         if PLACEHOLDER.search(word):
             word = PLACEHOLDER.sub(str(sandbox.folder(next(keys))), word)
         words.append(word)
+    if "train.py" in words and not {"-m", "resume=true"} & set(words):
+        sandbox.started += 1
+        words.append(f"hydra.run.dir=outputs/readme/{sandbox.started}")
     return [*words, *how.append]
 
 
@@ -343,15 +350,9 @@ def argv_for(words: list[str]) -> list[str]:
     program, args = words[0], words[1:]
     scripts = {"train.py", "sample.py", "data/prepare.py", "bench/run.py"}
     args = [str(REPO / a) if a in scripts else a for a in args]
-    if program == "python":
-        return [sys.executable, *args]
-    if program == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", *args]
-    if program == "tensorboard":
-        return [sys.executable, "-m", "tensorboard.main", *args]
-    if program == "ruff":
-        return [sys.executable, "-m", "ruff", *args]
-    raise AssertionError(f"no way to run {program}")
+    modules = {"python": [], "torchrun": ["-m", "torch.distributed.run"],
+               "tensorboard": ["-m", "tensorboard.main"], "ruff": ["-m", "ruff"]}  # fmt: skip
+    return [sys.executable, *modules[program], *args]
 
 
 def execute(sandbox: Sandbox, command: str) -> None:
@@ -394,10 +395,7 @@ def _run(sandbox: Sandbox, words: list[str], how: How) -> Result:
 
 def _pip(sandbox: Sandbox, words: list[str], how: How) -> None:
     """pip is not run: the package (or the extra) it installs must be what pyproject.toml has."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        tomllib = pytest.importorskip("tomli")
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert words[:2] == ["pip", "install"], words
     targets = [w for w in words[2:] if not w.startswith("-") and not w.startswith("http")]

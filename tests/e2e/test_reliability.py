@@ -3,10 +3,9 @@ loading."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
-import json
 import os
-import pickle
 import random
 import re
 import signal
@@ -23,10 +22,11 @@ from torch.utils.tensorboard import SummaryWriter
 
 from microgpt.config import ConfigError, load_config
 from microgpt.runs import find_checkpoints
-from microgpt.train.checkpoint import Checkpoint, CheckpointError
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import Interrupted, Trainer, TrainingError
 from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import REPO, TINY
+from tests.e2e.harness import run
 
 # dropout > 0, so that restoring the RNG state matters; the train loss logged as the mean of 3
 # steps, so that a stop after step 5 falls inside a window (steps 4-6)
@@ -286,94 +286,43 @@ def test_sigkill_at_random_moments_while_saving_leaves_a_loadable_checkpoint(tmp
 # ----------------------------------------------------------------------------- safe loading
 
 
-class RunsCode:
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
-
-
-@pytest.mark.parametrize("writer", ["torch.save", "pickle"])
-def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_does_not_run(tmp_path, writer):
-    live = tmp_path / "plain-pickle-runs-it"
-    pickle.loads(pickle.dumps(RunsCode(live)))
-    assert live.exists()  # the payload is live: a plain unpickler runs it
-    marker = tmp_path / "code-ran"
-    payload = {
-        "format": "microgpt-checkpoint",
-        "version": 1,
-        "model": {},
-        "model_config": {},
-        "tokenizer": {},
-        "hook": RunsCode(marker),
-    }
-    path = tmp_path / "evil.pt"
-    if writer == "torch.save":
-        torch.save(payload, path)
-    else:
-        path.write_bytes(pickle.dumps(payload))
-    # refused before unpickling (not torch.save's zip) or by the weights-only unpickler
-    with pytest.raises(
-        CheckpointError, match="refused to load .*could run code|not a microgpt checkpoint"
-    ):
-        Checkpoint.load(path)
-    assert not marker.exists()
-
-
-def test_pyproject_requires_a_torch_without_known_weights_only_bypass():
+def test_every_torch_load_is_weights_only_on_a_torch_without_known_bypass():
+    """Every torch.load call in microgpt/ (every file, every depth) and the entry points passes
+    weights_only=True, and pyproject.toml requires a torch whose weights-only unpickler has no
+    known bypass (2.6, CVE-2025-32434). At least one call is found: the scan cannot pass empty."""
     tomllib = pytest.importorskip("tomllib")
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     (torch_req,) = [d for d in deps if re.match(r"torch\b", d)]
     low = re.fullmatch(r"torch\s*>=\s*(\d+)\.(\d+)(\.\d+)?(\s*,\s*<.*)?", torch_req)
-    assert low and (int(low[1]), int(low[2])) >= (2, 6), torch_req  # no weights_only bypass
-    sources = [p for p in (REPO / "microgpt").glob("*.py")] + list(REPO.glob("*.py"))
-    for source in sources:
-        for line in source.read_text().splitlines():
-            if "torch.load(" in line and not line.lstrip().startswith(("#", '"', "`")):
-                assert "weights_only=True" in line, f"{source.name}: {line.strip()}"
+    assert low and (int(low[1]), int(low[2])) >= (2, 6), torch_req
+    calls = []
+    for source in [*(REPO / "microgpt").rglob("*.py"), *REPO.glob("*.py")]:
+        for node in ast.walk(ast.parse(source.read_text())):
+            f = getattr(node, "func", None)
+            if isinstance(f, ast.Attribute) and f.attr == "load" and ast.unparse(f) == "torch.load":
+                safe = any(k.arg == "weights_only" and ast.unparse(k.value) == "True"
+                           for k in node.keywords)  # fmt: skip
+                calls.append((f"{source.relative_to(REPO)}:{node.lineno}", safe))
+    assert calls, "no torch.load found under microgpt/: the scan looks in the wrong place"
+    assert all(safe for _, safe in calls), [where for where, safe in calls if not safe]
 
 
 # ----------------------------------------------------------------------------- the command line
 
 
-def cli(args, cwd, timeout=300, **kwargs):
-    return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-        **kwargs,
-    )
-
-
 def test_cli_sigint_writes_last_pt_then_resume_true_continues_the_same_run_folder(
     tmp_path, names_file
 ):
-    """Ctrl-C: exit 130 with the command that resumes; `resume=true` picks the run up in its
-    folder."""
-    settings = [
-        *TINY,
-        f"data.path={names_file}",
-        "device=cpu",
-        "train.num_samples=0",
-        "train.log_every=1",
-        "train.eval_every=5",
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), *settings, "train.max_steps=100000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
+    """Ctrl-C on a real process: exit 130 with the command that resumes; `resume=true` picks the
+    run up in its folder."""
+    settings = [*TINY, f"data.path={names_file}", "device=cpu", "train.num_samples=0",
+                "train.log_every=1", "train.eval_every=5"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *settings,
+                             "train.max_steps=100000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
     try:
-        deadline = time.monotonic() + 300  # generous: a busy machine starts slowly
         while not list(tmp_path.glob("outputs/*/*/checkpoints/last.pt")):
             assert proc.poll() is None, proc.communicate()[1][-2000:]
-            assert time.monotonic() < deadline, "no checkpoint after 300 s"
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
@@ -382,69 +331,32 @@ def test_cli_sigint_writes_last_pt_then_resume_true_continues_the_same_run_folde
             proc.kill()
     assert proc.returncode == 130, stderr[-2000:]
     assert "Traceback" not in stderr and "SIGINT received: stopped at step" in stderr
-    runs = list(tmp_path.glob("outputs/*/*"))
-    assert len(runs) == 1
-    last = runs[0] / "checkpoints" / "last.pt"
+    (folder,) = tmp_path.glob("outputs/*/*")
+    last = folder / "checkpoints" / "last.pt"
     command = stderr.strip().splitlines()[-1]
-    assert (
-        command.startswith("microgpt: resume with: python train.py ")
-        and f"resume={last}" in command
-    )
+    assert command.startswith("microgpt: resume with: python train.py ")
+    assert f"resume={last}" in command
     stopped_at = Checkpoint.load(last).step
 
-    result = cli([*settings, f"train.max_steps={stopped_at + 3}", "resume=true"], cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert list(tmp_path.glob("outputs/*/*")) == runs  # the same folder, no new one
+    r = run("train.py", *settings, f"train.max_steps={stopped_at + 3}", "resume=true", cwd=tmp_path)
+    assert r.code == 0, r.stderr[-2000:]
+    assert list(tmp_path.glob("outputs/*/*")) == [folder]  # the same folder, no new one
     assert Checkpoint.load(last).step == stopped_at + 3
-    steps = [s for s, _ in scalar_steps(runs[0], "loss/train")]
-    assert steps == list(range(1, stopped_at + 4))
-
-    nothing = tmp_path / "elsewhere"
-    nothing.mkdir()
-    result = cli(["resume=true"], cwd=nothing)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert "no run to resume" in result.stderr and "resume=PATH" in result.stderr
-    assert not list(nothing.glob("outputs/**/*.pt"))
+    assert [s for s, _ in scalar_steps(folder, "loss/train")] == list(range(1, stopped_at + 4))
 
 
 def test_resume_with_other_model_settings_names_the_differing_keys(tiny_cfg, tmp_path):
-    cfg = tiny_cfg("device=cpu", "train.max_steps=4", "train.eval_every=2", "train.num_samples=0")
-    run_trainer(cfg)
+    base = ("device=cpu", "train.num_samples=0", "resume=true")
+    run_trainer(tiny_cfg("device=cpu", "train.max_steps=4", "train.eval_every=2", *base[:2]))
     # settings that may change on resume: max_steps, eval_every, logging
-    Trainer(
-        load_config(
-            tiny_cfg(
-                "device=cpu",
-                "train.max_steps=8",
-                "train.eval_every=3",
-                "train.log_every=1",
-                "log.attn_every=2",
-                "train.num_samples=0",
-                "resume=true",
-            )
-        )
-    )
-    with pytest.raises(
-        ConfigError,
-        match=r"heads: 2 in the checkpoint, 4 now.*model\.n_head: 2 in the checkpoint, "
-        r"4 now",
-    ) as info:
-        Trainer(
-            load_config(
-                tiny_cfg(
-                    "device=cpu",
-                    "train.max_steps=8",
-                    "train.num_samples=0",
-                    "heads=4",
-                    "resume=true",
-                )
-            )
-        )
-    differing = str(info.value).split("settings differ from the checkpoint's (")[1].split(")")[0]
-    # heads, model.n_head and the n_kv_head that follows it (null = n_head), nothing else
-    assert differing.count(" in the checkpoint") == 3 and "model.n_kv_head: 2" in differing
-    assert json.dumps(str(info.value)).count("\\n") == 0  # one line
+    changed = ("train.max_steps=8", "train.eval_every=3", "train.log_every=1", "log.attn_every=2")
+    Trainer(load_config(tiny_cfg(*base, *changed)))
+    with pytest.raises(ConfigError) as info:
+        Trainer(load_config(tiny_cfg(*base, "train.max_steps=8", "heads=4")))
+    message = str(info.value)
+    assert re.search(r"heads: 2 in the checkpoint, 4 now.*model\.n_head: 2 .*, 4 now", message)
+    differing = message.split("settings differ from the checkpoint's (")[1].split(")")[0]
+    assert "\n" not in message and not re.search("max_steps|eval_every|log", differing), differing
 
 
 def test_run_dir_resolver_continues_the_run_being_resumed(tmp_path, monkeypatch):
