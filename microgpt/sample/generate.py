@@ -1,7 +1,7 @@
 """Decoding: `sample_next` (logits -> one token per row: temperature, top-k, top-p); `decode`,
 the loop that fills token rows from a GPT with the KV cache, sliding past the context; `generate`
 (item rows) and `sample_items` (strings, in batches). Sampling settings are checked where they
-enter (`generate`, SampleConfig); what needs the model, where the model is known.
+enter (`check_sampling_args`, by SampleConfig); what needs the model, where it is known.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ CACHE_BUDGET = 256 * 2**20  # bytes: the default batch shrinks so that its KV ca
 # ops that a thread pool slows down: on 2 busy cores with the small preset, 1,000 names 5-40x and
 # 10,000 names 3-4x faster on one thread than on two. Bigger work keeps PyTorch's thread count.
 SINGLE_THREAD_WORK = 2**30
+MAX_NEW_CHARS = 100_000  # the most max_len: one step of the model per character
+CHARS_PER_SECOND = 3_000  # the micro model continuing one passage on 2 CPU cores, measured
 
 
 def cache_bytes_per_row(model) -> int:
     """The KV cache's bytes for one sampled item: keys and values of every layer, full block."""
     c, itemsize = model.config, next(model.parameters()).element_size()
-    return 2 * c.n_layer * c.n_kv_head * c.block_size * c.head_dim * itemsize
+    return 2 * c.n_layer * c.block_size * c.n_embd * itemsize
 
 
 def default_batch(model, num_samples: int) -> int:
@@ -36,8 +38,27 @@ def default_batch(model, num_samples: int) -> int:
     return max(1, min(num_samples, DEFAULT_BATCH, CACHE_BUDGET // cache_bytes_per_row(model)))
 
 
-def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise a SamplingError naming the setting and its valid range."""
+def check_sampling_args(
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    num_samples=1,
+    batch_size=None,
+    seed=None,
+    max_len=None,
+    prefix="",
+) -> None:
+    """Every sampling setting that needs no model, checked once: by SampleConfig, or by a library
+    caller that bypasses it. A SamplingError names the setting and its valid range."""
+    for name, v in (("num_samples", num_samples), ("batch_size", batch_size), ("seed", seed)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise SamplingError(f"{name}={v!r} must be an integer")
+    if num_samples is not None and num_samples < 1:
+        raise SamplingError(f"num_samples={num_samples} must be at least 1")
+    if batch_size is not None and batch_size < 1:
+        raise SamplingError(f"batch_size={batch_size} must be at least 1 (or null = all at once)")
+    if seed is not None and not 0 <= seed < 2**63:
+        raise SamplingError(f"seed={seed} must be in [0, 2**63) (or null = random)")
     if temperature is None or not temperature >= 0 or temperature == float("inf"):
         raise SamplingError(
             f"temperature={temperature!r} must be >= 0 and finite "
@@ -47,6 +68,25 @@ def check_sampling_args(temperature: float, top_k: int | None, top_p: float | No
         raise SamplingError(f"top_k={top_k!r} must be an integer >= 1 (null keeps every token)")
     if top_p is not None and not 0 < top_p <= 1:
         raise SamplingError(f"top_p={top_p!r} must be in (0, 1] (1 keeps every token)")
+    if not isinstance(prefix, str):
+        raise SamplingError(f"prefix={prefix!r} must be a string")
+    if max_len is not None:
+        check_max_new(max_len)
+
+
+def check_max_new(max_len) -> None:
+    """sample.py's max_len: a whole number >= 1, and few enough steps of the model to finish."""
+    if isinstance(max_len, bool) or not isinstance(max_len, int):
+        raise SamplingError(f"max_len={max_len!r} must be an integer")
+    if max_len < 1:
+        raise SamplingError(f"max_len={max_len} must be at least 1 (or null)")
+    if max_len > MAX_NEW_CHARS:
+        raise SamplingError(
+            f"max_len={max_len:,} would take {max_len:,} steps of the model, one per character "
+            f"(about {max_len / CHARS_PER_SECOND / 60:,.0f} minutes for a tiny model on a CPU, "
+            f"more for a larger one) before anything is printed; at most {MAX_NEW_CHARS:,} here "
+            f"(a names run never needs more than its block size)"
+        )
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> torch.Tensor:
@@ -115,9 +155,6 @@ def generate(
     (ids), of at most max_new_tokens new tokens and block_size - 1 characters (the longest item
     trained on); the same with and without the cache for the same generator state.
     stop_at_boundary=False fills every row to its full length (benchmarks)."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise SamplingError(f"num_samples={num_samples!r} must be an integer >= 1")
-    check_sampling_args(temperature, top_k, top_p)
     prefix = [int(t) for t in (prefix if prefix is not None else [])]
     vocab_size, block_size = model.config.vocab_size, model.config.block_size
     if len(prefix) > block_size - 1:
@@ -203,8 +240,5 @@ def _prefix_ids(tokenizer, prefix: str, max_len: int | None) -> list[int]:
         raise SamplingError(
             f"max_len={max_len} must be longer than the prefix ({len(prefix)} characters)"
         )
-    try:
-        tokenizer.check(prefix, what="prefix")
-    except ValueError as e:
-        raise SamplingError(str(e)) from None
+    tokenizer.check(prefix, "prefix")
     return tokenizer.encode(prefix)
