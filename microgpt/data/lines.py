@@ -267,6 +267,14 @@ class CharDataset(Rows):
         return x.view(-1, row_len), y.view(-1, row_len)
 
 
+def rows_of(split: Split, names, tokenizer, block_size, device, trim=True) -> dict:
+    """{name: CharDataset} of the splits `names`."""
+    return {
+        n: CharDataset.from_items(getattr(split, n), tokenizer, block_size, device, trim)
+        for n in names
+    }
+
+
 class LinesData(Data):
     """data.format=lines: one item per line (names), shuffled into train/val/test by the seed,
     each item a row of its own (or packed end to end, train.pack)."""
@@ -282,12 +290,8 @@ class LinesData(Data):
     def of_items(cls, items, path, seed, block_size, device, trim, label="") -> LinesData:
         block_size = block_size or block_size_for(items)
         check_fits(items, block_size, label or str(path))
-        tokenizer = CharTokenizer.from_items(items)
-        split = split_items(items, seed)
-        datasets = {
-            name: CharDataset.from_items(getattr(split, name), tokenizer, block_size, device, trim)
-            for name in SPLIT_NAMES
-        }
+        tokenizer, split = CharTokenizer.from_items(items), split_items(items, seed)
+        datasets = rows_of(split, SPLIT_NAMES, tokenizer, block_size, device, trim)
         return cls(path, tokenizer, split, block_size, datasets, label)
 
     @classmethod
@@ -297,10 +301,7 @@ class LinesData(Data):
         if not split.val:
             raise DataError(f"{ckpt.path} stores no validation split")
         block_size = int(ckpt.model_config["block_size"])
-        datasets = {
-            name: CharDataset.from_items(getattr(split, name), tokenizer, block_size, device)
-            for name in ("val", "test")
-        }
+        datasets = rows_of(split, ("val", "test"), tokenizer, block_size, device)
         return cls(ckpt.data.get("path") or "", tokenizer, split, block_size, datasets)
 
     def train_batches(self, global_batch, seed, group_by_length=0, pack=0) -> ItemBatches:

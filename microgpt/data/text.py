@@ -10,7 +10,6 @@ import hashlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,11 +24,6 @@ SPLIT_FRACTIONS = (0.9, 0.05, 0.05)  # train, val, test: contiguous, in this ord
 DEFAULT_BLOCK_SIZE = 128  # model.block_size=null in text mode
 PROBE_LENGTH = 64  # characters of the validation passage drawn in the attention maps
 ENCODE_CHUNK = 1 << 22  # characters converted at once: bounds the memory of encoding a big file
-
-
-def read_text(path: str | Path) -> str:
-    """The characters of a text file (format.read_data_file)."""
-    return read_data_file(path)[0]
 
 
 def encode_text(text: str, tokenizer: CharTokenizer) -> Tensor:
@@ -90,13 +84,8 @@ class TextSplit:
         return f"{train:,} train / {val:,} val / {test:,} test characters"
 
     def to_dict(self) -> dict:
+        """What a checkpoint records: a run's data come back when the re-read text matches it."""
         return {"format": "text", "bounds": list(self.bounds), "digest": self.digest}
-
-    @classmethod
-    def from_dict(cls, d) -> TextSplit:
-        if not isinstance(d, dict) or d.get("format") != "text":
-            raise DataError("not a text split: expected {'format': 'text', 'bounds': [...], ...}")
-        return cls(tuple(int(b) for b in d["bounds"]), str(d["digest"]))
 
 
 class WindowBatches:
@@ -104,10 +93,7 @@ class WindowBatches:
     come from a seeded generator and `state_dict` resumes the exact sequence."""
 
     def __init__(self, ids: Tensor, block_size: int, global_batch: int, seed: int, device="cpu"):
-        if len(ids) < block_size + 1:
-            raise DataError(
-                f"{len(ids)} training characters cannot fill a window of {block_size + 1}"
-            )
+        # TextSplit.of made the training slice at least one window long
         self.ids, self.block_size, self.device = ids, block_size, torch.device(device)
         # window starts are drawn in [0, n)
         self.n, self.batch_size, self.seed = len(ids) - block_size, global_batch, seed

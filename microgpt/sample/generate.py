@@ -38,27 +38,26 @@ def default_batch(model, num_samples: int) -> int:
     return max(1, min(num_samples, DEFAULT_BATCH, CACHE_BUDGET // cache_bytes_per_row(model)))
 
 
-def check_sampling_args(
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
-    num_samples=1,
-    batch_size=None,
-    seed=None,
-    max_len=None,
-    prefix="",
-) -> None:
+def check_sampling_args(temperature=1.0, top_k=None, top_p=None, prefix="", **whole) -> None:
     """Every sampling setting that needs no model, checked once: by SampleConfig, or by a library
-    caller that bypasses it. A SamplingError names the setting and its valid range."""
-    for name, v in (("num_samples", num_samples), ("batch_size", batch_size), ("seed", seed)):
+    caller that bypasses it. whole: num_samples, batch_size, seed, max_len (None: not set). A
+    SamplingError names the setting and its valid range."""
+    for name, v in whole.items():
+        least = 0 if name == "seed" else 1
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise SamplingError(f"{name}={v!r} must be an integer")
-    if num_samples is not None and num_samples < 1:
-        raise SamplingError(f"num_samples={num_samples} must be at least 1")
-    if batch_size is not None and batch_size < 1:
-        raise SamplingError(f"batch_size={batch_size} must be at least 1 (or null = all at once)")
-    if seed is not None and not 0 <= seed < 2**63:
-        raise SamplingError(f"seed={seed} must be in [0, 2**63) (or null = random)")
+        if v is not None and v < least:
+            raise SamplingError(f"{name}={v} must be at least {least} (or null)")
+    if (whole.get("seed") or 0) >= 2**63:
+        raise SamplingError(f"seed={whole['seed']} must be below 2**63 (or null = random)")
+    if (whole.get("max_len") or 0) > MAX_NEW_CHARS:
+        n = whole["max_len"]
+        raise SamplingError(
+            f"max_len={n:,} would take {n:,} steps of the model, one per character (about "
+            f"{n / CHARS_PER_SECOND / 60:,.0f} minutes for a tiny model on a CPU, more for a "
+            f"larger one) before anything is printed; at most {MAX_NEW_CHARS:,} here (a names run "
+            f"never needs more than its block size)"
+        )
     if temperature is None or not temperature >= 0 or temperature == float("inf"):
         raise SamplingError(
             f"temperature={temperature!r} must be >= 0 and finite "
@@ -70,23 +69,11 @@ def check_sampling_args(
         raise SamplingError(f"top_p={top_p!r} must be in (0, 1] (1 keeps every token)")
     if not isinstance(prefix, str):
         raise SamplingError(f"prefix={prefix!r} must be a string")
-    if max_len is not None:
-        check_max_new(max_len)
 
 
 def check_max_new(max_len) -> None:
-    """sample.py's max_len: a whole number >= 1, and few enough steps of the model to finish."""
-    if isinstance(max_len, bool) or not isinstance(max_len, int):
-        raise SamplingError(f"max_len={max_len!r} must be an integer")
-    if max_len < 1:
-        raise SamplingError(f"max_len={max_len} must be at least 1 (or null)")
-    if max_len > MAX_NEW_CHARS:
-        raise SamplingError(
-            f"max_len={max_len:,} would take {max_len:,} steps of the model, one per character "
-            f"(about {max_len / CHARS_PER_SECOND / 60:,.0f} minutes for a tiny model on a CPU, "
-            f"more for a larger one) before anything is printed; at most {MAX_NEW_CHARS:,} here "
-            f"(a names run never needs more than its block size)"
-        )
+    """config.py's import, until SampleConfig calls check_sampling_args alone."""
+    check_sampling_args(max_len=max_len)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> torch.Tensor:

@@ -14,7 +14,7 @@ import yaml
 from torch import nn
 
 from microgpt.data.dataset import DataError, load_data
-from microgpt.data.text import TextWindows, VerbatimIndex, encode_text, read_text
+from microgpt.data.text import TextWindows, VerbatimIndex, encode_text
 from microgpt.sample.command import run_sampling
 from microgpt.tokenizer import CharTokenizer
 from microgpt.train.checkpoint import Checkpoint
@@ -93,7 +93,7 @@ def test_the_vocabulary_is_the_whole_files_and_ids_are_compact(tmp_path):
 
 def test_splits_are_contiguous_disjoint_slices_in_order(play_file):
     data = load_data(play_file, seed=0, block_size=16, format="text")
-    ids = encode_text(read_text(play_file), data.tokenizer)
+    ids = encode_text(play_file.read_text(), data.tokenizer)
     train, val, test = data.split.sizes()
     n = len(ids)
     assert (train, val) == (int(n * 0.9), int(n * 0.05)) and train + val + test == n
@@ -237,7 +237,7 @@ def test_a_text_run_resumes_bit_exactly_from_inside_a_window(text_cfg, tmp_path)
 def test_a_probe_is_a_validation_passage_from_a_line_start(play_file):
     data = load_data(play_file, seed=0, block_size=128, format="text")
     probe = data.tokenizer.decode(data.probe_ids(None))
-    assert len(probe) == 64 and probe in read_text(play_file)
+    assert len(probe) == 64 and probe in play_file.read_text()
     short = load_data(play_file, seed=0, block_size=16, format="text").probe_ids(None)
     assert len(short) == 16  # never longer than the context
     val = data.tokenizer.decode(data.datasets["val"].ids.tolist())
@@ -259,7 +259,7 @@ def test_sample_continues_a_prompt_and_scores_its_verbatim_stretches(text_run, p
     passages = result.names
     assert len(passages) == 2 and all(p.startswith("ROMEO:") and len(p) == 46 for p in passages)
     assert run_sampling(**sample, use_cache=False).names == passages  # the same, uncached
-    text = read_text(play_file)
+    text = play_file.read_text()
     train_text = text[: int(len(text) * 0.9)]
     headers = [line for line in result.lines if line.startswith("--- passage")]
     for passage, header in zip(passages, headers):  # by brute force: the longest stretch in train
