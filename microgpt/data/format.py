@@ -113,6 +113,11 @@ class Data:
             )
         return start + tokenizer.encode(text)
 
+    def prompt(self, prefix: str) -> tuple[list[int], str]:
+        """What sampling continues for a user's `prefix` (sample.py's prefix=): the ids the model
+        reads first, and a note of what was done to it; a DataError where it cannot."""
+        return self.input_ids(self.tokenizer, prefix, self.block_size, "prefix"), ""
+
     def probe_ids(self, probe: str | None) -> list[int]:
         """The ids whose attention is drawn: `probe` (log.probe), else `default_probe()`."""
         if probe is None:

@@ -267,6 +267,19 @@ class TextData(Data):
         start = int(hits[0]) + 1 if len(hits) else 0
         return ids[start : start + length].tolist()
 
+    def prompt(self, prefix: str) -> tuple[list[int], str]:
+        """A passage continues `prefix` (default: a new line); of a prefix longer than the
+        context, the last block_size - 1 characters, and a note that says so."""
+        self.tokenizer.check(prefix, "prefix")
+        text = prefix or ("\n" if "\n" in self.tokenizer.stoi else self.tokenizer.chars[0])
+        keep, note = self.block_size - 1, ""
+        if len(text) > keep:
+            note = (
+                f"the prefix has {len(text)} characters; the model reads {keep} at most "
+                f"(block_size - 1), so it continues the last {keep}"
+            )
+        return self.tokenizer.encode(text[-keep:]), note
+
     def training_counts(self) -> Tensor:
         """(V,) how often each token occurs in the training text."""
         V = self.tokenizer.vocab_size

@@ -153,11 +153,19 @@ def generate(
         raise SamplingError(f"prefix ids must be characters, in 1..{vocab_size - 1}: {prefix}")
     new = block_size - 1 - len(prefix)
     new = new if max_new_tokens is None else min(new, max_new_tokens)
-    device = model.wte.weight.device
-    idx = torch.full((num_samples, 1 + len(prefix) + new), BOUNDARY_ID, device=device)
-    idx[:, 1 : 1 + len(prefix)] = torch.tensor(prefix, dtype=torch.long, device=device)
-    sampling = (temperature, top_k, top_p, use_cache)
-    return decode(model, idx, 1 + len(prefix), stop_at_boundary, generator, *sampling)[:, 1:]
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache)
+    rows = continue_prompt(model, [BOUNDARY_ID, *prefix], num_samples, new, stop_at_boundary,
+                           generator, **sampling)  # fmt: skip
+    return rows[:, 1:]
+
+
+def continue_prompt(model, prompt: list[int], n: int, new: int, stop: bool, generator, **sampling):
+    """(n, len(prompt) + new) rows: the ids `prompt`, then `new` tokens decoded (decode, with its
+    `sampling` settings)."""
+    device = next(model.parameters()).device
+    idx = torch.full((n, len(prompt) + new), BOUNDARY_ID, device=device)
+    idx[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    return decode(model, idx, len(prompt), stop, generator, **sampling)
 
 
 def seeded(device: torch.device, seed: int | None) -> torch.Generator:
@@ -183,7 +191,9 @@ def sample_items(
     """`num_samples` items (strings) sampled `batch_size` at a time, each starting with `prefix`
     and at most `max_len` characters long (default: what the block size allows). The same seed
     gives the same items, with or without the cache. `progress(done, total)` follows each batch."""
-    prefix_ids = _prefix_ids(tokenizer, prefix, max_len)
+    if max_len is not None and max_len <= len(prefix):
+        raise SamplingError(f"max_len={max_len} must be longer than the prefix ({len(prefix)})")
+    prefix_ids = tokenizer.encode(prefix)  # generate checks that the model can take them
     device = next(model.parameters()).device
     batch_size = min(batch_size or default_batch(model, num_samples), num_samples)
     need = batch_size * cache_bytes_per_row(model)
@@ -218,14 +228,3 @@ def decoding_threads(model, batch_size: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-def _prefix_ids(tokenizer, prefix: str, max_len: int | None) -> list[int]:
-    """The prefix's ids; a SamplingError if the tokenizer or max_len cannot take it (generate
-    checks that the model can)."""
-    if max_len is not None and max_len <= len(prefix):
-        raise SamplingError(
-            f"max_len={max_len} must be longer than the prefix ({len(prefix)} characters)"
-        )
-    tokenizer.check(prefix, "prefix")
-    return tokenizer.encode(prefix)

@@ -252,9 +252,9 @@ def test_prefix_the_model_cannot_take(best):
         sample(best, prefix="aQ!")
     block = Checkpoint.load(best).model_config["block_size"]
     with pytest.raises(
-        SamplingError,
-        match=rf"prefix of {block} characters is longer than this model's items: block_size is "
-        rf"{block} \(1 boundary token \+ at most {block - 1} characters\)",
+        UserError,
+        match=rf"prefix='a{{{block}}}' has {block} characters but the model reads at most "
+        rf"{block - 1} after the boundary token; shorten it",
     ):
         sample(best, prefix="a" * block)
     assert len(sample(best, prefix="a" * (block - 1), num_samples=2).names[0]) == block - 1
