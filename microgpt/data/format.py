@@ -69,14 +69,16 @@ def read_data_file(path: str | Path, prepare: str | None = None) -> tuple[str, P
 class Data:
     """What a run trains on, whatever the format: the file, its tokenizer, its split, the
     evaluation sets (`datasets["val"]`, `["test"]`) and, through `train_batches`, the training
-    batches. A subclass is one format (data.format=`name`)."""
+    batches. A subclass is one format (data.format=`name`, registered in data/dataset.py): it
+    defines `load` and `from_checkpoint` (classmethods), `train_batches`, `default_probe` and
+    `training_counts`, and overrides what else differs below."""
 
     name: ClassVar[str]
     boundary: ClassVar[bool] = True  # items start (and end) with the boundary token
     reads_file: ClassVar[bool] = True  # data.path names a file (not a label)
     analysis_targets: ClassVar[int]  # targets of the validation split the head analysis reads
     user_input: ClassVar[str] = "a name"  # what the tab asks its user to type
-    train_ids: Tensor | None = None  # text: the training slice
+    train_ids: Tensor | None = None  # text: the training slice (heads/command reads it, for now)
 
     def __init__(self, path, tokenizer: CharTokenizer, split, block_size: int, datasets, label=""):
         self.path, self.tokenizer, self.split = Path(path), tokenizer, split

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from microgpt.data.format import Data, read_data_file
 from microgpt.errors import DataError
-from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
+from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer, quoted
 
 IGNORE_ID = -1  # the target of padded positions (the loss ignores it)
 MAX_EVAL_ITEMS = 1000  # the most items each of val and test get
@@ -74,11 +74,7 @@ class Split:
 
 def split_items(items: Sequence[str], seed: int) -> Split:
     """Shuffled by `random.Random(seed)`: test and val get min(1000, 10%) items each (at least
-    one), train the rest."""
-    if len(items) < len(SPLIT_NAMES):
-        raise DataError(
-            f"only {len(items)} item(s); splitting needs at least 3, one for each of train/val/test"
-        )
+    one), train the rest (items_of and check_repeats make them at least 3)."""
     shuffled = list(items)
     random.Random(seed).shuffle(shuffled)
     n = max(1, min(MAX_EVAL_ITEMS, len(shuffled) // 10))
@@ -96,9 +92,8 @@ def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
     if too_long is None:
         return
     item = items[too_long]
-    shown = repr(item) if len(item) <= 40 else f"{item[:40]!r}..."
     raise DataError(
-        f"{source + ': ' if source else ''}item {too_long + 1} ({shown}) has {len(item)} "
+        f"{source + ': ' if source else ''}item {too_long + 1} ({quoted(item)}) has {len(item)} "
         f"characters but model.block_size={block_size} fits at most {block_size - 1}; raise "
         f"model.block_size to at least {block_size_for(items)} (the longest item + 1 boundary "
         f"token) or set it to null to take it from the data"
