@@ -17,10 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import system
-from microgpt.data.dataset import FORMATS
-from microgpt.data.repeats import check_repeats
-from microgpt.data.text import DEFAULT_BLOCK_SIZE as TEXT_BLOCK_SIZE
-from microgpt.errors import SamplingError, UserError
+from microgpt.data.dataset import data_format
+from microgpt.errors import DataError, SamplingError, UserError
 from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
 from microgpt.sample.report import check_max_new
@@ -68,21 +66,14 @@ class DataConfig:
     path: str = "data/names.txt"  # UTF-8; relative: from the cwd, then the repo
     # lines (one item per line) | text (one stream of characters) | repeats (generated items)
     format: str = "lines"
-    prepare: str | None = None  # the command that builds the file: named if it is missing
+    prepare: str | None = None  # the command that builds the file (--out PATH): named if missing
     repeats: RepeatsConfig = field(default_factory=RepeatsConfig)  # format=repeats: the generator
 
     def __post_init__(self):
-        require(
-            self.format in FORMATS,
-            f"data.format={self.format!r} is unknown; choose one of {list(FORMATS)} "
-            f"(lines: one item per line, like names; text: one stream, like a play; repeats: "
-            f"generated items where a random span repeats)",
-        )
-        if self.format == "repeats":
-            try:
-                check_repeats(self.repeats)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+        try:
+            data_format(self.format)  # a known format (its settings: Config, with the block size)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
 
 
 @dataclass
@@ -201,12 +192,10 @@ class Config:
             f"character of data.path), so this setting would be ignored; remove it",
         )
         require(0 <= self.seed < 2**63, f"seed={self.seed} must be in [0, 2**63)")
-        require(
-            self.data.format != "text" or m.block_size is None or m.block_size >= 2,
-            f"model.block_size={m.block_size} with data.format=text: a window of one character "
-            f"gives attention nothing to look at but itself (a bigram model, no heads to "
-            f"analyse); use at least 2 (null = {TEXT_BLOCK_SIZE})",
-        )
+        try:
+            data_format(self.data.format).check_settings(self.data, m.block_size)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
         _check_machine(self.device, self.threads, ConfigError)
         resume, valid = self.resume, isinstance(self.resume, (bool, str)) and self.resume != ""
         require(valid, f"resume={resume!r} must be false, true, or the path of a checkpoint")

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import runs
 from microgpt.config import Config, SampleConfig, flatten, load_config, parse_resume
-from microgpt.data.dataset import check_data_file
+from microgpt.data.dataset import check_data_file, data_format
 from microgpt.errors import UserError, print_error
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
@@ -234,7 +234,7 @@ def _check_job(c: Config, job: list[str]) -> None:
     if heads is not None and n_head is not None and heads != n_head:
         raise UserError(f"heads={heads} and model.n_head={n_head} differ; give one of them")
     # a resume trains on its checkpoint's data; repeats reads no file
-    if not (resume and "data.path" not in named) and c.data.format != "repeats":
+    if not (resume and "data.path" not in named) and data_format(c.data.format).reads_file:
         check_data_file(c.data.path, c.data.prepare)
     # under torchrun, rank 0 checks and claims the folder and the other ranks join it
     what = "a run" if not resume and os.environ.get("RANK", "0") == "0" else None

@@ -1,13 +1,28 @@
-"""Characters <-> ids, as in makemore: id 0 is the boundary token (shown as "."), which starts and
-ends an item, ids 1..N the characters in sorted order: "emma" is fed to the model as
-[., e, m, m, a] and trained to predict [e, m, m, a, .].
+"""Characters <-> ids, as in makemore: id 0 is the boundary token (drawn as "<s>"), which starts
+and ends an item, ids 1..N the characters in sorted order: "emma" is fed to the model as
+[<s>, e, m, m, a] and trained to predict [e, m, m, a, <s>].
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from microgpt.errors import DataError
+
 BOUNDARY_ID = 0
+BOUNDARY_LABEL = "<s>"  # how maps and tables draw the boundary token
+SHOWN = {" ": "·", "\n": "\\n", "\t": "\\t"}  # whitespace, made visible
+
+
+def char_label(c: str) -> str:
+    """How every map and table draws a token's character (or BOUNDARY_LABEL): whitespace made
+    visible, a character that cannot be printed as "?"."""
+    return SHOWN.get(c, c if c.isprintable() else "?")
+
+
+def quoted(text: str, most: int = 40) -> str:
+    """`text` as a message shows it: repr, cut after `most` characters."""
+    return repr(text) if len(text) <= most else f"{text[:most]!r}..."
 
 
 class CharTokenizer:
@@ -35,13 +50,21 @@ class CharTokenizer:
         return list(dict.fromkeys(c for c in text if c not in self.stoi))
 
     def check(self, text: str, what: str = "text") -> None:
-        """Raise a ValueError naming every unknown character of `text` and the known ones."""
+        """The one unknown-characters error: a DataError naming every character of `text` the
+        vocabulary lacks, and the ones it has. `what` names the text (prefix, log.probe)."""
         if unknown := self.unknown_chars(text):
-            raise ValueError(
-                f"{what} {text!r} has characters the vocabulary does not know: "
-                f"{''.join(unknown)!r} ({', '.join(map(repr, unknown))}). "
-                f"Known characters: {''.join(self.chars)!r}"
+            raise DataError(
+                f"{what}={quoted(text)} has characters the vocabulary does not know: "
+                f"{', '.join(map(repr, unknown))}; use characters of the training data: "
+                f"{''.join(self.chars)!r}"
             )
+
+    def labels(self, ids: Iterable[int]) -> list[str]:
+        """The labels of token ids in a map: BOUNDARY_LABEL, or the character's label."""
+        return [
+            BOUNDARY_LABEL if int(i) == self.boundary_id else char_label(self.itos.get(int(i), "?"))
+            for i in ids
+        ]
 
     def encode(self, text: str) -> list[int]:
         self.check(text)

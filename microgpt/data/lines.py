@@ -10,7 +10,7 @@ The loss (nats per character, the end token included) ignores the targets -1.
 from __future__ import annotations
 
 import random
-import unicodedata
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,46 +19,26 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from microgpt.errors import DataError, decode_utf8
-from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
+from microgpt.data.format import Data, read_data_file
+from microgpt.errors import DataError
+from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer, quoted
 
 IGNORE_ID = -1  # the target of padded positions (the loss ignores it)
 MAX_EVAL_ITEMS = 1000  # the most items each of val and test get
 SPLIT_NAMES = ("train", "val", "test")
-ITEMS_FILE = "a text file with one item per line"
 
 
-def read_data_file(path: str | Path, kind: str) -> tuple[bytes, Path]:
-    """(the file's bytes, its absolute path); a DataError where it is missing or no regular file."""
-    path = Path(path).expanduser()
-    where = path.resolve()
-    if not path.exists():
-        hint = " (python data/prepare.py builds data/names.txt)" if kind == ITEMS_FILE else ""
-        raise DataError(f"no data file at {where}; point data.path=... at {kind}{hint}")
-    if not path.is_file():
-        what = "a directory" if path.is_dir() else "not a regular file (a pipe or device?)"
-        raise DataError(f"data path {where} is {what}; set data.path=... to {kind}")
-    return path.read_bytes(), where
+def read_items(path: str | Path, prepare: str | None = None) -> list[str]:
+    """The items of a data file, one per line: stripped, no blanks, no duplicates, in order."""
+    return items_of(*read_data_file(path, prepare))
 
 
-def read_items(path: str | Path) -> list[str]:
-    """The items of a UTF-8 file, one per line: stripped, no blanks, no duplicates, in order."""
-    raw, where = read_data_file(path, ITEMS_FILE)
-    text = decode_utf8(raw, where)
-    if "\r" in text and "\n" not in text.strip():
-        raise DataError(
-            f"data file {where} separates its lines with carriage returns only (old Mac endings); "
-            f"convert them to \\n line endings (e.g. tr '\\r' '\\n')"
-        )
-    # NFC: the composed and decomposed spellings of "zoë" are one item, never one in each split
-    lines = (unicodedata.normalize("NFC", line.strip()) for line in text.split("\n"))
-    items = list(dict.fromkeys(s for s in lines if s))
-    if not items:
-        raise DataError(f"data file {where} is empty (or only blank lines): put one item per line")
+def items_of(text: str, where: Path) -> list[str]:
+    items = list(dict.fromkeys(s for s in (line.strip() for line in text.split("\n")) if s))
     if len(items) < len(SPLIT_NAMES):
         raise DataError(
-            f"data file {where} has only {len(items)} distinct item(s); it needs at least 3, "
-            f"one for each of train/val/test; add more lines"
+            f"data file {where.absolute()} has only {len(items)} distinct item(s); it needs at "
+            f"least 3, one for each of train/val/test; add more lines"
         )
     return items
 
@@ -94,11 +74,7 @@ class Split:
 
 def split_items(items: Sequence[str], seed: int) -> Split:
     """Shuffled by `random.Random(seed)`: test and val get min(1000, 10%) items each (at least
-    one), train the rest."""
-    if len(items) < len(SPLIT_NAMES):
-        raise DataError(
-            f"only {len(items)} item(s); splitting needs at least 3, one for each of train/val/test"
-        )
+    one), train the rest (items_of and check_repeats make them at least 3)."""
     shuffled = list(items)
     random.Random(seed).shuffle(shuffled)
     n = max(1, min(MAX_EVAL_ITEMS, len(shuffled) // 10))
@@ -116,9 +92,8 @@ def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
     if too_long is None:
         return
     item = items[too_long]
-    shown = repr(item) if len(item) <= 40 else f"{item[:40]!r}..."
     raise DataError(
-        f"{source + ': ' if source else ''}item {too_long + 1} ({shown}) has {len(item)} "
+        f"{source + ': ' if source else ''}item {too_long + 1} ({quoted(item)}) has {len(item)} "
         f"characters but model.block_size={block_size} fits at most {block_size - 1}; raise "
         f"model.block_size to at least {block_size_for(items)} (the longest item + 1 boundary "
         f"token) or set it to null to take it from the data"
@@ -128,12 +103,7 @@ def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
 def encode_items(items, tokenizer: CharTokenizer, block_size: int) -> tuple[Tensor, Tensor]:
     """X, Y LongTensors of shape (N, block_size): X = [0, c1..cn, 0...], Y = [c1..cn, 0, -1...]."""
     check_fits(items, block_size)
-    ids: list[int] = []
-    for item in items:
-        try:
-            ids.extend(tokenizer.encode(item))
-        except ValueError as e:
-            raise DataError(f"{e}; build the tokenizer from all items") from None
+    ids = [i for item in items for i in tokenizer.encode(item)]
     n = len(items)
     lengths = torch.tensor([len(item) for item in items], dtype=torch.long)  # (N,)
     flat = torch.tensor(ids, dtype=torch.long)  # (sum of lengths,)
@@ -152,28 +122,14 @@ class BatchSampler:
     """Batches of indices into N items: a fresh permutation each epoch, cut into consecutive
     batches that run on into the next epoch; `state_dict` resumes the exact sequence."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, lengths=None, group_by_length=0):
+    def __init__(self, n: int, batch_size: int, seed: int):
         assert n >= 1 and batch_size >= 1, f"needs n, batch_size >= 1, got {n}, {batch_size}"
         self.n, self.batch_size, self.seed = n, batch_size, seed
-        self.lengths, self.group_by_length = lengths, group_by_length
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch = 0  # permutations drawn so far; the current one is number `epoch`
         self.position = 0  # indices of the current permutation already handed out
         self._perm: Tensor | None = None
         self._state_before_perm: Tensor | None = None  # regenerates the current permutation
-
-    def _draw_order(self) -> Tensor:
-        """One epoch's order: a random permutation; with `group_by_length` = k, runs of
-        k * batch_size indices sorted by length, cut into batches, the batches shuffled."""
-        perm = torch.randperm(self.n, generator=self.generator)
-        if not self.group_by_length or self.n <= self.batch_size:
-            return perm
-        pieces = []
-        for part in perm.split(self.group_by_length * self.batch_size):
-            by_length = torch.sort(self.lengths[part], stable=True).indices
-            pieces.extend(part[by_length].split(self.batch_size))
-        order = torch.randperm(len(pieces), generator=self.generator)
-        return torch.cat([pieces[i] for i in order.tolist()])
 
     def next_batch(self) -> Tensor:
         """The next `batch_size` indices, a LongTensor on the CPU."""
@@ -181,7 +137,8 @@ class BatchSampler:
         while need:
             if self._perm is None or self.position == self.n:
                 self._state_before_perm = self.generator.get_state()
-                self._perm, self.epoch, self.position = self._draw_order(), self.epoch + 1, 0
+                perm = torch.randperm(self.n, generator=self.generator)
+                self._perm, self.epoch, self.position = perm, self.epoch + 1, 0
             take = min(need, self.n - self.position)
             parts.append(self._perm[self.position : self.position + take])
             self.position += take
@@ -204,7 +161,7 @@ class BatchSampler:
         if self.epoch > 0:
             # redraw the current permutation from the state just before it
             self._state_before_perm = state["generator_state"].clone()
-            self._perm = self._draw_order()
+            self._perm = torch.randperm(self.n, generator=self.generator)
 
 
 def check_sampler_state(state: dict, n: int, what: str, same: str) -> None:
@@ -220,8 +177,8 @@ class ItemBatches(BatchSampler):
     """Training batches of items: `next(rank, batch_size)` gives this rank's (x, y) (B, T), its
     number of targets and the global batch's, like text.WindowBatches."""
 
-    def __init__(self, dataset: CharDataset, global_batch, seed, group_by_length=0, pack=0):
-        super().__init__(len(dataset), global_batch, seed, dataset.lengths, group_by_length)
+    def __init__(self, dataset: CharDataset, global_batch: int, seed: int, pack: int = 0):
+        super().__init__(len(dataset), global_batch, seed)
         # > 0: the batch's items end to end in rows of `pack` tokens, or of the longest item's
         # (with its boundary token) where that is longer: no padding between items
         self.dataset, self.pack = dataset, pack and max(pack, dataset.block_size)
@@ -303,3 +260,54 @@ class CharDataset(Rows):
         x[dest], y[dest] = self.X.view(-1)[src], self.Y.view(-1)[src]
         # (rows * row_len,) -> (rows, row_len)
         return x.view(-1, row_len), y.view(-1, row_len)
+
+
+def rows_of(split: Split, names, tokenizer, block_size, device, trim=True) -> dict:
+    """{name: CharDataset} of the splits `names`."""
+    return {
+        n: CharDataset.from_items(getattr(split, n), tokenizer, block_size, device, trim)
+        for n in names
+    }
+
+
+class LinesData(Data):
+    """data.format=lines: one item per line (names), shuffled into train/val/test by the seed,
+    each item a row of its own (or packed end to end, train.pack)."""
+
+    name, analysis_targets = "lines", 16384  # every validation name
+
+    @classmethod
+    def load(cls, path, seed, block_size=None, device="cpu", trim=True, prepare=None, repeats=None):
+        text, found = read_data_file(path, prepare)
+        return cls.of_items(items_of(text, found), found, seed, block_size, device, trim)
+
+    @classmethod
+    def of_items(cls, items, path, seed, block_size, device, trim, label="") -> LinesData:
+        block_size = block_size or block_size_for(items)
+        check_fits(items, block_size, label or str(path))
+        tokenizer, split = CharTokenizer.from_items(items), split_items(items, seed)
+        datasets = rows_of(split, SPLIT_NAMES, tokenizer, block_size, device, trim)
+        return cls(path, tokenizer, split, block_size, datasets, label)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt, device="cpu") -> LinesData:
+        """The evaluation sets of the split the checkpoint stores."""
+        split, tokenizer = Split.from_dict(ckpt.split), CharTokenizer.from_dict(ckpt.tokenizer)
+        if not split.val:
+            raise DataError(f"{ckpt.path} stores no validation split")
+        block_size = int(ckpt.model_config["block_size"])
+        datasets = rows_of(split, ("val", "test"), tokenizer, block_size, device)
+        return cls(ckpt.data.get("path") or "", tokenizer, split, block_size, datasets)
+
+    def train_batches(self, global_batch, seed, group_by_length=0, pack=0) -> ItemBatches:
+        if group_by_length:
+            raise DataError("train.group_by_length is gone (train.pack replaced it); set it to 0")
+        return ItemBatches(self.datasets["train"], global_batch, seed, pack)
+
+    def default_probe(self) -> list[int]:
+        return self.input_ids(self.tokenizer, self.split.val[0], self.block_size, "val[0]")
+
+    def training_counts(self) -> Tensor:
+        """(V,) how often each token occurs in the training items (the boundary token: 0)."""
+        seen = Counter("".join(self.split.train))
+        return torch.tensor([0] + [seen.get(c, 0) for c in self.tokenizer.chars])

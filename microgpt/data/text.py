@@ -6,40 +6,24 @@ character of it but the first is predicted exactly once.
 
 from __future__ import annotations
 
+import hashlib
 import math
-import unicodedata
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cached_property
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from microgpt.data.lines import IGNORE_ID, Rows, check_sampler_state, read_data_file
-from microgpt.errors import DataError, decode_utf8
+from microgpt.data.format import Data, read_data_file, resolve_data_path
+from microgpt.data.lines import IGNORE_ID, Rows, check_sampler_state
+from microgpt.errors import DataError
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)  # train, val, test: contiguous, in this order
 DEFAULT_BLOCK_SIZE = 128  # model.block_size=null in text mode
 PROBE_LENGTH = 64  # characters of the validation passage drawn in the attention maps
 ENCODE_CHUNK = 1 << 22  # characters converted at once: bounds the memory of encoding a big file
-
-
-def read_text(path: str | Path) -> str:
-    """The characters of a UTF-8 file: no byte-order mark, \\n line ends, NFC; a missing, empty,
-    binary or non-UTF-8 file is a DataError."""
-    raw, where = read_data_file(path, "a text file")
-    if b"\0" in raw:
-        raise DataError(
-            f"data file {where} holds NUL bytes: it looks binary, not text; "
-            f"point data.path=... at a UTF-8 text file"
-        )
-    text = decode_utf8(raw, where)
-    del raw
-    text = unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n"))
-    if not text.strip():
-        raise DataError(f"data file {where} is empty (or only whitespace); put some text in it")
-    return text
 
 
 def encode_text(text: str, tokenizer: CharTokenizer) -> Tensor:
@@ -55,8 +39,7 @@ def encode_text(text: str, tokenizer: CharTokenizer) -> Tensor:
         piece = text[start : start + ENCODE_CHUNK]
         ids = table[np.frombuffer(piece.encode("utf-32-le"), np.uint32)]
         if (ids < 0).any():
-            unknown = tokenizer.unknown_chars(piece)
-            raise DataError(f"characters outside the vocabulary: {''.join(unknown)!r}")
+            tokenizer.check(piece)
         out[start : start + len(ids)] = torch.from_numpy(ids).to(out.dtype)
     return out
 
@@ -101,13 +84,8 @@ class TextSplit:
         return f"{train:,} train / {val:,} val / {test:,} test characters"
 
     def to_dict(self) -> dict:
+        """What a checkpoint records: a run's data come back when the re-read text matches it."""
         return {"format": "text", "bounds": list(self.bounds), "digest": self.digest}
-
-    @classmethod
-    def from_dict(cls, d) -> TextSplit:
-        if not isinstance(d, dict) or d.get("format") != "text":
-            raise DataError("not a text split: expected {'format': 'text', 'bounds': [...], ...}")
-        return cls(tuple(int(b) for b in d["bounds"]), str(d["digest"]))
 
 
 class WindowBatches:
@@ -115,10 +93,7 @@ class WindowBatches:
     come from a seeded generator and `state_dict` resumes the exact sequence."""
 
     def __init__(self, ids: Tensor, block_size: int, global_batch: int, seed: int, device="cpu"):
-        if len(ids) < block_size + 1:
-            raise DataError(
-                f"{len(ids)} training characters cannot fill a window of {block_size + 1}"
-            )
+        # TextSplit.of made the training slice at least one window long
         self.ids, self.block_size, self.device = ids, block_size, torch.device(device)
         # window starts are drawn in [0, n)
         self.n, self.batch_size, self.seed = len(ids) - block_size, global_batch, seed
@@ -219,3 +194,100 @@ class VerbatimIndex:
             else:
                 i += 1
         return best, where
+
+
+class TextData(Data):
+    """data.format=text: one stream of characters (a play, a book), no boundary token; windows
+    drawn at random for training, cut in order for evaluation."""
+
+    name, boundary, analysis_targets = "text", False, 4096  # 32 windows of 128
+    user_input = "a line of text"
+
+    def __init__(self, path, tokenizer, split, block_size, datasets, train_ids=None):
+        super().__init__(path, tokenizer, split, block_size, datasets)
+        self.train_ids = train_ids  # the training slice, for batches and memorisation
+
+    @classmethod
+    def check_settings(cls, data, block_size: int | None) -> None:
+        if block_size is not None and block_size < 2:
+            raise DataError(
+                f"model.block_size={block_size} with data.format=text: a window of one character "
+                f"gives attention nothing to look at but itself (a bigram model, no heads to "
+                f"analyse); use at least 2 (null = {DEFAULT_BLOCK_SIZE})"
+            )
+
+    @classmethod
+    def load(cls, path, seed, block_size=None, device="cpu", trim=True, prepare=None, repeats=None):
+        """The text of `path`; block_size None: DEFAULT_BLOCK_SIZE. The seed moves nothing."""
+        text, found = read_data_file(path, prepare)
+        block_size = block_size or DEFAULT_BLOCK_SIZE
+        # a short hash of the normalised text: a resume or a later analysis checks it
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+        split = TextSplit.of(len(text), digest, block_size, str(found))
+        tokenizer = CharTokenizer.from_items([text])
+        ids = encode_text(text, tokenizer)
+        del text
+        datasets = {
+            name: TextWindows(split.part(ids, name), block_size, device) for name in ("val", "test")
+        }
+        return cls(found, tokenizer, split, block_size, datasets, split.part(ids, "train"))
+
+    @classmethod
+    def from_checkpoint(cls, ckpt, device="cpu") -> TextData:
+        """The run's text file read again (a checkpoint keeps only its digest): a DataError says
+        it is missing or changed, and what to do."""
+        where = resolve_data_path(str(ckpt.data.get("path")))
+        from_ckpt = CharTokenizer.from_dict(ckpt.tokenizer)
+        if not where.is_file():
+            raise DataError(
+                f"the run's text file {where.resolve()} is missing (a checkpoint keeps only its "
+                f"digest); put the file the run was trained on back at that path"
+            )
+        try:
+            data = cls.load(where, 0, int(ckpt.model_config["block_size"]), device)
+        except DataError:
+            data = None
+        if data is None or (data.record(), data.tokenizer) != (ckpt.split, from_ckpt):
+            raise DataError(
+                f"{where} no longer holds the text this run was trained on (its content differs); "
+                f"restore the file the run used"
+            )
+        return data
+
+    def train_batches(self, global_batch, seed, group_by_length=0, pack=0) -> WindowBatches:
+        """Windows: nothing to group or pack (no padding)."""
+        device = self.datasets["val"].device
+        return WindowBatches(self.train_ids, self.block_size, global_batch, seed, device)
+
+    def default_probe(self) -> list[int]:
+        """A validation passage from the start of a line, where one fits."""
+        ids, length = self.datasets["val"].ids, min(PROBE_LENGTH, self.block_size)
+        newline = self.tokenizer.stoi.get("\n")
+        hits = (ids[: max(len(ids) - length, 0)] == newline).nonzero() if newline else []
+        start = int(hits[0]) + 1 if len(hits) else 0
+        return ids[start : start + length].tolist()
+
+    def prompt(self, prefix: str) -> tuple[list[int], str]:
+        """A passage continues `prefix` (default: a new line); of a prefix longer than the
+        context, the last block_size - 1 characters, and a note that says so."""
+        self.tokenizer.check(prefix, "prefix")
+        text = prefix or ("\n" if "\n" in self.tokenizer.stoi else self.tokenizer.chars[0])
+        keep, note = self.block_size - 1, ""
+        if len(text) > keep:
+            note = (
+                f"the prefix has {len(text)} characters; the model reads {keep} at most "
+                f"(block_size - 1), so it continues the last {keep}"
+            )
+        return self.tokenizer.encode(text[-keep:]), note
+
+    def training_counts(self) -> Tensor:
+        """(V,) how often each token occurs in the training text."""
+        V = self.tokenizer.vocab_size
+        return torch.bincount(self.train_ids.flatten().cpu(), minlength=V)[:V]
+
+    @cached_property
+    def verbatim_index(self) -> VerbatimIndex | None:
+        """An index of the training text, for memorisation (built on first use); None without."""
+        if self.train_ids is None:
+            return None
+        return VerbatimIndex(self.train_ids, self.tokenizer.vocab_size)

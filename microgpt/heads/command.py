@@ -26,9 +26,6 @@ from microgpt.heads.report import HeadReport
 from microgpt.system import DEVICES, check_threads, pick_device, set_threads
 from microgpt.train.checkpoint import Checkpoint
 
-# the command analyses the first validation rows holding this many targets: every name, 32 windows
-ANALYSIS_TARGETS = {"lines": 16384, "text": 4096}
-
 
 def training_counts(data) -> Tensor:
     """(V,) how often each token occurs in a run's training data (microgpt.data.Data), for the
@@ -48,14 +45,11 @@ def analyse_checkpoint(
     run, ckpt_path = runs.resolve(path)
     ckpt = Checkpoint.load(ckpt_path)
     model, tokenizer = ckpt.build_model(device)
-    split = ckpt.split or {}
-    if not split.get("val") and split.get("format") != "text":
-        raise HeadsError(f"{ckpt_path} stores no validation split to analyse the heads on")
     data = data_of_checkpoint(ckpt, device)
     val = data.datasets["val"]  # names, or windows of a text run
     x, y = val.batch(torch.arange(len(val)))  # (N, T) each
-    limit = ANALYSIS_TARGETS["text" if data.format == "text" else "lines"]
-    keep = int(((y >= 0).sum(dim=1).cumsum(0) <= limit).sum().clamp(min=1))
+    # the first validation rows holding the format's number of targets
+    keep = int(((y >= 0).sum(dim=1).cumsum(0) <= data.analysis_targets).sum().clamp(min=1))
     x, y = x[:keep], y[:keep]
     report = analyse(model, x, y, tokenizer, training_counts(data))
     report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.step}

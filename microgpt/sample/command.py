@@ -12,12 +12,18 @@ from pathlib import Path
 import torch
 
 from microgpt.config import SampleConfig, load_config
-from microgpt.data.dataset import REPO_ROOT, DataError, data_of_checkpoint, resolve_data_path
-from microgpt.data.lines import Split
+from microgpt.data.dataset import (
+    REPO_ROOT,
+    Data,
+    DataError,
+    checkpoint_format,
+    data_of_checkpoint,
+    resolve_data_path,
+)
 from microgpt.files import STDOUT, OutputRefused, check_new_file, write_text
 from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
 from microgpt.sample.generate import SamplingError
-from microgpt.sample.report import PASSAGE_LENGTH, sample_names, sample_passages
+from microgpt.sample.report import PASSAGE_LENGTH, Samples, sample_for_run
 from microgpt.system import available_memory, gib, pick_device, set_threads
 from microgpt.train.checkpoint import Checkpoint
 
@@ -115,32 +121,39 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
     set_threads(c.threads)
     path = find_checkpoint(c.ckpt, c.run)
     ckpt = Checkpoint.load(path, map_location="cpu")
-    text_run = ckpt.data.get("format") == "text"
-    try:
-        split = Split.from_dict(ckpt.split) if ckpt.split is not None else None
-    except DataError:
-        split = None
-    # a text run's split has no items
-    items = set() if text_run or split is None else {*split.train, *split.val, *split.test}
-    out = check_out(c.out, path, ckpt.data.get("path"), c.overwrite, items)
     model, tokenizer = ckpt.build_model(device)
-    count = c.num_samples if c.num_samples is not None else (PASSAGES if text_run else NAMES)
-    check_items_fit(count, (c.max_len or PASSAGE_LENGTH) if text_run else model.config.block_size)
+    data, notes = _data(ckpt, tokenizer)
+    split = data.split if data.boundary else None  # the items of a run: names, not passages
+    items = {*split.train, *split.val, *split.test} if split is not None else set()
+    out = check_out(c.out, path, ckpt.data.get("path"), c.overwrite, items)
+    count = c.num_samples if c.num_samples is not None else (NAMES if data.boundary else PASSAGES)
+    length = model.config.block_size if data.boundary else (c.max_len or PASSAGE_LENGTH)
+    check_items_fit(count, length)
     seed = c.seed if c.seed is not None else int.from_bytes(os.urandom(4), "little")
-    shown, notes = _sample(c, ckpt, text_run, model, tokenizer, split, count, seed, progress)
+    shown = _sample(c, model, data, count, seed, progress)
     # a hand-edited metrics entry is shown as n/a
     metrics = ckpt.metrics if isinstance(ckpt.metrics, dict) else {}
     val_loss = metrics.get("val_loss", metrics.get("best_val_loss"))
     loss = f"{val_loss:.4f}" if isinstance(val_loss, (int, float)) else "n/a"
     step = "?" if ckpt.step is None else ckpt.step
     header = f"checkpoint {path} (step {step}, val loss {loss}), seed {seed}"
-    if split is None and not text_run:
-        header += " [no data split in this checkpoint: every item is marked new]"
     if out is not None:
-        _write_out(out, shown.lines[:-1] if text_run else shown.items, c)
-    lines = [header, *notes, *shown.lines]
+        _write_out(out, shown.written, c)
+    lines = [header, *notes, *([f"[{shown.note}]"] if shown.note else []), *shown.lines]
     marked = shown.marked or []
     return SampleResult(shown.items, marked, ckpt.step, header, lines, c.out == STDOUT)
+
+
+def _data(ckpt, tokenizer) -> tuple[Data, list[str]]:
+    """The run's data, for the marks of names or the memorisation of passages; without it (a
+    DataError), its format with the tokenizer alone, and a note that says why."""
+    try:
+        return data_of_checkpoint(ckpt), []
+    except DataError as e:
+        fmt = checkpoint_format(ckpt)
+        lost = "every item is marked new" if fmt.boundary else "memorisation not measured"
+        block_size = int(ckpt.model_config["block_size"])
+        return fmt(ckpt.data.get("path") or "", tokenizer, None, block_size, {}), [f"[{lost}: {e}]"]
 
 
 def run_sampling(**settings) -> SampleResult:
@@ -148,27 +161,18 @@ def run_sampling(**settings) -> SampleResult:
     return sample_from_config(SampleConfig(**settings))
 
 
-def _sample(c, ckpt, text_run, model, tokenizer, split, count: int, seed: int, progress):
-    """The Samples of a names or a text run, and the notes shown above them (the prompt cut to the
-    context; memorisation not measured, the text file missing or changed)."""
+def _sample(c, model, data: Data, count: int, seed: int, progress) -> Samples:
+    """The names or passages of the run; Ctrl-C says that nothing was written."""
     settings = dict(prefix=c.prefix, max_len=c.max_len, use_cache=c.use_cache)
     settings |= dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
-    notes = []
     try:
-        if not text_run:
-            batches = dict(batch_size=c.batch_size, progress=progress)
-            return sample_names(model, tokenizer, split, count, seed, **batches, **settings), notes
-        try:
-            index = data_of_checkpoint(ckpt).verbatim_index
-        except DataError as e:
-            index = None
-            notes.append(f"[memorisation not measured: {e}]")
-        shown = sample_passages(model, tokenizer, index, count, seed, **settings)
+        return sample_for_run(
+            model, data, count, seed, batch_size=c.batch_size, progress=progress, **settings
+        )
     except KeyboardInterrupt as e:
         signame = e.args[0] if e.args else "SIGINT"
         where = f"; nothing was written to out={c.out}" if c.out is not None else ""
         raise KeyboardInterrupt(signame, f"sampling stopped, the items were discarded{where}")
-    return shown, notes + ([f"[{shown.note}]"] if shown.note else [])
 
 
 def _write_out(out: Path, lines: list[str], c: SampleConfig) -> None:

@@ -1,7 +1,7 @@
 """Decoding: `sample_next` (logits -> one token per row: temperature, top-k, top-p); `decode`,
 the loop that fills token rows from a GPT with the KV cache, sliding past the context; `generate`
 (item rows) and `sample_items` (strings, in batches). Sampling settings are checked where they
-enter (`generate`, SampleConfig); what needs the model, where the model is known.
+enter (`check_sampling_args`, by SampleConfig); what needs the model, where it is known.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ CACHE_BUDGET = 256 * 2**20  # bytes: the default batch shrinks so that its KV ca
 # ops that a thread pool slows down: on 2 busy cores with the small preset, 1,000 names 5-40x and
 # 10,000 names 3-4x faster on one thread than on two. Bigger work keeps PyTorch's thread count.
 SINGLE_THREAD_WORK = 2**30
+MAX_NEW_CHARS = 100_000  # the most max_len: one step of the model per character
+CHARS_PER_SECOND = 3_000  # the micro model continuing one passage on 2 CPU cores, measured
 
 
 def cache_bytes_per_row(model) -> int:
     """The KV cache's bytes for one sampled item: keys and values of every layer, full block."""
     c, itemsize = model.config, next(model.parameters()).element_size()
-    return 2 * c.n_layer * c.n_head * c.block_size * c.head_dim * itemsize
+    return 2 * c.n_layer * c.block_size * c.n_embd * itemsize
 
 
 def default_batch(model, num_samples: int) -> int:
@@ -36,8 +38,26 @@ def default_batch(model, num_samples: int) -> int:
     return max(1, min(num_samples, DEFAULT_BATCH, CACHE_BUDGET // cache_bytes_per_row(model)))
 
 
-def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise a SamplingError naming the setting and its valid range."""
+def check_sampling_args(temperature=1.0, top_k=None, top_p=None, prefix="", **whole) -> None:
+    """Every sampling setting that needs no model, checked once: by SampleConfig, or by a library
+    caller that bypasses it. whole: num_samples, batch_size, seed, max_len (None: not set). A
+    SamplingError names the setting and its valid range."""
+    for name, v in whole.items():
+        least = 0 if name == "seed" else 1
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise SamplingError(f"{name}={v!r} must be an integer")
+        if v is not None and v < least:
+            raise SamplingError(f"{name}={v} must be at least {least} (or null)")
+    if (whole.get("seed") or 0) >= 2**63:
+        raise SamplingError(f"seed={whole['seed']} must be below 2**63 (or null = random)")
+    if (whole.get("max_len") or 0) > MAX_NEW_CHARS:
+        n = whole["max_len"]
+        raise SamplingError(
+            f"max_len={n:,} would take {n:,} steps of the model, one per character (about "
+            f"{n / CHARS_PER_SECOND / 60:,.0f} minutes for a tiny model on a CPU, more for a "
+            f"larger one) before anything is printed; at most {MAX_NEW_CHARS:,} here (a names run "
+            f"never needs more than its block size)"
+        )
     if temperature is None or not temperature >= 0 or temperature == float("inf"):
         raise SamplingError(
             f"temperature={temperature!r} must be >= 0 and finite "
@@ -47,6 +67,13 @@ def check_sampling_args(temperature: float, top_k: int | None, top_p: float | No
         raise SamplingError(f"top_k={top_k!r} must be an integer >= 1 (null keeps every token)")
     if top_p is not None and not 0 < top_p <= 1:
         raise SamplingError(f"top_p={top_p!r} must be in (0, 1] (1 keeps every token)")
+    if not isinstance(prefix, str):
+        raise SamplingError(f"prefix={prefix!r} must be a string")
+
+
+def check_max_new(max_len) -> None:
+    """config.py's import, until SampleConfig calls check_sampling_args alone."""
+    check_sampling_args(max_len=max_len)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> torch.Tensor:
@@ -115,9 +142,6 @@ def generate(
     (ids), of at most max_new_tokens new tokens and block_size - 1 characters (the longest item
     trained on); the same with and without the cache for the same generator state.
     stop_at_boundary=False fills every row to its full length (benchmarks)."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise SamplingError(f"num_samples={num_samples!r} must be an integer >= 1")
-    check_sampling_args(temperature, top_k, top_p)
     prefix = [int(t) for t in (prefix if prefix is not None else [])]
     vocab_size, block_size = model.config.vocab_size, model.config.block_size
     if len(prefix) > block_size - 1:
@@ -129,11 +153,19 @@ def generate(
         raise SamplingError(f"prefix ids must be characters, in 1..{vocab_size - 1}: {prefix}")
     new = block_size - 1 - len(prefix)
     new = new if max_new_tokens is None else min(new, max_new_tokens)
-    device = model.wte.weight.device
-    idx = torch.full((num_samples, 1 + len(prefix) + new), BOUNDARY_ID, device=device)
-    idx[:, 1 : 1 + len(prefix)] = torch.tensor(prefix, dtype=torch.long, device=device)
-    sampling = (temperature, top_k, top_p, use_cache)
-    return decode(model, idx, 1 + len(prefix), stop_at_boundary, generator, *sampling)[:, 1:]
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache)
+    rows = continue_prompt(model, [BOUNDARY_ID, *prefix], num_samples, new, stop_at_boundary,
+                           generator, **sampling)  # fmt: skip
+    return rows[:, 1:]
+
+
+def continue_prompt(model, prompt: list[int], n: int, new: int, stop: bool, generator, **sampling):
+    """(n, len(prompt) + new) rows: the ids `prompt`, then `new` tokens decoded (decode, with its
+    `sampling` settings)."""
+    device = next(model.parameters()).device
+    idx = torch.full((n, len(prompt) + new), BOUNDARY_ID, device=device)
+    idx[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    return decode(model, idx, len(prompt), stop, generator, **sampling)
 
 
 def seeded(device: torch.device, seed: int | None) -> torch.Generator:
@@ -159,7 +191,9 @@ def sample_items(
     """`num_samples` items (strings) sampled `batch_size` at a time, each starting with `prefix`
     and at most `max_len` characters long (default: what the block size allows). The same seed
     gives the same items, with or without the cache. `progress(done, total)` follows each batch."""
-    prefix_ids = _prefix_ids(tokenizer, prefix, max_len)
+    if max_len is not None and max_len <= len(prefix):
+        raise SamplingError(f"max_len={max_len} must be longer than the prefix ({len(prefix)})")
+    prefix_ids = tokenizer.encode(prefix)  # generate checks that the model can take them
     device = next(model.parameters()).device
     batch_size = min(batch_size or default_batch(model, num_samples), num_samples)
     need = batch_size * cache_bytes_per_row(model)
@@ -194,17 +228,3 @@ def decoding_threads(model, batch_size: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-def _prefix_ids(tokenizer, prefix: str, max_len: int | None) -> list[int]:
-    """The prefix's ids; a SamplingError if the tokenizer or max_len cannot take it (generate
-    checks that the model can)."""
-    if max_len is not None and max_len <= len(prefix):
-        raise SamplingError(
-            f"max_len={max_len} must be longer than the prefix ({len(prefix)} characters)"
-        )
-    try:
-        tokenizer.check(prefix, what="prefix")
-    except ValueError as e:
-        raise SamplingError(str(e)) from None
-    return tokenizer.encode(prefix)

@@ -9,21 +9,16 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
-import torch
-
 from microgpt.data.dataset import Data
-from microgpt.data.text import VerbatimIndex
 from microgpt.sample.generate import (
-    SamplingError,
-    decode,
+    check_max_new,  # noqa: F401 (config.py's import, for now)
+    continue_prompt,
     decoding_threads,
     sample_items,
     seeded,
 )
 
 PASSAGE_LENGTH = 300  # new characters of a text sample, when max_len is not given
-MAX_NEW_CHARS = 100_000  # the most max_len of a passage: one step of the model per character
-CHARS_PER_SECOND = 3_000  # the micro model continuing one passage on 2 CPU cores, measured
 EVAL_NAMES, EVAL_PASSAGES = 10, 1  # items each evaluation logs
 
 
@@ -33,15 +28,18 @@ class Samples:
 
     items: list[str]  # names, or passages (prompt + continuation)
     lines: list[str]
+    written: list[str]  # what out= writes: the names, or the passages' lines
     marked: list[tuple[str, str]] | None = None  # names: (name, "new" | "train" | ...)
     note: str = ""  # passages: what was done to the prompt, if anything
 
 
-def sample_names(model, tokenizer, split, n: int, seed: int | None, **settings) -> Samples:
-    """`n` names (sample_items' settings), each marked with the split that holds it, or new."""
-    names = sample_items(model, tokenizer, n, seed=seed, **settings)
-    marked = mark_items(names, split)
-    return Samples(names, format_marked(marked), marked=marked)
+def sample_names(model, data: Data, n: int, seed: int | None, prefix="", **settings) -> Samples:
+    """`n` names after `prefix` (data.prompt; sample_items' settings), each marked with the split
+    that holds it, or new."""
+    data.prompt(prefix)  # the format's rules for a user's input
+    names = sample_items(model, data.tokenizer, n, prefix, seed=seed, **settings)
+    marked = mark_items(names, data.split)
+    return Samples(names, format_marked(marked), names, marked=marked)
 
 
 def mark_items(items: list[str], split) -> list[tuple[str, str]]:
@@ -65,50 +63,20 @@ def format_marked(marked: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
-def sample_passages(
-    model, tokenizer, index: VerbatimIndex | None, n: int, seed, prefix="", max_len=None, **sampling
-) -> Samples:
-    """`n` continuations of `prefix` (default: a new line) by `max_len` characters (decode's
-    `sampling` settings), each with its longest verbatim stretch of the `index`ed training text;
-    a prefix longer than the context keeps its last block_size - 1 characters (`note`)."""
-    if unknown := tokenizer.unknown_chars(prefix):
-        raise SamplingError(
-            f"prefix has characters this model's vocabulary does not know: "
-            f"{', '.join(map(repr, unknown))}; use characters of its training text"
-        )
-    prompt = prefix or ("\n" if "\n" in tokenizer.stoi else tokenizer.chars[0])
-    keep, note = model.config.block_size - 1, ""
-    if len(prompt) > keep:
-        note = (
-            f"the prefix has {len(prompt)} characters; the model reads {keep} at most "
-            f"(block_size - 1), so it continues the last {keep}"
-        )
-        prompt = prompt[-keep:]
-    max_len = PASSAGE_LENGTH if max_len is None else max_len
-    device = next(model.parameters()).device
-    rows = torch.empty((n, len(prompt) + max_len), dtype=torch.long, device=device)
-    rows[:, : len(prompt)] = torch.tensor(tokenizer.encode(prompt), device=device)
+def sample_passages(model, data: Data, n: int, seed, prefix="", max_len=None, **sampling):
+    """`n` continuations of `prefix` (data.prompt) by `max_len` characters (decode's `sampling`
+    settings), each with its longest verbatim stretch of the training text, where there is one."""
+    prompt, note = data.prompt(prefix)
+    device, tokenizer = next(model.parameters()).device, data.tokenizer
+    new = PASSAGE_LENGTH if max_len is None else max_len
     with decoding_threads(model, n):
-        rows = decode(model, rows, len(prompt), False, seeded(device, seed), **sampling)
-    new = rows[:, len(prompt) :].tolist()
-    passages = [prompt + "".join(tokenizer.itos.get(i, "?") for i in row) for row in new]
-    verbatim = [index.longest(row)[0] for row in new] if index is not None else None
-    return Samples(passages, format_passages(passages, verbatim), note=note)
-
-
-def check_max_new(max_new) -> None:
-    """sample.py's max_len: a whole number >= 1, and few enough steps of the model to finish."""
-    if isinstance(max_new, bool) or not isinstance(max_new, int):
-        raise SamplingError(f"max_len={max_new!r} must be an integer")
-    if max_new < 1:
-        raise SamplingError(f"max_len={max_new} must be at least 1 (or null)")
-    if max_new > MAX_NEW_CHARS:
-        raise SamplingError(
-            f"max_len={max_new:,} would take {max_new:,} steps of the model, one per character "
-            f"(about {max_new / CHARS_PER_SECOND / 60:,.0f} minutes for a tiny model on a CPU, "
-            f"more for a larger one) before anything is printed; at most {MAX_NEW_CHARS:,} here "
-            f"(a names run never needs more than its block size)"
-        )
+        rows = continue_prompt(model, prompt, n, new, False, seeded(device, seed), **sampling)
+    new_ids, start = rows[:, len(prompt) :].tolist(), tokenizer.decode(prompt)
+    passages = [start + "".join(tokenizer.itos.get(i, "?") for i in row) for row in new_ids]
+    index = data.verbatim_index
+    verbatim = [index.longest(row)[0] for row in new_ids] if index is not None else None
+    lines = format_passages(passages, verbatim)
+    return Samples(passages, lines, lines[:-1], note=note)
 
 
 def format_passages(passages: list[str], verbatim: list[int] | None) -> list[str]:
@@ -129,9 +97,12 @@ def format_passages(passages: list[str], verbatim: list[int] | None) -> list[str
     return lines
 
 
-def sample_for_run(model, data: Data, n: int | None, seed: int) -> Samples:
-    """What a run shows: `n` marked names or passages; n=None: what an evaluation logs."""
-    if data.format == "text":
-        n = EVAL_PASSAGES if n is None else n
-        return sample_passages(model, data.tokenizer, data.verbatim_index, n, seed)
-    return sample_names(model, data.tokenizer, data.split, EVAL_NAMES if n is None else n, seed)
+def sample_for_run(model, data: Data, n: int | None, seed: int, **settings) -> Samples:
+    """What a run shows: `n` names marked with their split (items with a boundary token) or
+    passages with their longest verbatim stretch (a stream); n=None: what an evaluation logs."""
+    if data.boundary:
+        n = EVAL_NAMES if n is None else n
+        return sample_names(model, data, n, seed, **settings)
+    settings.pop("batch_size", None), settings.pop("progress", None)  # all passages at once
+    n = EVAL_PASSAGES if n is None else n
+    return sample_passages(model, data, n, seed, **settings)

@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from microgpt.files import atomic_write
+from microgpt.tokenizer import char_label
 
 # Viridis at 9 evenly spaced points (matplotlib's values, rounded); linear between them.
 _HEX = "440154 472d7b 3b528b 2c728e 21918c 28ae80 5ec962 addc30 fde725"
@@ -163,9 +164,7 @@ def render_table(values, labels: Sequence[str], title: str | None = None, cell: 
     v = np.asarray(values, dtype=np.float64)
     if v.shape != (len(labels), len(labels)):
         raise ValueError(f"values must be ({len(labels)}, {len(labels)}), got shape {v.shape}")
-    names = [
-        {" ": "sp", "\n": "\\n", "\t": "\\t"}.get(c, c if c.isprintable() else "?") for c in labels
-    ]
+    names = [char_label(c) for c in labels]
     return _heatmap(v, names, names, title, cell, cell)
 
 

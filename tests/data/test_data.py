@@ -1,288 +1,249 @@
-import re
+"""The data formats: the one data-file check, the lines format (reading, splits, rows, batches,
+packing), generated repeats, and each format's round trip through what a checkpoint records."""
+
+from __future__ import annotations
+
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from microgpt.config import RepeatsConfig
+from microgpt.data.dataset import (
+    FORMATS,
+    DataError,
+    data_format,
+    data_of_checkpoint,
+    load_data,
+    resolve_data_path,
+)
 from microgpt.data.lines import (
     BatchSampler,
     CharDataset,
-    DataError,
+    ItemBatches,
     Split,
-    block_size_for,
     encode_items,
     read_items,
     split_items,
 )
 from microgpt.tokenizer import CharTokenizer
+from tests.conftest import REPO, make_names
 
-NAMES_TXT = Path(__file__).resolve().parents[2] / "data" / "names.txt"
 
-
-def write(tmp_path, content, name="items.txt"):
+def write(tmp_path, content, name="items.txt") -> Path:
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     return path
 
 
-# ----------------------------------------------------------------------------- read_items
+# ----------------------------------------------------------------------------- the data file
 
 
-def test_read_items_strips_skips_blanks_and_drops_duplicates_in_order(tmp_path):
-    path = write(tmp_path, "  emma\r\n\nolivia\n   \nava \nemma\nolivia\nmia")
-    assert read_items(path) == ["emma", "olivia", "ava", "mia"]
+def test_items_are_stripped_deduplicated_nfc_lines_whatever_the_line_ends(tmp_path):
+    path = write(tmp_path, "\ufeff  emma\r\n\nolivia\rava \nemma\nzoe\u0308\nzo\u00eb\nmia")
+    assert read_items(path) == ["emma", "olivia", "ava", "zo\u00eb", "mia"]
 
 
-def test_read_items_ignores_a_byte_order_mark(tmp_path):
-    path = write(tmp_path, "\ufeffemma\nava\nmia\n")
-    assert read_items(path) == ["emma", "ava", "mia"]
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", r"is empty \(or only blank lines\)"),
+        ("\n\n  \t\n", r"is empty \(or only blank lines\)"),
+        (b"emma\x00ava\n", r"holds NUL bytes: it looks binary"),
+        ("emma\nzoë\n".encode() + "renée\n".encode("latin-1"), r"not UTF-8 \(.* on line 3\)"),
+        ("emma\nava\nemma\n", r"only 2 distinct item\(s\); it needs at least 3"),
+    ],
+)
+def test_a_bad_data_file_is_one_line_naming_it(tmp_path, content, message):
+    path = write(tmp_path, content)
+    with pytest.raises(DataError, match=message) as e:
+        read_items(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
-def test_missing_file_names_the_absolute_path_and_the_setting(tmp_path):
-    missing = tmp_path / "nope" / "names.txt"
-    with pytest.raises(DataError) as e:
-        read_items(missing)
-    msg = str(e.value)
-    assert str(missing.resolve()) in msg
-    assert "data.path=" in msg
-    assert "\n" not in msg
+def test_a_missing_file_names_the_command_that_builds_it_and_only_that_file(tmp_path):
+    book, prepare = tmp_path / "book.txt", f"python data/prepare.py --out {tmp_path / 'book.txt'}"
+    with pytest.raises(DataError, match=f"no data file at {book} .*build it first: {prepare}$"):
+        load_data(book, 0, prepare=prepare)
+    other = tmp_path / "my_book.txt"  # data.path=my_book.txt: the names' command builds another
+    with pytest.raises(DataError, match="point data.path=... at a UTF-8 text file$") as e:
+        load_data(other, 0, format="text", prepare=prepare)
+    assert "prepare.py" not in str(e.value)
+    with pytest.raises(DataError, match="is a folder"):
+        load_data(tmp_path, 0)
 
 
-def test_directory_is_refused(tmp_path):
-    with pytest.raises(DataError, match="is a directory.*data.path="):
-        read_items(tmp_path)
+def test_a_relative_data_path_is_found_from_the_repository_root(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_data_path("data/prepare.py") == REPO / "data" / "prepare.py"
+    assert resolve_data_path("data/no-such-file.txt") == Path("data/no-such-file.txt")
 
 
-@pytest.mark.parametrize("content", ["", "\n\n   \n\t\n"])
-def test_empty_file_is_refused(tmp_path, content):
-    with pytest.raises(DataError, match="empty"):
-        read_items(write(tmp_path, content))
+def test_an_unknown_format_names_the_known_ones():
+    assert list(FORMATS) == ["lines", "text", "repeats"]
+    with pytest.raises(DataError, match=r"data.format='prose' is unknown; choose one of \['lines'"):
+        data_format("prose")
 
 
-def test_not_utf8_gives_the_line_number(tmp_path):
-    # line 3 is valid UTF-8 with a two-byte character; line 4 is Latin-1
-    content = "emma\nolivia\nzoë\n".encode() + "renée\nava\n".encode("latin-1")
-    with pytest.raises(DataError, match=r"not UTF-8 .*line 4\b"):
-        read_items(write(tmp_path, content))
+# ----------------------------------------------------------------------------- splits and rows
 
 
-@pytest.mark.parametrize("content", ["emma\n", "emma\nava\nemma\n"])
-def test_fewer_than_three_distinct_items_is_refused(tmp_path, content):
-    with pytest.raises(DataError, match="at least 3.*one for each of train/val/test"):
-        read_items(write(tmp_path, content))
-
-
-# ----------------------------------------------------------------------------- split_items
-
-
-@pytest.mark.parametrize("n, n_eval", [(3, 1), (25, 2), (100, 10), (5000, 500), (30000, 1000)])
-def test_split_sizes_disjoint_and_complete(n, n_eval):
+@pytest.mark.parametrize("n, n_eval", [(3, 1), (25, 2), (100, 10), (30000, 1000)])
+def test_splits_are_disjoint_complete_and_seeded(n, n_eval):
     items = [f"item{i}" for i in range(n)]
     split = split_items(items, seed=0)
     assert (len(split.train), len(split.val), len(split.test)) == (n - 2 * n_eval, n_eval, n_eval)
     assert sorted(split.train + split.val + split.test) == sorted(items)
-    assert not set(split.train) & set(split.val)
-    assert not set(split.train) & set(split.test)
-    assert not set(split.val) & set(split.test)
+    assert split_items(items, seed=0) == split and (n < 25 or split_items(items, 1) != split)
+    assert split.where(split.val[-1]) == "val" and split.where("never seen") is None
+    assert Split.from_dict(split.to_dict()) == split
 
 
-def test_split_is_deterministic_by_seed():
-    items = [f"item{i}" for i in range(200)]
-    assert split_items(items, seed=1) == split_items(list(items), seed=1)
-    assert split_items(items, seed=1) != split_items(items, seed=2)
-
-
-def test_split_where_and_dict_round_trip():
-    items = [f"item{i}" for i in range(50)]
-    split = split_items(items, seed=3)
-    assert split.where(split.train[0]) == "train"
-    assert split.where(split.val[-1]) == "val"
-    assert split.where(split.test[0]) == "test"
-    assert split.where("never seen") is None
-    d = split.to_dict()
-    assert all(type(v) is list for v in d.values())
-    assert Split.from_dict(d) == split
-    with pytest.raises(DataError):
-        Split.from_dict({"train": []})
-
-
-def test_split_refuses_too_few_items():
-    with pytest.raises(DataError, match="at least 3"):
-        split_items(["a", "b"], seed=0)
-
-
-# ----------------------------------------------------------------------------- encode_items
-
-
-def test_encode_items_exact_rows():
+def test_items_are_encoded_as_makemore_rows_and_a_long_one_is_named():
     tok = CharTokenizer("abemo")  # a=1 b=2 e=3 m=4 o=5
     X, Y = encode_items(["emma", "bo", "a"], tok, block_size=6)
-    assert X.dtype == Y.dtype == torch.long
-    assert X.tolist() == [
-        [0, 3, 4, 4, 1, 0],
-        [0, 2, 5, 0, 0, 0],
-        [0, 1, 0, 0, 0, 0],
-    ]
-    assert Y.tolist() == [
-        [3, 4, 4, 1, 0, -1],
-        [2, 5, 0, -1, -1, -1],
-        [1, 0, -1, -1, -1, -1],
-    ]
-
-
-def test_encode_items_fits_the_longest_item_exactly():
-    items = ["emma", "bo"]
-    block_size = block_size_for(items)
-    assert block_size == 5
-    X, Y = encode_items(items, CharTokenizer.from_items(items), block_size)
-    assert X[0].tolist() == [0, 3, 4, 4, 1]
-    assert Y[0].tolist() == [3, 4, 4, 1, 0]
-
-
-def test_encode_items_too_long_names_item_length_block_and_fix():
-    items = ["emma", "christopher"]
+    assert X.tolist() == [[0, 3, 4, 4, 1, 0], [0, 2, 5, 0, 0, 0], [0, 1, 0, 0, 0, 0]]
+    assert Y.tolist() == [[3, 4, 4, 1, 0, -1], [2, 5, 0, -1, -1, -1], [1, 0, -1, -1, -1, -1]]
     with pytest.raises(DataError) as e:
-        encode_items(items, CharTokenizer.from_items(items), block_size=8)
-    msg = str(e.value)
-    for part in ["'christopher'", "11 characters", "block_size=8", "model.block_size", "12"]:
-        assert part in msg
+        encode_items(["emma", "christopher"], CharTokenizer("cehimoprst"), block_size=8)
+    for part in ["item 2 ('christopher')", "11 characters", "model.block_size=8", "least 12"]:
+        assert part in str(e.value)
 
 
-def test_encode_items_unknown_character_is_a_data_error():
-    with pytest.raises(DataError, match="'z'"):
-        encode_items(["ab", "az"], CharTokenizer("ab"), block_size=4)
+def test_a_batch_keeps_the_columns_its_longest_item_needs():
+    items = ["a", "bb", "ccccccc", "dd"]
+    tok = CharTokenizer.from_items(items)
+    data = CharDataset.from_items(items, tok, block_size=10)
+    x, y = data.batch(torch.tensor([1, 0, 3]))  # lengths 2, 1, 2 -> 3 columns
+    assert x.shape == (3, 3) and tok.decode(x[0, 1:]) == "bb" and y[1].tolist() == [1, 0, -1]
+    assert data.batch(torch.tensor([2]))[1][0, -1] == 0  # the end token is never cut
+    whole = CharDataset.from_items(items, tok, block_size=10, trim=False)
+    assert whole.batch(torch.tensor([0, 1]))[0].shape == (2, 10)
+    batches = list(data.iter_batches(3))
+    assert [x.shape for x, _ in batches] == [(3, 8), (1, 3)]
+    assert torch.equal(batches[1][1], data.Y[3:, :3])
 
 
-# ----------------------------------------------------------------------------- BatchSampler
+# ----------------------------------------------------------------------------- batches
 
 
-def test_every_epoch_covers_every_index_once_and_batches_straddle_epochs():
-    n, batch_size = 10, 4
-    sampler = BatchSampler(n, batch_size, seed=0)
-    stream = torch.cat([sampler.next_batch() for _ in range(15)])  # 60 indices = 6 epochs
-    assert all(len(b) == batch_size for b in stream.split(batch_size))
-    epochs = stream.view(6, n)  # (epochs * n,) -> (epochs, n)
-    for epoch in epochs:
-        assert sorted(epoch.tolist()) == list(range(n))
-    assert len({tuple(e.tolist()) for e in epochs}) > 1  # a fresh permutation each epoch
-    assert (sampler.epoch, sampler.position) == (6, n)  # six whole epochs handed out
+def test_every_epoch_is_a_fresh_permutation_and_batches_run_on():
+    sampler = BatchSampler(10, 4, seed=0)
+    epochs = torch.cat([sampler.next_batch() for _ in range(15)]).view(6, 10)  # 60 = 6 epochs
+    assert all(sorted(epoch.tolist()) == list(range(10)) for epoch in epochs)
+    assert len({tuple(e.tolist()) for e in epochs}) > 1
+    assert len(BatchSampler(3, 7, seed=0).next_batch()) == 7  # a batch larger than the data
+    a, b = (BatchSampler(100, 8, seed=s).next_batch() for s in (5, 6))
+    assert torch.equal(a, BatchSampler(100, 8, seed=5).next_batch()) and not torch.equal(a, b)
 
 
-def test_batch_larger_than_the_data_samples_across_epochs():
-    sampler = BatchSampler(3, 7, seed=0)
-    batch = sampler.next_batch()
-    assert len(batch) == 7
-    for epoch in batch[:6].view(2, 3):  # (6,) -> (2 epochs, 3)
-        assert sorted(epoch.tolist()) == [0, 1, 2]
-
-
-def test_sampler_is_deterministic_by_seed():
-    a, b, c = (BatchSampler(100, 8, seed=s) for s in (5, 5, 6))
-    first = [[x.next_batch() for _ in range(3)] for x in (a, b, c)]  # the same position in each
-    assert all(torch.equal(x, y) for x, y in zip(first[0], first[1]))  # same seed, same batches
-    assert not any(torch.equal(x, z) for x, z in zip(first[0], first[2]))  # another seed
-
-
-@pytest.mark.parametrize("steps_before", [0, 1, 3, 5, 12])
-def test_sampler_state_dict_round_trip_continues_identically(steps_before, tmp_path):
+@pytest.mark.parametrize("steps_before", [0, 3, 12])
+def test_a_sampler_state_resumes_the_same_batches(steps_before, tmp_path):
     sampler = BatchSampler(10, 4, seed=7)
     for _ in range(steps_before):
         sampler.next_batch()
     torch.save(sampler.state_dict(), tmp_path / "state.pt")
     expected = [sampler.next_batch() for _ in range(10)]
-
-    resumed = BatchSampler(10, 4, seed=123)  # a different seed: the state must win
+    resumed = BatchSampler(10, 4, seed=123)  # another seed: the state wins
     resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
-    for want in expected:
-        assert torch.equal(resumed.next_batch(), want)
-
-
-def test_sampler_refuses_state_for_other_data():
-    state = BatchSampler(10, 4, seed=0).state_dict()
+    assert all(torch.equal(resumed.next_batch(), want) for want in expected)
     with pytest.raises(ValueError, match="10 items"):
-        BatchSampler(11, 4, seed=0).load_state_dict(state)
+        BatchSampler(11, 4, seed=0).load_state_dict(sampler.state_dict())
 
 
-# ----------------------------------------------------------------------------- CharDataset
+NAMES = ["emma", "olivia", "ava", "x", "isabella", "mia", "charlotte", "abigail"]
+TOK = CharTokenizer.from_items(NAMES)
 
 
-def make_dataset(trim=True):
-    items = ["a", "bb", "ccccccc", "dd"]
-    tok = CharTokenizer.from_items(items)
-    return CharDataset.from_items(items, tok, block_size=10, trim=trim), tok
+def test_packed_rows_hold_each_name_whole_with_its_targets():
+    x, y = CharDataset.from_items(NAMES, TOK, 10).packed(torch.arange(len(NAMES)), 12)
+    # greedy in order: emma(5) olivia(7) | ava(4) x(2) | isabella(9) | mia(4) | charlotte(10) |...
+    expected = [".emma.olivia", ".ava.x", ".isabella", ".mia", ".charlotte", ".abigail"]
+    assert x.shape == (6, 12)
+    show = "".join  # ids -> text, "." the boundary token
+    for row, want in zip(range(6), expected):
+        n = len(want)
+        assert show("." if i == 0 else TOK.chars[i - 1] for i in x[row, :n].tolist()) == want
+        assert show("." if i == 0 else TOK.chars[i - 1] for i in y[row, :n].tolist()) == (
+            want[1:] + "."
+        )
+        assert (y[row, n:] == -1).all() and (x[row, n:] == 0).all()
 
 
-def test_batch_trims_to_the_longest_item_in_it():
-    data, tok = make_dataset()
-    assert len(data) == 4
-    x, y = data.batch(torch.tensor([1, 0, 3]))  # lengths 2, 1, 2 -> 3 columns
-    assert x.shape == y.shape == (3, 3)
-    assert tok.decode(x[0, 1:]) == "bb"
-    assert y[0].tolist() == [tok.stoi["b"], tok.stoi["b"], 0]
-    assert y[1].tolist() == [tok.stoi["a"], 0, -1]
-    x, y = data.batch(torch.tensor([2]))
-    assert x.shape == (1, 8)
-    assert y[0, -1].item() == 0  # the end token is never trimmed away
+def test_packing_draws_the_same_names_and_rows_grow_to_the_longest():
+    ds = CharDataset.from_items(NAMES, TOK, 10)
+    padded, packed = ItemBatches(ds, 4, seed=3), ItemBatches(ds, 4, seed=3, pack=16)
+    for _ in range(5):
+        _, yp, n, n_all = padded.next(0, 4)
+        _, yq, m, m_all = packed.next(0, 4)
+        assert (n, n_all) == (m, m_all) == (int((yp >= 0).sum()),) * 2
+        assert sorted(yp[yp >= 0].tolist()) == sorted(yq[yq >= 0].tolist())
+    x, y, n, _ = ItemBatches(ds, 8, seed=0, pack=8).next(0, 8)  # charlotte needs 10
+    assert x.shape[1] == 10 and int((y >= 0).sum()) == n == sum(len(s) + 1 for s in NAMES)
+    # two ranks take the two halves of one global batch
+    whole = ItemBatches(ds, 8, seed=1).next(0, 8)
+    halves = [ItemBatches(ds, 8, seed=1).next(rank, 4) for rank in (0, 1)]
+    assert halves[0][3] == halves[1][3] == whole[3] == halves[0][2] + halves[1][2]
 
 
-def test_trim_off_keeps_the_whole_block():
-    data, _ = make_dataset(trim=False)
-    x, y = data.batch(torch.tensor([0, 1]))
-    assert x.shape == y.shape == (2, 10)
+# ----------------------------------------------------------------------------- every format
 
 
-def test_iter_batches_covers_the_split_in_order():
-    data, _ = make_dataset()
-    batches = list(data.iter_batches(3))
-    assert [x.shape for x, _ in batches] == [(3, 8), (1, 3)]
-    assert torch.equal(batches[0][0], data.X[:3, :8])
-    assert torch.equal(batches[1][1], data.Y[3:, :3])
+def checkpoint_of(data, format: str, path) -> SimpleNamespace:
+    """What the trainer's checkpoint records of the data (Checkpoint's fields)."""
+    return SimpleNamespace(
+        split=data.record(),
+        tokenizer=data.tokenizer.to_dict(),
+        model_config={"block_size": data.block_size},
+        data={"path": str(path), "format": format},
+        path=Path("best.pt"),
+    )
 
 
-# ----------------------------------------------------------------------------- data/names.txt
+@pytest.fixture
+def files(tmp_path) -> dict:
+    play = "ROMEO:\nThou art my lord, and the king shall not be so fair.\n\n" * 40
+    return {"lines": write(tmp_path, "\n".join(make_names(60)) + "\n"), "text": write(
+        tmp_path, play, "play.txt"), "repeats": "generated:repeats"}  # fmt: skip
 
 
-def test_committed_names_txt_is_clean():
-    names = read_items(NAMES_TXT)
-    lines = NAMES_TXT.read_text(encoding="utf-8").splitlines()
-    assert lines == names  # already stripped, no blanks, no duplicates
-    assert len(names) > 25_000
-    assert all(re.fullmatch(r"[a-z]+", name) for name in names)
-    assert names[:3] == ["emma", "liam", "olivia"]  # most common first
-    assert block_size_for(names) == 16
+@pytest.mark.parametrize("format", ["lines", "text", "repeats"])
+def test_each_format_comes_back_from_what_its_checkpoint_records(format, files):
+    repeats = RepeatsConfig(items=60, length=12, span=[2, 4])
+    data = load_data(files[format], 5, 24 if format == "text" else None, format=format,
+                     repeats=repeats)  # fmt: skip
+    assert type(data) is FORMATS[format] and data.boundary == (format != "text")
+    back = data_of_checkpoint(checkpoint_of(data, format, data.path))
+    assert type(back) is type(data) and back.record() == data.record()
+    for name in ("val", "test"):
+        rows, again = (d.datasets[name].batch(torch.arange(len(d.datasets[name]))) for d in
+                       (data, back))  # fmt: skip
+        assert torch.equal(rows[0], again[0]) and torch.equal(rows[1], again[1])
+    probe = data.probe_ids(None)
+    assert (probe[0] == 0) == data.boundary and len(probe) <= data.block_size
 
 
-def test_group_by_length_keeps_epochs_complete_and_batches_of_similar_length():
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.randint(1, 16, (1000,), generator=g)
-    grouped = BatchSampler(1000, 50, seed=3, lengths=lengths, group_by_length=5)
-    plain = BatchSampler(1000, 50, seed=3)
-    epoch = [grouped.next_batch() for _ in range(20)]  # exactly one epoch
-    assert sorted(torch.cat(epoch).tolist()) == list(range(1000))
-
-    def spread(batches):
-        return sum(int(lengths[b].max() - lengths[b].min()) for b in batches) / len(batches)
-
-    assert spread(epoch) < spread([plain.next_batch() for _ in range(20)]) / 2
-
-
-def test_group_by_length_state_round_trip_continues_identically():
-    lengths = torch.randint(1, 16, (300,), generator=torch.Generator().manual_seed(1))
-    a = BatchSampler(300, 32, seed=7, lengths=lengths, group_by_length=4)
-    for _ in range(13):
-        a.next_batch()
-    b = BatchSampler(300, 32, seed=0, lengths=lengths, group_by_length=4)
-    b.load_state_dict(a.state_dict())
-    for _ in range(25):
-        assert torch.equal(a.next_batch(), b.next_batch())
+def test_a_checkpoint_whose_data_moved_says_what_to_do(files, tmp_path):
+    data = load_data(files["text"], 0, 24, format="text")
+    ckpt = checkpoint_of(data, "text", files["text"])
+    files["text"].write_text(files["text"].read_text().replace("king", "queen"))
+    with pytest.raises(DataError, match="no longer holds the text this run was trained on"):
+        data_of_checkpoint(ckpt)
+    files["text"].unlink()
+    with pytest.raises(DataError, match="is missing .*put the file the run was trained on back"):
+        data_of_checkpoint(ckpt)
+    old = checkpoint_of(load_data(files["lines"], 0), "lines", "")
+    old.data, old.split["val"] = {}, []  # no format recorded: lines; no validation items
+    with pytest.raises(DataError, match="best.pt stores no validation split"):
+        data_of_checkpoint(old)
 
 
-def test_a_relative_data_path_is_found_from_the_repository_root_wherever_the_command_runs(
-    tmp_path, monkeypatch
-):
-    from microgpt.data.dataset import resolve_data_path
-    from tests.conftest import REPO
-
-    monkeypatch.chdir(tmp_path)
-    assert resolve_data_path("data/names.txt") == REPO / "data" / "names.txt"
-    assert resolve_data_path("data/no-such-file.txt") == Path("data/no-such-file.txt")
+def test_generated_repeats_are_seeded_hashed_and_checked_by_the_schema():
+    settings = RepeatsConfig(items=30, length=12, span=[2, 4])
+    a, b = (load_data("generated:repeats", 0, format="repeats", repeats=settings) for _ in "ab")
+    assert a.sha256() == b.sha256() and a.source == "generated repeats (seed 0)"
+    assert not FORMATS["repeats"].reads_file
+    with pytest.raises(DataError, match=r"data.repeats.span=\[2, 9\] must be \[lo, hi\]"):
+        FORMATS["repeats"].check_settings(SimpleNamespace(repeats=RepeatsConfig(span=[2, 9],
+                                                          length=12)), None)  # fmt: skip

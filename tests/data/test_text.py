@@ -5,27 +5,16 @@ from __future__ import annotations
 
 import math
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
-from microgpt.compare import main as compare_main
-from microgpt.config import load_config
 from microgpt.data.dataset import DataError, load_data
-from microgpt.data.text import (
-    TextSplit,
-    TextWindows,
-    VerbatimIndex,
-    WindowBatches,
-    encode_text,
-    read_text,
-)
-from microgpt.heads.command import main as heads_main
+from microgpt.data.text import TextWindows, VerbatimIndex, encode_text
 from microgpt.sample.command import run_sampling
 from microgpt.tokenizer import CharTokenizer
 from microgpt.train.checkpoint import Checkpoint
@@ -70,29 +59,7 @@ def text_cfg(tmp_path, play_file):
     return make
 
 
-# ----------------------------------------------------------------------------- reading
-
-
-def test_read_text_drops_the_bom_normalises_line_ends_and_composes(tmp_path):
-    path = tmp_path / "t.txt"
-    path.write_bytes("\ufeffa\r\nb\rc\nzoe\u0308\n".encode())
-    assert read_text(path) == "a\nb\nc\nzo\u00eb\n"
-
-
-@pytest.mark.parametrize(
-    "content, message",
-    [
-        (b"", "is empty"),
-        (b"\n\n  \n", "is empty"),
-        (b"abc\x00def\n" * 50, "looks binary"),
-        (b"good line\nbad \xff byte\n", "not UTF-8 (first bad byte on line 2)"),
-    ],
-)
-def test_bad_text_files_are_refused_in_one_line(tmp_path, content, message):
-    path = tmp_path / "bad.txt"
-    path.write_bytes(content)
-    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        read_text(path)
+# ----------------------------------------------------------------------------- reading, splits
 
 
 def test_a_text_shorter_than_three_windows_is_refused_with_the_sizes(tmp_path):
@@ -105,17 +72,11 @@ def test_a_text_shorter_than_three_windows_is_refused_with_the_sizes(tmp_path):
     assert "at least 340" in str(e.value)  # 17 / 0.05
 
 
-def test_a_missing_file_names_the_command_that_builds_it(tmp_path):
-    with pytest.raises(DataError, match="build it first: python data/prepare.py shakespeare"):
-        load_data(
-            tmp_path / "shakespeare.txt",
-            0,
-            format="text",
-            prepare="python data/prepare.py shakespeare",
-        )
-
-
-# ----------------------------------------------------------------------------- vocabulary, splits
+def test_each_preset_names_the_file_its_prepare_command_builds():
+    """data/format.check_data_file names `prepare` for a missing file it builds (--out PATH)."""
+    for preset in (REPO / "conf" / "data").glob("*.yaml"):
+        data = yaml.safe_load(preset.read_text())
+        assert not data.get("prepare") or data["path"] in data["prepare"].split(), preset.name
 
 
 def test_the_vocabulary_is_the_whole_files_and_ids_are_compact(tmp_path):
@@ -132,7 +93,7 @@ def test_the_vocabulary_is_the_whole_files_and_ids_are_compact(tmp_path):
 
 def test_splits_are_contiguous_disjoint_slices_in_order(play_file):
     data = load_data(play_file, seed=0, block_size=16, format="text")
-    ids = encode_text(read_text(play_file), data.tokenizer)
+    ids = encode_text(play_file.read_text(), data.tokenizer)
     train, val, test = data.split.sizes()
     n = len(ids)
     assert (train, val) == (int(n * 0.9), int(n * 0.05)) and train + val + test == n
@@ -246,8 +207,10 @@ def test_verbatim_index_of_a_text_shorter_than_its_grams():
 # ----------------------------------------------------------------------------- training
 
 
-def test_a_text_run_trains_evaluates_and_writes_passages(text_cfg, tmp_path):
-    metrics = train(text_cfg("train.num_samples=2"))
+def test_a_text_run_with_cr_line_ends_trains_evaluates_and_writes_passages(text_cfg, tmp_path):
+    cr = tmp_path / "cr.txt"
+    cr.write_bytes(make_play().replace("\n", "\r").encode())
+    metrics = train(text_cfg(f"data.path={cr}", "train.num_samples=2"))
     run = tmp_path / "run"
     vocab = len(set(make_play())) + 1  # + the boundary token
     assert metrics["test_loss"] < math.log(vocab)  # better than uniform: it learned something
@@ -255,7 +218,7 @@ def test_a_text_run_trains_evaluates_and_writes_passages(text_cfg, tmp_path):
     assert samples.count("--- passage") == 2 and "longest stretch found" in samples
     ckpt = Checkpoint.load(run / "checkpoints" / "best.pt")
     assert ckpt.split["format"] == "text" and ckpt.train_config["data"]["format"] == "text"
-    assert ckpt.tokenizer["chars"] == "".join(sorted(set(make_play())))
+    assert ckpt.tokenizer["chars"] == "".join(sorted(set(make_play())))  # \r became \n
 
 
 def test_a_text_run_resumes_bit_exactly_from_inside_a_window(text_cfg, tmp_path):
@@ -271,28 +234,10 @@ def test_a_text_run_resumes_bit_exactly_from_inside_a_window(text_cfg, tmp_path)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_names_file_trains_in_text_mode(tiny_cfg, names_file):
-    # the names file is text too: one stream with its line ends, no boundary tokens
-    metrics = train(tiny_cfg("data.format=text", "model.block_size=8", "train.num_samples=0"))
-    assert math.isfinite(metrics["test_loss"])
-
-
-def test_a_one_line_text_and_cr_line_ends_train(tmp_path, text_cfg):
-    one_line = tmp_path / "one.txt"
-    one_line.write_text(make_play().replace("\n", " "))
-    cr = tmp_path / "cr.txt"
-    cr.write_bytes(make_play().replace("\n", "\r").encode())
-    for path in (one_line, cr):
-        cfg = text_cfg(f"data.path={path}", "train.num_samples=0", out=tmp_path / path.stem)
-        assert math.isfinite(train(cfg)["test_loss"])
-    ckpt = Checkpoint.load(tmp_path / "cr" / "checkpoints" / "best.pt")
-    assert "\r" not in ckpt.tokenizer["chars"] and "\n" in ckpt.tokenizer["chars"]
-
-
 def test_a_probe_is_a_validation_passage_from_a_line_start(play_file):
     data = load_data(play_file, seed=0, block_size=128, format="text")
     probe = data.tokenizer.decode(data.probe_ids(None))
-    assert len(probe) == 64 and probe in read_text(play_file)
+    assert len(probe) == 64 and probe in play_file.read_text()
     short = load_data(play_file, seed=0, block_size=16, format="text").probe_ids(None)
     assert len(short) == 16  # never longer than the context
     val = data.tokenizer.decode(data.datasets["val"].ids.tolist())
@@ -308,17 +253,21 @@ def text_run(text_cfg, tmp_path) -> Path:
     return tmp_path / "run"
 
 
-def test_sample_continues_a_prompt_and_measures_memorisation(text_run):
-    result = run_sampling(run=str(text_run), prefix="ROMEO:", max_len=40, num_samples=2, seed=0)
+def test_sample_continues_a_prompt_and_scores_its_verbatim_stretches(text_run, play_file):
+    sample = dict(run=str(text_run), prefix="ROMEO:", max_len=40, num_samples=2, seed=0)
+    result = run_sampling(**sample)
     passages = result.names
     assert len(passages) == 2 and all(p.startswith("ROMEO:") and len(p) == 46 for p in passages)
+    assert run_sampling(**sample, use_cache=False).names == passages  # the same, uncached
+    text = play_file.read_text()
+    train_text = text[: int(len(text) * 0.9)]
+    headers = [line for line in result.lines if line.startswith("--- passage")]
+    for passage, header in zip(passages, headers):  # by brute force: the longest stretch in train
+        new = passage[len("ROMEO:") :]
+        spans = ((i, j) for i in range(len(new)) for j in range(i + 1, len(new) + 1))
+        longest = max((j - i for i, j in spans if new[i:j] in train_text), default=0)
+        assert header.endswith(f"longest stretch found in the training text {longest} characters")
     assert result.lines[-1].startswith("2 passage(s); longest verbatim stretch")
-    again = run_sampling(run=str(text_run), prefix="ROMEO:", max_len=40, num_samples=2, seed=0)
-    assert again.names == passages  # the same seed, the same passages
-    nocache = run_sampling(
-        run=str(text_run), prefix="ROMEO:", max_len=40, num_samples=2, seed=0, use_cache=False
-    )
-    assert nocache.names == passages
 
 
 def test_sample_refuses_unknown_characters_and_cuts_a_long_prompt(text_run):
@@ -335,63 +284,3 @@ def test_sample_without_the_text_file_still_samples_and_says_why(text_run, play_
     result = run_sampling(run=str(text_run), max_len=10, num_samples=1, seed=0)
     assert any("memorisation not measured" in line for line in result.lines)
     assert len(result.names[0]) == 11  # the default prompt, a new line, and 10 characters
-
-
-def test_the_head_analysis_runs_on_a_text_run(text_run, capsys):
-    assert heads_main([str(text_run)]) == 0
-    assert (text_run / "heads-best.json").exists()
-    assert "| layer | head |" in capsys.readouterr().out
-
-
-def test_the_sample_command_on_a_text_run(text_run):
-    out = subprocess.run(
-        [sys.executable, "sample.py", f"run={text_run}", "prefix=JULIET:", "max_len=30", "seed=1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.count("--- passage") == 3 and "\nJULIET:" in out.stdout
-
-
-def test_bad_text_settings_fail_in_one_line(tmp_path, play_file):
-    out = subprocess.run(
-        [sys.executable, "train.py", "data.format=prose", f"data.path={play_file}",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
-    assert out.returncode == 2 and "data.format='prose' is unknown" in out.stderr
-    assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()
-
-
-def test_config_loads_the_shakespeare_preset():
-    c = load_config(compose_config(["data=shakespeare", "out_dir=."]))
-    assert (c.data.format, c.data.path) == ("text", "data/shakespeare.txt")
-    assert c.data.prepare == "python data/prepare.py shakespeare"
-
-
-def test_window_batches_refuse_a_text_shorter_than_a_window():
-    with pytest.raises(DataError):
-        WindowBatches(torch.zeros(5, dtype=torch.uint8), block_size=8, global_batch=2, seed=0)
-
-
-def test_text_split_round_trips_through_a_checkpoint_dict():
-    s = TextSplit.of(10_000, "abc", block_size=16)
-    assert TextSplit.from_dict(s.to_dict()) == s
-
-
-def test_compare_and_heads_on_a_text_sweep(tmp_path, play_file, capsys):
-    """A text sweep laid out as `train.py -m experiment=... heads=1,2` lays it out."""
-    root = tmp_path / "sweep"
-    for heads in (1, 2):
-        cfg = compose_config(
-            [*TINY, *TEXT_TINY, f"heads={heads}", "train.num_samples=0", f"data.path={play_file}"]
-        )
-        cfg.out_dir = str(root / f"heads={heads}")  # '=' in a path cannot go through an override
-        train(cfg)
-    assert heads_main([str(root / "heads=2")]) == 0
-    capsys.readouterr()
-    assert compare_main([str(root), "--no-plot"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:3]]
-    assert sorted(r[0] for r in rows) == ["heads=1", "heads=2"]
-    assert all(math.isfinite(float(r[4])) for r in rows)  # the test loss of each

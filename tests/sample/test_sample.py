@@ -19,9 +19,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from microgpt.config import SampleConfig, load_config
+from microgpt.errors import SamplingError, UserError
 from microgpt.sample.command import find_checkpoint, run_sampling
-from microgpt.sample.generate import SamplingError
-from microgpt.train.checkpoint import Checkpoint, CheckpointError
+from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import train
 from tests.conftest import REPO, TINY, compose_config, make_names
 
@@ -144,24 +144,6 @@ def test_no_checkpoint_anywhere_says_how_to_train_one(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_malicious_checkpoint_is_refused_and_never_runs(tmp_path):
-    marker = tmp_path / "PWNED"
-
-    class Evil:
-        def __reduce__(self):
-            return (os.system, (f"touch {marker}",))
-
-    path = tmp_path / "evil.pt"
-    torch.save(
-        {"format": "microgpt-checkpoint", "model": Evil(), "model_config": {}, "tokenizer": {}},
-        path,
-    )
-    r = sample_cli(f"ckpt={path}", cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert r.stderr.startswith(f"microgpt: error: refused to load {path}")
-    assert "Traceback" not in r.stderr and not marker.exists()
-
-
 # ----------------------------------------------------------------------------- the config
 
 
@@ -188,38 +170,13 @@ def test_composed_overrides_reach_the_sampler():
 # ----------------------------------------------------------------------------- sampling settings
 
 
-def test_same_seed_same_names_and_another_seed_others(best):
-    a, b, c = (sample(best, num_samples=30, seed=s).names for s in (3, 3, 4))
-    assert a == b and a != c
-
-
-@pytest.mark.parametrize(
-    "settings",
-    [
-        {},
-        {"temperature": 0.7, "top_k": 4},
-        {"temperature": 1.2, "top_p": 0.8, "prefix": "ka"},
-        {"temperature": 0},
-        {"max_len": 3, "batch_size": 7},
-    ],
-)
-def test_cache_on_and_off_give_the_same_names(best, settings):
-    on = sample(best, num_samples=25, seed=5, use_cache=True, **settings)
-    off = sample(best, num_samples=25, seed=5, use_cache=False, **settings)
+def test_cache_on_and_off_give_the_same_names_in_batches_of_a_prefix_and_length(best):
+    settings = dict(num_samples=23, seed=5, temperature=1.2, top_p=0.8, prefix="ma", max_len=4)
+    settings["batch_size"] = 5
+    on = sample(best, use_cache=True, **settings)
+    off = sample(best, use_cache=False, **settings)
     assert on.names == off.names and on.lines == off.lines
-
-
-def test_greedy_is_deterministic_and_top_k_1_is_greedy(best):
-    greedy = sample(best, num_samples=4, temperature=0).names  # random seeds
-    assert greedy == sample(best, num_samples=4, temperature=0).names
-    assert len(set(greedy)) == 1
-    assert sample(best, num_samples=4, top_k=1, seed=9).names == greedy
-    assert sample(best, num_samples=4, top_k=1, temperature=2.0).names == greedy
-
-
-def test_prefix_max_len_and_batches(best):
-    r = sample(best, num_samples=23, prefix="ma", max_len=4, batch_size=5, seed=0)
-    assert len(r.names) == 23 and all(n.startswith("ma") and len(n) <= 4 for n in r.names)
+    assert len(on.names) == 23 and all(n.startswith("ma") and len(n) <= 4 for n in on.names)
 
 
 def test_each_name_is_marked_with_its_split(best):
@@ -240,7 +197,7 @@ def test_out_file_is_written_and_an_error_leaves_it_alone(best, tmp_path):
     out = tmp_path / "names.txt"
     r = sample(best, num_samples=5, seed=0, out=str(out))
     assert out.read_text() == "".join(n + "\n" for n in r.names)
-    with pytest.raises(SamplingError):
+    with pytest.raises(UserError):
         sample(best, num_samples=5, prefix="Q", out=str(out), overwrite=True)
     assert out.read_text() == "".join(n + "\n" for n in r.names)
     assert [p.name for p in tmp_path.iterdir()] == ["names.txt"]  # no temporary files left
@@ -273,11 +230,6 @@ def test_latest_run_is_the_newest_and_falls_back_to_last_pt(tmp_path, monkeypatc
     "settings,message",
     [
         ({"temperature": -1.0}, "temperature=-1.0 must be >= 0"),
-        ({"top_p": 0.0}, "top_p=0.0 must be in (0, 1]"),
-        ({"top_p": 1.5}, "top_p=1.5 must be in (0, 1]"),
-        ({"top_k": 0}, "top_k=0 must be an integer >= 1"),
-        ({"num_samples": 0}, "num_samples=0 must be at least 1"),
-        ({"batch_size": 0}, "batch_size=0 must be at least 1"),
         ({"max_len": 0}, "max_len=0 must be at least 1"),
         (
             {"device": "tpu"},
@@ -293,57 +245,22 @@ def test_bad_settings_are_named_before_anything_is_loaded(settings, message):
 
 def test_prefix_the_model_cannot_take(best):
     with pytest.raises(
-        SamplingError,
-        match=r"prefix 'aQ!' has characters the vocabulary does not know: 'Q!' \('Q', '!'\)\. "
-        r"Known characters: 'abc",
+        UserError,
+        match=r"prefix='aQ!' has characters the vocabulary does not know: 'Q', '!'; use "
+        r"characters of the training data: 'abc",
     ):
         sample(best, prefix="aQ!")
     block = Checkpoint.load(best).model_config["block_size"]
     with pytest.raises(
-        SamplingError,
-        match=rf"prefix of {block} characters is longer than this model's items: block_size is "
-        rf"{block} \(1 boundary token \+ at most {block - 1} characters\)",
+        UserError,
+        match=rf"prefix='a{{{block}}}' has {block} characters but the model reads at most "
+        rf"{block - 1} after the boundary token; shorten it",
     ):
         sample(best, prefix="a" * block)
     assert len(sample(best, prefix="a" * (block - 1), num_samples=2).names[0]) == block - 1
     # a names run's max_len counts the prefix (a text run's counts the new characters)
     with pytest.raises(SamplingError, match=re.escape("max_len=3 must be longer than the prefix")):
         sample(best, prefix="abc", max_len=3)
-
-
-def test_missing_paths(tmp_path):
-    with pytest.raises(
-        CheckpointError, match=f"checkpoint {re.escape(str(tmp_path))}/nope.pt does not exist"
-    ):
-        run_sampling(ckpt=str(tmp_path / "nope.pt"))
-    with pytest.raises(
-        SamplingError, match="run=.* does not exist; pass a run folder or a checkpoint file"
-    ):
-        run_sampling(run=str(tmp_path / "nope"))
-    with pytest.raises(
-        SamplingError,
-        match="holds no checkpoints/best.pt or checkpoints/last.pt; pass a run folder",
-    ):
-        run_sampling(run=str(tmp_path))
-
-
-def test_files_that_are_not_checkpoints_give_one_line_errors(best, tmp_path):
-    truncated = tmp_path / "truncated.pt"
-    truncated.write_bytes(best.read_bytes()[: best.stat().st_size // 2])
-    noise = tmp_path / "noise.pt"
-    noise.write_bytes(os.urandom(5000))
-    other = tmp_path / "other.pt"
-    torch.save({"weights": torch.zeros(3)}, other)
-    cases = {
-        truncated: "is truncated or corrupt",
-        noise: "is not a microgpt checkpoint",
-        other: "is not a microgpt checkpoint",
-        tmp_path: "is a folder, not a file",
-    }
-    for path, message in cases.items():
-        with pytest.raises(CheckpointError) as e:
-            run_sampling(ckpt=str(path))
-        assert str(path) in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
 
 
 def load_config_sample(cfg):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from microgpt.data.dataset import Data, DataError, checkpoint_format
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
 from microgpt.train.checkpoint import Checkpoint, CheckpointError
@@ -34,7 +35,7 @@ class Loaded:
 
     model: torch.nn.Module
     tokenizer: CharTokenizer
-    format: str
+    format: type[Data]
     step: int
     example: str | None  # the first validation item, for a names run
 
@@ -72,14 +73,14 @@ def load_model(path: Path) -> Loaded:
     try:
         ckpt = Checkpoint.load(path, map_location="cpu")
         model, tokenizer = ckpt.build_model("cpu")
-    except CheckpointError as e:
+        data_format = checkpoint_format(ckpt)
+    except (CheckpointError, DataError) as e:
         raise InputError(str(e)) from None
-    data = ckpt.data
     val = ckpt.split.get("val") if isinstance(ckpt.split, dict) else None
     return Loaded(
         model=model,
         tokenizer=tokenizer,
-        format=data.get("format", "lines"),
+        format=data_format,
         step=int(ckpt.step or 0),
         example=val[0] if isinstance(val, list) and val else None,
     )
@@ -122,15 +123,14 @@ def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
     but for a text run; an InputError for an empty input, unknown characters, or too many."""
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     if not text:
-        kind = "a name" if loaded.format != "text" else "a line of text"
-        raise InputError(f"type {kind} to see {run}'s heads at work")
+        raise InputError(f"type {loaded.format.user_input} to see {run}'s heads at work")
     if unknown := tok.unknown_chars(text):
         shown = ", ".join(repr(c) for c in unknown)
         raise InputError(
             f"{run} does not know {shown}: it was trained on these characters only: "
             f"{''.join(tok.chars)!r}"
         )
-    start = [] if loaded.format == "text" else [tok.boundary_id]
+    start = [tok.boundary_id] if loaded.format.boundary else []
     most = block - len(start)
     if len(text) > most:
         after = " after the boundary token" if start else ""
@@ -216,7 +216,8 @@ class RunStore:
             "run": name,
             "checkpoint": checkpoint,
             "step": loaded.step,
-            "format": loaded.format,
+            "format": loaded.format.name,
+            "boundary": loaded.format.boundary,  # the tokens start with the boundary token
             "n_layer": config.n_layer,
             "n_head": config.n_head,
             "tokens": labels_for(ids, loaded.tokenizer),

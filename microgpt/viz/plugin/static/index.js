@@ -235,7 +235,7 @@ function signed(x) {
 // Token t of a names run is character t - 1 (token 0 is the boundary, character -1); a text run
 // has no boundary token. Highlights go by character, so that both kinds of run line up.
 function charOf(result, token) {
-  return result.format === "text" ? token : token - 1;
+  return result.boundary ? token - 1 : token;
 }
 
 // A head's map: the key characters across the top, the query characters down the side (labels
