@@ -9,7 +9,7 @@ import torch
 
 from microgpt.data.dataset import load_data
 from microgpt.data.repeats import repeated_passages, span_for
-from microgpt.data.text import TextWindows
+from microgpt.data.text import TextData, TextWindows
 from microgpt.heads import command
 from microgpt.heads.analyse import (
     INDUCTION_ROWS,
@@ -84,7 +84,7 @@ def test_the_command_analyses_every_name_and_the_first_windows_of_a_text(
     from microgpt.train.trainer import train
 
     # 45 targets of a text (5 windows of 9), every name: the limits made small
-    monkeypatch.setattr(command, "ANALYSIS_TARGETS", {"lines": 16384, "text": 45})
+    monkeypatch.setattr(TextData, "analysis_targets", 45)
     for fmt in ("lines", "text"):
         cfg = tiny_cfg(f"data.format={fmt}", "model.block_size=9", out=tmp_path / fmt)
         train(cfg)
