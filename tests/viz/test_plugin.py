@@ -4,24 +4,30 @@ sweep trained here, and the real page in headless Chromium against a real Tensor
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
 from microgpt.heads.command import main as heads_main
+from microgpt.train.checkpoint import checksum
 from microgpt.train.trainer import train
 from microgpt.viz.plugin import MicrogptPlugin
 from microgpt.viz.plugin.attention import ModelCache
 from tests.conftest import REPO, TINY, compose_config, make_names
+from tests.e2e.harness import changes, fingerprint
 
 PLAY = "ROMEO:\nThou art my lord and the king.\n\nJULIET:\nSo fair a night of love.\n" * 40
 
@@ -196,9 +202,9 @@ def free_port() -> int:
 
 @pytest.fixture
 def tensorboard(lab):
-    """A real TensorBoard on the sweep, its URL; stopped after the test."""
+    """A real TensorBoard on the sweep (--logdir_spec: the tab reads it too), its URL."""
     port = free_port()
-    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(lab / "sweep")]
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir_spec", str(lab / "sweep")]
     server = subprocess.Popen(
         [*command, "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL,
@@ -264,3 +270,81 @@ def test_the_tab_in_a_browser_shows_one_panel_per_run_with_every_head(tensorboar
     for name, url in (("tab", f"{page}#input=kalo"), ("tensorboard", f"{tensorboard}/#microgpt")):
         chromium(url, f"--screenshot={tmp_path / name}.png")
         assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+
+
+# ----------------------------------------------------------------------------- one bad run
+
+
+@pytest.mark.parametrize("field, value", [("step", "abc"), ("step", [3]), ("train_config", [1, 2])])
+def test_a_run_with_odd_checkpoint_fields_is_listed_and_the_rest_served(lab, tmp_path, field,
+                                                                       value):  # fmt: skip
+    shutil.copytree(lab / "sweep", tmp_path / "sweep")
+    for path in (tmp_path / "sweep" / "heads=1" / "checkpoints").glob("*.pt"):
+        ckpt = torch.load(path, weights_only=True)
+        ckpt[field] = value
+        torch.save({**ckpt, "checksum": checksum(ckpt)}, path)  # it passes its checksum
+    before = fingerprint(tmp_path)
+    apps = routes(tmp_path / "sweep")
+    response = apps["/runs"].get("/runs")
+    assert response.status_code == 200
+    body = json.loads(response.get_data(as_text=True))
+    assert [r["name"] for r in body["runs"]] == ["heads=1", "heads=2"]
+    assert body["example"] in make_names()  # from the run that can be read
+    status, body = attention(apps["/attention"], run="heads=1", input="ka")
+    assert status == 400 and body["error"].startswith("heads=1: ") and "best.pt" in body["error"]
+    assert attention(apps["/attention"], run="heads=2", input="ka")[0] == 200
+    assert changes(before, fingerprint(tmp_path)) == ([], [], [])
+
+
+def _with_score(text: str) -> str:
+    analysis = json.loads(text)
+    analysis["heads"][0]["score"] = "high"
+    return json.dumps(analysis)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda path, good: path.write_text("[1]"),
+        lambda path, good: path.write_text("1"),
+        lambda path, good: path.write_text('{"n_layer": 1, "n_head": 2, "heads": ["a", "b"]}'),
+        lambda path, good: path.write_text('{"n_layer": 1, "n_head": 2, "heads": {"0": 1}}'),
+        lambda path, good: path.write_text("{not json"),
+        lambda path, good: os.mkfifo(path),
+        lambda path, good: path.write_text(_with_score(good)),
+    ],
+    ids=["list", "number", "rows-of-strings", "heads-a-dict", "not-json", "fifo", "string-score"],
+)
+def test_a_malformed_analysis_gives_the_panel_a_message_never_a_500_or_a_hang(lab, tmp_path, make):
+    run = tmp_path / "heads=2"
+    shutil.copytree(lab / "sweep" / "heads=2", run)
+    good = (run / "heads-best.json").read_text()
+    (run / "heads-best.json").unlink()
+    make(run / "heads-best.json", good)
+    apps, answers = routes(tmp_path), []
+    asking = threading.Thread(daemon=True, target=lambda: answers.extend([
+        apps["/runs"].get("/runs").status_code, attention(apps["/attention"], run="heads=2",
+                                                          input="ka")]))  # fmt: skip
+    asking.start()
+    asking.join(timeout=60)
+    assert not asking.is_alive(), "a request blocked"
+    runs_status, (status, body) = answers
+    assert runs_status == 200 and status == 200
+    first = body["heads"][0][0]
+    if first is None:  # unreadable: no labels, and the panel's line says why
+        assert body["heads"] == [[None, None]] and "heads-best.json" in body["analysis"]
+        assert body["analysis"] != "heads-best.json"
+    else:  # a field of another type is left out; the page formats only numbers
+        assert first["score"] is None and isinstance(first["role"], str)
+        assert body["analysis"] == "heads-best.json"
+
+
+def test_logdir_spec_serves_each_log_dir_under_its_name(lab):
+    spec = f"sweep:{lab / 'sweep'},{lab / 'text'}"  # one named, one not (TensorBoard's form)
+    plugin = MicrogptPlugin(base_plugin.TBContext(logdir="", flags=Namespace(logdir_spec=spec)))
+    assert plugin.is_active()
+    apps = {path: Client(app) for path, app in plugin.get_plugin_apps().items()}
+    body = json.loads(apps["/runs"].get("/runs").get_data(as_text=True))
+    assert [r["name"] for r in body["runs"]] == ["sweep/heads=1", "sweep/heads=2", "run"]
+    assert attention(apps["/attention"], run="sweep/heads=2", input="ka")[0] == 200
+    assert attention(apps["/attention"], run="run", input="Thou")[0] == 200
