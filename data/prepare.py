@@ -47,7 +47,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.append(str(HERE.parent))  # microgpt, where it is not installed
 from microgpt import entry  # noqa: E402
-from microgpt.errors import UserError  # noqa: E402
+from microgpt.errors import UserError, reason  # noqa: E402
 from microgpt.files import check_new_file, write_text  # noqa: E402
 
 LETTERS = re.compile(r"[a-z]+")
@@ -136,8 +136,10 @@ def prepare(argv: list[str]) -> None:
         try:
             prepare_shakespeare.main(argv[1:])
         except (EOFError, tarfile.TarError, zlib.error) as e:
-            first = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else e
-            raise UserError(f"the sdist is truncated or corrupt ({first}); download it again")
+            why = reason(e).rstrip(":")
+            raise UserError(
+                f"the sdist is truncated or corrupt ({why}); download it again"
+            ) from None
         return
     parser = entry.ArgumentParser(
         prog="python data/prepare.py", description=__doc__.splitlines()[0]

