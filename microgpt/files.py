@@ -1,5 +1,5 @@
 """Writing files so that a crash never leaves a half-written one (temporary file, fsync, rename),
-and the one rule for where a user-named output (`out=`, `--plot`) may go."""
+and the one rule for where a command may write (`check_new_file`: every writer's)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -106,10 +107,14 @@ def check_new_file(
     overwrite: bool = False,
     protected: dict | None = None,
     overwrite_hint: str = "overwrite=true",
+    own: bool = False,
 ) -> Path:
-    """Where `setting=path` may write (a symlink's target): a new file, or with overwrite a regular
-    one; never a device, a file in a run or config folder, or a `protected` {path: what it is}."""
-    given = Path(os.path.expanduser(str(path)))
+    """THE rule for every file a command writes: where `setting=path` may go (a symlink's target,
+    in the link's own folder). A new file; an existing regular one only if it is the command's
+    `own` (heads-best.json in a run) or with `overwrite`; never a device, a FIFO, a file through a
+    link out of its folder, a file of a run folder (unless `own`), of a config folder, or one of
+    `protected` {path: what it is}."""
+    given = Path(os.path.abspath(os.path.expanduser(str(path))))
     target = Path(os.path.realpath(given))
     inside = target.parent.name == CHECKPOINTS or target.parent.name.startswith(".hydra")
     run = target.parent.parent if inside else next(filter(is_run_folder, target.parents), None)
@@ -120,11 +125,14 @@ def check_new_file(
         if p and Path(os.path.realpath(os.path.expanduser(p))) == target
     ]
     exists = os.path.lexists(target) or os.path.lexists(given)
-    if is_system_path(given.absolute()) or is_system_path(target):
-        why = f"is a device or system path; for standard output give {setting}={STDOUT}"
+    if is_system_path(given) or is_system_path(target):
+        why = "is a device or system path"
+        why += f"; for standard output give out={STDOUT}" if setting == "out" else ""
     elif mine:
         why = f"is {mine[0]}; {setting}= never replaces it: write elsewhere"
-    elif run is not None:
+    elif target.parent != Path(os.path.realpath(given.parent)):
+        why = f"is a link to {target}, outside its folder; name the file itself"
+    elif run is not None and not (own and not inside and target.parent == run):
         why = f"is inside the run folder {run}, which only its run writes; write elsewhere"
     elif conf:
         why = f"is inside the config folder {conf[0]}; write elsewhere"
@@ -132,8 +140,23 @@ def check_new_file(
         why = "is a folder; name a file"
     elif exists and not target.is_file():
         why = f"is not a regular file (a device, FIFO or socket); {setting}= writes new files only"
-    elif exists and not overwrite:
+    elif exists and not (overwrite or own):
         why = f"already exists; add {overwrite_hint} to replace it, or name a new file"
     else:
         return target
     raise OutputRefused(f"{setting}={path} {why}")
+
+
+def read_regular(path: str | os.PathLike, limit: int = 16 * 2**20) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, opened without blocking: a FIFO, a
+    device or a larger file is an OSError (nothing a server or a command opens can hang it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            why = "not a regular file" if not stat.S_ISREG(info.st_mode) else "too large"
+            raise OSError(errno.EINVAL, why, str(path))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit + 1)[:limit]
+    finally:
+        os.close(fd)

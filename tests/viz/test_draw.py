@@ -1,17 +1,14 @@
-"""microgpt.viz.draw: heatmaps, a layer's grid of heads, offset profiles and line plots."""
+"""microgpt.viz.draw: heatmaps, a layer's grid of heads, offset profiles."""
 
 import itertools
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from microgpt.viz.draw import (
     colormap,
     compose_layer,
-    nice_ticks,
-    plot_lines,
     render_attention,
     render_heads,
     render_offset_profile,
@@ -133,21 +130,3 @@ def test_render_offset_profile_shape_colours_and_values():
 def test_render_offset_profile_checks_shapes():
     with pytest.raises(ValueError, match="start"):
         render_offset_profile(np.zeros((2, 3)), np.zeros(3))
-
-
-# ----------------------------------------------------------------------------- line plots
-
-
-def test_nice_ticks():
-    assert nice_ticks(0, 100) == [0, 20, 40, 60, 80, 100]
-    assert nice_ticks(2.31, 2.52) == pytest.approx([2.35, 2.4, 2.45, 2.5])
-    assert nice_ticks(3.0, 3.0)  # a flat curve still gets ticks
-
-
-def test_plot_lines_writes_a_png(tmp_path):
-    curves = [("1 head", [(0, 3.0), (10, 2.5)]), ("2 heads", [(0, 3.1), (10, float("nan"))])]
-    path = plot_lines(curves, tmp_path / "sub" / "plot.png", title="t", width=400, height=300)
-    with Image.open(path) as img:
-        assert img.size == (400, 300) and len(img.convert("RGB").getcolors(1 << 16)) > 10
-    with pytest.raises(ValueError, match="no points"):
-        plot_lines([("empty", [])], tmp_path / "none.png")

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 
 import torch
 
 from microgpt.data.dataset import Data, DataError, checkpoint_format
+from microgpt.files import read_regular
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
 from microgpt.train.checkpoint import Checkpoint, CheckpointError
@@ -45,20 +48,29 @@ class Loaded:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def runs_under(logdir: str | os.PathLike | None) -> dict[str, RunFolder]:
-    """{name: run} for every microgpt run under `logdir`, named by its path from there
-    ("heads=2"; the folder's own name when `logdir` is the run); {} when there are none."""
-    if not logdir:
-        return {}
-    root = Path(logdir).expanduser()
-    try:
-        found = [run for run in find_runs(root) if run.holds_run()]
-    except RunFolderError:
-        return {}
-    return {
-        (run.path.relative_to(root).as_posix() if run.path != root else root.name): run
-        for run in found
-    }
+def log_dirs(logdir: str | None, logdir_spec: str | None = None) -> dict[str, Path]:
+    """{group name ("" for none): folder} from TensorBoard's --logdir, else its --logdir_spec
+    (`name:/path,/other/path`, as TensorBoard reads it); {} without either."""
+    if logdir:
+        return {"": Path(logdir).expanduser()}
+    roots = {}
+    for spec in filter(None, (logdir_spec or "").split(",")):
+        named = ":" in spec and not spec.startswith("/") and "://" not in spec
+        name, path = spec.split(":", 1) if named else ("", spec)
+        roots[name] = Path(path).expanduser()
+    return roots
+
+
+def runs_under(roots: dict[str, Path]) -> dict[str, RunFolder]:
+    """{name: run} for every run (runs.find_runs) under the log dirs, named by its path from its
+    log dir ("heads=2"; the run's own name when the log dir is the run), after the dir's group."""
+    found = {}
+    for group, root in roots.items():
+        with contextlib.suppress(RunFolderError, OSError):  # no runs there, or unreadable
+            for run in find_runs(root):
+                name = run.path.relative_to(root).as_posix() if run.path != root else root.name
+                found["/".join(filter(None, (group, name)))] = run
+    return found
 
 
 def checkpoints_of(run: RunFolder) -> list[str]:
@@ -74,16 +86,18 @@ def load_model(path: Path) -> Loaded:
         ckpt = Checkpoint.load(path, map_location="cpu")
         model, tokenizer = ckpt.build_model("cpu")
         data_format = checkpoint_format(ckpt)
+        val = ckpt.split.get("val") if isinstance(ckpt.split, dict) else None
+        return Loaded(
+            model=model,
+            tokenizer=tokenizer,
+            format=data_format,
+            step=int(ckpt.step or 0),
+            example=val[0] if isinstance(val, list) and val and isinstance(val[0], str) else None,
+        )
     except (CheckpointError, DataError) as e:
         raise InputError(str(e)) from None
-    val = ckpt.split.get("val") if isinstance(ckpt.split, dict) else None
-    return Loaded(
-        model=model,
-        tokenizer=tokenizer,
-        format=data_format,
-        step=int(ckpt.step or 0),
-        example=val[0] if isinstance(val, list) and val else None,
-    )
+    except Exception as e:  # a field of another type (step='abc'): this run only cannot be shown
+        raise InputError(f"{path} cannot be read ({type(e).__name__}: {e})") from None
 
 
 class ModelCache:
@@ -100,6 +114,8 @@ class ModelCache:
             stat = path.stat()
         except OSError:
             raise InputError(f"checkpoint {path} does not exist") from None
+        if not S_ISREG(stat.st_mode):  # a FIFO would block the request
+            raise InputError(f"checkpoint {path} is not a regular file")
         key = (str(path), stat.st_size, stat.st_mtime_ns)
         with self._lock:
             if key not in self._items:
@@ -141,45 +157,71 @@ def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
     return start + tok.encode(text)
 
 
+def read_analysis(path: Path) -> tuple[dict | None, str | None]:
+    """(the head analysis at `path`, None) if it can be read; (None, why not) if it is there but
+    is not one (a FIFO, not JSON, another shape); (None, None) if there is none."""
+    if not os.path.lexists(path):
+        return None, None
+    try:
+        analysis = json.loads(read_regular(path))
+    except (OSError, ValueError) as e:
+        return None, f"{path.name} cannot be read: {getattr(e, 'strerror', None) or e}"
+    heads = analysis.get("heads") if isinstance(analysis, dict) else None
+    if not isinstance(heads, list) or not all(isinstance(row, dict) for row in heads):
+        return None, f"{path.name} is not a head analysis (no list of heads)"
+    return analysis, None
+
+
 def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[dict | None]]:
-    """[layer][head] -> {"role", "score", "importance"}; None without this model's analysis."""
+    """[layer][head] -> {"role", "score", "importance"} (a field of another type: None); None
+    without this model's analysis."""
     labels = [[None] * n_head for _ in range(n_layer)]
     if not analysis or (analysis.get("n_layer"), analysis.get("n_head")) != (n_layer, n_head):
         return labels
-    for row in analysis.get("heads", []):
+    for row in analysis["heads"]:
         layer, head = row.get("layer"), row.get("head")
         if isinstance(layer, int) and isinstance(head, int) and layer < n_layer and head < n_head:
+            role, score, importance = row.get("role"), row.get("score"), row.get("zero_importance")
             labels[layer][head] = {
-                "role": row.get("role"),
-                "score": row.get("score"),
-                "importance": row.get("zero_importance"),
+                "role": role if isinstance(role, str) else "?",
+                "score": _number(score),
+                "importance": _number(importance),
             }
     return labels
 
 
-class RunStore:
-    """The runs under one log directory and their models, as the tab asks for them."""
+def _number(x) -> float | None:
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return x if ok else None
 
-    def __init__(self, logdir: str | os.PathLike | None, cache: ModelCache | None = None):
-        # None or "" when TensorBoard was started without --logdir: no runs
-        self.logdir = Path(logdir).expanduser() if logdir else None
+
+class RunStore:
+    """The runs under the log dirs (log_dirs) and their models, as the tab asks for them."""
+
+    def __init__(self, roots: dict[str, Path], cache: ModelCache | None = None):
+        self.roots = roots  # {} when TensorBoard was started without --logdir: no runs
         self.cache = cache or ModelCache()
 
     def runs(self) -> list[dict]:
-        """Every run: its name, its checkpoints (the default first) and those analysed."""
+        """Every run: its name, its checkpoints (the default first) and those analysed; a run
+        whose folder cannot be listed, with why."""
         out = []
-        for name, run in runs_under(self.logdir).items():
-            checkpoints = checkpoints_of(run)
-            analysed = [c for c in checkpoints if run.analysis(c).is_file()]
-            out.append({"name": name, "checkpoints": checkpoints, "analysed": analysed})
+        for name, run in runs_under(self.roots).items():
+            try:
+                checkpoints = checkpoints_of(run)
+                analysed = [c for c in checkpoints if run.analysis(c).is_file()]
+                out.append({"name": name, "checkpoints": checkpoints, "analysed": analysed})
+            except OSError as e:
+                error = f"{name} cannot be read: {e.strerror or e}"
+                out.append({"name": name, "checkpoints": [], "analysed": [], "error": error})
         return out
 
     def example(self) -> str | None:
         """An input to start with: the first validation name of the first run that has one."""
-        for run in runs_under(self.logdir).values():
-            checkpoints = checkpoints_of(run)
-            with contextlib.suppress(InputError):
-                loaded = self.cache.get(run.checkpoints / checkpoints[0]) if checkpoints else None
+        for run in runs_under(self.roots).values():
+            with contextlib.suppress(InputError, OSError):
+                default = run.default_checkpoint()
+                loaded = self.cache.get(default) if default is not None else None
                 if loaded is not None and loaded.example:
                     return loaded.example
         return None
@@ -187,11 +229,11 @@ class RunStore:
     @torch.no_grad()
     def attention(self, name: str, checkpoint: str | None, text: str) -> dict:
         """What one run's panel shows for `text`; an InputError the page shows instead."""
-        if self.logdir is None:
+        if not self.roots:
             raise InputError("TensorBoard was started without --logdir")
-        run = runs_under(self.logdir).get(name)
+        run = runs_under(self.roots).get(name)
         if run is None:
-            raise InputError(f"no run {name!r} under {self.logdir}")
+            raise InputError(f"no run {name!r} under {', '.join(map(str, self.roots.values()))}")
         checkpoints = checkpoints_of(run)
         if not checkpoints:
             raise InputError(
@@ -207,9 +249,7 @@ class RunStore:
             raise InputError(f"{name}: {e}") from None
         ids = encode_input(loaded, text, name)
         # the head analysis (python -m microgpt.heads), where there is one that can be read
-        analysis = None
-        with contextlib.suppress(OSError, ValueError):
-            analysis = json.loads(run.analysis(checkpoint).read_text())
+        analysis, unreadable = read_analysis(run.analysis(checkpoint))
         config = loaded.model.config
         _, _, attention = loaded.model.forward_with_attention(torch.tensor([ids]))
         return {
@@ -223,6 +263,6 @@ class RunStore:
             "tokens": labels_for(ids, loaded.tokenizer),
             # [layer][head] -> (T, T) rows of weights, query by key
             "layers": [att[0].double().round(decimals=DIGITS).tolist() for att in attention],
-            "analysis": run.analysis(checkpoint).name if analysis else None,
+            "analysis": run.analysis(checkpoint).name if analysis else unreadable,
             "heads": head_labels(analysis, config.n_layer, config.n_head),
         }

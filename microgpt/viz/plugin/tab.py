@@ -15,7 +15,7 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from microgpt.viz.plugin.attention import InputError, RunStore, runs_under
+from microgpt.viz.plugin.attention import InputError, RunStore, log_dirs, runs_under
 
 STATIC = Path(__file__).parent / "static"
 FILES = {"/index.js": "application/javascript", "/style.css": "text/css"}
@@ -27,10 +27,11 @@ class MicrogptPlugin(base_plugin.TBPlugin):
     plugin_name = "microgpt"
 
     def __init__(self, context: base_plugin.TBContext):
-        self.store = RunStore(context.logdir)
+        spec = getattr(context.flags, "logdir_spec", None)  # tensorboard --logdir_spec a:DIR,...
+        self.store = RunStore(log_dirs(context.logdir, spec))
 
     def is_active(self) -> bool:
-        return bool(runs_under(self.store.logdir))
+        return bool(runs_under(self.store.roots))
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
         return base_plugin.FrontendMetadata(

@@ -1,0 +1,116 @@
+"""The one front door of every command (train.py, sample.py, data/prepare.py, bench/run.py,
+`python -m microgpt.heads` and `.compare`): what the process needs before torch loads, and how a
+user error, an OS error, Ctrl-C or SIGTERM ends: one line on stderr and the documented exit code.
+
+    from microgpt import entry
+    with entry.loading(__name__):    # before the heavy imports
+        import torch ...
+    def main(argv=None) -> int:
+        return entry.run(lambda: work(entry.ArgumentParser(...).parse_args(argv)))
+
+Light on purpose (the standard library only): it must work before torch is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+
+from microgpt.errors import UserError, print_error
+
+USER_ERROR = 2  # bad input, or the OS refused (exit 128 + N: stopped by signal N)
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class UsageError(UserError):
+    """A command line argparse cannot read."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are UserErrors: one `microgpt: error:` line, exit 2."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message}; see {self.prog} --help")
+
+
+def prepare_process() -> None:
+    """What must be set before torch loads OpenMP: idle threads sleep instead of spinning, so that
+    processes sharing the cores slow each other down gracefully; a wait the user chose is kept
+    (OMP_WAIT_POLICY, or GOMP_SPINCOUNT: how long GNU OpenMP's threads spin before they sleep)."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+@contextlib.contextmanager
+def loading(module: str):
+    """For the program's own module (`module` is `__name__`: "__main__"), prepare_process(), then
+    the heavy imports: a signal meanwhile ends the process at once in one line (nothing is
+    written yet, and an import cut short cannot unwind cleanly). Imported: nothing changes."""
+    if module != "__main__":
+        yield
+        return
+    prepare_process()
+
+    def stop(signum, frame):
+        print(f"microgpt: interrupted ({signal.Signals(signum).name}): nothing was written",
+              file=sys.stderr, flush=True)  # fmt: skip
+        os._exit(128 + signum)
+
+    previous = _set_handlers(stop)
+    try:
+        yield
+    finally:
+        _set_handlers(previous)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _set_handlers(handler) -> dict:
+    """Set `handler` (one for all, or {signal: handler}) for SIGINT and SIGTERM; the previous."""
+    previous = {}
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours to take
+        for s in SIGNALS:
+            previous[s] = signal.signal(s, handler[s] if isinstance(handler, dict) else handler)
+    return previous
+
+
+@contextlib.contextmanager
+def front_door(interrupted: str = "nothing was written", cleanup=None):
+    """Run the block; a UserError or OSError ends in one `microgpt: error:` line and exit 2,
+    Ctrl-C or SIGTERM (KeyboardInterrupt(signal name[, what happened])) in one `microgpt:
+    interrupted (SIGNAL): ...` line and exit 128 + its number (SystemExit). `interrupted`: what a
+    stop leaves; `cleanup()`: removes what a failed command made, returns it (a folder) or None."""
+    previous = _set_handlers(_raise_interrupt)
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        _set_handlers(signal.SIG_IGN)  # a second signal cannot cut the line or the clean-up
+        name = e.args[0] if e.args and e.args[0] in signal.Signals.__members__ else "SIGINT"
+        removed = cleanup() if cleanup else None
+        what = e.args[1] if len(e.args) > 1 else interrupted
+        if removed and len(e.args) < 2:
+            what = f"before the first checkpoint; removed the run folder {removed}: start again"
+        print(f"microgpt: interrupted ({name}): {what}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.Signals[name].value) from None
+    except (UserError, OSError) as e:
+        _set_handlers(signal.SIG_IGN)
+        removed = cleanup() if cleanup else None
+        print_error(e, f" (removed the unused run folder {removed})" if removed else "")
+        raise SystemExit(USER_ERROR) from None
+    finally:
+        _set_handlers(previous)
+
+
+def run(work, interrupted: str = "nothing was written") -> int:
+    """`work()` behind the front door: its exit status (0, or the code of its one line)."""
+    try:
+        with front_door(interrupted):
+            work()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
