@@ -155,14 +155,15 @@ DATA = [
     train("data-binary", "data.path=data/binary.bin", message=r"not UTF-8|binary|NUL"),
     train("data-fifo", "data.path=data/fifo", message=r"data/fifo is not a regular file"),
     train("data-dev-zero", "data.path=/dev/zero", message=r"/dev/zero is not a regular file"),
-    train("data-proc", "data.path=/proc/self/environ", message=r"distinct item|is empty"),
+    train("data-proc", "data.path=/proc/self/environ",
+          message=r"distinct item|is empty|NUL bytes"),
     train("data-empty-path", "data.path=''", message=r"data\.path"),
     train("data-unreadable", message=r"data/names\.txt.*Permission",
           setup=lambda root: unreadable(root / "data/names.txt")),
     train("text-empty-file", "data.format=text", "data.path=data/empty.txt",
           message=r"empty\.txt is empty"),
     train("text-blank-file", "data.format=text", "data.path=data/blank.txt",
-          message=r"blank\.txt is empty \(or only whitespace\)"),
+          message=r"blank\.txt is empty \(or only blank lines\)"),
     train("text-one-char", "data.format=text", "data.path=data/one.txt", message=r"one\.txt"),
     train("text-nul-bytes", "data.format=text", "data.path=data/nul.txt",
           message=r"nul\.txt holds NUL bytes"),
@@ -269,12 +270,12 @@ OUT_REFUSED = {
     "run-hydra": ("runs/a/.hydra/config.yaml", r"inside the run folder"),
     "run-hydra-new": ("runs/a/.hydra/names.txt", r"inside the run folder"),
     "sweep-job": ("'multirun/sweep/heads=1/names.txt'", r"inside the run folder"),
-    "link-to-run": ("out/link-to-run.txt", r"inside the run folder"),
-    "dangling-into-run": ("out/dangling-into-run.txt", r"inside the run folder"),
+    "link-to-run": ("out/link-to-run.txt", r"is a link to .*outside its folder"),
+    "dangling-into-run": ("out/dangling-into-run.txt", r"is a link to .*outside its folder"),
     "conf": ("conf/config.yaml", r"inside the config folder"),
     "conf-new": ("conf/names.yaml", r"inside the config folder"),
     "conf-group": ("conf/model/small.yaml", r"inside the config folder"),
-    "link-to-conf": ("out/link-to-conf.yaml", r"inside the config folder"),
+    "link-to-conf": ("out/link-to-conf.yaml", r"is a link to .*outside its folder"),
     # issue 21 case 6: /dev/stdout may be a log file; standard output is out=-
     "dev-stdout": ("/dev/stdout", r"device or system path.*out=-"),
     "dev-stderr": ("/dev/stderr", r"device or system path"),
@@ -334,7 +335,7 @@ SAMPLING = [
     # work bounded: a billion names would never finish and would not fit in memory
     sample("num-samples-billion", f"ckpt={BEST}", "num_samples=1000000000",
            message=r"num_samples=1000000000 .*about .*GiB"),
-    sample("prefix-outside-vocabulary", f"ckpt={BEST}", "prefix=QQ", message=r"prefix 'QQ'"),
+    sample("prefix-outside-vocabulary", f"ckpt={BEST}", "prefix=QQ", message=r"prefix='QQ'"),
     sample("prefix-too-long", f"ckpt={BEST}", "prefix=" + "ba" * 30, message=r"prefix"),
     # documented: a batch is at most num_samples
     sample("batch-size-huge", f"ckpt={BEST}", "batch_size=100000000000", code=0,
@@ -351,7 +352,7 @@ SAMPLING = [
            message=r"microgpt: sampled 3,000 of 3,000"),
     sample("text-max-len-one", TEXT_RUN, "max_len=1", code=0, message=r"3 passage\(s\)"),
     sample("text-prefix-unknown", TEXT_RUN, "prefix=XYZ",
-           message=r"prefix has characters this model's vocabulary does not know: 'X'"),
+           message=r"prefix='XYZ' has characters the vocabulary does not know: 'X'"),
     sample("text-prefix-longer-than-block", TEXT_RUN, "max_len=5", "prefix=" + "the king " * 4,
            code=0, message=r"continues the last 15"),
     # advice that sample.py would refuse ("set data.path=...") is not given
@@ -373,7 +374,7 @@ HEADS_AND_COMPARE = [
     C("heads-missing-run", "heads", ["runs/zzz"], r"runs/zzz"),
     C("heads-not-a-run", "heads", ["data"], r"data"),
     C("heads-bad-device", "heads", [BEST, "--device=tpu"], r"tpu"),
-    C("heads-unknown-flag", "heads", [BEST, "--frobnicate"], r"unrecognized arguments", lines=0),
+    C("heads-unknown-flag", "heads", [BEST, "--frobnicate"], r"unrecognized arguments"),
     C("heads-threads-huge", "heads", [BEST, "--threads", "100000"], r"--threads=100000 is more"),
     C("heads-threads-zero", "heads", [BEST, "--threads", "0"], r"--threads=0 must be"),
     # a read-only run: the analysis is printed, and writing it is one line naming the file
@@ -386,7 +387,7 @@ HEADS_AND_COMPARE = [
     # broken jobs are listed as unreadable with why, and the rest compared
     C("compare-broken-jobs", "compare", ["broken-sweep"],
       r"(?s)heads=1 .*unreadable.*bad-config.*config\.yaml",
-      code=0, added=("broken-sweep/val_loss.png",)),
+      code=0),
 ]  # fmt: skip
 
 # ----------------------------------------------------------------------------- signals
@@ -400,7 +401,7 @@ def interrupted(id, command, args, target, signame, message) -> Case:
 
 
 STOPPED = r"interrupted \(SIG(INT|TERM)\): sampling stopped"
-SAMPLE = "microgpt.sample.command."
+SAMPLE = "microgpt.sample.report."
 SIGNALS = [
     *[interrupted("sampling-names", "sample.py", [*S, NAMES_RUN, "num_samples=5000"],
                   SAMPLE + "sample_names", sig, STOPPED) for sig in ("SIGINT", "SIGTERM")],
@@ -408,14 +409,15 @@ SIGNALS = [
                 "SIGINT", STOPPED),
     interrupted("sampling-into-out", "sample.py", [*S, NAMES_RUN, "out=out/new.txt"],
                 SAMPLE + "sample_names", "SIGTERM", r"nothing was written to out=out/new\.txt"),
-    interrupted("loading-checkpoint", "sample.py", [*S, NAMES_RUN], SAMPLE + "Checkpoint.load",
+    interrupted("loading-checkpoint", "sample.py", [*S, NAMES_RUN],
+                "microgpt.sample.command.Checkpoint.load",
                 "SIGTERM", r"interrupted \(SIGTERM\)"),
     interrupted("compare-reading", "compare", ["runs"], "microgpt.compare.read_sweep", "SIGINT",
                 r"microgpt: interrupted \(SIGINT\): nothing was written"),
     interrupted("compare-table", "compare", ["runs"], "microgpt.compare.format_table", "SIGTERM",
                 r"microgpt: interrupted \(SIGTERM\): nothing was written"),
     *[interrupted("generating-repeats", "train.py", [*T, NEW, *R],
-                  "microgpt.data.dataset.repeat_items", sig,
+                  "microgpt.data.repeats.repeat_items", sig,
                   r"interrupted \(SIG(INT|TERM)\): before the first checkpoint")
       for sig in ("SIGINT", "SIGTERM")],
 ]  # fmt: skip
@@ -580,7 +582,8 @@ runpy.run_path(os.path.join(folder, "prepare.py"), run_name="__main__")
                      id="missing-sdist"),
         pytest.param(_sdist, "nowhere/new.txt", r"cannot use .*nowhere/: No such",
                      id="out-in-missing-folder"),
-        pytest.param(_sdist, "/proc/new.txt", r"cannot use /proc/", id="out-under-proc"),
+        pytest.param(_sdist, "/proc/new.txt", r"/proc/new\.txt is a device or system path",
+                     id="out-under-proc"),
         pytest.param(_sdist, "ro/new.txt", r"cannot use .*ro/: Read-only", id="out-read-only"),
     ],
 )  # fmt: skip
