@@ -19,21 +19,21 @@ import torch
 from torch import Tensor
 
 from microgpt.data.repeats import repeated_passages, repeated_spans, span_for
+from microgpt.errors import UserError
 from microgpt.heads import circuits, roles
 from microgpt.heads.circuits import ablated_losses, model_heads, single_heads, token_losses
 from microgpt.heads.report import PRUNE_TOLERANCE, HeadReport, InductionTest
 from microgpt.system import eval_mode
-from microgpt.tokenizer import BOUNDARY_ID
+from microgpt.tokenizer import BOUNDARY_LABEL
 
 BATCH_SIZE = 256  # rows per forward pass
-BOUNDARY_LABEL = "<s>"  # the boundary token in the circuit tables
 INDUCTION_ROWS = 200  # rows of repeated spans in the induction test
 TEXT_INDUCTION_ROWS = 32  # rows of a text's passages twice (a block each: the tokens of 270 spans)
 INDUCTION_SEED = 1234  # the induction test's own seed: every run and step sees the same rows
 LIGHT_SHARE = 8  # analyse(light=True), during training: an eighth of the rows and test rows
 
 
-class HeadsError(ValueError):
+class HeadsError(UserError):
     """Nothing to analyse (no checkpoint, no validation split); the message says what to pass."""
 
 
@@ -146,10 +146,12 @@ def analyse(
     batch_size: int = BATCH_SIZE,
     induction: bool = True,
     light: bool = False,
+    boundary: bool = True,
 ) -> HeadReport:
     """The HeadReport of `model` on rows x, y (N, T). tokenizer: for the key classes of characters
     (else only `boundary` and `rare`) and the circuits' labels; counts (V,): each token's training
-    frequency, for `rare` (default: in these rows); induction: run the induction test; light: on
+    frequency, for `rare` (default: in these rows); induction: run the induction test; boundary:
+    whether rows start with the boundary token (the data format's; False: text windows); light: on
     1/LIGHT_SHARE of the rows and of the test's, no layer-0 tables (a run's analyses while it
     trains). The model's mode is kept."""
     if x.shape[0] == 0:
@@ -168,7 +170,7 @@ def analyse(
     with eval_mode(model), torch.inference_mode():
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # text windows (no boundary token at their start): the test repeats passages of them
-        text = x[y >= 0] if bool((x[:, 0] != BOUNDARY_ID).all()) else None
+        text = x[y >= 0] if not boundary else None
         found = induction_test(model, device, text, share) if induction else None
         qk, ov, copying = circuits.layer0_circuits(model)
     qk, ov = (None, None) if light else (qk, ov)  # large images: left to the whole analysis

@@ -10,11 +10,9 @@ named after the checkpoint (heads-best.json and .md, heads-step-000500.json, ...
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 from microgpt import entry, runs
 from microgpt.data.dataset import data_of_checkpoint
@@ -24,16 +22,6 @@ from microgpt.heads.analyse import analyse
 from microgpt.heads.report import HeadReport
 from microgpt.system import DEVICES, check_threads, pick_device, set_threads
 from microgpt.train.checkpoint import Checkpoint
-
-
-def training_counts(data) -> Tensor:
-    """(V,) how often each token occurs in a run's training data (microgpt.data.Data), for the
-    `rare` class: the training text's ids, or the characters of the training items."""
-    V = data.tokenizer.vocab_size
-    if data.train_ids is not None:
-        return torch.bincount(data.train_ids.flatten().cpu(), minlength=V)[:V]
-    seen = Counter("".join(data.split.train))
-    return torch.tensor([0] + [seen.get(c, 0) for c in data.tokenizer.chars])
 
 
 def analyse_checkpoint(
@@ -50,7 +38,7 @@ def analyse_checkpoint(
     # the first validation rows holding the format's number of targets
     keep = int(((y >= 0).sum(dim=1).cumsum(0) <= data.analysis_targets).sum().clamp(min=1))
     x, y = x[:keep], y[:keep]
-    report = analyse(model, x, y, tokenizer, training_counts(data))
+    report = analyse(model, x, y, tokenizer, data.training_counts(), boundary=data.boundary)
     report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.step}
     return report, run, ckpt_path
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from microgpt.tokenizer import char_label
+
 POSITIONAL = ("self", "previous", "two_back", "three_back", "start")
 CLASSES = ("boundary", "vowel", "consonant", "capital", "space", "newline", "punctuation", "rare")
 CORRELATIONS = ("gradient_vs_zero", "gradient_vs_mean", "zero_vs_mean", "zero_vs_position_mean")
@@ -299,4 +301,4 @@ def _heads(pairs) -> str:
 
 def _cell(label: str) -> str:
     """A token as a markdown table cell: whitespace and pipes made visible."""
-    return {"\n": "\\n", " ": "␣", "\t": "\\t", "|": "\\|"}.get(label, label)
+    return char_label(label).replace("|", "\\|")

@@ -27,23 +27,15 @@ from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
 from microgpt.files import write_text
-from microgpt.heads.analyse import BOUNDARY_LABEL
 from microgpt.heads.report import ROLES, HeadReport
-from microgpt.tokenizer import BOUNDARY_ID
 from microgpt.viz.draw import compose_layer, render_heads, render_offset_profile, render_table
 
-# Characters with no ink, labelled so that a map of a passage shows its spaces and line ends.
-VISIBLE = {" ": "·", "\n": "\\n", "\t": "\\t"}
 METRICS_FILE = "metrics.jsonl"
 
 
 def labels_for(ids: Sequence[int], tokenizer) -> list[str]:
-    """Token ids -> the characters to label a map with (BOUNDARY_LABEL, VISIBLE)."""
-    return [
-        BOUNDARY_LABEL if int(i) == BOUNDARY_ID else VISIBLE.get(c, c)
-        for i in ids
-        for c in [tokenizer.itos.get(int(i), "?")]
-    ]
+    """Token ids -> the labels of a map: the tokenizer's (one label per special character)."""
+    return tokenizer.labels(ids)
 
 
 def _numpy(x) -> np.ndarray:

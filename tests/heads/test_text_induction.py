@@ -57,7 +57,7 @@ def test_a_text_runs_induction_test_repeats_passages_of_its_own_text(rows):
     ids = torch.arange(400) % 11 + 1
     x, y = TextWindows(ids, 16).batch(torch.arange(25))
     # a model that knows the text predicts both copies of a passage of it ...
-    test = analyse(cycle_model(), x, y).induction
+    test = analyse(cycle_model(), x, y, boundary=False).induction
     assert test.text and (test.rows, test.span) == (TEXT_INDUCTION_ROWS, 8)
     assert test.loss_first < 0.01 and test.loss_repeat < 0.01
     # ... and not random spans' first copy
@@ -68,7 +68,7 @@ def test_a_text_runs_induction_test_repeats_passages_of_its_own_text(rows):
     with torch.no_grad():
         # sharper logits: the copied character (and the current one) far above the rest
         model.lm_head.weight.mul_(10.0)
-    test = analyse(model, x, y).induction
+    test = analyse(model, x, y, boundary=False).induction
     assert test.prefix[1, 0] > 0.9 and test.prefix[0, 0] < 0.05, test.prefix
     assert test.loss_repeat < test.loss_first - 0.5
     assert test.ablated[1, 0] > test.loss_repeat + 0.5
@@ -109,7 +109,8 @@ def test_a_light_analysis_reads_an_eighth_of_the_rows_and_of_the_test(tmp_path, 
     model, _ = Checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt").build_model("cpu")
     val = load_data(cfg.data.path, cfg.seed, 9, format="text").datasets["val"]
     x, y = val.batch(torch.arange(min(len(val), 16)))
-    light, whole = analyse(model, x, y, light=True), analyse(model, x, y)
+    light = analyse(model, x, y, light=True, boundary=False)
+    whole = analyse(model, x, y, boundary=False)
     assert (whole.items, light.items) == (len(x), len(x) // LIGHT_SHARE)
     assert light.induction.rows == TEXT_INDUCTION_ROWS // LIGHT_SHARE and light.induction.text
     assert whole.induction.rows == TEXT_INDUCTION_ROWS
