@@ -28,22 +28,23 @@ if __name__ == "__main__":  # `python bench/run.py` puts bench/, not the reposit
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
     sys.path.insert(0, str(REPO))
 
-import microgpt  # noqa: E402, F401, I001 -- sets OMP_WAIT_POLICY before torch loads OpenMP
+from microgpt import entry  # noqa: E402
 
-import torch  # noqa: E402
+with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C meanwhile: one line
+    import torch
 
-from bench.common import error_figure, git_commit, machine_info  # noqa: E402
-from bench.heads import run_heads  # noqa: E402
-from bench.memory import memory_child, run_memory  # noqa: E402
-from bench.sampling import run_sampling  # noqa: E402
-from bench.targets import ROWS, format_targets, run_targets  # noqa: E402
-from bench.throughput import run_throughput  # noqa: E402
-from bench.time_to_loss import run_time_to_loss  # noqa: E402
-from microgpt.errors import UserError, print_error  # noqa: E402
-from microgpt.files import STDOUT, OutputRefused, check_new_file, write_text  # noqa: E402
-from microgpt.model import ATTN_IMPLS  # noqa: E402
-from microgpt.runs import resolve  # noqa: E402
-from microgpt.system import DEVICES, pick_device, set_threads  # noqa: E402
+    from bench.common import error_figure, git_commit, machine_info
+    from bench.heads import run_heads
+    from bench.memory import memory_child, run_memory
+    from bench.sampling import run_sampling
+    from bench.targets import ROWS, format_targets, run_targets
+    from bench.throughput import run_throughput
+    from bench.time_to_loss import run_time_to_loss
+    from microgpt.errors import UserError
+    from microgpt.files import STDOUT, OutputRefused, check_new_file, write_text
+    from microgpt.model import ATTN_IMPLS
+    from microgpt.runs import resolve
+    from microgpt.system import DEVICES, pick_device, set_threads
 
 SECTIONS = {
     "throughput": run_throughput,
@@ -54,13 +55,6 @@ SECTIONS = {
     "targets": run_targets,
 }
 HEADER = ["section", "case", "median", "min", "max", "unit", "target", "pass/miss"]
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """A bad value: one `microgpt: error:` line and exit 2, as every microgpt command."""
-        print_error(message)
-        sys.exit(2)
 
 
 def listed(kind=int, least: float | None = 1, known=None):
@@ -93,7 +87,7 @@ def one(kind=int, least: float = 1):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = Parser(description=__doc__.split("\n\n")[0])
+    p = entry.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = {  # setting: (its default, with --quick)
         "presets": (["micro", "small"], ["micro"]),
         "batches": ([32, 128], [32]),
@@ -223,17 +217,8 @@ def main(argv=None) -> dict | None:
 
 
 def command(main, argv=None) -> int:
-    """Run `main` as microgpt's commands run (microgpt/cli.py): a user error or an OSError is one
-    `microgpt: error:` line and exit 2; Ctrl-C one line and exit 130."""
-    try:
-        main(argv)
-        return 0
-    except (UserError, OSError) as e:
-        print_error(e)
-        return 2
-    except KeyboardInterrupt:
-        print("microgpt: interrupted (SIGINT)", file=sys.stderr)
-        return 130
+    """`main(argv)` behind microgpt's one front door: its exit status."""
+    return entry.run(lambda: main(argv))
 
 
 if __name__ == "__main__":
