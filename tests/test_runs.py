@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from microgpt import runs
+from microgpt.checkpoint import Checkpoint
 from microgpt.cli import quote_values, remove_debris
 from microgpt.runs import RunFolderError
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import Trainer, train
 from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import REPO, TINY, make_names

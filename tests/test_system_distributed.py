@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from microgpt import system
+from microgpt.checkpoint import Checkpoint
 from microgpt.config import load_config
 from microgpt.model import GPT, GPTConfig
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import Trainer, train
 from tests.conftest import REPO, TINY, compose_config, make_names
 

@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from microgpt import runs, system
+from microgpt.checkpoint import Checkpoint
 from microgpt.files import remove_leftovers, write_text
 from microgpt.sample.report import sample_for_run
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import LossWindow, StepResult, eval_rows, evaluate
 from microgpt.viz.tensorboard import TensorBoardLogger
 

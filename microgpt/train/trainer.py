@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from microgpt import runs, system
+from microgpt.checkpoint import Checkpoint
 from microgpt.config import Config, ConfigError, check_memory, load_config
 from microgpt.data.dataset import DataError, load_data
 from microgpt.heads.analyse import analyse, probe_attention
@@ -25,7 +26,6 @@ from microgpt.model import GPT
 from microgpt.sample.report import sample_for_run
 from microgpt.tokenizer import BOUNDARY_ID
 from microgpt.train import summary
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import LossWindow, StepResult, eval_rows, evaluate
 from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
 from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged

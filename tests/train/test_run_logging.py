@@ -8,12 +8,12 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from microgpt.checkpoint import Checkpoint
 from microgpt.data.dataset import load_data
 from microgpt.data.text import TextWindows
 from microgpt.heads.analyse import LIGHT_SHARE
 from microgpt.model import GPT, GPTConfig
 from microgpt.train import loss, trainer
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import eval_rows, evaluate
 from microgpt.train.trainer import train
 

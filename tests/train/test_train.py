@@ -8,11 +8,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from microgpt.checkpoint import Checkpoint
 from microgpt.compare import main as compare_main
 from microgpt.config import load_config
 from microgpt.data.dataset import DataError
 from microgpt.heads.command import main as heads_main
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import lr_at, train
 from tests.conftest import REPO, TINY, compose_config
 
