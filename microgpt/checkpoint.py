@@ -134,6 +134,13 @@ class Checkpoint:
                 f"checkpoints/last.pt"
             )
         config, mine = current.train_config, current.model_config
+        heads = (self.model_config["n_head"], mine["n_head"])
+        if heads[0] != heads[1]:
+            raise ConfigError(
+                f"cannot resume from {self.path}: the head count of a run cannot change (it has "
+                f"{heads[0]} heads, heads={heads[1]} asks for {heads[1]}); resume without heads=, "
+                f"or start a new run with heads={heads[1]}"
+            )
         _check_settings(self.train_config, config, self.path)
         differing = sorted(k for k, v in self.model_config.items() if v != mine.get(k))
         same_data = self.split == current.split and self.tokenizer == current.tokenizer
@@ -289,6 +296,8 @@ def validated(raw: dict) -> dict:
     out["model_config"] = _model_settings(out["model_config"], "model_config")
     out["metrics"] = out["metrics"] or {}
     if out["train_config"] is not None:
+        # settings microgpt no longer has, which a resume would otherwise meet as unknown
+        out["train_config"]["train"].pop("group_by_length", None)
         model = _model_settings(out["train_config"]["model"], "train_config.model")
         if "n_kv_head" in {f.name for f in fields(GPTConfig)}:  # until GQA leaves the model
             model["n_kv_head"] = None

@@ -18,9 +18,18 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import runs
-from microgpt.config import Config, SampleConfig, flatten, load_config, parse_resume
+from microgpt.config import (
+    Config,
+    ConfigError,
+    SampleConfig,
+    check_training_memory,
+    flatten,
+    load_config,
+    parse_resume,
+)
 from microgpt.data.dataset import check_data_file
 from microgpt.errors import UserError, print_error
+from microgpt.system import pick_device
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
 INFO_FLAGS = set(
@@ -170,7 +179,7 @@ def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | 
             return _explain(e, task, known, conf_dir), ""
     try:
         _check_added_keys(task, known)
-        c = load_config(cfg, schema)
+        c = load_config(cfg, schema, given=_settings(task))
         if schema is Config:
             _check_job(c, job)
     except UserError as e:
@@ -228,11 +237,10 @@ def _explain(e: Exception, task: list[str], known: list[str], conf_dir: Path) ->
 
 
 def _check_job(c: Config, job: list[str]) -> None:
-    """What the schema cannot see: heads vs model.n_head, the data file, the run's folders."""
+    """What the schema cannot see: memory, the data file, the run's folders."""
     named, resume = _settings(job), parse_resume(c.resume)
-    heads, n_head = named.get("heads"), named.get("model.n_head")
-    if heads is not None and n_head is not None and heads != n_head:
-        raise UserError(f"heads={heads} and model.n_head={n_head} differ; give one of them")
+    # the settings that size the training step, against the device's memory (lower bounds)
+    check_training_memory(c, pick_device(c.device, ConfigError))
     # a resume trains on its checkpoint's data; repeats reads no file
     if not (resume and "data.path" not in named) and c.data.format != "repeats":
         check_data_file(c.data.path, c.data.prepare)

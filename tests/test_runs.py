@@ -17,6 +17,7 @@ import pytest
 from microgpt import runs
 from microgpt.checkpoint import Checkpoint
 from microgpt.cli import quote_values, remove_debris
+from microgpt.config import ConfigError
 from microgpt.runs import RunFolderError
 from microgpt.train.trainer import Trainer, train
 from microgpt.viz.tensorboard import read_metrics
@@ -60,7 +61,7 @@ def test_every_checkpoint_carries_the_run_id_of_its_folder(tiny_cfg, tmp_path):
         assert Checkpoint.load(path).run_id == run_id, path.name
 
 
-def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_path):
+def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_path, caplog):
     """issue 21, case 1: resume=<A>/checkpoints/last.pt with B's folder used to exit 0 with B's
     best.pt, last.pt and samples now A's."""
     train(tiny_cfg("train.max_steps=6", out=tmp_path / "a"))
@@ -78,8 +79,11 @@ def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_
     train(tiny_cfg(f"resume={a.last}", "train.max_steps=9", out=tmp_path / "c"))
     c = runs.RunFolder(tmp_path / "c")
     assert c.run_id() == a.run_id() == Checkpoint.load(c.last).run_id
+    with pytest.raises(ConfigError, match=r"the head count of a run cannot change \(it has 2"):
+        train(tiny_cfg(f"resume={a.path}", "heads=4", "train.max_steps=9", out=a.path))
     train(tiny_cfg(f"resume={a.path}", "train.max_steps=9", out=a.path))
     assert Checkpoint.load(a.last).step == 9
+    assert "train.max_steps=9 on a run of 6 steps: the cosine schedule now spans 9" in caplog.text
 
 
 @pytest.mark.parametrize("files", [["config.yaml"], ["samples.txt", "notes/x.md"]])

@@ -24,15 +24,16 @@ class Interrupted(TrainingError):
         self.checkpoint = checkpoint
 
 
-def diverged(step: int, loss: float, grad_norm: float, lr: float, last: Path, what: str = ""):
-    """The TrainingError saying what went non-finite at `step`, what is kept, what to try."""
+def diverged(step: int, loss: float, grad_norm: float, setting: str, last: Path, what: str = ""):
+    """The TrainingError saying what went non-finite at `step`, what is kept, what to try: a lower
+    `setting` (the diverging group's rate, as the user set it)."""
     kept = "no checkpoint was written yet"
     if last.exists():
         kept = f"the last good checkpoint, {last}, is kept"
     what = what or ("loss" if not math.isfinite(loss) else "gradient")
     return TrainingError(
-        f"non-finite {what} at step {step} (loss {loss}, grad norm {grad_norm}, lr {lr:.3g}): "
-        f"the run diverged and was stopped; {kept}. Try a lower optim.lr, gradient clipping "
+        f"non-finite {what} at step {step} (loss {loss}, grad norm {grad_norm}): the run diverged "
+        f"and was stopped; {kept}. Try a lower {setting}, gradient clipping "
         f"(optim.grad_clip=1.0) or a longer optim.warmup_steps"
     )
 

@@ -40,6 +40,8 @@ def start(trainer) -> tuple[str, TensorBoardLogger]:
     log.info(f"run folder: {out_dir.resolve()}")
     if resumed_from is not None:
         log.info(f"resumed from {resumed_from} at step {step}")
+    for line in trainer.notes:
+        log.warning(line)
     # the checkpoint holds step k's state, so points up to k stand; later ones (written after
     # the checkpoint by a run that was killed) are dropped and written again from k + 1
     purge = step + 1 if resumed_from else None

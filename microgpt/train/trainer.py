@@ -19,7 +19,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from microgpt import runs, system
 from microgpt.checkpoint import Checkpoint
-from microgpt.config import Config, ConfigError, check_memory, load_config
+from microgpt.config import Config, ConfigError, check_training_memory, load_config
 from microgpt.data.dataset import DataError, load_data
 from microgpt.heads.analyse import analyse, probe_attention
 from microgpt.model import GPT
@@ -32,6 +32,7 @@ from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverg
 from microgpt.viz.tensorboard import TensorBoardLogger, labels_for
 
 log = logging.getLogger("microgpt")
+HUGE_WEIGHT = 1e4  # a weight beyond it (or not finite) marks the group that diverged
 
 __all__ = ["Interrupted", "Trainer", "TrainingError", "train"]
 
@@ -84,9 +85,7 @@ class Trainer:
     def _setup_data(self) -> None:
         """The data, encoded on the device; the config then names it by its absolute path."""
         c = self.config
-        if c.model.block_size:  # before the data are encoded into (N, block_size) tensors
-            block = c.model_for_data(2, c.model.block_size)
-            check_memory(block, c.train.batch_size, self.device, True)
+        check_training_memory(c, self.device)  # before the data are encoded: lower bounds
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
         d, trim = c.data, not c.train.compile
         args = (d.path, c.seed, c.model.block_size, self.device, trim)
@@ -108,7 +107,7 @@ class Trainer:
         torch.manual_seed(c.seed)
         random.seed(c.seed)
         self.model_config = c.model_for_data(self.tokenizer.vocab_size, self.data.block_size)
-        check_memory(self.model_config, c.train.batch_size, self.device, c.model.block_size)
+        check_training_memory(c, self.device, self.tokenizer.vocab_size, self.data.block_size)
         self.model = GPT(self.model_config).to(self.device)
         self.train_model: nn.Module = self.model
         if self.dist.enabled:
@@ -133,10 +132,9 @@ class Trainer:
         """The loop's state: the batches and step 0, or all of it from last.pt on a resume."""
         c = self.config
         self.global_batch = c.train.batch_size * self.dist.world_size
-        grouping = (c.train.group_by_length, c.train.pack)
-        self.batches = self.data.train_batches(self.global_batch, c.seed, *grouping)
+        self.batches = self.data.train_batches(self.global_batch, c.seed, pack=c.train.pack)
         self.step, self.best_val_loss, self.history = 0, math.inf, {}
-        self.window, self.resumed_from = LossWindow(), None
+        self.window, self.resumed_from, self.notes = LossWindow(), None, []
         if self.resume_path is not None:
             self._load_resume(self.resume_path)
 
@@ -173,7 +171,8 @@ class Trainer:
             (self.scaler.is_enabled() or math.isfinite(float(grad_norm)))
             and (self.dist.enabled or math.isfinite(float(loss.detach())))
         ):
-            raise diverged(self.step + 1, float(loss.detach()), float(grad_norm), lr, self._last)
+            loss, norm = float(loss.detach()), float(grad_norm)
+            raise diverged(self.step + 1, loss, norm, self._diverging_rate(lr), self._last)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -182,6 +181,19 @@ class Trainer:
         self.step += 1
         share = loss.detach() * (n_mine / n_global)  # summed over ranks: the global batch's loss
         return StepResult(share, grad_norm, lr, n_global, x.numel())
+
+    def _diverging_rate(self, lr: float) -> str:
+        """The rate setting of the parameter groups whose weights blew up (Muon's:
+        optim.muon_lr), else of every group, with its value at this step (`lr` on the schedule)."""
+        o, groups = self.config.optim, self.optimizer.param_groups
+        # a healthy model's weights are O(1); a diverging group's are huge or not finite
+        broken = [g for g in groups if not all(p.abs().max() < HUGE_WEIGHT for p in g["params"])]
+        named = {}
+        for g in broken or groups:
+            name = "muon_lr" if g.get("muon") else "lr"
+            now = lr * g.get("lr_ratio", 1.0)
+            named[name] = f"optim.{name}={getattr(o, name):g} ({now:.3g} at this step)"
+        return " or ".join(named.values())
 
     # ---- the loop
 
@@ -307,6 +319,14 @@ class Trainer:
         self.step = ckpt.step
         self.history = {k: v for k, v in ckpt.metrics.items() if k != "interrupted_at"}
         self.resumed_from = path
+        was, c = ckpt.train_config["train"]["max_steps"], self.config
+        if was != c.train.max_steps and c.optim.decay != "constant":  # said once claimed
+            self.notes.append(
+                f"train.max_steps={c.train.max_steps} on a run of {was} steps: the {c.optim.decay} "
+                f"schedule now spans {c.train.max_steps} steps, as a run started with it would; "
+                f"the learning rate goes from {lr_at(self.step - 1, c, was):.3g} at step "
+                f"{self.step} to {lr_at(self.step, c):.3g}"
+            )
         self.run_id = ckpt.run_id  # None: written before run ids existed
 
     def _log_heads(self, step: int) -> None:
@@ -337,8 +357,8 @@ class Trainer:
             val_loss = evaluate(self.eval_model, val, c.train.eval_batch_size, self.autocast)
         # off the CPU the train loss is checked every log_every steps
         if not math.isfinite(val_loss):
-            lr = lr_at(self.step - 1, c)
-            raise diverged(self.step, val_loss, math.nan, lr, self._last, "validation loss")
+            rate = self._diverging_rate(lr_at(self.step - 1, c))
+            raise diverged(self.step, val_loss, math.nan, rate, self._last, "validation loss")
         # best_val_loss: the best score; the final one, or summary.finish, makes it exact
         improved = score < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, score)

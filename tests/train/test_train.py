@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from microgpt.checkpoint import Checkpoint
 from microgpt.compare import main as compare_main
-from microgpt.config import load_config
+from microgpt.config import ConfigError, load_config
 from microgpt.data.dataset import DataError
 from microgpt.heads.command import main as heads_main
 from microgpt.train.trainer import lr_at, train
@@ -183,16 +183,31 @@ def test_multirun_names_job_folders_by_their_overrides_and_the_readme_commands_t
     assert "heads=1" in table and "val_loss.png" in table
 
 
-def test_cli_bad_setting_is_one_line_without_traceback(tmp_path):
+@pytest.mark.parametrize(
+    "setting, says",
+    [
+        ("heads=3", "model.n_embd=64 is not divisible by heads=3"),
+        ("train.pack=1000000", "train.batch_size=128, train.pack=1000000 to train needs about"),
+        ("optim.muon_lr=inf", "optim.muon_lr=inf must be a finite number"),
+    ],
+)
+def test_cli_bad_setting_is_one_line_before_the_run_folder_is_made(tmp_path, setting, says):
     result = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "heads=3", f"hydra.run.dir={tmp_path}/r"],
+        [sys.executable, str(REPO / "train.py"), setting, f"hydra.run.dir={tmp_path}/r"],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=tmp_path,
     )
-    assert result.returncode == 2
-    assert "heads=3" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and not (tmp_path / "r").exists()
+    assert result.stderr.startswith(f"microgpt: error: {says}") and result.stderr.count("\n") == 1
+
+
+def test_heads_and_another_model_n_head_are_refused_whoever_builds_the_config():
+    with pytest.raises(ConfigError, match=r"^heads=4 and model.n_head=2 differ; give one of them"):
+        load_config({"heads": 4, "model": {"n_head": 2}})
+    # a preset's n_head is replaced by heads=N
+    assert load_config(compose_config(["model=base", "heads=2", "out_dir=."])).model.n_head == 2
 
 
 def test_a_second_run_into_a_claimed_folder_is_refused(tiny_cfg, tmp_path):
