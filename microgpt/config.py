@@ -22,6 +22,7 @@ from microgpt.data.repeats import check_repeats
 from microgpt.data.text import DEFAULT_BLOCK_SIZE as TEXT_BLOCK_SIZE
 from microgpt.errors import SamplingError, UserError
 from microgpt.model import GPTConfig, check_gpt_settings
+from microgpt.runs import parse_resume  # noqa: F401 (cli.py imports it from here)
 from microgpt.sample.generate import check_sampling_args
 from microgpt.sample.report import check_max_new
 from microgpt.system import DEVICES, PRECISIONS, ThreadsError, check_threads
@@ -219,25 +220,12 @@ class Config:
         resume, valid = self.resume, isinstance(self.resume, (bool, str)) and self.resume != ""
         require(valid, f"resume={resume!r} must be false, true, or the path of a checkpoint")
 
-    @property
-    def resume_requested(self) -> bool | str:
-        return parse_resume(self.resume)
-
     def model_for_data(self, vocab_size: int, block_size: int) -> GPTConfig:
         """The model's GPTConfig, once the data has given the vocabulary and block size."""
         return dataclasses.replace(self.model, vocab_size=vocab_size, block_size=block_size)
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def parse_resume(value) -> bool | str:
-    """resume as typed (false, true, "True", None, a path) -> False, True or the path."""
-    if value is None or value is False or str(value).lower() in ("false", "none", "null", ""):
-        return False
-    if value is True or str(value).lower() == "true":
-        return True
-    return str(value)
 
 
 @dataclass

@@ -249,8 +249,8 @@ def _check_job(c: Config, job: list[str]) -> None:
     _check_folder(named, "hydra.run.dir", "outputs", what)
     if c.out_dir != ".":
         _check_folder(named, "out_dir", "", what)
-    if isinstance(resume, str):
-        runs.resume_checkpoint(resume, ".")
+    if isinstance(resume, str):  # a named run or checkpoint that is not there fails here
+        runs.resolve_resume(resume)
 
 
 def _check_folder(named: dict, key: str, default: str, what: str | None) -> None:

@@ -67,6 +67,10 @@ def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_
     train(tiny_cfg("train.max_steps=6", out=tmp_path / "a"))
     train(tiny_cfg("train.max_steps=6", out=tmp_path / "b"))
     a, b = runs.RunFolder(tmp_path / "a"), runs.RunFolder(tmp_path / "b")
+    for inside in (a.path / "sub", a.checkpoints / "x"):  # nor a folder inside one
+        with pytest.raises(RunFolderError, match=f"is inside the run folder {a.path}:"):
+            train(tiny_cfg(out=inside))
+        assert not inside.exists()
     before = snapshot(b.path)
     with pytest.raises(RunFolderError) as info:
         train(tiny_cfg(f"resume={a.last}", "train.max_steps=12", out=b.path))

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from microgpt import runs
 from microgpt.config import ConfigError, load_config
 from microgpt.model import GPT, GPTConfig
 from microgpt.train.optim import Muon, orthogonalise
@@ -92,9 +93,10 @@ def test_muon_carries_its_nesterov_momentum_from_step_to_step(tiny_cfg):
     torch.testing.assert_close(opt.state[w]["momentum"], expected)
 
 
-def test_a_run_diverging_under_muon_names_muons_rate_not_adamws(tiny_cfg):
+def test_a_run_diverging_under_muon_names_muons_rate_not_adamws(tiny_cfg, tmp_path):
     """An absurd rate makes the weights non-finite (not an error inside the optimizer), and the
     message names the setting of the group that diverged."""
     with pytest.raises(TrainingError, match=r"non-finite loss at step \d+") as e:
         train(tiny_cfg("optim=muon", "optim.muon_lr=1e30"))
     assert "Try a lower optim.muon_lr=1e+30 (" in str(e.value) and "optim.lr" not in str(e.value)
+    assert runs.discard() == str(tmp_path / "run")  # before its first checkpoint: no folder left
