@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import os
 import signal
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -250,15 +251,23 @@ def check_threads(value, name: str = "threads") -> None:
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held while the block runs, delivered when it ends: for library code
-    (OmegaConf) that an exception raised inside it would leave half-updated."""
-    if not hasattr(signal, "pthread_sigmask"):  # Windows: delivered at once, as before
-        yield
+    (OmegaConf) that an exception raised inside it would leave half-updated. Held by handlers
+    that note them, not by a signal mask: a mask holds them in the calling thread only, and the
+    kernel hands a process's signal to any thread (tqdm's monitor), after which Python runs the
+    handler in the main thread anyway, inside the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread runs Python's signal handlers
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s in dict.fromkeys(caught):  # each once, in the order they came
+            signal.raise_signal(s)
 
 
 def usable_cores() -> int:

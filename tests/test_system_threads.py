@@ -1,12 +1,13 @@
 """The choice of CPU threads (microgpt/system.py): the setting, the environment, a parallel sweep's
 share of the cores, and the wait policy set before torch loads OpenMP. No timing here: how the
-choice behaves under load is bench/run.py's `threads` section."""
+choice behaves under load is bench/run.py's `threads` section. And signals_held."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from microgpt.sample.generate import SamplingError
 from microgpt.startup_checks import sweep_jobs
 from microgpt.system import ThreadsError, check_threads, choose_threads, jobs_at_once, share
 from microgpt.train.trainer import Trainer
-from tests.conftest import CONF, REPO
+from tests.conftest import CONF
 
 
 @pytest.mark.parametrize(
@@ -124,26 +125,21 @@ def test_sweep_jobs_counts_the_jobs():
     assert len(sweep_jobs([])) == 1
 
 
-@pytest.mark.parametrize(
-    ("given", "expected"),
-    [
-        ({}, "PASSIVE"),
-        ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"),
-        ({"GOMP_SPINCOUNT": "10000"}, "unset"),  # a spin count chosen: OpenMP's policy stays
-    ],
-)
-def test_importing_microgpt_sets_a_sleeping_wait_policy_unless_one_is_set(given, expected):
-    drop = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-    env = {**{k: v for k, v in os.environ.items() if k not in drop}, **given}
-    code = (
-        "import os, sys, microgpt; "
-        "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), 'torch' in sys.modules)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
-    )
-    # set before torch is imported: OpenMP reads it once, when torch loads it
-    assert done.stdout.split() == [expected, "False"]
+def test_a_signal_held_waits_for_the_block_whichever_thread_the_kernel_hands_it_to():
+    """A thread that does not hold it (TensorBoard's writer, tqdm's monitor) took the signal and
+    Python ran the handler inside the block (a thread's signal mask holds only that thread)."""
+    other_thread_ends, seen = threading.Event(), []
+    threading.Thread(target=other_thread_ends.wait, daemon=True).start()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("handled"))
+    try:
+        with system.signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # time enough for the handler, were it not held
+            seen.append("block ended")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        other_thread_ends.set()
+    assert seen == ["block ended", "handled"]
 
 
 def test_usable_cores_follows_the_affinity(monkeypatch):
