@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from microgpt import system
 from microgpt.config import Config, ConfigError, flatten
 from microgpt.errors import UserError, reason
 from microgpt.files import atomic_write
@@ -74,12 +75,11 @@ class Checkpoint:
         full["checksum"] = checksum(full)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_write(path) as f:
+            # a signal (a second Ctrl-C) waits for the save's end: no half-made file to clean
+            with system.signals_held(), atomic_write(path) as f:
                 torch.save(full, f)
-        # torch.save reports a failed write as RuntimeError
+        # torch.save reports a failed write (a full disk: "unexpected pos") as RuntimeError
         except (OSError, RuntimeError) as e:
-            if isinstance(e, RuntimeError) and "write" not in str(e):
-                raise
             last = path.parent / "last.pt"
             kept = f"{last} is whole: free space, then python train.py resume={last}"
             if not last.is_file():

@@ -59,9 +59,11 @@ def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> Non
         errors = _command_line_errors(argv, conf_dir, config_name)
     except _LeaveToHydra:
         return
-    if len(errors) > 1:
+    # under torchrun every rank checks the same command line: rank 0 alone says what is wrong
+    shown = errors if os.environ.get("RANK", "0") == "0" else []
+    if len(shown) > 1:
         print_error(f"{len(errors)} of the sweep's jobs have bad settings; none was started:")
-    for e in errors:
+    for e in shown:
         print_error(e)
     if errors:
         sys.exit(2)

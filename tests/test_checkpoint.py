@@ -1,6 +1,9 @@
 """A loaded checkpoint is checked against its schema: every field's type and range, once, at load;
 a file that fails names the field."""
 
+import os
+import signal
+
 import pytest
 import torch
 
@@ -22,7 +25,7 @@ def saved(tmp_path, **changes):
     ).to_dict()
     raw.update(changes)
     raw["checksum"] = checksum(raw)
-    path = tmp_path / "c.pt"
+    path = tmp_path / "last.pt"
     torch.save(raw, path)
     return path
 
@@ -67,3 +70,32 @@ def test_a_field_of_the_wrong_type_or_range_is_refused_by_name(tmp_path, field, 
     with pytest.raises(CheckpointError) as e:
         Checkpoint.load(path)
     assert str(e.value).startswith(f"checkpoint {path}: field {says}")
+
+
+def test_a_full_disk_during_a_save_is_one_line_with_the_resume_command(tmp_path, monkeypatch):
+    last = saved(tmp_path)
+    before = last.read_bytes()
+
+    def full_disk(*args, **kwargs):  # what torch.save raises on a full tmpfs
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:672] . unexpected pos 1344 vs 1238"
+        )
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(CheckpointError) as e:
+        Checkpoint.load(last).save(tmp_path / "last.pt")
+    assert str(e.value).startswith(f"cannot write {last}: ") and "\n" not in str(e.value)
+    assert str(e.value).endswith(f"python train.py resume={last}") and last.read_bytes() == before
+
+
+def test_a_signal_inside_a_save_is_raised_once_the_checkpoint_is_whole(tmp_path, monkeypatch):
+    ckpt, real_save = Checkpoint.load(saved(tmp_path)), torch.save
+
+    def interrupted_save(obj, f):  # a second Ctrl-C lands mid-write
+        os.kill(os.getpid(), signal.SIGINT)
+        real_save(obj, f)
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(tmp_path / "new.pt")
+    assert Checkpoint.load(tmp_path / "new.pt").step == 3

@@ -235,6 +235,7 @@ class Trainer:
         # evaluation, checkpoints and the head analysis are not training: their time is left
         # out of tokens_per_sec (on a GPU, log_window's float() just synced)
         busy = time.perf_counter()
+        stop.at_once = final  # after the last step a signal stops the final evaluation at once
         self._between_steps(metrics, final)
         spent = time.perf_counter() - busy
         self.window.paused += spent

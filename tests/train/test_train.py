@@ -1,7 +1,10 @@
 """End to end: a tiny training run writes everything it promises, and the checkpoint reloads."""
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from microgpt.compare import main as compare_main
 from microgpt.config import ConfigError, load_config
 from microgpt.data.dataset import DataError
 from microgpt.heads.command import main as heads_main
-from microgpt.train.trainer import lr_at, train
+from microgpt.train.trainer import Trainer, lr_at, train
 from tests.conftest import REPO, TINY, compose_config
 
 
@@ -201,6 +204,22 @@ def test_cli_bad_setting_is_one_line_before_the_run_folder_is_made(tmp_path, set
     )
     assert result.returncode == 2 and not (tmp_path / "r").exists()
     assert result.stderr.startswith(f"microgpt: error: {says}") and result.stderr.count("\n") == 1
+
+
+def test_a_signal_during_the_final_analysis_stops_it_at_once(tiny_cfg):
+    trainer = Trainer(load_config(tiny_cfg()))
+    light_analysis = trainer._log_heads
+
+    def final_analysis_interrupted(step):
+        if step < trainer.config.train.max_steps:
+            return light_analysis(step)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # time enough for the handler
+        raise AssertionError("the analysis went on after the signal")
+
+    trainer._log_heads = final_analysis_interrupted
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        trainer.run()
 
 
 def test_heads_and_another_model_n_head_are_refused_whoever_builds_the_config():
