@@ -214,7 +214,9 @@ def _model_settings(values: dict, field_name: str) -> dict:
     if missing:
         raise ValueError(f"{field_name}.{missing[0]} must be a positive integer, found None")
     try:
-        check_gpt_settings(values, lambda f: f"{field_name}.{f}")
+        # a setting added after the checkpoint was written takes its default
+        defaults = {f.name: f.default for f in fields(GPTConfig)}
+        check_gpt_settings({**defaults, **values}, lambda f: f"{field_name}.{f}")
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(reason(e)) from None
     return values

@@ -367,4 +367,5 @@ def check_training_memory(c: Config, device, vocab_size: int = 2, block_size: in
         sizes.append(f"a block of {block} (from the data)")
     fix = f"lower {' or '.join(s.split('=')[0] for s in sizes if '=' in s)} or the model's size"
     need = system.training_bytes(c.model_for_data(vocab_size, block), rows, row_len)
-    system.check_memory(need, device, ", ".join(sizes) + " to train", fix, ConfigError)
+    what = sizes[0] + (f" with {' and '.join(sizes[1:])}" if sizes[1:] else "")
+    system.check_memory(need, device, what, fix, ConfigError)

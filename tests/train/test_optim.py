@@ -10,7 +10,7 @@ import torch
 from microgpt import runs
 from microgpt.config import ConfigError, load_config
 from microgpt.model import GPT, GPTConfig
-from microgpt.train.optim import Muon, orthogonalise
+from microgpt.train.optim import Muon, make_optimizer, orthogonalise
 from microgpt.train.trainer import Trainer, TrainingError, train
 
 
@@ -38,34 +38,36 @@ def test_orthogonalise_is_the_quintic_newton_schulz_iteration(shape):
     torch.testing.assert_close(orthogonalise(g), expected, rtol=0, atol=1e-5)
 
 
-def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(tiny_cfg):
-    model = GPT(GPTConfig(vocab_size=27, block_size=16, n_layer=2))
-    o = load_config(tiny_cfg("optim=muon")).optim
-    opt = Muon(model, o)
+@pytest.mark.parametrize("optim", ["adamw", "muon"])
+def test_weight_decay_takes_matrices_only_and_muon_the_blocks_matrices(tiny_cfg, optim):
+    model = GPT(GPTConfig(vocab_size=27, block_size=16, n_layer=2, bias=True))
+    config = load_config(tiny_cfg(f"optim={optim}"))
+    o, opt = config.optim, make_optimizer(model, config, torch.device("cpu"))
+    for group in opt.param_groups:
+        dims = {p.dim() for p in group["params"]}
+        assert dims == ({2} if group["weight_decay"] > 0 else {1}), group["weight_decay"]
     names = {id(p): n for n, p in model.named_parameters()}
-    muon, matrices, gains = ([names[id(p)] for p in g["params"]] for g in opt.param_groups)
-    assert sorted(muon) == sorted(
-        f"blocks.{i}.{m}.weight"
-        for i in range(2)
-        for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
-    )
-    assert sorted(matrices) == ["lm_head.weight", "wpe.weight", "wte.weight"]
-    assert all(n.endswith(".weight") and "norm" in n for n in gains)
-    assert opt.param_groups[0]["lr_ratio"] == pytest.approx(o.muon_lr / o.lr)
-    assert opt.param_groups[2]["weight_decay"] == 0.0
+    grouped = [[names[id(p)] for p in g["params"]] for g in opt.param_groups]
+    assert sorted(sum(grouped, [])) == sorted(names.values())  # each parameter once
+    if optim == "muon":
+        layers = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+        blocks = sorted(f"blocks.{i}.{m}.weight" for i in range(2) for m in layers)
+        assert sorted(grouped[0]) == blocks and opt.param_groups[0]["lr_ratio"] == o.muon_lr / o.lr
+        assert sorted(grouped[1]) == ["lm_head.weight", "wpe.weight", "wte.weight"]
 
 
 def test_muon_lowers_the_loss_and_resumes_exactly(tiny_cfg, tmp_path):
     muon = ("device=cpu", "optim=muon", "train.num_samples=0", "train.eval_every=4")
     muon += ("optim.decay=constant", "optim.warmup_steps=0")  # the same schedule for 4 or 8 steps
-    whole = Trainer(load_config(tiny_cfg(*muon, "train.max_steps=8", out=tmp_path / "whole")))
+
+    def trainer(*settings, out):
+        return Trainer(load_config(tiny_cfg(*muon, *settings, out=tmp_path / out)))
+
+    whole = trainer("train.max_steps=8", out="whole")
     metrics = whole.run()
-    Trainer(load_config(tiny_cfg(*muon, "train.max_steps=4", out=tmp_path / "split"))).run()
-    second = Trainer(
-        load_config(tiny_cfg(*muon, "train.max_steps=8", "resume=true", out=tmp_path / "split"))
-    )
-    resumed = second.run()
-    assert resumed["val_loss"] == metrics["val_loss"]
+    trainer("train.max_steps=4", out="split").run()
+    second = trainer("train.max_steps=8", "resume=true", out="split")
+    assert second.run()["val_loss"] == metrics["val_loss"]
     for k, v in whole.model.state_dict().items():
         assert torch.equal(v, second.model.state_dict()[k]), k
     # a model that has learned nothing scores ln(vocab) nats: uniform over the characters

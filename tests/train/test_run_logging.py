@@ -51,10 +51,8 @@ def whole_val_loss(path, data) -> float:
 def test_a_text_run_estimates_while_it_trains_and_reports_whole_split_figures(
     tiny_cfg, tmp_path, monkeypatch
 ):
-    cfg = tiny_cfg("data.format=text", "model.block_size=8", "train.num_samples=1")
-    estimated = tiny_cfg(
-        "data.format=text", "model.block_size=8", "train.num_samples=1", out=tmp_path / "est"
-    )
+    text = ("data.format=text", "model.block_size=8", "train.num_samples=1")
+    cfg, estimated = tiny_cfg(*text), tiny_cfg(*text, out=tmp_path / "est")
     whole = train(cfg)
     monkeypatch.setattr(loss, "ESTIMATE_POSITIONS", 64)  # 8 windows of the val split
     metrics = train(estimated)
