@@ -136,10 +136,24 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
     def _make_batches(self) -> None:
-        """The training batches: the global batch's order, each rank taking its share."""
+        """The training batches: the global batch's order, each process taking its share."""
         c = self.config
         self.global_batch = c.train.batch_size * self.dist.world_size
         self.batches = self.data.train_batches(self.global_batch, c.seed, pack=c.train.pack)
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+        """This process's (x, y) of the next global batch, the weight of its mean loss (1 on one
+        process: the global batch's mean over its targets, whatever their split between ranks,
+        times the world size, as DDP averages gradients over ranks), the global batch's targets."""
+        x, y, n_mine, n_global = self.batches.next(self.dist.rank, self.config.train.batch_size)
+        return x, y, n_mine * self.dist.world_size / n_global, n_global
+
+    def _finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """Whether a step may go on: a finite gradient norm (under fp16 an overflow is normal: the
+        scaler skips the step and lowers the scale) and loss. Under DDP the norm alone decides:
+        it comes from the all-reduced gradients, the same on every rank."""
+        grad_ok = self.scaler.is_enabled() or math.isfinite(float(grad_norm))
+        return grad_ok and (self.dist.enabled or math.isfinite(float(loss.detach())))
 
     def autocast(self):
         if self.precision == "fp32":
@@ -156,24 +170,16 @@ class Trainer:
         lr = lr_at(self.step, c)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_ratio", 1.0)
-        # (B, T) each: this rank's share of the global batch, and the targets in each
-        x, y, n_mine, n_global = self.batches.next(self.dist.rank, c.train.batch_size)
+        x, y, weight, targets = self._next_batch()  # (B, T) each
         # packed rows: each item starts at a boundary token
         starts = x == BOUNDARY_ID if c.train.pack else None
         with self.autocast():
             _, loss = self.train_model(x, y, doc_starts=starts)
-        # the mean over the global batch's characters, whatever their split between ranks
-        # (DDP averages gradients over ranks, hence the world_size factor)
-        self.scaler.scale(loss * (n_mine * self.dist.world_size / n_global)).backward()
+        self.scaler.scale(loss * weight).backward()
         self.scaler.unscale_(self.optimizer)  # clip the true gradients (no-op unless fp16)
         max_norm = c.optim.grad_clip if c.optim.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        # grad_norm comes from the all-reduced gradients, so every rank decides alike; under
-        # fp16 an overflowing gradient is normal: the scaler skips the step and lowers the scale
-        if check and not (
-            (self.scaler.is_enabled() or math.isfinite(float(grad_norm)))
-            and (self.dist.enabled or math.isfinite(float(loss.detach())))
-        ):
+        if check and not self._finite(loss, grad_norm):
             loss, norm = float(loss.detach()), float(grad_norm)
             raise diverged(self.step + 1, loss, norm, self._diverging_rate(lr), self._last)
         self.scaler.step(self.optimizer)
@@ -182,8 +188,7 @@ class Trainer:
         if self.ema is not None:
             self.ema.update(self.model, self.step)
         self.step += 1
-        share = loss.detach() * (n_mine / n_global)  # summed over ranks: the global batch's loss
-        return StepResult(share, grad_norm, lr, n_global, x.numel())
+        return StepResult(loss.detach() * weight, grad_norm, lr, targets, x.numel())
 
     def _diverging_rate(self, lr: float) -> str:
         """The rate setting of the parameter groups whose weights blew up (Muon's:
@@ -411,7 +416,8 @@ class Trainer:
         """The window's train loss, summed over ranks; scalars and the bar (rank 0); a new
         window."""
         w = self.window
-        loss = system.sum_over_ranks(float(w.loss), self.dist) / w.steps
+        # each rank's loss is weighted to the global mean times the world size (_next_batch)
+        loss = system.sum_over_ranks(float(w.loss), self.dist) / w.steps / self.dist.world_size
         tps = w.tokens_per_sec(time.perf_counter())  # after float(): the device has caught up
         if self.is_main:
             scalars = {"loss/train": loss, "lr": out.lr, "train/grad_norm": float(out.grad_norm)}
