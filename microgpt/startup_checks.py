@@ -246,8 +246,9 @@ def _check_job(c: Config, job: list[str]) -> None:
     # a resume trains on its checkpoint's data; repeats reads no file
     if not (resume and "data.path" not in named) and c.data.format != "repeats":
         check_data_file(c.data.path, c.data.prepare)
-    # under torchrun, rank 0 checks and claims the folder and the other ranks join it
-    what = "a run" if not resume and os.environ.get("RANK", "0") == "0" else None
+    # under torchrun every rank checks the folder (rank 0 alone claims it, once every rank has
+    # joined the process group, so after these checks): a refused one stops all ranks at once
+    what = "a run" if not resume else None
     _check_folder(named, "hydra.run.dir", "outputs", what)
     if c.out_dir != ".":
         _check_folder(named, "out_dir", "", what)
