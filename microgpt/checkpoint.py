@@ -184,16 +184,39 @@ def _kind(value) -> str:
     return next((k for t, k in kinds.items() if isinstance(value, t)), type(value).__name__)
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _is(kind, v) -> bool:
+    """isinstance, with a bool no number (True is an int to Python)."""
+    return isinstance(v, kind) and not (isinstance(v, bool) and kind in (int, (int, float)))
 
 
-def _strings(v) -> bool:
-    return isinstance(v, list) and all(isinstance(s, str) for s in v)
+def _mapping(values=object):
+    return lambda v: (
+        isinstance(v, dict) and all(_is(str, k) and _is(values, x) for k, x in v.items())
+    )
 
 
 def _maybe(check):
     return lambda v: v is None or check(v)
+
+
+def _is_split(v) -> bool:
+    """A run's split: lists of the train, val and test items, or a text's bounds and digest."""
+    if not isinstance(v, dict):
+        return False
+    if "bounds" in v:
+        bounds = v["bounds"]
+        return _is(list, bounds) and all(_is(int, b) for b in bounds) and _is(str, v.get("digest"))
+    return all(_is(list, v.get(n)) and all(_is(str, x) for x in v[n]) for n in SPLIT_NAMES)
+
+
+def _is_resume(v) -> bool:
+    """last.pt's training state: optimizer, sampler (its global batch) and random states."""
+    parts = ("optimizer", "sampler", "rng")
+    return (
+        _mapping()(v)
+        and all(isinstance(v.get(k), dict) for k in parts)
+        and (_is(int, v["sampler"].get("batch_size")) and _is((int, float), v.get("best_val_loss")))
+    )
 
 
 def _model_settings(values: dict, field_name: str) -> dict:
@@ -222,67 +245,28 @@ def _model_settings(values: dict, field_name: str) -> dict:
     return values
 
 
-TRAIN_GROUPS = ("model", "data", "optim", "train", "log")
-# field -> (what it must be, the check); the fields the typed Checkpoint holds, in load order
+TRAIN_GROUPS, SPLIT_NAMES = ("model", "data", "optim", "train", "log"), ("train", "val", "test")
+# field -> (what it must be, the check), for the fields the typed Checkpoint holds
 SCHEMA = {
-    "model": (
-        "a mapping of parameter names to tensors",
-        lambda v: (
-            isinstance(v, dict)
-            and all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items())
-        ),
-    ),
-    "model_config": ("a mapping of the model's settings", lambda v: isinstance(v, dict)),
+    "model": ("a mapping of parameter names to tensors", _mapping(torch.Tensor)),
+    "model_config": ("a mapping of the model's settings", _mapping()),
     "tokenizer": (
         "a mapping whose vocabulary (chars) is a string",
-        lambda v: isinstance(v, dict) and isinstance(v.get("chars"), str),
+        lambda v: _mapping()(v) and _is(str, v.get("chars")),
     ),
     "train_config": (
         f"a mapping with the groups {', '.join(TRAIN_GROUPS)} (each a mapping)",
-        _maybe(
-            lambda v: isinstance(v, dict) and all(isinstance(v.get(g), dict) for g in TRAIN_GROUPS)
-        ),
+        _maybe(lambda v: _mapping()(v) and all(_mapping()(v.get(g)) for g in TRAIN_GROUPS)),
     ),
-    "step": ("a non-negative integer", _maybe(lambda v: _is_int(v) and v >= 0)),
-    "metrics": (
-        "a mapping of names to numbers",
-        _maybe(
-            lambda v: (
-                isinstance(v, dict)
-                and all(isinstance(k, str) and isinstance(x, (int, float)) for k, x in v.items())
-            )
-        ),
-    ),
+    "step": ("a non-negative integer", _maybe(lambda v: _is(int, v) and v >= 0)),
+    "metrics": ("a mapping of names to numbers", _maybe(_mapping((int, float)))),
     "split": (
-        "a mapping of the train, val and test items (lists of strings), or a text split's "
-        "bounds (integers) and digest (a string)",
-        _maybe(
-            lambda v: (
-                isinstance(v, dict)
-                and (
-                    all(_strings(v.get(n)) for n in ("train", "val", "test"))
-                    or (
-                        isinstance(v.get("bounds"), list)
-                        and all(_is_int(b) and b >= 0 for b in v["bounds"])
-                        and isinstance(v.get("digest"), str)
-                    )
-                )
-            )
-        ),
+        "lists of the train, val and test items (strings), or a text's bounds",
+        _maybe(_is_split),
     ),
-    "run_id": ("a string", _maybe(lambda v: isinstance(v, str))),
-    "data_sha256": ("a string", _maybe(lambda v: isinstance(v, str))),
-    "resume": (
-        "a mapping holding the optimizer, sampler and random states and best_val_loss",
-        _maybe(
-            lambda v: (
-                isinstance(v, dict)
-                and all(isinstance(v.get(k), dict) for k in ("optimizer", "sampler", "rng"))
-                and _is_int(v["sampler"].get("batch_size"))
-                and isinstance(v.get("best_val_loss"), (int, float))
-            )
-        ),
-    ),
+    "run_id": ("a string", _maybe(lambda v: _is(str, v))),
+    "data_sha256": ("a string", _maybe(lambda v: _is(str, v))),
+    "resume": ("a mapping of the optimizer, sampler and random states", _maybe(_is_resume)),
 }
 
 

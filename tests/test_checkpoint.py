@@ -42,7 +42,11 @@ def test_a_valid_checkpoint_loads_and_a_null_or_equal_kv_head_count_is_dropped(t
         ("step", -1, "step must be a non-negative integer, found the number -1"),
         ("tokenizer", {"chars": ["a"]}, "tokenizer must be a mapping whose vocabulary"),
         ("metrics", [], "metrics must be a mapping of names to numbers, found a list"),
-        ("resume", {"optimizer": 1}, "resume must be a mapping holding the optimizer"),
+        (
+            "resume",
+            {"optimizer": 1},
+            "resume must be a mapping of the optimizer, sampler and random",
+        ),
         ("model", {"w": 1}, "model must be a mapping of parameter names to tensors"),
         ("model_config", {**MODEL, "n_head": "x"}, "model_config.n_head='x' must be a positive"),
         ("model_config", {**MODEL, "n_kv_head": 1}, "model_config.n_kv_head=1: grouped-query"),
