@@ -367,5 +367,6 @@ def check_training_memory(c: Config, device, vocab_size: int = 2, block_size: in
         sizes.append(f"a block of {block} (from the data)")
     fix = f"lower {' or '.join(s.split('=')[0] for s in sizes if '=' in s)} or the model's size"
     need = system.training_bytes(c.model_for_data(vocab_size, block), rows, row_len)
-    what = sizes[0] + (f" with {' and '.join(sizes[1:])}" if sizes[1:] else "")
+    # e.g. "train.pack=64 and model.block_size=32 with train.batch_size=128"
+    what = " with ".join(filter(None, (" and ".join(sizes[1:]), sizes[0])))
     system.check_memory(need, device, what, fix, ConfigError)

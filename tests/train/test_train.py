@@ -128,7 +128,7 @@ def test_multirun_names_job_folders_by_their_overrides_and_the_readme_commands_t
     "setting, says",
     [
         ("heads=3", "model.n_embd=64 is not divisible by heads=3"),
-        ("train.pack=1000000", "train.batch_size=128 with train.pack=1000000 needs about"),
+        ("train.pack=1000000", "train.pack=1000000 with train.batch_size=128 needs about"),
         ("optim.muon_lr=inf", "optim.muon_lr=inf must be a finite number"),
     ],
 )
