@@ -20,15 +20,15 @@ from microgpt import system
 from microgpt.data.dataset import data_format
 from microgpt.errors import DataError, SamplingError, UserError
 from microgpt.model import GPTConfig, check_gpt_settings
+from microgpt.runs import parse_resume  # noqa: F401 (cli.py imports it from here)
 from microgpt.sample.generate import check_sampling_args
 from microgpt.sample.report import check_max_new
-from microgpt.system import DEVICES, PRECISIONS, ThreadsError, available_memory, check_threads, gib
+from microgpt.system import DEVICES, PRECISIONS, ThreadsError, check_threads
 
 DECAYS = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
 MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
-SAMPLES_PER_SECOND = 5_000  # small model, batched: 1,000 names in 0.165 s (docs/benchmarks.md)
 
 
 class ConfigError(UserError):
@@ -38,6 +38,16 @@ class ConfigError(UserError):
 def require(ok: bool, message: str, error: type[Exception] = ConfigError) -> None:
     if not ok:
         raise error(message)
+
+
+def require_finite(group, prefix: str) -> None:
+    """Every float setting of `group` (a dataclass) finite: inf or nan refused by its name."""
+    for f in dataclasses.fields(group):
+        v = getattr(group, f.name)
+        require(
+            not isinstance(v, float) or math.isfinite(v),
+            f"{prefix}{f.name}={v} must be a finite number",
+        )
 
 
 def flatten(d, prefix: str = "") -> dict:
@@ -91,9 +101,7 @@ class OptimConfig:
 
     def __post_init__(self):
         require(self.name in OPTIMIZERS, f"optim.name={self.name!r} is unknown; use {OPTIMIZERS}")
-        for name in ("lr", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):
-            value = getattr(self, name)
-            require(math.isfinite(value), f"optim.{name}={value} must be a finite number")
+        require_finite(self, "optim.")
         for name, typical in (("lr", "1e-3"), ("muon_lr", "0.02"), ("eps", "1e-8")):
             value = getattr(self, name)
             require(value > 0, f"optim.{name}={value} must be > 0 (typical: {typical})")
@@ -119,7 +127,6 @@ class OptimConfig:
 class TrainConfig:
     max_steps: int = 3500
     batch_size: int = 128  # per process; under torchrun the global batch is batch_size * world size
-    group_by_length: int = 0  # >0: batches of similar-length items, sorted within runs of N batches
     pack: int = 0  # >0: a batch's items end to end in rows of N tokens (no padding; text: none)
     eval_every: int = 250
     save_every: int = 0  # >0: keep checkpoints/step-NNNNNN.pt (weights, no optimizer) every N steps
@@ -133,10 +140,11 @@ class TrainConfig:
     progress: bool | None = None  # tqdm bar; null = only when stderr is a terminal
 
     def __post_init__(self):
+        require_finite(self, "train.")
         for name in ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every"):
             value = getattr(self, name)
             require(value >= 1, f"train.{name}={value} must be at least 1")
-        for name in ("save_every", "group_by_length", "pack"):
+        for name in ("save_every", "pack"):
             value = getattr(self, name)
             require(value >= 0, f"train.{name}={value} must be >= 0 (0 = off)")
         require(0 <= self.ema < 1, f"train.ema={self.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
@@ -144,8 +152,9 @@ class TrainConfig:
         require(n >= 0, f"train.num_samples={n} must be 0 or more")
         require(
             n <= MAX_TRAIN_SAMPLES,
-            f"train.num_samples={n} would sample for about {n / SAMPLES_PER_SECOND / 3600:,.1f} "
-            f"hours on a CPU after the last step, before the test loss is written; at most "
+            f"train.num_samples={n} would sample for about "
+            f"{system.decoding_seconds(n, 16) / 60:,.0f} minutes on a CPU after the last step, "
+            f"before the test loss is written; at most "
             f"{MAX_TRAIN_SAMPLES:,} here: sample more afterwards with python sample.py "
             f"num_samples=N out=FILE",
         )
@@ -200,25 +209,12 @@ class Config:
         resume, valid = self.resume, isinstance(self.resume, (bool, str)) and self.resume != ""
         require(valid, f"resume={resume!r} must be false, true, or the path of a checkpoint")
 
-    @property
-    def resume_requested(self) -> bool | str:
-        return parse_resume(self.resume)
-
     def model_for_data(self, vocab_size: int, block_size: int) -> GPTConfig:
         """The model's GPTConfig, once the data has given the vocabulary and block size."""
         return dataclasses.replace(self.model, vocab_size=vocab_size, block_size=block_size)
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def parse_resume(value) -> bool | str:
-    """resume as typed (false, true, "True", None, a path) -> False, True or the path."""
-    if value is None or value is False or str(value).lower() in ("false", "none", "null", ""):
-        return False
-    if value is True or str(value).lower() == "true":
-        return True
-    return str(value)
 
 
 @dataclass
@@ -289,12 +285,16 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
 
 
-def load_config(cfg, schema: type = Config):
+def load_config(cfg, schema: type = Config, given=None):
     """A composed config (DictConfig, dict, or the schema itself) validated into `schema`; a
-    ConfigError (SamplingError for SampleConfig) names a bad setting."""
+    ConfigError (SamplingError for SampleConfig) names a bad setting. `given`: the keys the user
+    set by name (a command line's); None: every key of a plain dict, none of a DictConfig (whose
+    model preset sets the n_head that `heads` replaces)."""
     error = SamplingError if schema is SampleConfig else ConfigError
     if isinstance(cfg, schema):
         return cfg
+    if given is None:
+        given = flatten(cfg) if isinstance(cfg, dict) else {}
     try:
         # a signal raised inside OmegaConf would surface as its own AttributeError: held
         with system.signals_held():
@@ -302,7 +302,7 @@ def load_config(cfg, schema: type = Config):
                 cfg = OmegaConf.create(cfg)
             merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
             if schema is Config:
-                _apply_heads(merged)
+                _apply_heads(merged, "model.n_head" in given)
             config = OmegaConf.to_object(merged)
         # threads=auto takes OMP_NUM_THREADS: one that is no count is refused here, once
         system.choose_threads(config.threads, 1, os.environ)
@@ -317,11 +317,15 @@ def load_config(cfg, schema: type = Config):
         raise error(f"bad setting {key}: {first}" if key else first) from None
 
 
-def _apply_heads(merged: DictConfig) -> None:
-    """`heads=N` sets model.n_head; then the model's settings are checked under the names a user
-    types (heads=3, model.n_embd=64), before GPTConfig checks them under its own."""
-    if merged.heads is not None:
-        merged.model.n_head = merged.heads
+def _apply_heads(merged: DictConfig, n_head_given: bool) -> None:
+    """`heads=N` sets model.n_head (a preset's; one the user gave too must agree); then the
+    model's settings are checked under the names a user types (heads=3, model.n_embd=64), before
+    GPTConfig checks them under its own."""
+    heads, n_head = merged.heads, merged.model.n_head
+    if heads is not None and n_head_given and heads != n_head:
+        raise ConfigError(f"heads={heads} and model.n_head={n_head} differ; give one of them")
+    if heads is not None:
+        merged.model.n_head = heads
 
     def name(f: str) -> str:
         return "heads" if f == "n_head" and merged.heads is not None else f"model.{f}"
@@ -332,30 +336,26 @@ def _apply_heads(merged: DictConfig) -> None:
         raise ConfigError(str(e)) from None
 
 
-def training_bytes(config: GPTConfig, batch_size: int) -> int:
-    """A rough upper estimate of one training step's memory (float32): weights, gradients, AdamW's
-    moments, and a full block's activations for the backward pass (attention weights included)."""
-    C, T, L, H = config.n_embd, config.block_size, config.n_layer, config.n_head
-    params = config.vocab_size * C * (1 if config.tie_weights else 2) + T * C
-    ratio = config.mlp_ratio if config.mlp else 0
-    params += L * (4 * C * C + 2 * ratio * C * C)
-    per_layer = batch_size * T * ((8 + 2 * ratio) * C + 2 * H * T)
-    logits = 3 * batch_size * T * config.vocab_size
-    return 4 * (4 * params + L * per_layer + logits)
-
-
-def check_memory(model: GPTConfig, batch_size: int, device, block_setting) -> None:
-    """Refuse, before allocating anything, a model and batch that cannot fit in memory."""
-    need, free = training_bytes(model, batch_size), available_memory(device)
-    if free is None or need <= free:
-        return
-    block = (
-        f"model.block_size={model.block_size}"
-        if block_setting
-        else f"a block of {model.block_size} (the longest item of the data + 1)"
-    )
-    raise ConfigError(
-        f"{block} with train.batch_size={batch_size} needs about {gib(need)} to "
-        f"train, but {device} has {gib(free)} free; lower train.batch_size or "
-        f"model.block_size (or shorten the data's longest lines)"
-    )
+def check_training_memory(c: Config, device, vocab_size: int = 2, block_size: int = 0) -> None:
+    """Refuse, before anything is allocated, a run whose training step cannot fit in `device`'s
+    memory (system.training_bytes): the model and every setting that sizes the batch (the batch,
+    the block, train.pack). Before the data is read, `vocab_size` and the block are lower bounds:
+    2, and model.block_size or the format's (a text window, a generated item), else 2."""
+    m, d, t = c.model, c.data, c.train
+    known = {"text": TEXT_BLOCK_SIZE, "repeats": d.repeats.length + 1}.get(d.format, 2)
+    block = block_size or m.block_size or known
+    rows, row_len = t.batch_size, block
+    sizes = [f"train.batch_size={t.batch_size}"]
+    if t.pack and d.format != "text":  # rows of train.pack tokens; an item never straddles two
+        row_len = max(t.pack, block)
+        rows = min(t.batch_size, -(-t.batch_size * block // (row_len - block + 1)))
+        sizes.append(f"train.pack={t.pack}")
+    if m.block_size:
+        sizes.append(f"model.block_size={block}")
+    elif block_size or d.format != "lines":  # else not known before the data is read
+        sizes.append(f"a block of {block} (from the data)")
+    fix = f"lower {' or '.join(s.split('=')[0] for s in sizes if '=' in s)} or the model's size"
+    need = system.training_bytes(c.model_for_data(vocab_size, block), rows, row_len)
+    # e.g. "train.pack=64 and model.block_size=32 with train.batch_size=128"
+    what = " with ".join(filter(None, (" and ".join(sizes[1:]), sizes[0])))
+    system.check_memory(need, device, what, fix, ConfigError)

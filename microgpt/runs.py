@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from microgpt.errors import UserError
-from microgpt.files import CHECKPOINTS, RUN_FILE, atomic_write, is_run_folder, is_system_path
+from microgpt.files import (
+    CHECKPOINTS,
+    RUN_FILE,
+    atomic_write,
+    is_run_folder,
+    is_system_path,
+    remove_leftovers,
+    write_text,
+)
 
 RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
 HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
@@ -119,34 +127,76 @@ def latest_checkpoint(roots=RUN_ROOTS) -> Path | None:
     return run_of(newest).default_checkpoint() if newest else None
 
 
-def resume_checkpoint(resume: bool | str, folder: str | os.PathLike) -> Path | None:
-    """What a resume setting continues: True -> `folder`'s last.pt; a run or its checkpoints/
-    folder -> its last.pt; a file -> itself; False -> None."""
+def parse_resume(value) -> bool | str:
+    """resume as typed (false, true, "True", None, a path) -> False, True or the path."""
+    if value is None or value is False or str(value).lower() in ("false", "none", "null", ""):
+        return False
+    if value is True or str(value).lower() == "true":
+        return True
+    return str(value)
+
+
+def resolve_resume(resume, out_dir=None) -> tuple[RunFolder | None, Path | None]:
+    """THE reading of the `resume` setting: (the run it continues, the checkpoint it continues
+    from); (None, None) for a new run. true: the run in `out_dir`, or (no out_dir: before Hydra
+    picks the folder) the run with the newest last.pt; a run folder or its checkpoints/ folder:
+    that run and its last.pt; a checkpoint file: itself, and its run when it lies in one's
+    checkpoints/ (else None: it continues in a new folder)."""
+    resume = parse_resume(resume)
+    if resume is False:
+        return None, None
     if resume is True:
-        path = RunFolder(folder).last
-        if not path.exists():
+        run = RunFolder(out_dir) if out_dir is not None else None
+        if out_dir is None and (newest := find_checkpoints(RUN_ROOTS, "last.pt")):
+            run = run_of(newest[0])
+        if run is None or not run.last.exists():
+            where = f"{run.last} does not exist" if run else f"no last.pt under {RUN_ROOTS}"
             raise RunFolderError(
-                f"resume=true but there is no run to resume ({path} does not exist); pass "
-                f"resume=PATH, or start a new run"
+                f"resume=true but there is no run to resume ({where}); pass resume=PATH, or "
+                f"start a new run"
             )
-        return path
-    p = Path(resume).expanduser() if resume else None
-    if p is None or not p.is_dir():
-        return p
+        return run, run.last
+    p = Path(resume).expanduser()
+    if not p.is_dir():
+        return (run_of(p) if p.parent.name == CHECKPOINTS else None), p
     for run in (RunFolder(p), RunFolder(p.parent)):
         if run.checkpoints == p or run.checkpoints.is_dir():
-            return run.last
+            return run, run.last
     raise RunFolderError(f"resume={resume}: {p} is a folder that holds no run; pass a run folder")
 
 
-def resume_folder(resume: bool | str) -> RunFolder | None:
-    """Where a resume continues: true -> the run with the newest last.pt; else the run of the
-    checkpoint it names, if in a checkpoints/ folder; else None (a new folder)."""
-    if resume is True:
-        found = find_checkpoints(RUN_ROOTS, "last.pt")
-        return run_of(found[0]) if found else None
-    p = resume_checkpoint(resume, ".")
-    return run_of(p) if p is not None and p.parent.name == CHECKPOINTS else None
+# cli.py's two readings of `resume`, until it calls resolve_resume itself
+def resume_checkpoint(resume, folder) -> Path | None:
+    return resolve_resume(resume, folder)[1]
+
+
+def resume_folder(resume) -> RunFolder | None:
+    return resolve_resume(resume)[0]
+
+
+def open_run(
+    folder: str | os.PathLike,
+    config_yaml: str,
+    resumed_from: str | os.PathLike | None = None,
+    run_id: str | None = None,
+    step: int = 0,
+) -> str:
+    """Claim `folder` for a new run, or for the resume of run `run_id` from the checkpoint
+    `resumed_from` at `step` (its own folder or a new one); lock it until `release`; write its
+    config (a resume: config.resume-stepN.yaml beside the run's config.yaml); remove the .tmp
+    files of saves killed mid-write. Returns the run id."""
+    folder = Path(folder).expanduser()
+    if resumed_from is None:  # one exclusive create: a run started alongside stops here
+        run_id = claim_new(folder)
+    else:
+        run_id = claim_resume(folder, resumed_from, run_id)
+    lock(folder)  # until the run ends: one process per folder
+    checkpoints = RunFolder(folder).checkpoints
+    checkpoints.mkdir(exist_ok=True)
+    remove_leftovers(checkpoints)
+    name = "config.yaml" if resumed_from is None else f"config.resume-step{step}.yaml"
+    write_text(folder / name, config_yaml)
+    return run_id
 
 
 @dataclass
@@ -180,8 +230,9 @@ def check_new(
     folder: str | os.PathLike, setting: str = "", what: str | None = "a run", ours: bool = True
 ) -> None:
     """Refuse (RunFolderError) a folder `what` (a run, a sweep; None: any run, its disk only) may
-    not use: a system path, a file, a read-only or full disk, a run, other files (ours: Hydra's
-    train.log there is this process's). A folder this process claimed passes."""
+    not use: a system path, a file, a read-only or full disk, a run or a folder inside one, other
+    files (ours: Hydra's train.log there is this process's). A folder this process claimed
+    passes."""
     owned = _OWNED.get(_key(folder))
     if owned is not None and owned.run_id:
         return
@@ -199,6 +250,8 @@ def check_new(
         why = f": cannot write in {existing} (read-only or no permission); name another folder"
     elif free < MIN_FREE:
         why = f": the disk of {existing} is full ({free // 2**20} MiB free); free some space"
+    elif what and (inside := next(filter(is_run_folder, path.parents), None)):
+        why = f" is inside the run folder {inside}: a run's folder is never inside another's"
     elif what and is_run_folder(path):
         why = f" already holds a run; {what} never writes into one: name a new folder"
         if what == "a run":

@@ -18,9 +18,18 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import runs
-from microgpt.config import Config, SampleConfig, flatten, load_config, parse_resume
+from microgpt.config import (
+    Config,
+    ConfigError,
+    SampleConfig,
+    check_training_memory,
+    flatten,
+    load_config,
+    parse_resume,
+)
 from microgpt.data.dataset import check_data_file, data_format
 from microgpt.errors import UserError, print_error
+from microgpt.system import pick_device
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
 INFO_FLAGS = set(
@@ -50,9 +59,11 @@ def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> Non
         errors = _command_line_errors(argv, conf_dir, config_name)
     except _LeaveToHydra:
         return
-    if len(errors) > 1:
+    # under torchrun every rank checks the same command line: rank 0 alone says what is wrong
+    shown = errors if os.environ.get("RANK", "0") == "0" else []
+    if len(shown) > 1:
         print_error(f"{len(errors)} of the sweep's jobs have bad settings; none was started:")
-    for e in errors:
+    for e in shown:
         print_error(e)
     if errors:
         sys.exit(2)
@@ -170,7 +181,7 @@ def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | 
             return _explain(e, task, known, conf_dir), ""
     try:
         _check_added_keys(task, known)
-        c = load_config(cfg, schema)
+        c = load_config(cfg, schema, given=_settings(task))
         if schema is Config:
             _check_job(c, job)
     except UserError as e:
@@ -228,21 +239,21 @@ def _explain(e: Exception, task: list[str], known: list[str], conf_dir: Path) ->
 
 
 def _check_job(c: Config, job: list[str]) -> None:
-    """What the schema cannot see: heads vs model.n_head, the data file, the run's folders."""
+    """What the schema cannot see: memory, the data file, the run's folders."""
     named, resume = _settings(job), parse_resume(c.resume)
-    heads, n_head = named.get("heads"), named.get("model.n_head")
-    if heads is not None and n_head is not None and heads != n_head:
-        raise UserError(f"heads={heads} and model.n_head={n_head} differ; give one of them")
+    # the settings that size the training step, against the device's memory (lower bounds)
+    check_training_memory(c, pick_device(c.device, ConfigError))
     # a resume trains on its checkpoint's data; repeats reads no file
     if not (resume and "data.path" not in named) and data_format(c.data.format).reads_file:
         check_data_file(c.data.path, c.data.prepare)
-    # under torchrun, rank 0 checks and claims the folder and the other ranks join it
-    what = "a run" if not resume and os.environ.get("RANK", "0") == "0" else None
+    # under torchrun every rank checks the folder (rank 0 alone claims it, once every rank has
+    # joined the process group, so after these checks): a refused one stops all ranks at once
+    what = "a run" if not resume else None
     _check_folder(named, "hydra.run.dir", "outputs", what)
     if c.out_dir != ".":
         _check_folder(named, "out_dir", "", what)
-    if isinstance(resume, str):
-        runs.resume_checkpoint(resume, ".")
+    if isinstance(resume, str):  # a named run or checkpoint that is not there fails here
+        runs.resolve_resume(resume)
 
 
 def _check_folder(named: dict, key: str, default: str, what: str | None) -> None:

@@ -15,33 +15,29 @@ from pathlib import Path
 import pytest
 
 from microgpt import runs
-from microgpt.cli import quote_values, remove_debris
+from microgpt.checkpoint import Checkpoint
+from microgpt.cli import quote_values, remove_debris, resume_settings
+from microgpt.config import ConfigError
 from microgpt.runs import RunFolderError
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import Trainer, train
 from microgpt.viz.tensorboard import read_metrics
-from tests.conftest import REPO, TINY, make_names
+from tests.conftest import REPO, TINY, compose_config, make_names
 
 
 def snapshot(folder: Path) -> dict:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
+    files = (p for p in sorted(folder.rglob("*")) if p.is_file())
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def lock_is_free(folder: Path) -> bool:
     """Whether a new open file description can take the folder's flock (another process, or
     this one through another descriptor, holding it: False)."""
-    fd = os.open(folder / ".lock", os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    with open(folder / ".lock") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+    return True
 
 
 def open_fds() -> int:
@@ -51,21 +47,16 @@ def open_fds() -> int:
 # ------------------------------------------------------------------------- a run owns its folder
 
 
-def test_every_checkpoint_carries_the_run_id_of_its_folder(tiny_cfg, tmp_path):
-    train(tiny_cfg("train.num_samples=0", "train.save_every=6"))
-    run = runs.RunFolder(tmp_path / "run")
-    run_id = run.run_id()
-    assert run_id and len(run_id) > 12
-    for path in sorted(run.checkpoints.glob("*.pt")):  # best, last, step-000006, step-000012
-        assert Checkpoint.load(path).run_id == run_id, path.name
-
-
-def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_path):
+def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_path, caplog):
     """issue 21, case 1: resume=<A>/checkpoints/last.pt with B's folder used to exit 0 with B's
     best.pt, last.pt and samples now A's."""
     train(tiny_cfg("train.max_steps=6", out=tmp_path / "a"))
     train(tiny_cfg("train.max_steps=6", out=tmp_path / "b"))
     a, b = runs.RunFolder(tmp_path / "a"), runs.RunFolder(tmp_path / "b")
+    for inside in (a.path / "sub", a.checkpoints / "x"):  # nor a folder inside one
+        with pytest.raises(RunFolderError, match=f"is inside the run folder {a.path}:"):
+            train(tiny_cfg(out=inside))
+        assert not inside.exists()
     before = snapshot(b.path)
     with pytest.raises(RunFolderError) as info:
         train(tiny_cfg(f"resume={a.last}", "train.max_steps=12", out=b.path))
@@ -78,8 +69,11 @@ def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_
     train(tiny_cfg(f"resume={a.last}", "train.max_steps=9", out=tmp_path / "c"))
     c = runs.RunFolder(tmp_path / "c")
     assert c.run_id() == a.run_id() == Checkpoint.load(c.last).run_id
+    with pytest.raises(ConfigError, match=r"the head count of a run cannot change \(it has 2"):
+        train(tiny_cfg(f"resume={a.path}", "heads=4", "train.max_steps=9", out=a.path))
     train(tiny_cfg(f"resume={a.path}", "train.max_steps=9", out=a.path))
     assert Checkpoint.load(a.last).step == 9
+    assert "train.max_steps=9 on a run of 6 steps: the cosine schedule now spans 9" in caplog.text
 
 
 @pytest.mark.parametrize("files", [["config.yaml"], ["samples.txt", "notes/x.md"]])
@@ -99,32 +93,6 @@ def test_a_folder_that_is_not_a_run_is_never_written_over(tiny_cfg, tmp_path, fi
     )
 
 
-def test_the_cli_refuses_a_folder_that_is_not_a_run_before_hydra_writes(tmp_path):
-    conf = tmp_path / "conf"
-    conf.mkdir()
-    (conf / "config.yaml").write_text("defaults: []\n")
-    (tmp_path / "names.txt").write_text("\n".join(make_names()) + "\n")
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "train.py"),
-            *TINY,
-            "data.path=names.txt",
-            "hydra.run.dir=conf",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 2, r.stderr
-    assert r.stderr.startswith(
-        "microgpt: error: hydra.run.dir=conf is not empty (config.yaml) and holds no run"
-    )
-    assert [p.name for p in conf.iterdir()] == ["config.yaml"]
-    assert (conf / "config.yaml").read_text() == "defaults: []\n"
-
-
 def test_of_two_claims_on_one_folder_one_wins_and_the_loser_removes_nothing(tmp_path):
     """issue 21, case 2: the loser of a start-up race believed the folder was its own and its
     clean-up removed the winner's. Here the winner is another process, which claims the folder
@@ -133,16 +101,9 @@ def test_of_two_claims_on_one_folder_one_wins_and_the_loser_removes_nothing(tmp_
     folder.mkdir()
     (folder / "train.log").touch()  # what Hydra makes before the claim, in both processes
     runs.check_new(folder)  # this process looks first: empty, a new run fits
+    claim = f"from microgpt import runs; print(runs.claim_new({str(folder)!r}))"
     winner = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"from microgpt import runs; print(runs.claim_new({str(folder)!r}))",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
+        [sys.executable, "-c", claim], capture_output=True, text=True, cwd=REPO, timeout=120
     )
     assert winner.returncode == 0, winner.stderr
     (folder / ".hydra").mkdir()  # the winner's files
@@ -160,27 +121,15 @@ def test_two_trainings_started_together_on_one_folder(tmp_path):
     """The same race with the real train.py, twice at once: one run trains, the other is
     refused in one line; neither removes the other's files nor ends in a traceback."""
     (tmp_path / "names.txt").write_text("\n".join(make_names()) + "\n")
-    args = [
-        sys.executable,
-        str(REPO / "train.py"),
-        *TINY,
-        "train.max_steps=2",
-        "train.eval_every=2",
-        "train.num_samples=0",
-        "log.attn_every=1000",
-        "device=cpu",
-        "data.path=names.txt",
-        "hydra.run.dir=run",
-    ]
-    procs = [
-        subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for _ in range(2)
-    ]
+    args = [sys.executable, str(REPO / "train.py"), *TINY, "train.max_steps=2", "device=cpu"]
+    args += ["train.eval_every=2", "train.num_samples=0", "data.path=names.txt", "hydra.run.dir=r"]
+    procs = [subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for _ in "ab"]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results
     (err,) = [e for code, e in results if code == 2]
     assert "already holds a run" in err and "Traceback" not in err, err
-    run = runs.RunFolder(tmp_path / "run")
+    run = runs.RunFolder(tmp_path / "r")
     assert Checkpoint.load(run.last).run_id == run.run_id()
     assert (run.path / "config.yaml").is_file()
     assert not list(run.path.glob(".hydra*")), "Hydra wrote into the run folder"
@@ -193,8 +142,11 @@ def test_the_lock_is_released_when_the_run_ends_whatever_the_ending(tiny_cfg, tm
     """issue 22, item 3: the lock used to last until the process ended (a sweep's finished jobs
     stayed locked) and leaked one file descriptor per run."""
     fds = open_fds()
-    train(tiny_cfg(out=tmp_path / "one"))
+    train(tiny_cfg("train.num_samples=0", "train.save_every=6", out=tmp_path / "one"))
     assert lock_is_free(tmp_path / "one")
+    run = runs.RunFolder(tmp_path / "one")  # every checkpoint carries its folder's run id
+    for path in run.checkpoints.glob("*.pt"):  # best, last, step-000006, step-000012
+        assert Checkpoint.load(path).run_id == run.run_id() and len(run.run_id()) > 12, path
     train(tiny_cfg(out=tmp_path / "two"))
     assert lock_is_free(tmp_path / "two") and open_fds() == fds
     with pytest.raises(Exception, match="non-finite"):  # an ending by error
@@ -209,13 +161,13 @@ def test_the_lock_is_released_when_the_run_ends_whatever_the_ending(tiny_cfg, tm
 def test_a_run_folder_its_checkpoints_folder_and_a_checkpoint_name_one_run(tiny_cfg, tmp_path):
     train(tiny_cfg("train.num_samples=0"))
     run = runs.RunFolder(tmp_path / "run")
-    for given in (run.path, run.checkpoints, run.best):
+    named = {run.path: run.best, run.checkpoints: run.best, run.best: run.best, run.last: run.last}
+    for given, checkpoint in named.items():
         folder, ckpt = runs.resolve(given)
-        assert folder.path == run.path and ckpt == run.best, given
-    folder, ckpt = runs.resolve(run.last)
-    assert folder.path == run.path and ckpt == run.last
-    assert runs.resume_checkpoint(str(run.path), ".") == run.last
-    assert runs.resume_checkpoint(str(run.checkpoints), ".") == run.last
+        assert (folder.path, ckpt) == (run.path, checkpoint), given
+    for given in (run.path, run.checkpoints, run.last, True):  # resume=..., in the run's folder
+        folder, ckpt = runs.resolve_resume(str(given), run.path)
+        assert (folder.path, ckpt) == (run.path, run.last), given
     assert run.analysis(run.best) == run.path / "heads-best.json"
     assert run.analysis(run.snapshot(500), ".md") == run.path / "heads-step-000500.md"
 
@@ -227,8 +179,6 @@ def test_the_checkpoint_names_its_data_by_an_absolute_path_and_its_hash(tmp_path
     data.parent.mkdir()
     data.write_text("\n".join(make_names()) + "\n")
     monkeypatch.chdir(tmp_path)
-    from tests.conftest import compose_config
-
     train(compose_config([*TINY, "data.path=data/names.txt", f"out_dir={tmp_path / 'run'}"]))
     ckpt = Checkpoint.load(tmp_path / "run" / "checkpoints" / "best.pt")
     assert ckpt.train_config["data"]["path"] == str(data)
@@ -241,14 +191,10 @@ def test_the_checkpoint_names_its_data_by_an_absolute_path_and_its_hash(tmp_path
 def test_values_holding_an_equals_sign_are_quoted_for_hydra():
     """issue 22, item 1: sweep job folders are named heads=4, and Hydra's grammar refuses an
     unquoted '=' in a value (`run=multirun/d/t/heads=4` exited 2 with "mismatched input")."""
-    assert quote_values(["run=multirun/d/t/heads=4", "heads=4", "-m"]) == [
-        "run='multirun/d/t/heads=4'",
-        "heads=4",
-        "-m",
-    ]
-    assert quote_values(["resume=m/heads=4,seed=1/checkpoints/last.pt"]) == [
-        "resume='m/heads=4,seed=1/checkpoints/last.pt'"
-    ]
+    quoted = ["run='multirun/d/t/heads=4'", "heads=4", "-m"]
+    assert quote_values(["run=multirun/d/t/heads=4", "heads=4", "-m"]) == quoted
+    last = "m/heads=4,seed=1/checkpoints/last.pt"
+    assert quote_values([f"resume={last}"]) == [f"resume='{last}'"]
     assert quote_values(["prefix='a=b'", "out=x'=y"]) == ["prefix='a=b'", 'out="x\'=y"']
 
 
@@ -265,43 +211,27 @@ def test_tokens_per_sec_counts_training_alone(tiny_cfg, tmp_path, monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
 
-    def slow(fn, seconds):
-        def wrapped(*args, **kwargs):
-            clock[0] += seconds
-            return fn(*args, **kwargs)
+    def taking(fn, seconds=None):  # None: 1 ms per target token of a training step
+        def timed(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            clock[0] += seconds if seconds is not None else out.tokens / 1000
+            return out
 
-        return wrapped
+        return timed
 
-    step = Trainer.train_step
-
-    def timed_step(self, *args, **kwargs):
-        out = step(self, *args, **kwargs)
-        clock[0] += out.tokens / 1000
-        return out
-
-    monkeypatch.setattr(Trainer, "train_step", timed_step)
-    monkeypatch.setattr(trainer_module, "load_data", slow(trainer_module.load_data, 50.0))
-    for name, seconds in (
-        ("_evaluate_and_save", 30.0),
-        ("_log_heads", 20.0),
-        ("_save_snapshot", 9),
-    ):
-        monkeypatch.setattr(Trainer, name, slow(getattr(Trainer, name), seconds))
+    monkeypatch.setattr(Trainer, "train_step", taking(Trainer.train_step))
+    monkeypatch.setattr(trainer_module, "load_data", taking(trainer_module.load_data, 50))
+    other_work = {"_evaluate_and_save": 30, "_log_heads": 20, "_save_snapshot": 9}
+    for name, seconds in other_work.items():
+        monkeypatch.setattr(Trainer, name, taking(getattr(Trainer, name), seconds))
     metrics = train(tiny_cfg("train.save_every=4", "train.num_samples=0"))
-    logged = [
-        line["tokens_per_sec"]
-        for line in read_metrics(tmp_path / "run" / "metrics.jsonl")
-        if "tokens_per_sec" in line
-    ]
-    assert len(logged) == 4  # steps 3, 6, 9, 12
-    assert logged == pytest.approx([1000.0] * 4, rel=1e-9)
+    logged = [m.get("tokens_per_sec") for m in read_metrics(tmp_path / "run/metrics.jsonl")]
+    assert [x for x in logged if x] == pytest.approx([1000.0] * 4, rel=1e-9)  # steps 3, 6, 9, 12
     assert metrics["tokens_per_sec"] == pytest.approx(1000.0, rel=1e-9)
 
 
 def test_a_checkpoint_from_before_the_rename_of_log_head_items_resumes(tiny_cfg, tmp_path):
     """log.head_items was log.entropy_items: a last.pt that says so still resumes."""
-    from microgpt.cli import resume_settings
-
     train(tiny_cfg("train.max_steps=6"))
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     ckpt = Checkpoint.load(last)

@@ -1,24 +1,24 @@
 """The choice of CPU threads (microgpt/system.py): the setting, the environment, a parallel sweep's
 share of the cores, and the wait policy set before torch loads OpenMP. No timing here: how the
-choice behaves under load is bench/run.py's `threads` section."""
+choice behaves under load is bench/run.py's `threads` section. And signals_held."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import signal
+import threading
+import time
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
 from microgpt import cli, system
-from microgpt.config import ConfigError, SampleConfig, load_config
+from microgpt.config import Config, ConfigError, SampleConfig, load_config
 from microgpt.sample.generate import SamplingError
-from microgpt.startup_checks import sweep_jobs
 from microgpt.system import ThreadsError, check_threads, choose_threads, jobs_at_once, share
 from microgpt.train.trainer import Trainer
-from tests.conftest import CONF, REPO
+from tests.conftest import CONF
 
 
 @pytest.mark.parametrize(
@@ -44,9 +44,12 @@ def test_an_omp_num_threads_that_is_not_a_count_is_refused_not_ignored(value):
 
 
 @pytest.mark.parametrize("bad", [0, -1, "two", 1.5, True, None, ""])
-def test_a_bad_threads_setting_is_refused_by_name(bad):
+def test_a_bad_threads_setting_is_refused_by_name_at_start_up(bad):
     with pytest.raises(ThreadsError, match=r"threads=.* must be auto .* or a whole number"):
         check_threads(bad)
+    for schema, error in ((Config, ConfigError), (SampleConfig, SamplingError)):
+        with pytest.raises(error, match=r"^threads=.* must be auto"):
+            load_config({"threads": bad}, schema)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +59,6 @@ def test_a_bad_threads_setting_is_refused_by_name(bad):
         (-1, 4, 2, 2),  # 2 cores: 2 workers for 4 jobs
         (-2, 10, 8, 7),  # joblib: n_jobs < 0 is cores + 1 + n_jobs
         (3, 10, 2, 3),  # more workers than cores, as asked
-        (8, 1, 16, 1),  # one job runs alone
         (-20, 4, 8, 1),  # never fewer than one
     ],
 )
@@ -69,25 +71,13 @@ def test_each_job_gets_its_share_of_the_cores(cores, jobs, each):
     assert share(cores, jobs) == each
 
 
-def test_threads_setting_is_checked_at_start_up(tiny_cfg):
-    with pytest.raises(ConfigError, match="threads=0 must be auto"):
-        load_config(tiny_cfg("threads=0"))
-    with pytest.raises(SamplingError, match="threads='x' must be auto"):
-        load_config({"threads": "x"}, SampleConfig)
-    assert load_config(tiny_cfg("threads=3")).threads == 3
-    assert load_config(tiny_cfg()).threads == "auto"
-
-
-def test_the_trainer_applies_the_setting_and_says_so(tiny_cfg, monkeypatch):
-    before = torch.get_num_threads()
-    try:
-        trainer = Trainer(load_config(tiny_cfg("threads=3")))
-        assert trainer.threads == torch.get_num_threads() == 3
-        monkeypatch.setenv("OMP_NUM_THREADS", "2")
-        trainer = Trainer(load_config(tiny_cfg()))  # auto: the environment's share
-        assert trainer.threads == torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
+def test_the_trainer_applies_the_setting(tiny_cfg, monkeypatch, request):
+    request.addfinalizer(lambda n=torch.get_num_threads(): torch.set_num_threads(n))
+    trainer = Trainer(load_config(tiny_cfg("threads=3")))
+    assert trainer.threads == torch.get_num_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    trainer = Trainer(load_config(tiny_cfg()))  # auto: the environment's share
+    assert trainer.threads == torch.get_num_threads() == 2
 
 
 def hydra_config(overrides):
@@ -118,32 +108,21 @@ def test_a_parallel_sweep_gives_each_job_its_share(monkeypatch):
     assert "OMP_NUM_THREADS" not in os.environ
 
 
-def test_sweep_jobs_counts_the_jobs():
-    assert len(sweep_jobs(["heads=1,2,4,8", "seed=1,2", "train.max_steps=10"])) == 8
-    assert len(sweep_jobs(["seed=range(3)"])) == 3
-    assert len(sweep_jobs([])) == 1
-
-
-@pytest.mark.parametrize(
-    ("given", "expected"),
-    [
-        ({}, "PASSIVE"),
-        ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"),
-        ({"GOMP_SPINCOUNT": "10000"}, "unset"),  # a spin count chosen: OpenMP's policy stays
-    ],
-)
-def test_importing_microgpt_sets_a_sleeping_wait_policy_unless_one_is_set(given, expected):
-    drop = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-    env = {**{k: v for k, v in os.environ.items() if k not in drop}, **given}
-    code = (
-        "import os, sys, microgpt; "
-        "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), 'torch' in sys.modules)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
-    )
-    # set before torch is imported: OpenMP reads it once, when torch loads it
-    assert done.stdout.split() == [expected, "False"]
+def test_a_signal_held_waits_for_the_block_whichever_thread_the_kernel_hands_it_to():
+    """A thread that does not hold it (TensorBoard's writer, tqdm's monitor) took the signal and
+    Python ran the handler inside the block (a thread's signal mask holds only that thread)."""
+    other_thread_ends, seen = threading.Event(), []
+    threading.Thread(target=other_thread_ends.wait, daemon=True).start()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("handled"))
+    try:
+        with system.signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # time enough for the handler, were it not held
+            seen.append("block ended")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        other_thread_ends.set()
+    assert seen == ["block ended", "handled"]
 
 
 def test_usable_cores_follows_the_affinity(monkeypatch):

@@ -50,7 +50,8 @@ def evaluate(
 
 @dataclass
 class StepResult:
-    """What one training step did. loss is this rank's share of the global batch's mean loss."""
+    """What one training step did. loss: this rank's share of the global batch's mean loss, times
+    the world size (the loss itself on one process)."""
 
     loss: torch.Tensor  # a 0-dim tensor: reading it waits for the device
     grad_norm: torch.Tensor

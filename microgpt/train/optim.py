@@ -128,9 +128,10 @@ def fit_warmup(config: Config) -> tuple[Config, str | None]:
     return dataclasses.replace(config, optim=fitted), f"{line}: using {steps // 10}"
 
 
-def lr_at(step: int, config: Config) -> float:
-    """Linear warmup over warmup_steps, then cosine / linear decay to min_lr_ratio * lr."""
-    o, total = config.optim, config.train.max_steps
+def lr_at(step: int, config: Config, max_steps: int | None = None) -> float:
+    """Linear warmup over warmup_steps, then cosine / linear decay to min_lr_ratio * lr at
+    `max_steps` (None: train.max_steps)."""
+    o, total = config.optim, max_steps or config.train.max_steps
     if step < o.warmup_steps:
         return o.lr * (step + 1) / o.warmup_steps
     if o.decay == "constant" or total <= o.warmup_steps:

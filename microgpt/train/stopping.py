@@ -21,27 +21,31 @@ class Interrupted(TrainingError):
             f"{signal_name or 'signal'} received: stopped at step {step} of {max_steps} and wrote "
             f"{checkpoint}; to continue: python train.py resume={checkpoint}"
         )
-        self.checkpoint = checkpoint
+        # the front door's exit code: 128 + the signal's number (130 SIGINT, 143 SIGTERM)
+        self.checkpoint, self.signal_name = checkpoint, signal_name or "SIGINT"
 
 
-def diverged(step: int, loss: float, grad_norm: float, lr: float, last: Path, what: str = ""):
-    """The TrainingError saying what went non-finite at `step`, what is kept, what to try."""
+def diverged(step: int, loss: float, grad_norm: float, setting: str, last: Path, what: str = ""):
+    """The TrainingError saying what went non-finite at `step`, what is kept, what to try: a lower
+    `setting` (the diverging group's rate, as the user set it)."""
     kept = "no checkpoint was written yet"
     if last.exists():
         kept = f"the last good checkpoint, {last}, is kept"
     what = what or ("loss" if not math.isfinite(loss) else "gradient")
     return TrainingError(
-        f"non-finite {what} at step {step} (loss {loss}, grad norm {grad_norm}, lr {lr:.3g}): "
-        f"the run diverged and was stopped; {kept}. Try a lower optim.lr, gradient clipping "
+        f"non-finite {what} at step {step} (loss {loss}, grad norm {grad_norm}): the run diverged "
+        f"and was stopped; {kept}. Try a lower {setting}, gradient clipping "
         f"(optim.grad_clip=1.0) or a longer optim.warmup_steps"
     )
 
 
 class StopFlag:
-    """The first SIGINT/SIGTERM asks the loop to stop after this step; a second SIGINT stops now."""
+    """The first SIGINT/SIGTERM asks the loop to stop after this step; a second one, or one after
+    the last step (`at_once`: the final evaluation and analysis), stops now: KeyboardInterrupt
+    carrying the signal's name."""
 
     def __init__(self):
-        self.requested, self.signal_name, self._previous = False, "", {}
+        self.requested, self.signal_name, self.at_once, self._previous = False, "", False, {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -54,12 +58,13 @@ class StopFlag:
             signal.signal(sig, handler)
 
     def _handle(self, signum, frame):
-        # the second one: checkpoint writes are atomic, so stopping at once is safe
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested, self.signal_name = True, signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        # checkpoint writes are atomic (and hold signals), so stopping at once is safe
+        if self.requested or self.at_once:
+            raise KeyboardInterrupt(name)
+        self.requested, self.signal_name = True, name
         print(
-            f"\n{self.signal_name}: stopping after this step and writing checkpoints/last.pt "
+            f"\n{name}: stopping after this step and writing checkpoints/last.pt "
             f"(press Ctrl-C again to stop at once)",
             file=sys.stderr,
             flush=True,

@@ -9,29 +9,33 @@ import dataclasses
 import logging
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from microgpt import runs, system
-from microgpt.config import Config, ConfigError, check_memory, load_config
+from microgpt.checkpoint import Checkpoint
+from microgpt.config import Config, ConfigError, check_training_memory, load_config
 from microgpt.data.dataset import DataError, load_data
+from microgpt.files import write_text
 from microgpt.heads.analyse import analyse, probe_attention
 from microgpt.model import GPT
 from microgpt.sample.report import sample_for_run
 from microgpt.tokenizer import BOUNDARY_ID
-from microgpt.train import summary
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import LossWindow, StepResult, eval_rows, evaluate
 from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
 from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged
 from microgpt.viz.tensorboard import TensorBoardLogger, labels_for
 
 log = logging.getLogger("microgpt")
+HUGE_WEIGHT = 1e4  # a weight beyond it (or not finite) marks the group that diverged
 
 __all__ = ["Interrupted", "Trainer", "TrainingError", "train"]
 
@@ -42,11 +46,15 @@ class Trainer:
     def __init__(self, config: Config):
         self.config = config
         self._setup_system()
-        self._check_run_folder()
+        self._find_resume()
         self._setup_data()
         self._build_model()
         self._build_optimizer()
-        self._restore()
+        self._make_batches()
+        self.step, self.best_val_loss, self.history = 0, math.inf, {}
+        self.window, self.resumed_from = LossWindow(), None
+        if self.resume_path is not None:
+            self._load_resume(self.resume_path)
         self.writer: TensorBoardLogger | None = None
 
     # ---- set-up, in this order (each step reads what the ones before it set)
@@ -70,23 +78,21 @@ class Trainer:
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
 
-    def _check_run_folder(self) -> None:
-        """Before the data: a missing run, or a folder a new run may not use, fails fast."""
-        self.resume_path = runs.resume_checkpoint(self.config.resume_requested, self.out_dir)
-        if self.resume_path is None:  # rank 0 claims and writes the folder (see _open_run_folder)
-            system.run_on_main(lambda: runs.check_new(self.out_dir), self.dist)
+    def _find_resume(self) -> None:
+        """Before the data: the checkpoint a resume continues (a missing run fails fast); a new
+        run's warmup fitted to its length. The folder is claimed in run() (_open_run_folder)."""
+        _, self.resume_path = runs.resolve_resume(self.config.resume, self.out_dir)
+        self.notes: list[str] = []  # said once the run folder is claimed
+        if self.resume_path is None:
             # a resume keeps its checkpoint's warmup (fitted when the run began): an exact resume
             self.config, line = fit_warmup(self.config)
-            if line and self.is_main:  # said once, at the start of the run
-                log.warning(line)
+            self.notes += [line] if line else []
         self.run_id: str | None = None  # set when the folder is claimed (rank 0)
 
     def _setup_data(self) -> None:
         """The data, encoded on the device; the config then names it by its absolute path."""
         c = self.config
-        if c.model.block_size:  # before the data are encoded into (N, block_size) tensors
-            block = c.model_for_data(2, c.model.block_size)
-            check_memory(block, c.train.batch_size, self.device, True)
+        check_training_memory(c, self.device)  # before the data are encoded: lower bounds
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
         d, trim = c.data, not c.train.compile
         args = (d.path, c.seed, c.model.block_size, self.device, trim)
@@ -108,7 +114,7 @@ class Trainer:
         torch.manual_seed(c.seed)
         random.seed(c.seed)
         self.model_config = c.model_for_data(self.tokenizer.vocab_size, self.data.block_size)
-        check_memory(self.model_config, c.train.batch_size, self.device, c.model.block_size)
+        check_training_memory(c, self.device, self.tokenizer.vocab_size, self.data.block_size)
         self.model = GPT(self.model_config).to(self.device)
         self.train_model: nn.Module = self.model
         if self.dist.enabled:
@@ -129,16 +135,25 @@ class Trainer:
         # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
-    def _restore(self) -> None:
-        """The loop's state: the batches and step 0, or all of it from last.pt on a resume."""
+    def _make_batches(self) -> None:
+        """The training batches: the global batch's order, each process taking its share."""
         c = self.config
         self.global_batch = c.train.batch_size * self.dist.world_size
-        grouping = (c.train.group_by_length, c.train.pack)
-        self.batches = self.data.train_batches(self.global_batch, c.seed, *grouping)
-        self.step, self.best_val_loss, self.history = 0, math.inf, {}
-        self.window, self.resumed_from = LossWindow(), None
-        if self.resume_path is not None:
-            self._load_resume(self.resume_path)
+        self.batches = self.data.train_batches(self.global_batch, c.seed, pack=c.train.pack)
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+        """This process's (x, y) of the next global batch, the weight of its mean loss (1 on one
+        process: the global batch's mean over its targets, whatever their split between ranks,
+        times the world size, as DDP averages gradients over ranks), the global batch's targets."""
+        x, y, n_mine, n_global = self.batches.next(self.dist.rank, self.config.train.batch_size)
+        return x, y, n_mine * self.dist.world_size / n_global, n_global
+
+    def _finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """Whether a step may go on: a finite gradient norm (under fp16 an overflow is normal: the
+        scaler skips the step and lowers the scale) and loss. Under DDP the norm alone decides:
+        it comes from the all-reduced gradients, the same on every rank."""
+        grad_ok = self.scaler.is_enabled() or math.isfinite(float(grad_norm))
+        return grad_ok and (self.dist.enabled or math.isfinite(float(loss.detach())))
 
     def autocast(self):
         if self.precision == "fp32":
@@ -155,33 +170,38 @@ class Trainer:
         lr = lr_at(self.step, c)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_ratio", 1.0)
-        # (B, T) each: this rank's share of the global batch, and the targets in each
-        x, y, n_mine, n_global = self.batches.next(self.dist.rank, c.train.batch_size)
+        x, y, weight, targets = self._next_batch()  # (B, T) each
         # packed rows: each item starts at a boundary token
         starts = x == BOUNDARY_ID if c.train.pack else None
         with self.autocast():
             _, loss = self.train_model(x, y, doc_starts=starts)
-        # the mean over the global batch's characters, whatever their split between ranks
-        # (DDP averages gradients over ranks, hence the world_size factor)
-        self.scaler.scale(loss * (n_mine * self.dist.world_size / n_global)).backward()
+        self.scaler.scale(loss * weight).backward()
         self.scaler.unscale_(self.optimizer)  # clip the true gradients (no-op unless fp16)
         max_norm = c.optim.grad_clip if c.optim.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        # grad_norm comes from the all-reduced gradients, so every rank decides alike; under
-        # fp16 an overflowing gradient is normal: the scaler skips the step and lowers the scale
-        if check and not (
-            (self.scaler.is_enabled() or math.isfinite(float(grad_norm)))
-            and (self.dist.enabled or math.isfinite(float(loss.detach())))
-        ):
-            raise diverged(self.step + 1, float(loss.detach()), float(grad_norm), lr, self._last)
+        if check and not self._finite(loss, grad_norm):
+            loss, norm = float(loss.detach()), float(grad_norm)
+            raise diverged(self.step + 1, loss, norm, self._diverging_rate(lr), self._last)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(self.model, self.step)
         self.step += 1
-        share = loss.detach() * (n_mine / n_global)  # summed over ranks: the global batch's loss
-        return StepResult(share, grad_norm, lr, n_global, x.numel())
+        return StepResult(loss.detach() * weight, grad_norm, lr, targets, x.numel())
+
+    def _diverging_rate(self, lr: float) -> str:
+        """The rate setting of the parameter groups whose weights blew up (Muon's:
+        optim.muon_lr), else of every group, with its value at this step (`lr` on the schedule)."""
+        o, groups = self.config.optim, self.optimizer.param_groups
+        # a healthy model's weights are O(1); a diverging group's are huge or not finite
+        broken = [g for g in groups if not all(p.abs().max() < HUGE_WEIGHT for p in g["params"])]
+        named = {}
+        for g in broken or groups:
+            name = "muon_lr" if g.get("muon") else "lr"
+            now = lr * g.get("lr_ratio", 1.0)
+            named[name] = f"optim.{name}={getattr(o, name):g} ({now:.3g} at this step)"
+        return " or ".join(named.values())
 
     # ---- the loop
 
@@ -191,7 +211,7 @@ class Trainer:
         start, tokens_done, other_work = time.perf_counter(), 0, 0.0
         self.window.start_clock()  # throughput counts training alone, not the set-up
         metrics: dict = dict(self.history)
-        bar = summary.progress_bar(self)
+        bar = self._progress_bar()
         try:
             with StopFlag() as stop, logging_redirect_tqdm(loggers=[logging.root]):
                 self.model.train()
@@ -201,8 +221,8 @@ class Trainer:
         finally:
             bar.close()
         elapsed = time.perf_counter() - start
-        metrics = summary.final_metrics(self, metrics, elapsed, tokens_done, other_work)
-        system.run_on_main(lambda: summary.finish(self, metrics), self.dist)
+        metrics = self._final_metrics(metrics, elapsed, tokens_done, other_work)
+        system.run_on_main(lambda: self._finish(metrics), self.dist)
         return metrics
 
     def loop_step(self, metrics: dict, bar, stop: StopFlag) -> tuple[StepResult, float]:
@@ -215,11 +235,12 @@ class Trainer:
         self.window.add(out)
         final = self.step == max_steps
         if self.step % c.train.log_every == 0 or final:
-            metrics.update(summary.log_window(self, out, bar))
+            metrics.update(self._log_window(out, bar))
         bar.update(1)
         # evaluation, checkpoints and the head analysis are not training: their time is left
         # out of tokens_per_sec (on a GPU, log_window's float() just synced)
         busy = time.perf_counter()
+        stop.at_once = final  # after the last step a signal stops the final evaluation at once
         self._between_steps(metrics, final)
         spent = time.perf_counter() - busy
         self.window.paused += spent
@@ -240,8 +261,21 @@ class Trainer:
             self._log_heads(self.step)
 
     def _open_run_folder(self) -> None:
-        """Claim the run folder, say what the run is, open TensorBoard (rank 0)."""
-        self.run_id, self.writer = summary.start(self)
+        """Claim, lock and write the run folder (runs.open_run), say what the run is, open
+        TensorBoard (rank 0)."""
+        config_yaml = OmegaConf.to_yaml(OmegaConf.structured(self.config))
+        args = (self.resumed_from, self.run_id, self.step)
+        self.run_id = runs.open_run(self.out_dir, config_yaml, *args)
+        log.info(self.describe())
+        log.info(f"run folder: {self.out_dir.resolve()}")
+        if self.resumed_from is not None:
+            log.info(f"resumed from {self.resumed_from} at step {self.step}")
+        for line in self.notes:
+            log.warning(line)
+        # the checkpoint holds step k's state, so points up to k stand; later ones (written after
+        # the checkpoint by a run that was killed) are dropped and written again from k + 1
+        purge = self.step + 1 if self.resumed_from else None
+        self.writer = TensorBoardLogger(self.out_dir, purge_step=purge)
         if self.step == 0:
             self._log_heads(0)
 
@@ -307,6 +341,14 @@ class Trainer:
         self.step = ckpt.step
         self.history = {k: v for k, v in ckpt.metrics.items() if k != "interrupted_at"}
         self.resumed_from = path
+        was, c = ckpt.train_config["train"]["max_steps"], self.config
+        if was != c.train.max_steps and c.optim.decay != "constant":  # said once claimed
+            self.notes.append(
+                f"train.max_steps={c.train.max_steps} on a run of {was} steps: the {c.optim.decay} "
+                f"schedule now spans {c.train.max_steps} steps, as a run started with it would; "
+                f"the learning rate goes from {lr_at(self.step - 1, c, was):.3g} at step "
+                f"{self.step} to {lr_at(self.step, c):.3g}"
+            )
         self.run_id = ckpt.run_id  # None: written before run ids existed
 
     def _log_heads(self, step: int) -> None:
@@ -337,9 +379,9 @@ class Trainer:
             val_loss = evaluate(self.eval_model, val, c.train.eval_batch_size, self.autocast)
         # off the CPU the train loss is checked every log_every steps
         if not math.isfinite(val_loss):
-            lr = lr_at(self.step - 1, c)
-            raise diverged(self.step, val_loss, math.nan, lr, self._last, "validation loss")
-        # best_val_loss: the best score; the final one, or summary.finish, makes it exact
+            rate = self._diverging_rate(lr_at(self.step - 1, c))
+            raise diverged(self.step, val_loss, math.nan, rate, self._last, "validation loss")
+        # best_val_loss: the best score; the final one, or _test_best_checkpoint, makes it exact
         improved = score < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, score)
         best = val_loss if final and improved else self.best_val_loss
@@ -354,6 +396,109 @@ class Trainer:
         part = f" on {rows:,} of {len(val):,} rows" if rows < len(val) and not final else ""
         log.info(f"step {self.step}: val loss {val_loss:.4f}{part} (best {best:.4f}){train_part}")
         return out
+
+    # ---- what rank 0 tells about the run: the bar, the train loss, the summary, the end
+
+    def _progress_bar(self) -> tqdm:
+        """tqdm on stderr, rank 0 only; train.progress=null: only when stderr is a terminal."""
+        c = self.config
+        progress = c.train.progress if c.train.progress is not None else sys.stderr.isatty()
+        return tqdm(
+            total=c.train.max_steps,
+            initial=self.step,
+            disable=not (progress and self.is_main),
+            dynamic_ncols=True,
+            leave=False,
+            file=sys.stderr,
+        )
+
+    def _log_window(self, out: StepResult, bar: tqdm) -> dict:
+        """The window's train loss, summed over ranks; scalars and the bar (rank 0); a new
+        window."""
+        w = self.window
+        # each rank's loss is weighted to the global mean times the world size (_next_batch)
+        loss = system.sum_over_ranks(float(w.loss), self.dist) / w.steps / self.dist.world_size
+        tps = w.tokens_per_sec(time.perf_counter())  # after float(): the device has caught up
+        if self.is_main:
+            scalars = {"loss/train": loss, "lr": out.lr, "train/grad_norm": float(out.grad_norm)}
+            self.writer.scalars(self.step, {**scalars, "tokens_per_sec": tps})
+            shown = f"loss {loss:.4f} lr {out.lr:.2e} {tps / 1000:.1f}k tok/s"
+            bar.set_postfix_str(shown, refresh=False)
+        self.window = LossWindow()
+        return {"train_loss": loss, "tokens_per_sec": tps}
+
+    def describe(self) -> str:
+        """One line: the model, the data, the recipe, the device."""
+        c, m, threads = self.config, self.model_config, self.threads
+        precision = "" if self.precision == "fp32" else f" {self.precision}"
+        ranks = f" ({c.train.batch_size} x {self.dist.world_size} ranks)"
+        ranks = ranks if self.dist.enabled else ""
+        return (
+            f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads, attn "
+            f"{m.attn_impl}, {self.model.num_params():,} parameters | data {self.data.source} "
+            f"({c.data.format}): {self.data.split.describe()}, vocab {self.tokenizer.vocab_size}, "
+            f"block {m.block_size} | {c.train.max_steps} steps x batch {self.global_batch}"
+            f"{ranks}, lr {c.optim.lr:g} ({c.optim.warmup_steps} warmup, {c.optim.decay}) | "
+            f"device {self.device}{precision}{' compiled' if c.train.compile else ''}, "
+            f"{threads} thread{'s' if threads > 1 else ''} | seed {c.seed}"
+        )
+
+    def _final_metrics(self, metrics: dict, elapsed: float, tokens: int, other: float) -> dict:
+        """What `train` returns (every rank): the last metrics, the run's size and its throughput
+        (training alone: `other`, the seconds spent evaluating and saving, left out)."""
+        metrics = {**metrics, "step": self.step, "params": self.model.num_params()}
+        metrics.update(elapsed_s=elapsed, global_batch=self.global_batch, run_dir=str(self.out_dir))
+        if elapsed > other and tokens:  # training throughput, as logged
+            metrics["tokens_per_sec"] = tokens / (elapsed - other)
+        return metrics
+
+    def _test_best_checkpoint(self, metrics: dict) -> nn.Module:
+        """The test loss of best.pt's weights (as makemore reports it), written into best.pt with,
+        where it was chosen on an estimate, its whole-split validation loss; the model tested."""
+        c, best_path = self.config, runs.RunFolder(self.out_dir).best
+        model, best = self.eval_model, None
+        if best_path.exists():
+            best = Checkpoint.load(best_path, map_location="cpu")
+            model, _ = best.build_model(self.device)
+        test = evaluate(model, self.datasets["test"], c.train.eval_batch_size, self.autocast)
+        metrics["test_loss"] = test
+        self.writer.scalars(self.step, {"loss/test": test})
+        val = self.datasets["val"]
+        if best is not None and best.step < self.step and len(eval_rows(val, True)) < len(val):
+            # best.pt was chosen on an estimate (_evaluate_and_save_best): its exact loss
+            exact = evaluate(model, val, c.train.eval_batch_size, self.autocast)
+            metrics["best_val_loss"] = best.metrics["best_val_loss"] = exact
+            best.metrics["val_loss"] = exact
+        if best is not None:
+            best.metrics["test_loss"] = test
+            best.save(best_path)
+        return model
+
+    def _finish(self, metrics: dict) -> None:
+        """After the last step (rank 0): best.pt tested, samples.txt, the HParams row, the test
+        loss line."""
+        c, m = self.config, self.model_config
+        model, lines = self._test_best_checkpoint(metrics), []
+        if c.train.num_samples:
+            shown = sample_for_run(model, self.data, c.train.num_samples, seed=c.seed)
+            lines = shown.lines
+            write_text(self.out_dir / "samples.txt", "\n".join(lines) + "\n")
+            metrics["samples"] = shown.items
+        hparams = {"heads": m.n_head, "n_layer": m.n_layer, "n_embd": m.n_embd}
+        hparams.update(params=metrics["params"], model=m.name, attn_impl=m.attn_impl)
+        hparams.update(batch_size=self.global_batch, lr=c.optim.lr, max_steps=c.train.max_steps)
+        hparams.update(dropout=m.dropout, seed=c.seed)
+        keys = ("best_val_loss", "val_loss", "test_loss")
+        scores = {f"result/{k}": metrics[k] for k in keys if k in metrics}
+        self.writer.hparams(hparams, scores, step=self.step)
+        self.writer.close()
+        test, best_val = metrics["test_loss"], metrics.get("best_val_loss", math.nan)
+        log.info(
+            f"test loss {test:.4f} nats/char ({test / math.log(2):.3f} bits; best val "
+            f"{best_val:.4f}) after {self.step} steps in {metrics['elapsed_s']:.1f} s"
+        )
+        if lines:
+            log.info("samples:\n" + "\n".join(lines))
 
 
 def rng_state() -> dict:

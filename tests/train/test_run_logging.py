@@ -8,12 +8,12 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from microgpt.checkpoint import Checkpoint
 from microgpt.data.dataset import load_data
 from microgpt.data.text import TextWindows
 from microgpt.heads.analyse import LIGHT_SHARE
 from microgpt.model import GPT, GPTConfig
 from microgpt.train import loss, trainer
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import eval_rows, evaluate
 from microgpt.train.trainer import train
 
@@ -51,10 +51,8 @@ def whole_val_loss(path, data) -> float:
 def test_a_text_run_estimates_while_it_trains_and_reports_whole_split_figures(
     tiny_cfg, tmp_path, monkeypatch
 ):
-    cfg = tiny_cfg("data.format=text", "model.block_size=8", "train.num_samples=1")
-    estimated = tiny_cfg(
-        "data.format=text", "model.block_size=8", "train.num_samples=1", out=tmp_path / "est"
-    )
+    text = ("data.format=text", "model.block_size=8", "train.num_samples=1")
+    cfg, estimated = tiny_cfg(*text), tiny_cfg(*text, out=tmp_path / "est")
     whole = train(cfg)
     monkeypatch.setattr(loss, "ESTIMATE_POSITIONS", 64)  # 8 windows of the val split
     metrics = train(estimated)

@@ -1,0 +1,94 @@
+"""A loaded checkpoint is checked against its schema: every field's type and range, once, at load;
+a file that fails names the field."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+from microgpt.checkpoint import Checkpoint, CheckpointError, checksum
+from microgpt.config import Config
+from microgpt.model import GPT, GPTConfig
+
+MODEL = dict(vocab_size=5, block_size=4, n_layer=1, n_embd=8, n_head=2)
+
+
+def saved(tmp_path, **changes):
+    """A small valid checkpoint's dict with `changes`, written with a matching checksum."""
+    config, split = GPTConfig(**MODEL), {"train": ["ab"], "val": ["c"], "test": ["d"]}
+    model, tokenizer = GPT(config).state_dict(), {"chars": "abcd", "boundary_id": 0}
+    ckpt = Checkpoint(model, config.to_dict(), tokenizer, Config().to_dict(), 3, split=split)
+    raw = {**ckpt.to_dict(), **changes}
+    raw["checksum"] = checksum(raw)
+    torch.save(raw, path := tmp_path / "last.pt")
+    return path
+
+
+def test_a_valid_checkpoint_loads_and_a_null_or_equal_kv_head_count_is_dropped(tmp_path):
+    for kv in (None, 2):
+        ckpt = Checkpoint.load(saved(tmp_path, model_config={**MODEL, "n_kv_head": kv}))
+        assert "n_kv_head" not in ckpt.model_config and ckpt.step == 3
+        model, tokenizer = ckpt.build_model()
+        assert tokenizer.vocab_size == 5 and model.config.n_head == 2
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("train_config", [1, 2], "train_config must be a mapping with the groups"),
+        ("split", {"train": [1], "val": [], "test": []}, "split must be"),
+        ("step", "abc", "step must be a non-negative integer, found the string 'abc'"),
+        ("step", -1, "step must be a non-negative integer, found the number -1"),
+        ("tokenizer", {"chars": ["a"]}, "tokenizer must be a mapping whose vocabulary"),
+        ("metrics", [], "metrics must be a mapping of names to numbers, found a list"),
+        (
+            "resume",
+            {"optimizer": 1},
+            "resume must be a mapping of the optimizer, sampler and random",
+        ),
+        ("model", {"w": 1}, "model must be a mapping of parameter names to tensors"),
+        ("model_config", {**MODEL, "n_head": "x"}, "model_config.n_head='x' must be a positive"),
+        ("model_config", {**MODEL, "n_kv_head": 1}, "model_config.n_kv_head=1: grouped-query"),
+        ("model_config", {**MODEL, "block_size": None}, "model_config.block_size must be"),
+        (
+            "model_config",
+            {**MODEL, "wings": 2},
+            "model_config holds settings GPTConfig does not",
+        ),
+    ],
+)
+def test_a_field_of_the_wrong_type_or_range_is_refused_by_name(tmp_path, field, value, says):
+    path = saved(tmp_path, **{field: value})
+    with pytest.raises(CheckpointError) as e:
+        Checkpoint.load(path)
+    assert str(e.value).startswith(f"checkpoint {path}: field {says}")
+
+
+def test_a_full_disk_during_a_save_is_one_line_with_the_resume_command(tmp_path, monkeypatch):
+    last = saved(tmp_path)
+    before = last.read_bytes()
+
+    def full_disk(*args, **kwargs):  # what torch.save raises on a full tmpfs
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:672] . unexpected pos 1344 vs 1238"
+        )
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(CheckpointError) as e:
+        Checkpoint.load(last).save(tmp_path / "last.pt")
+    assert str(e.value).startswith(f"cannot write {last}: ") and "\n" not in str(e.value)
+    assert str(e.value).endswith(f"python train.py resume={last}") and last.read_bytes() == before
+
+
+def test_a_signal_inside_a_save_is_raised_once_the_checkpoint_is_whole(tmp_path, monkeypatch):
+    ckpt, real_save = Checkpoint.load(saved(tmp_path)), torch.save
+
+    def interrupted_save(obj, f):  # a second Ctrl-C lands mid-write
+        os.kill(os.getpid(), signal.SIGINT)
+        real_save(obj, f)
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(tmp_path / "new.pt")
+    assert Checkpoint.load(tmp_path / "new.pt").step == 3
