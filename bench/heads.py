@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from bench.common import figure, make_trainer
+from microgpt.checkpoint import Checkpoint
 from microgpt.data.lines import CharDataset
 from microgpt.heads.analyse import analyse
-from microgpt.train.checkpoint import Checkpoint
 
 TARGET_S = 5.0
 

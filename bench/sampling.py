@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 
 from bench.common import compose, figure, make_trainer, step, sync
+from microgpt.checkpoint import Checkpoint
 from microgpt.config import load_config
 from microgpt.model import GPT
 from microgpt.sample.generate import generate, sample_items
-from microgpt.train.checkpoint import Checkpoint
 
 
 def names_model(args, device, tmp: Path):

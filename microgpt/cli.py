@@ -18,11 +18,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from microgpt import entry, runs
-from microgpt.config import parse_resume, register_configs
+from microgpt.checkpoint import Checkpoint, CheckpointError
+from microgpt.config import register_configs
 from microgpt.errors import UserError
 from microgpt.startup_checks import SWEPT_KEYS_ENV, check_command_line, sweep_jobs
 from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
-from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.train.trainer import Interrupted, TrainingError
 
 # what Hydra's override lexer reads in a bare value; any other character needs quotes
@@ -71,7 +71,7 @@ def quote_values(argv: list[str]) -> list[str]:
 def run_dir(resume, default: str) -> str:
     """hydra.run.dir: the run a resume continues, else `default` (torchrun: one for all ranks)."""
     with contextlib.suppress(runs.RunFolderError):
-        folder = runs.resume_folder(parse_resume(resume))
+        folder, _ = runs.resolve_resume(resume)
         if folder is not None:
             return str(folder)
     if "LOCAL_WORLD_SIZE" not in os.environ or not default.startswith("outputs/"):
@@ -127,8 +127,7 @@ def user_errors():
         except Interrupted as e:
             resume = shlex.join(["python", Path(sys.argv[0]).name, f"resume={e.checkpoint}"])
             print(f"microgpt: {e}\nmicrogpt: resume with: {resume}", file=sys.stderr, flush=True)
-            name = getattr(e, "signal_name", None) or str(e).partition(" ")[0]
-            raise SystemExit(128 + getattr(signal.Signals, name, signal.SIGINT).value) from None
+            raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
         except TrainingError as e:
             raise UserError(str(e)) from None
 
@@ -154,13 +153,12 @@ def _close_log_files(folder: Path) -> None:
 
 def resume_settings(cfg: DictConfig) -> DictConfig:
     """A resume's settings: the checkpoint's, those on the command line replacing them."""
-    resume = parse_resume(cfg.get("resume"))
-    if not resume:
+    if not runs.parse_resume(cfg.get("resume")):
         return cfg
     try:
-        path = runs.resume_checkpoint(resume, str(cfg.out_dir))
+        _, path = runs.resolve_resume(cfg.get("resume"), str(cfg.out_dir))
         saved = Checkpoint.load(path).train_config
-    except (runs.RunFolderError, CheckpointError, KeyError, TypeError):
+    except (runs.RunFolderError, CheckpointError):
         return cfg  # the trainer says what is wrong with it
     legacy = saved.get("log") if isinstance(saved.get("log"), dict) else {}
     if "entropy_items" in legacy:  # log.head_items' name in checkpoints before issue 22

@@ -27,11 +27,11 @@ with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C mean
     from omegaconf.errors import OmegaConfBaseException
 
     from microgpt import runs
+    from microgpt.checkpoint import Checkpoint, CheckpointError
     from microgpt.errors import UserError
     from microgpt.files import read_regular
     from microgpt.heads.report import ROLES
     from microgpt.runs import RunFolder
-    from microgpt.train.checkpoint import Checkpoint, CheckpointError
     from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)

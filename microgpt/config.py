@@ -20,9 +20,7 @@ from microgpt import system
 from microgpt.data.dataset import data_format
 from microgpt.errors import DataError, SamplingError, UserError
 from microgpt.model import GPTConfig, check_gpt_settings
-from microgpt.runs import parse_resume  # noqa: F401 (cli.py imports it from here)
 from microgpt.sample.generate import check_sampling_args
-from microgpt.sample.report import check_max_new
 from microgpt.system import DEVICES, PRECISIONS, ThreadsError, check_threads
 
 DECAYS = ("cosine", "linear", "constant")
@@ -241,19 +239,16 @@ class SampleConfig:
 
     def __post_init__(self):
         check = functools.partial(require, error=SamplingError)
-        for name in ("num_samples", "batch_size", "seed"):
-            v = getattr(self, name)
-            is_int = isinstance(v, int) and not isinstance(v, bool)
-            check(v is None or is_int, f"{name}={v!r} must be an integer")
-        n, batch, seed = self.num_samples, self.batch_size, self.seed
-        check(n is None or n >= 1, f"num_samples={n} must be at least 1")
-        batch_ok, seed_ok = batch is None or batch >= 1, seed is None or 0 <= seed < 2**63
-        check(batch_ok, f"batch_size={batch} must be at least 1 (or null = all at once)")
-        check(seed_ok, f"seed={seed} must be in [0, 2**63) (or null = random)")
-        check_sampling_args(self.temperature, self.top_k, self.top_p)
-        check(isinstance(self.prefix, str), f"prefix={self.prefix!r} must be a string")
-        if self.max_len is not None:
-            check_max_new(self.max_len)
+        check_sampling_args(
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.prefix,
+            num_samples=self.num_samples,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            max_len=self.max_len,
+        )
         _check_machine(self.device, self.threads, SamplingError)
         check(
             self.ckpt is None or self.run is None,
@@ -341,18 +336,18 @@ def check_training_memory(c: Config, device, vocab_size: int = 2, block_size: in
     memory (system.training_bytes): the model and every setting that sizes the batch (the batch,
     the block, train.pack). Before the data is read, `vocab_size` and the block are lower bounds:
     2, and model.block_size or the format's (a text window, a generated item), else 2."""
-    m, d, t = c.model, c.data, c.train
-    known = {"text": TEXT_BLOCK_SIZE, "repeats": d.repeats.length + 1}.get(d.format, 2)
-    block = block_size or m.block_size or known
+    m, fmt, t = c.model, data_format(c.data.format), c.train
+    known = fmt.known_block(c.data)
+    block = block_size or m.block_size or known or 2
     rows, row_len = t.batch_size, block
     sizes = [f"train.batch_size={t.batch_size}"]
-    if t.pack and d.format != "text":  # rows of train.pack tokens; an item never straddles two
+    if t.pack and fmt.packs:  # rows of train.pack tokens; an item never straddles two
         row_len = max(t.pack, block)
         rows = min(t.batch_size, -(-t.batch_size * block // (row_len - block + 1)))
         sizes.append(f"train.pack={t.pack}")
     if m.block_size:
         sizes.append(f"model.block_size={block}")
-    elif block_size or d.format != "lines":  # else not known before the data is read
+    elif block_size or known:  # else not known before the data is read
         sizes.append(f"a block of {block} (from the data)")
     fix = f"lower {' or '.join(s.split('=')[0] for s in sizes if '=' in s)} or the model's size"
     need = system.training_bytes(c.model_for_data(vocab_size, block), rows, row_len)

@@ -166,14 +166,6 @@ def resolve_resume(resume, out_dir=None) -> tuple[RunFolder | None, Path | None]
 
 
 # cli.py's two readings of `resume`, until it calls resolve_resume itself
-def resume_checkpoint(resume, folder) -> Path | None:
-    return resolve_resume(resume, folder)[1]
-
-
-def resume_folder(resume) -> RunFolder | None:
-    return resolve_resume(resume)[0]
-
-
 def open_run(
     folder: str | os.PathLike,
     config_yaml: str,

@@ -25,7 +25,6 @@ from microgpt.config import (
     check_training_memory,
     flatten,
     load_config,
-    parse_resume,
 )
 from microgpt.data.dataset import check_data_file, data_format
 from microgpt.errors import UserError, print_error
@@ -240,7 +239,7 @@ def _explain(e: Exception, task: list[str], known: list[str], conf_dir: Path) ->
 
 def _check_job(c: Config, job: list[str]) -> None:
     """What the schema cannot see: memory, the data file, the run's folders."""
-    named, resume = _settings(job), parse_resume(c.resume)
+    named, resume = _settings(job), runs.parse_resume(c.resume)
     # the settings that size the training step, against the device's memory (lower bounds)
     check_training_memory(c, pick_device(c.device, ConfigError))
     # a resume trains on its checkpoint's data; repeats reads no file

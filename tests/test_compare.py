@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
+from microgpt.checkpoint import Checkpoint
 from microgpt.compare import main, read_runs
 from microgpt.data.lines import CharDataset
 from microgpt.heads.analyse import analyse
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import train
 from tests.conftest import TINY, compose_config, make_names
 from tests.e2e.harness import changes, fingerprint

@@ -78,6 +78,7 @@ class Data:
     reads_file: ClassVar[bool] = True  # data.path names a file (not a label)
     analysis_targets: ClassVar[int]  # targets of the validation split the head analysis reads
     user_input: ClassVar[str] = "a name"  # what the tab asks its user to type
+    packs: ClassVar[bool] = True  # train.pack puts its items end to end in rows
     train_ids: Tensor | None = None  # text: the training slice (heads/command reads it, for now)
 
     def __init__(self, path, tokenizer: CharTokenizer, split, block_size: int, datasets, label=""):
@@ -88,6 +89,11 @@ class Data:
     def source(self) -> str:
         """e.g. "data/names.txt", or "generated repeats (seed 0)"."""
         return self.label or str(self.path)
+
+    @classmethod
+    def known_block(cls, data) -> int | None:
+        """The block size with model.block_size=null, if known before the data is read."""
+        return None
 
     @classmethod
     def check_settings(cls, data, block_size: int | None) -> None:

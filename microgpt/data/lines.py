@@ -299,9 +299,7 @@ class LinesData(Data):
         datasets = rows_of(split, ("val", "test"), tokenizer, block_size, device)
         return cls(ckpt.data.get("path") or "", tokenizer, split, block_size, datasets)
 
-    def train_batches(self, global_batch, seed, group_by_length=0, pack=0) -> ItemBatches:
-        if group_by_length:
-            raise DataError("train.group_by_length is gone (train.pack replaced it); set it to 0")
+    def train_batches(self, global_batch, seed, pack=0) -> ItemBatches:
         return ItemBatches(self.datasets["train"], global_batch, seed, pack)
 
     def default_probe(self) -> list[int]:

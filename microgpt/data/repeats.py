@@ -24,11 +24,10 @@ from torch import Tensor
 
 from microgpt.data.lines import IGNORE_ID, LinesData
 from microgpt.errors import DataError
-from microgpt.system import available_memory, gib
+from microgpt.system import check_memory, items_bytes
 from microgpt.tokenizer import BOUNDARY_ID
 
 # the peak memory of generating one character of repeat_items (about 60 bytes measured)
-REPEAT_CHAR_BYTES = 100
 
 
 @dataclass
@@ -160,14 +159,13 @@ def check_repeats(r) -> None:
     if not 0 <= r.seed < 2**63:
         raise DataError(f"data.repeats.seed={r.seed} must be in [0, 2**63)")
     # per item: its characters, and a random order of the whole vocabulary (_random_spans)
-    need = items * ((length + 1) * REPEAT_CHAR_BYTES + 12 * len(chars))
-    free = available_memory(torch.device("cpu"))
-    if free is not None and need > free // 2:
-        raise DataError(
-            f"data.repeats.items={items:,} of data.repeats.length={length:,} characters would "
-            f"take about {gib(need)} of memory to generate, more than half of the {gib(free)} "
-            f"available; lower data.repeats.items or data.repeats.length"
-        )
+    check_memory(
+        items_bytes(items, length + 1 + len(chars)),
+        torch.device("cpu"),
+        f"data.repeats.items={items:,} of data.repeats.length={length:,} characters",
+        "lower data.repeats.items or data.repeats.length",
+        DataError,
+    )
 
 
 class RepeatsData(LinesData):
@@ -175,6 +173,10 @@ class RepeatsData(LinesData):
     lines; nothing is read (data.path is a label)."""
 
     name, reads_file = "repeats", False
+
+    @classmethod
+    def known_block(cls, data) -> int:
+        return data.repeats.length + 1  # an item and its boundary token
 
     @classmethod
     def check_settings(cls, data, block_size: int | None) -> None:

@@ -201,7 +201,11 @@ class TextData(Data):
     drawn at random for training, cut in order for evaluation."""
 
     name, boundary, analysis_targets = "text", False, 4096  # 32 windows of 128
-    user_input = "a line of text"
+    user_input, packs = "a line of text", False
+
+    @classmethod
+    def known_block(cls, data) -> int:
+        return DEFAULT_BLOCK_SIZE
 
     def __init__(self, path, tokenizer, split, block_size, datasets, train_ids=None):
         super().__init__(path, tokenizer, split, block_size, datasets)
@@ -254,7 +258,7 @@ class TextData(Data):
             )
         return data
 
-    def train_batches(self, global_batch, seed, group_by_length=0, pack=0) -> WindowBatches:
+    def train_batches(self, global_batch, seed, pack=0) -> WindowBatches:
         """Windows: nothing to group or pack (no padding)."""
         device = self.datasets["val"].device
         return WindowBatches(self.train_ids, self.block_size, global_batch, seed, device)

@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 
 from microgpt import entry, runs
+from microgpt.checkpoint import Checkpoint
 from microgpt.data.dataset import data_of_checkpoint
 from microgpt.errors import UserError
 from microgpt.files import check_new_file, write_text
 from microgpt.heads.analyse import analyse
 from microgpt.heads.report import HeadReport
 from microgpt.system import DEVICES, check_threads, pick_device, set_threads
-from microgpt.train.checkpoint import Checkpoint
 
 
 def analyse_checkpoint(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from microgpt.checkpoint import Checkpoint
 from microgpt.config import SampleConfig, load_config
 from microgpt.data.dataset import (
     REPO_ROOT,
@@ -24,13 +25,11 @@ from microgpt.files import STDOUT, OutputRefused, check_new_file, write_text
 from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
 from microgpt.sample.generate import SamplingError
 from microgpt.sample.report import PASSAGE_LENGTH, Samples, sample_for_run
-from microgpt.system import available_memory, gib, pick_device, set_threads
-from microgpt.train.checkpoint import Checkpoint
+from microgpt.system import check_memory, items_bytes, pick_device, set_threads
 
 NAMES, PASSAGES = 20, 3  # num_samples=null: names of a lines run, passages of a text run
 # what one sampled item costs in memory until it is printed: the string (about 50 bytes and its
 # characters), its place in the lists, its (item, where) mark and its printed line
-ITEM_BYTES = 200
 
 
 @dataclass
@@ -102,14 +101,13 @@ def _holds_items(path: Path, items: set[str]) -> bool:
 
 def check_items_fit(num_samples: int, length: int) -> None:
     """Refuse items of up to `length` characters that this machine's memory cannot hold."""
-    each = ITEM_BYTES + 3 * length
-    free = available_memory(torch.device("cpu"))
-    if free is not None and num_samples * each > free // 2:
-        raise SamplingError(
-            f"num_samples={num_samples} would hold about {gib(num_samples * each)} of items in "
-            f"memory, more than half of the {gib(free)} available; sample at most "
-            f"{max(1, free // 2 // each):,} at a time (repeat with other seeds for more)"
-        )
+    check_memory(
+        items_bytes(num_samples, length),
+        torch.device("cpu"),
+        f"num_samples={num_samples:,} of up to {length:,} characters",
+        "sample fewer at a time (repeat with other seeds for more)",
+        SamplingError,
+    )
 
 
 def sample_from_config(cfg, progress=None) -> SampleResult:

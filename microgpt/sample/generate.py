@@ -14,7 +14,7 @@ import torch
 
 from microgpt.errors import SamplingError
 from microgpt.kv_cache import KVCache
-from microgpt.system import available_memory, eval_mode, gib
+from microgpt.system import check_memory, decoding_seconds, eval_mode
 from microgpt.tokenizer import BOUNDARY_ID
 
 DEFAULT_BATCH = 1024  # items sampled at once when batch_size is None, at most
@@ -24,7 +24,6 @@ CACHE_BUDGET = 256 * 2**20  # bytes: the default batch shrinks so that its KV ca
 # 10,000 names 3-4x faster on one thread than on two. Bigger work keeps PyTorch's thread count.
 SINGLE_THREAD_WORK = 2**30
 MAX_NEW_CHARS = 100_000  # the most max_len: one step of the model per character
-CHARS_PER_SECOND = 3_000  # the micro model continuing one passage on 2 CPU cores, measured
 
 
 def cache_bytes_per_row(model) -> int:
@@ -54,7 +53,7 @@ def check_sampling_args(temperature=1.0, top_k=None, top_p=None, prefix="", **wh
         n = whole["max_len"]
         raise SamplingError(
             f"max_len={n:,} would take {n:,} steps of the model, one per character (about "
-            f"{n / CHARS_PER_SECOND / 60:,.0f} minutes for a tiny model on a CPU, more for a "
+            f"{decoding_seconds(1, n) / 60:,.0f} minutes for a tiny model on a CPU, more for a "
             f"larger one) before anything is printed; at most {MAX_NEW_CHARS:,} here (a names run "
             f"never needs more than its block size)"
         )
@@ -69,11 +68,6 @@ def check_sampling_args(temperature=1.0, top_k=None, top_p=None, prefix="", **wh
         raise SamplingError(f"top_p={top_p!r} must be in (0, 1] (1 keeps every token)")
     if not isinstance(prefix, str):
         raise SamplingError(f"prefix={prefix!r} must be a string")
-
-
-def check_max_new(max_len) -> None:
-    """config.py's import, until SampleConfig calls check_sampling_args alone."""
-    check_sampling_args(max_len=max_len)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> torch.Tensor:
@@ -196,12 +190,13 @@ def sample_items(
     prefix_ids = tokenizer.encode(prefix)  # generate checks that the model can take them
     device = next(model.parameters()).device
     batch_size = min(batch_size or default_batch(model, num_samples), num_samples)
-    need = batch_size * cache_bytes_per_row(model)
-    free = available_memory(device) if use_cache else None
-    if free is not None and need > free:
-        raise SamplingError(
-            f"batch_size={batch_size} needs a KV cache of {gib(need)} but {device} has "
-            f"{gib(free)} free; lower batch_size (or leave it null)"
+    if use_cache:
+        check_memory(
+            batch_size * cache_bytes_per_row(model),
+            device,
+            f"batch_size={batch_size} with the KV cache",
+            "lower batch_size (or leave it null)",
+            SamplingError,
         )
     max_new = None if max_len is None else max_len - len(prefix)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from microgpt.data.dataset import Data
 from microgpt.sample.generate import (
-    check_max_new,  # noqa: F401 (config.py's import, for now)
     continue_prompt,
     decoding_threads,
     sample_items,

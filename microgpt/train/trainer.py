@@ -32,7 +32,7 @@ from microgpt.tokenizer import BOUNDARY_ID
 from microgpt.train.loss import LossWindow, StepResult, eval_rows, evaluate
 from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
 from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged
-from microgpt.viz.tensorboard import TensorBoardLogger, labels_for
+from microgpt.viz.tensorboard import TensorBoardLogger
 
 log = logging.getLogger("microgpt")
 HUGE_WEIGHT = 1e4  # a weight beyond it (or not finite) marks the group that diverged
@@ -293,7 +293,7 @@ class Trainer:
             train_config=self.config.to_dict(),
             step=self.step,
             metrics=dict(metrics),
-            split=self.data.split.to_dict(),
+            split=self.data.record(),
             run_id=self.run_id,
             data_sha256=self.data_sha256,
             resume=resume,
@@ -357,9 +357,14 @@ class Trainer:
         c, val = self.config, self.datasets["val"]
         x, y = val.batch(torch.arange(min(len(val), c.log.head_items)))  # (N, T)
         maps = probe_attention(self.eval_model, self.probe_ids)
-        self.writer.attention_maps(step, maps, labels_for(self.probe_ids, self.tokenizer))
+        self.writer.attention_maps(step, maps, self.tokenizer.labels(self.probe_ids))
         light = step < c.train.max_steps
-        self.writer.heads(step, analyse(self.eval_model, x, y, self.tokenizer, light=light))
+        self.writer.heads(
+            step,
+            analyse(
+                self.eval_model, x, y, self.tokenizer, light=light, boundary=self.data.boundary
+            ),
+        )
 
     def _evaluate_and_save(self, metrics: dict) -> dict:
         """Validation loss (a large split estimated while the run trains); best.pt if it

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
+from microgpt.checkpoint import Checkpoint
 from microgpt.data.dataset import DataError, load_data
 from microgpt.data.text import TextWindows, VerbatimIndex, encode_text
 from microgpt.sample.command import run_sampling
 from microgpt.tokenizer import CharTokenizer
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.loss import evaluate
 from microgpt.train.stopping import Interrupted
 from microgpt.train.trainer import train

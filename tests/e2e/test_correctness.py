@@ -8,7 +8,7 @@ import unicodedata
 import pytest
 import torch
 
-import microgpt.train.checkpoint
+import microgpt.checkpoint
 from microgpt import system
 from microgpt.config import ConfigError, load_config
 from microgpt.data.dataset import DataError, load_data
@@ -44,7 +44,7 @@ def test_resume_state_is_loaded_on_the_cpu_whatever_the_device(tiny_cfg, monkeyp
         locations.append(str(map_location))
         return real_load(path, map_location=map_location, **kw)
 
-    monkeypatch.setattr(microgpt.train.checkpoint.torch, "load", recording_load)
+    monkeypatch.setattr(microgpt.checkpoint.torch, "load", recording_load)
     monkeypatch.setattr(torch, "set_rng_state", lambda s: (restored.append(s), real_set(s)))
     monkeypatch.setattr(system, "pick_device", lambda name, error=None: torch.device("meta"))
     cfg = tiny_cfg("device=cpu", "train.max_steps=4", "train.num_samples=0", "resume=true")
@@ -181,7 +181,7 @@ def test_an_empty_sample_is_reported_as_empty_and_not_as_new():
 def test_weight_average_is_evaluated_kept_as_best_and_resumes_exactly(tiny_cfg, tmp_path):
     """train.ema: the average (not the trained weights) is what is evaluated and what best.pt
     holds; a resume restores the average too, so stopping after 4 of 8 steps changes nothing."""
-    from microgpt.train.checkpoint import Checkpoint
+    from microgpt.checkpoint import Checkpoint
 
     ema = ("device=cpu", "train.ema=0.9", "train.num_samples=0", "train.eval_every=4")
     ema += ("optim.decay=constant", "optim.warmup_steps=0")  # the same schedule for 4 or 8 steps
@@ -213,7 +213,7 @@ def test_a_run_saved_before_a_setting_existed_resumes_and_the_data_may_move(
     only value there was (a library caller resumes it with train.ema=0; the command line takes
     the checkpoint's settings itself).
     The same data at another path is the same data (its items and split are compared)."""
-    from microgpt.train.checkpoint import Checkpoint
+    from microgpt.checkpoint import Checkpoint
 
     ema = "train.ema=0"
     Trainer(
@@ -248,9 +248,9 @@ def test_sampling_builds_no_autograd_graph():
 
 
 def test_save_every_keeps_step_checkpoints_that_sample_and_heads_accept(tiny_cfg, tmp_path):
+    from microgpt.checkpoint import Checkpoint
     from microgpt.heads.command import analyse_checkpoint
     from microgpt.sample.command import run_sampling
-    from microgpt.train.checkpoint import Checkpoint
 
     # train.ema=0: a step checkpoint holds the trained weights, as last.pt does
     save = ("device=cpu", "train.save_every=4", "train.num_samples=0", "train.ema=0")

@@ -9,8 +9,8 @@ import errno
 import pytest
 import torch
 
+from microgpt.checkpoint import Checkpoint, CheckpointError, checksum
 from microgpt.train import checkpoint as ckpt_module
-from microgpt.train.checkpoint import Checkpoint, CheckpointError, checksum
 
 
 def _checkpoint() -> Checkpoint:

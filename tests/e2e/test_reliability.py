@@ -20,9 +20,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
+from microgpt.checkpoint import Checkpoint
 from microgpt.config import ConfigError, load_config
 from microgpt.runs import find_checkpoints
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import Interrupted, Trainer, TrainingError
 from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import REPO, TINY
@@ -216,7 +216,7 @@ def test_non_finite_loss_stops_with_advice_and_keeps_the_last_good_checkpoint(ti
 SAVER = r"""
 import os, sys, torch
 torch.set_num_threads(1)  # no OpenMP thread pool: a forked child could deadlock on it
-from microgpt.train.checkpoint import Checkpoint
+from microgpt.checkpoint import Checkpoint
 path = sys.argv[1]
 shapes = [(4096, 64), (64, 4096), (512, 64)] * 4  # about 4 MB of float32, a small model's size
 def save(n):

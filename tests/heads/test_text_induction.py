@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from microgpt.checkpoint import Checkpoint
 from microgpt.data.dataset import load_data
 from microgpt.data.repeats import repeated_passages, span_for
 from microgpt.data.text import TextData, TextWindows
@@ -19,7 +20,6 @@ from microgpt.heads.analyse import (
     induction_test,
 )
 from microgpt.model import GPT, GPTConfig
-from microgpt.train.checkpoint import Checkpoint
 from tests.heads.test_head_roles import induction_circuit
 from tests.heads.test_heads import random_model
 

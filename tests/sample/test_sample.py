@@ -18,10 +18,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from microgpt.checkpoint import Checkpoint
 from microgpt.config import SampleConfig, load_config
 from microgpt.errors import SamplingError, UserError
 from microgpt.sample.command import find_checkpoint, run_sampling
-from microgpt.train.checkpoint import Checkpoint
 from microgpt.train.trainer import train
 from tests.conftest import REPO, TINY, compose_config, make_names
 

@@ -21,8 +21,8 @@ import torch
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
+from microgpt.checkpoint import checksum
 from microgpt.heads.command import main as heads_main
-from microgpt.train.checkpoint import checksum
 from microgpt.train.trainer import train
 from microgpt.viz.plugin import MicrogptPlugin
 from microgpt.viz.plugin.attention import ModelCache

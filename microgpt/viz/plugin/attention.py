@@ -16,11 +16,11 @@ from stat import S_ISREG
 
 import torch
 
+from microgpt.checkpoint import Checkpoint, CheckpointError
 from microgpt.data.dataset import Data, DataError, checkpoint_format
 from microgpt.files import read_regular
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
-from microgpt.train.checkpoint import Checkpoint, CheckpointError
 from microgpt.viz.tensorboard import labels_for
 
 MAX_MODELS = 8  # models kept loaded at once
