@@ -334,7 +334,7 @@ OUT = [
 SAMPLING = [
     # work bounded: a billion names would never finish and would not fit in memory
     sample("num-samples-billion", f"ckpt={BEST}", "num_samples=1000000000",
-           message=r"num_samples=1000000000 .*about .*GiB"),
+           message=r"num_samples=1,000,000,000 .*about .*GiB"),
     sample("prefix-outside-vocabulary", f"ckpt={BEST}", "prefix=QQ", message=r"prefix='QQ'"),
     sample("prefix-too-long", f"ckpt={BEST}", "prefix=" + "ba" * 30, message=r"prefix"),
     # documented: a batch is at most num_samples

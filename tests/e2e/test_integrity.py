@@ -9,15 +9,15 @@ import errno
 import pytest
 import torch
 
+from microgpt import checkpoint as ckpt_module
 from microgpt.checkpoint import Checkpoint, CheckpointError, checksum
-from microgpt.train import checkpoint as ckpt_module
 
 
 def _checkpoint() -> Checkpoint:
     g = torch.Generator().manual_seed(0)
     return Checkpoint(
         model={"w": torch.randn(64, 64, generator=g), "b": torch.zeros(64)},
-        model_config={"n_layer": 1},
+        model_config={"n_layer": 1, "vocab_size": 4, "block_size": 8},
         tokenizer={"chars": "abc"},
         step=7,
         metrics={"val_loss": 2.5},

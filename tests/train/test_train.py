@@ -121,7 +121,7 @@ def test_multirun_names_job_folders_by_their_overrides_and_the_readme_commands_t
     assert heads_main([str(job)]) == 0 and (tmp_path / job / "heads-best.json").is_file()
     assert compare_main([str(sweep.relative_to(tmp_path))]) == 0
     table = capsys.readouterr().out
-    assert "heads=1" in table and "val_loss.png" in table
+    assert "heads=1" in table and "heads=2" in table
 
 
 @pytest.mark.parametrize(
