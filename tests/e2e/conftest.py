@@ -7,6 +7,7 @@ links (out/), a working directory other than the project (sub/), and a broken sw
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import random
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from microgpt.checkpoint import Checkpoint
 from tests.conftest import REPO, TINY, make_names
 from tests.e2e.harness import EvilPickle, run
 
@@ -75,6 +77,14 @@ def _damaged(root: Path) -> None:
     torch.save({k: v for k, v in ckpt.items() if k != "model"}, bad / "no-model.pt")
     os.mkfifo(bad / "fifo.pt")
     (bad / "folder.pt").mkdir()
+    # whole checksums, fields of the wrong type: what microgpt never writes (issue 37)
+    good = Checkpoint.load(root / BEST)
+    for name, change in (
+        ("config-list", {"train_config": [1, 2]}),
+        ("step-text", {"step": "abc"}),
+        ("split-ints", {"split": {"train": [1], "val": [2], "test": [3]}}),
+    ):
+        dataclasses.replace(good, **change).save(bad / f"{name}.pt")
 
 
 @pytest.fixture(scope="session")
