@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from microgpt.compare import main, read_runs
+from microgpt.compare import main, read_sweep
 from microgpt.data.lines import CharDataset
 from microgpt.heads.analyse import analyse
 from microgpt.train.checkpoint import Checkpoint
@@ -25,16 +25,9 @@ def sweep(tmp_path_factory):
     root = tmp / "sweep"
     metrics = {}
     for heads in (1, 2):
-        cfg = compose_config(
-            # train.ema=0: the analyses read last.pt's weights, the ones trained
-            [
-                *TINY,
-                f"heads={heads}",
-                "train.num_samples=0",
-                "train.ema=0",
-                f"data.path={tmp / 'names.txt'}",
-            ]
-        )
+        # train.ema=0: the analyses read last.pt's weights, the ones trained
+        names = [f"data.path={tmp / 'names.txt'}", "train.num_samples=0", "train.ema=0"]
+        cfg = compose_config([*TINY, f"heads={heads}", *names])
         cfg.out_dir = str(root / f"heads={heads}")  # '=' in a path cannot go through an override
         metrics[heads] = train(cfg)
     (root / ".submitit").mkdir()  # launcher clutter is not a run
@@ -61,9 +54,7 @@ def test_compare_prints_a_row_per_run_and_writes_nothing(sweep, capsys):
         assert float(cells[4]) == pytest.approx(metrics[heads]["test_loss"], abs=1e-4)
         assert float(cells[6]) > 0  # layer 0's mean attention entropy
     assert out.count("lowest validation loss: heads=") == 1 and "different data" not in out
-    runs = read_runs(root)
-    assert [s for s, _ in runs[0].val_curve] == [6, 12]  # TINY: eval_every=6, max_steps=12
-    assert runs[1].label == "2 heads" and runs[0].label == "1 head"
+    assert [r.label for r in read_sweep(root)[0]] == ["1 head", "2 heads"]
 
 
 def test_runs_logged_before_the_per_head_tags_keep_their_entropy(sweep, tmp_path):
@@ -79,7 +70,7 @@ def test_runs_logged_before_the_per_head_tags_keep_their_entropy(sweep, tmp_path
         writer.add_scalar("loss/val", 2.5, 12)
         for h, entropy in enumerate((1.25, 1.75)):
             writer.add_scalar(f"attention_entropy/layer0/head{h}", entropy, 12)
-    (run,) = read_runs(old.parent)
+    (run,) = read_sweep(old.parent)[0]
     assert run.entropy == [1.5]
 
 
@@ -88,7 +79,7 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     from microgpt.heads.report import ROLES
 
     root, _ = sweep
-    runs = read_runs(root)
+    runs = read_sweep(root)[0]
     for r in runs:  # the run's last analysis, made again from last.pt on the same rows
         ckpt = Checkpoint.load(r.path / "checkpoints" / "last.pt")
         model, tok = ckpt.build_model()
@@ -121,7 +112,7 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     data["summaries"]["heads/layer0/importance_max"] = 0.125
     (root / "heads=2" / "heads-best.json").write_text(json.dumps(data))
     try:
-        two = read_runs(root)[1]
+        two = read_sweep(root)[0][1]
         assert two.summary("prunable") == 2 and two.importance_max == [0.125]
     finally:
         (root / "heads=2" / "heads-best.json").unlink()

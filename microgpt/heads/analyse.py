@@ -61,13 +61,6 @@ def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
     return [a[0].float().cpu() for a in attention]  # (1, H, T, T) -> (H, T, T) per layer
 
 
-def attention_entropy(attention: Sequence[Tensor], query_mask: Tensor) -> Tensor:
-    """(L, H): each head's mean attention entropy in nats over the real queries (query_mask (B, T),
-    `y >= 0`) of attention per layer (B, H, T, Tk); log(n) uniform over n keys, 0 for one key."""
-    sums = [roles.entropy_sums(a.detach().double(), query_mask.to(a.device)) for a in attention]
-    return torch.stack([s["entropy"] / s["entropy_n"].clamp(min=1) for s in sums]).float().cpu()
-
-
 def _first_pass(model, batches, members, chars, width: int):
     """One pass: each head's mean output (W_O's input) over the real positions (L, H, hd) and at
     each position (L, H, width, hd), and the pattern sums per layer (roles.pattern_sums)."""
@@ -143,7 +136,6 @@ def analyse(
     tokenizer=None,
     counts: Tensor | None = None,
     tolerance: float = PRUNE_TOLERANCE,
-    batch_size: int = BATCH_SIZE,
     induction: bool = True,
     light: bool = False,
     boundary: bool = True,
@@ -165,7 +157,7 @@ def analyse(
     chars = "".join(tokenizer.chars) if tokenizer is not None else None
     if counts is None:
         counts = torch.bincount(y[y >= 0].flatten().cpu(), minlength=V)[:V]
-    batches = length_batches(x.to(device), y.to(device), batch_size)
+    batches = length_batches(x.to(device), y.to(device))
     members = roles.class_members(chars, V, counts)
     with eval_mode(model), torch.inference_mode():
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])

@@ -235,9 +235,8 @@ class HeadReport:
             f"Role: a pattern holding mass >= {MIN_MASS} of the attention at "
             f"lift >= {MIN_LIFT} (times uniform attention); score = the role's "
             f"mass (mixed: the largest above-chance mass). Importance = loss rise (nats) when the "
-            f"head is zeroed, or replaced by its mean at each position; gradient = the mean over "
-            f"rows of |d loss(row) / d head_mask| (Michel et al. 2019); copying (layer 0) = "
-            f"sum(l) / sum(|l|) of the OV circuit's eigenvalues, -1 to 1, 0 for none. Rank "
+            f"head is zeroed, or replaced by its mean at each position; gradient = the "
+            f"{MEASURES['gradient_importance']}; copying = {MEASURES['copying']}. Rank "
             f"correlation (Spearman) of gradient and zero ablation "
             f"{corr['gradient_vs_zero']:.2f}, zero and mean ablation {corr['zero_vs_mean']:.2f}, "
             f"zero and per-position mean {corr['zero_vs_position_mean']:.2f}.",
