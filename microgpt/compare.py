@@ -261,9 +261,8 @@ def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
             f"their losses compare only within a group:"
         )
     for data, group in groups.items():
-        scored = [r for r in group if not math.isnan(r.best_val_loss)]
-        if scored:
-            best = min(scored, key=lambda r: r.best_val_loss)
+        best = min(group, key=lambda r: (math.isnan(r.best_val_loss), r.best_val_loss))
+        if not math.isnan(best.best_val_loss):
             where = f" on {data}: {', '.join(r.name for r in group)}" if len(groups) > 1 else ""
             label = f"{best.name} ({best.label}, {best.best_val_loss:.4f})"
             lines.append(f"lowest validation loss{where}: {label}")

@@ -22,7 +22,7 @@ from microgpt.data.repeats import repeated_passages, repeated_spans, span_for
 from microgpt.errors import UserError
 from microgpt.heads import circuits, roles
 from microgpt.heads.circuits import ablated_losses, model_heads, single_heads, token_losses
-from microgpt.heads.report import PRUNE_TOLERANCE, HeadReport, InductionTest
+from microgpt.heads.report import CORRELATIONS, PRUNE_TOLERANCE, HeadReport, InductionTest
 from microgpt.system import eval_mode
 from microgpt.tokenizer import BOUNDARY_LABEL
 
@@ -194,7 +194,7 @@ def _importances(model, batches, means, at, tolerance: float) -> dict:
         order, curve, prunable = circuits.pruning(model, batches, zero, tolerance)
     with eval_mode(model):
         gradient = circuits.gradient_importance(model, batches)
-    rank = circuits.rank_correlation
+    by = {"gradient": gradient, "zero": zero, "mean": mean, "position_mean": position}
     return {
         "loss": float(losses[0]),
         "zero_importance": zero,
@@ -204,10 +204,9 @@ def _importances(model, batches, means, at, tolerance: float) -> dict:
         "pruning_order": order,
         "pruning_losses": curve,
         "prunable": prunable,
+        # e.g. "gradient_vs_zero": the rank correlation of the gradient and zero ablation
         "correlations": {
-            "gradient_vs_zero": rank(gradient, zero),
-            "gradient_vs_mean": rank(gradient, mean),
-            "zero_vs_mean": rank(zero, mean),
-            "zero_vs_position_mean": rank(zero, position),
+            pair: circuits.rank_correlation(*(by[m] for m in pair.split("_vs_")))
+            for pair in CORRELATIONS
         },
     }

@@ -16,8 +16,7 @@ def render_layer(weights, labels, layer):
 
 
 def luminance(rgb) -> float:
-    r, g, b = (float(c) for c in rgb)
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return float(np.dot(np.asarray(rgb, dtype=float), [0.2126, 0.7152, 0.0722]))
 
 
 def test_colormap_is_dark_to_bright():

@@ -49,8 +49,10 @@ def lab(tmp_path_factory) -> Path:
     return root
 
 
-def routes(logdir: Path) -> dict[str, Client]:
-    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(logdir)))
+def routes(logdir: Path | str, spec: str | None = None) -> dict[str, Client]:
+    """{route: a client of it} of the plugin on --logdir `logdir`, or --logdir_spec `spec`."""
+    flags = Namespace(logdir_spec=spec)
+    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(logdir), flags=flags))
     return {path: Client(app) for path, app in plugin.get_plugin_apps().items()}
 
 
@@ -83,12 +85,8 @@ def test_runs_lists_each_job_by_its_folder_with_its_checkpoints(lab):
     runs = {r["name"]: r for r in body["runs"]}
     assert list(runs) == ["heads=1", "heads=2"]
     assert runs["heads=1"]["checkpoints"] == ["best.pt", "last.pt"]
-    assert runs["heads=2"]["checkpoints"] == [
-        "best.pt",
-        "last.pt",
-        "step-000006.pt",
-        "step-000012.pt",
-    ]
+    steps = ["step-000006.pt", "step-000012.pt"]
+    assert runs["heads=2"]["checkpoints"] == ["best.pt", "last.pt", *steps]
     assert runs["heads=1"]["analysed"] == [] and runs["heads=2"]["analysed"] == ["best.pt"]
     assert body["example"] in make_names()  # the first validation name: an input to start with
 
@@ -314,7 +312,7 @@ def test_logdir_spec_serves_each_log_dir_under_its_name(lab):
     spec = f"sweep:{lab / 'sweep'},{lab / 'text'}"  # one named, one not (TensorBoard's form)
     plugin = MicrogptPlugin(base_plugin.TBContext(logdir="", flags=Namespace(logdir_spec=spec)))
     assert plugin.is_active()
-    apps = {path: Client(app) for path, app in plugin.get_plugin_apps().items()}
+    apps = routes("", spec)
     body = json.loads(apps["/runs"].get("/runs").get_data(as_text=True))
     assert [r["name"] for r in body["runs"]] == ["sweep/heads=1", "sweep/heads=2", "run"]
     assert attention(apps["/attention"], run="sweep/heads=2", input="ka")[0] == 200

@@ -12,7 +12,6 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from stat import S_ISREG
 
 import torch
 
@@ -113,8 +112,6 @@ class ModelCache:
             stat = path.stat()
         except OSError:
             raise InputError(f"checkpoint {path} does not exist") from None
-        if not S_ISREG(stat.st_mode):  # a FIFO would block the request
-            raise InputError(f"checkpoint {path} is not a regular file")
         key = (str(path), stat.st_size, stat.st_mtime_ns)
         with self._lock:
             if key not in self._items:
