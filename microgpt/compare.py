@@ -121,10 +121,10 @@ def _from_checkpoint(path: Path | None) -> tuple[int | None, str, int | None]:
     return params, f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
 
 
-def read_run(run: Path, root: Path) -> RunSummary:
+def read_run(folder: RunFolder, root: Path) -> RunSummary:
+    run = folder.path
     cfg = OmegaConf.load(run / "config.yaml")
     scalars = _scalars(run)
-    folder = RunFolder(run)
     checkpoint = folder.default_checkpoint()
     params, data, step = _from_checkpoint(checkpoint)
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
@@ -173,7 +173,7 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
     root = Path(folder)
     found, unreadable = [], []
     broken = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSError)
-    for run in [found_run.path for found_run in runs.find_runs(root)]:
+    for run in runs.find_runs(root):
         try:
             found.append(read_run(run, root))
         except (*broken, OmegaConfBaseException, yaml.YAMLError) as e:
@@ -182,7 +182,7 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
                 why = f"config.yaml: {why}"
             elif isinstance(e, UnicodeDecodeError):
                 why = f"{METRICS_FILE} is not UTF-8 text"
-            unreadable.append((_name(run, root), why))
+            unreadable.append((_name(run.path, root), why))
     found.sort(key=lambda r: (r.heads if r.heads is not None else math.inf, r.name))
     return found, unreadable
 

@@ -183,12 +183,11 @@ class HeadReport:
     def _head_dict(self, layer: int, h: int) -> dict:
         at = (layer, h)
         row = {"layer": layer, "head": h, "role": self.roles[layer][h]}
-        row["score"] = float(self.scores[at])
         row["patterns"] = {
             k: {"mass": float(m[at]), "lift": float(self.lift[k][at])} for k, m in self.mass.items()
         }
         names = ("entropy", "spread", "start", "offsets", "zero_importance", "mean_importance")
-        values = {name: getattr(self, name) for name in names}
+        values = {"score": self.scores} | {name: getattr(self, name) for name in names}
         values["position_mean_importance"] = self.position_importance
         values["gradient_importance"] = self.gradient
         if self.induction is not None:
