@@ -188,6 +188,9 @@ def heads_layout(n_layer: int) -> dict:
     """The custom-scalars layout: per layer, each head's entropy and importance, the importances
     alone (small beside entropies: their own scale), prefix matching; then the summaries. Regexes,
     not head numbers: one layout serves every head count, and a sweep's layouts merge."""
+    entropy = r"per_head/layer{n}/head\d+/entropy$"
+    importance = r"per_head/layer{n}/head\d+/importance$"
+    induction = r"per_head/layer{n}/head\d+/induction$"
     summaries = {
         "entropy min/mean/max per layer": r"heads/layer\d+/entropy_(min|mean|max)$",
         "importance max per layer": r"heads/layer\d+/importance_max$",
@@ -199,20 +202,14 @@ def heads_layout(n_layer: int) -> dict:
         ),
     }
 
-    def per_layer(title: str, *names: str) -> dict:
+    def per_layer(title: str, *tags: str) -> dict:
         # one chart per layer, {n} the layer in the title and the tags
-        tags = [rf"per_head/layer{{n}}/head\d+/{name}$" for name in names]
-        return {
-            title.format(n=n): ["Multiline", [t.format(n=n) for t in tags]] for n in range(n_layer)
-        }
+        return {title.format(n=n): ["Multiline", [t.format(n=n) for t in tags]] for n in range(L)}
 
+    L, only_importance = n_layer, "layer {n}: importance of each head (loss rise, nats)"
     return {
-        "heads": per_layer(
-            "layer {n}: entropy and importance of each head", "entropy", "importance"
-        ),
-        "head importance": per_layer(
-            "layer {n}: importance of each head (loss rise, nats)", "importance"
-        ),
-        "head induction": per_layer("layer {n}: prefix matching of each head", "induction"),
+        "heads": per_layer("layer {n}: entropy and importance of each head", entropy, importance),
+        "head importance": per_layer(only_importance, importance),
+        "head induction": per_layer("layer {n}: prefix matching of each head", induction),
         "head summaries": {title: ["Multiline", [tag]] for title, tag in summaries.items()},
     }
