@@ -63,8 +63,7 @@ class InductionTest:
 
 def _number(x) -> float | None:
     """A float for JSON, nan as None."""
-    x = float(x)
-    return None if math.isnan(x) else x
+    return None if math.isnan(float(x)) else float(x)
 
 
 @dataclass
@@ -108,10 +107,8 @@ class HeadReport:
         """Numbers that read the same whatever the head count, under tags every run shares (nan
         where a measure does not apply), the most telling first: the HParams tab's column order."""
         L, nan, imp = self.n_layer, math.nan, self.zero_importance
-        out = {
-            "heads/prunable": float(self.prunable),
-            "heads/prunable_fraction": self.prunable / (L * self.n_head),
-        }
+        out = {"heads/prunable": float(self.prunable)}
+        out["heads/prunable_fraction"] = self.prunable / (L * self.n_head)
         p = self.induction
         out["heads/induction_max"] = float(p.prefix.max()) if p else nan
         out["heads/duplicate_max"] = float(p.duplicate.max()) if p else nan
