@@ -52,13 +52,11 @@ class RunSummary:
     name: str  # the run folder, relative to the compared folder ("heads=4")
     path: Path
     heads: int | None
-    kv_heads: int | None
     params: int | None
     best_val_loss: float = math.nan
     test_loss: float = math.nan
     tokens_per_sec: float = math.nan
     entropy: list[float] = field(default_factory=list)  # per layer, the mean over heads
-    val_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, loss/val)
     heads_summary: dict[str, float] = field(default_factory=dict)  # HeadReport.summaries()
     data: str = "?"  # the data it was trained on: path and a hash of its split's items
     heads_step: int | None = None  # the step the head columns were measured at
@@ -82,10 +80,11 @@ class RunSummary:
 
     @property
     def label(self) -> str:
-        if self.heads is None:
-            return self.name
-        kv = f" ({self.kv_heads} kv)" if self.kv_heads not in (None, self.heads) else ""
-        return f"{self.heads} head{'s' if self.heads != 1 else ''}{kv}"
+        return (
+            self.name
+            if self.heads is None
+            else f"{self.heads} head{'s' if self.heads != 1 else ''}"
+        )
 
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
@@ -108,34 +107,29 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def _from_checkpoint(run: Path) -> tuple[int | None, str, int | None]:
+def _from_checkpoint(path: Path | None) -> tuple[int | None, str, int | None]:
     """The default checkpoint's (runs: best.pt, else last.pt) parameter count, data ("path #hash
     of the split") and step; (None, "?", None) without one."""
-    path = RunFolder(run).default_checkpoint()
     if path is None:
         return None, "?", None
     try:
         ckpt = Checkpoint.load(path)
+        params = ckpt.build_model()[0].num_params()  # as training counts them
     except CheckpointError as e:
         raise CompareError(str(e)) from None
-    # tied weights share a storage: each counted once
-    sizes = {
-        (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
-        for t in ckpt.model.values()
-    }
     split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
-    return sum(sizes.values()), f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
+    return params, f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
 
 
-def read_run(run: Path, root: Path) -> RunSummary:
+def read_run(folder: RunFolder, root: Path) -> RunSummary:
+    run = folder.path
     cfg = OmegaConf.load(run / "config.yaml")
     scalars = _scalars(run)
-    params, data, step = _from_checkpoint(run)
+    checkpoint = folder.default_checkpoint()
+    params, data, step = _from_checkpoint(checkpoint)
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
-    heads, kv_heads = (OmegaConf.select(cfg, f"model.{k}") for k in ("n_head", "n_kv_head"))
-    r = RunSummary(_name(run, root), run, heads, kv_heads, params, data=data)
-    r.val_curve = sorted(scalars.get("loss/val", []))
-    r.best_val_loss = min((v for _, v in r.val_curve), default=math.nan)
+    r = RunSummary(_name(run, root), run, OmegaConf.select(cfg, "model.n_head"), params, data=data)
+    r.best_val_loss = min((v for _, v in scalars.get("loss/val", [])), default=math.nan)
     if scalars.get("loss/test"):
         r.test_loss = scalars["loss/test"][-1][1]
     if scalars.get("tokens_per_sec"):
@@ -147,7 +141,9 @@ def read_run(run: Path, root: Path) -> RunSummary:
         if layer and points:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
     r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
-    r.heads_summary, r.heads_step, r.latest_step = _heads_summary(run, scalars, step)
+    r.heads_summary, r.heads_step, r.latest_step = _heads_summary(
+        checkpoint and folder.analysis(checkpoint), scalars, step
+    )
     return r
 
 
@@ -155,15 +151,13 @@ def _name(run: Path, root: Path) -> str:
     return str(run.relative_to(root)) if run != root else run.name
 
 
-def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]], checkpoint_step):
+def _heads_summary(analysis: Path | None, scalars: dict, checkpoint_step):
     """(summaries, the step they are of, the step they should be of): the analysis of the row's
     checkpoint (best.pt, else last.pt), else each logged summary's last value (of the last step)."""
-    folder = RunFolder(run)
-    checkpoint = folder.default_checkpoint()
-    if checkpoint is not None:
+    if analysis is not None:
         # the JSON python -m microgpt.heads wrote (HeadReport.to_dict, with the checkpoint's step)
         try:
-            data = json.loads(read_regular(folder.analysis(checkpoint)))
+            data = json.loads(read_regular(analysis))
             return dict(data["summaries"]), data.get("step"), checkpoint_step
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # none, or unreadable: the logged scalars below
@@ -173,17 +167,13 @@ def _heads_summary(run: Path, scalars: dict[str, list[tuple[int, float]]], check
     return {tag: value for tag, (_, value) in logged.items()}, step, last
 
 
-def read_runs(folder: str | Path) -> list[RunSummary]:
-    return read_sweep(folder)[0]
-
-
 def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
     """(the runs under `folder` that can be read, by head count then name; (name, why) for the
     others: what a damaged run raises makes it unreadable, not compare)."""
     root = Path(folder)
     found, unreadable = [], []
     broken = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSError)
-    for run in [found_run.path for found_run in runs.find_runs(root)]:
+    for run in runs.find_runs(root):
         try:
             found.append(read_run(run, root))
         except (*broken, OmegaConfBaseException, yaml.YAMLError) as e:
@@ -192,7 +182,7 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
                 why = f"config.yaml: {why}"
             elif isinstance(e, UnicodeDecodeError):
                 why = f"{METRICS_FILE} is not UTF-8 text"
-            unreadable.append((_name(run, root), why))
+            unreadable.append((_name(run.path, root), why))
     found.sort(key=lambda r: (r.heads if r.heads is not None else math.inf, r.name))
     return found, unreadable
 
@@ -232,10 +222,9 @@ def format_table(runs: list[RunSummary]) -> str:
 
 
 def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str]:
-    kv = f"/{r.kv_heads}kv" if r.kv_heads not in (None, r.heads) else ""
     row = [
         r.name,
-        "-" if r.heads is None else f"{r.heads}{kv}",
+        "-" if r.heads is None else str(r.heads),
         "-" if r.params is None else f"{r.params:,}",
         _num(r.best_val_loss),
         _num(r.test_loss),
@@ -272,9 +261,8 @@ def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
             f"their losses compare only within a group:"
         )
     for data, group in groups.items():
-        scored = [r for r in group if not math.isnan(r.best_val_loss)]
-        if scored:
-            best = min(scored, key=lambda r: r.best_val_loss)
+        best = min(group, key=lambda r: (math.isnan(r.best_val_loss), r.best_val_loss))
+        if not math.isnan(best.best_val_loss):
             where = f" on {data}: {', '.join(r.name for r in group)}" if len(groups) > 1 else ""
             label = f"{best.name} ({best.label}, {best.best_val_loss:.4f})"
             lines.append(f"lowest validation loss{where}: {label}")

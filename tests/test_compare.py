@@ -8,10 +8,11 @@ import shutil
 import pytest
 
 from microgpt.checkpoint import Checkpoint
-from microgpt.compare import main, read_runs
-from microgpt.data.lines import CharDataset
-from microgpt.heads.analyse import analyse
+from microgpt.compare import main, read_sweep
+from microgpt.heads.command import main as heads_main
+from microgpt.heads.report import ROLES
 from microgpt.train.trainer import train
+from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import TINY, compose_config, make_names
 from tests.e2e.harness import changes, fingerprint
 
@@ -25,16 +26,9 @@ def sweep(tmp_path_factory):
     root = tmp / "sweep"
     metrics = {}
     for heads in (1, 2):
-        cfg = compose_config(
-            # train.ema=0: the analyses read last.pt's weights, the ones trained
-            [
-                *TINY,
-                f"heads={heads}",
-                "train.num_samples=0",
-                "train.ema=0",
-                f"data.path={tmp / 'names.txt'}",
-            ]
-        )
+        # train.ema=0: the analyses read last.pt's weights, the ones trained
+        names = [f"data.path={tmp / 'names.txt'}", "train.num_samples=0", "train.ema=0"]
+        cfg = compose_config([*TINY, f"heads={heads}", *names])
         cfg.out_dir = str(root / f"heads={heads}")  # '=' in a path cannot go through an override
         metrics[heads] = train(cfg)
     (root / ".submitit").mkdir()  # launcher clutter is not a run
@@ -61,9 +55,7 @@ def test_compare_prints_a_row_per_run_and_writes_nothing(sweep, capsys):
         assert float(cells[4]) == pytest.approx(metrics[heads]["test_loss"], abs=1e-4)
         assert float(cells[6]) > 0  # layer 0's mean attention entropy
     assert out.count("lowest validation loss: heads=") == 1 and "different data" not in out
-    runs = read_runs(root)
-    assert [s for s, _ in runs[0].val_curve] == [6, 12]  # TINY: eval_every=6, max_steps=12
-    assert runs[1].label == "2 heads" and runs[0].label == "1 head"
+    assert [r.label for r in read_sweep(root)[0]] == ["1 head", "2 heads"]
 
 
 def test_runs_logged_before_the_per_head_tags_keep_their_entropy(sweep, tmp_path):
@@ -79,27 +71,20 @@ def test_runs_logged_before_the_per_head_tags_keep_their_entropy(sweep, tmp_path
         writer.add_scalar("loss/val", 2.5, 12)
         for h, entropy in enumerate((1.25, 1.75)):
             writer.add_scalar(f"attention_entropy/layer0/head{h}", entropy, 12)
-    (run,) = read_runs(old.parent)
+    (run,) = read_sweep(old.parent)[0]
     assert run.entropy == [1.5]
 
 
-def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
-    from microgpt.heads.command import main as heads_main
-    from microgpt.heads.report import ROLES
-
+def test_head_columns_from_the_logged_summaries(sweep, capsys):
     root, _ = sweep
-    runs = read_runs(root)
-    for r in runs:  # the run's last analysis, made again from last.pt on the same rows
-        ckpt = Checkpoint.load(r.path / "checkpoints" / "last.pt")
-        model, tok = ckpt.build_model()
-        val = CharDataset.from_items(ckpt.split["val"], tok, model.config.block_size)
-        items = ckpt.train_config["log"]["head_items"]
-        expected = analyse(model, val.X[:items], val.Y[:items])
-        assert r.role_counts == {role: float(n) for role, n in expected.role_counts().items()}
-        assert r.summary("prunable") == expected.prunable
-        assert r.importance_max == pytest.approx(
-            [float(expected.zero_importance[0].max())], abs=1e-6
-        )
+    runs = read_sweep(root)[0]
+    for r in runs:  # no heads-best.json: each summary's last logged value
+        last = {}
+        for line in read_metrics(r.path / "metrics.jsonl"):
+            last |= {tag: value for tag, value in line.items() if tag.startswith("heads/")}
+        assert r.heads_summary == pytest.approx(last, nan_ok=True)
+        assert r.importance_max == [last["heads/layer0/importance_max"]]
+        assert r.role_counts == {role: last[f"heads/role/{role}"] for role in ROLES}
     assert main([str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[0].replace(" max", "_max").replace(" gain", "_gain").replace(" L0", "_L0")
@@ -113,32 +98,22 @@ def test_head_columns_from_the_event_files_and_from_heads_json(sweep, capsys):
     assert float(col["importance_L0"]) == pytest.approx(runs[0].importance_max[0], abs=1e-4)
     assert int(col["named"]) + int(col["mixed"]) == 1  # its one head: named, or mixed
 
-    # the analysis of best.pt (the whole validation split) wins over the scalars
-    assert heads_main([str(root / "heads=2")]) == 0
-    capsys.readouterr()
-    data = json.loads((root / "heads=2" / "heads-best.json").read_text())
-    data["summaries"]["heads/prunable"] = 2.0
-    data["summaries"]["heads/layer0/importance_max"] = 0.125
-    (root / "heads=2" / "heads-best.json").write_text(json.dumps(data))
-    try:
-        two = read_runs(root)[1]
-        assert two.summary("prunable") == 2 and two.importance_max == [0.125]
-    finally:
-        (root / "heads=2" / "heads-best.json").unlink()
 
-
-def test_each_runs_head_columns_show_their_step_and_a_stale_one_is_flagged(sweep, capsys):
-    """The resumed-sweep case: an analysis of best.pt made before the run went on (its step is
-    not the checkpoint's) gets a `*` and a line saying so; logged summaries are of the last
-    step."""
-    from microgpt.heads.command import main as heads_main
-
+def test_the_analysis_of_best_pt_wins_with_its_step_and_a_stale_one_is_flagged(sweep, capsys):
+    """heads-best.json (the whole validation split) wins over the logged summaries. The
+    resumed-sweep case: an analysis of best.pt made before the run went on (its step is not the
+    checkpoint's) gets a `*` and a line saying so; logged summaries are of the last step."""
     root, _ = sweep
     analysis = root / "heads=2" / "heads-best.json"
     assert heads_main([str(root / "heads=2")]) == 0
     best_step = Checkpoint.load(root / "heads=2" / "checkpoints" / "best.pt").step
     last_logged = max(json.loads(line)["step"] for line in open(root / "heads=1" / "metrics.jsonl"))
+    data = json.loads(analysis.read_text())
+    data["summaries"] |= {"heads/prunable": 2.0, "heads/layer0/importance_max": 0.125}
+    analysis.write_text(json.dumps(data))
     try:
+        two = read_sweep(root)[0][1]
+        assert two.summary("prunable") == 2 and two.importance_max == [0.125]
         capsys.readouterr()
         assert main([str(root)]) == 0
         lines = capsys.readouterr().out.splitlines()
@@ -148,7 +123,6 @@ def test_each_runs_head_columns_show_their_step_and_a_stale_one_is_flagged(sweep
         assert rows["heads=2"][at] == str(best_step)
         assert rows["heads=1"][at] == str(last_logged)
         assert not any(line.startswith("* ") for line in lines)
-        data = json.loads(analysis.read_text())
         data["step"] = best_step - 1
         analysis.write_text(json.dumps(data))
         assert main([str(root)]) == 0

@@ -22,7 +22,7 @@ from microgpt.data.repeats import repeated_passages, repeated_spans, span_for
 from microgpt.errors import UserError
 from microgpt.heads import circuits, roles
 from microgpt.heads.circuits import ablated_losses, model_heads, single_heads, token_losses
-from microgpt.heads.report import PRUNE_TOLERANCE, HeadReport, InductionTest
+from microgpt.heads.report import CORRELATIONS, PRUNE_TOLERANCE, HeadReport, InductionTest
 from microgpt.system import eval_mode
 from microgpt.tokenizer import BOUNDARY_LABEL
 
@@ -59,13 +59,6 @@ def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
     with eval_mode(model):
         _, _, attention = model.forward_with_attention(torch.tensor([list(ids)], device=device))
     return [a[0].float().cpu() for a in attention]  # (1, H, T, T) -> (H, T, T) per layer
-
-
-def attention_entropy(attention: Sequence[Tensor], query_mask: Tensor) -> Tensor:
-    """(L, H): each head's mean attention entropy in nats over the real queries (query_mask (B, T),
-    `y >= 0`) of attention per layer (B, H, T, Tk); log(n) uniform over n keys, 0 for one key."""
-    sums = [roles.entropy_sums(a.detach().double(), query_mask.to(a.device)) for a in attention]
-    return torch.stack([s["entropy"] / s["entropy_n"].clamp(min=1) for s in sums]).float().cpu()
 
 
 def _first_pass(model, batches, members, chars, width: int):
@@ -143,7 +136,6 @@ def analyse(
     tokenizer=None,
     counts: Tensor | None = None,
     tolerance: float = PRUNE_TOLERANCE,
-    batch_size: int = BATCH_SIZE,
     induction: bool = True,
     light: bool = False,
     boundary: bool = True,
@@ -165,7 +157,7 @@ def analyse(
     chars = "".join(tokenizer.chars) if tokenizer is not None else None
     if counts is None:
         counts = torch.bincount(y[y >= 0].flatten().cpu(), minlength=V)[:V]
-    batches = length_batches(x.to(device), y.to(device), batch_size)
+    batches = length_batches(x.to(device), y.to(device))
     members = roles.class_members(chars, V, counts)
     with eval_mode(model), torch.inference_mode():
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
@@ -202,7 +194,7 @@ def _importances(model, batches, means, at, tolerance: float) -> dict:
         order, curve, prunable = circuits.pruning(model, batches, zero, tolerance)
     with eval_mode(model):
         gradient = circuits.gradient_importance(model, batches)
-    rank = circuits.rank_correlation
+    by = {"gradient": gradient, "zero": zero, "mean": mean, "position_mean": position}
     return {
         "loss": float(losses[0]),
         "zero_importance": zero,
@@ -212,10 +204,9 @@ def _importances(model, batches, means, at, tolerance: float) -> dict:
         "pruning_order": order,
         "pruning_losses": curve,
         "prunable": prunable,
+        # e.g. "gradient_vs_zero": the rank correlation of the gradient and zero ablation
         "correlations": {
-            "gradient_vs_zero": rank(gradient, zero),
-            "gradient_vs_mean": rank(gradient, mean),
-            "zero_vs_mean": rank(zero, mean),
-            "zero_vs_position_mean": rank(zero, position),
+            pair: circuits.rank_correlation(*(by[m] for m in pair.split("_vs_")))
+            for pair in CORRELATIONS
         },
     }

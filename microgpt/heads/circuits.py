@@ -57,23 +57,11 @@ def hooked_heads(model, hook) -> Iterator[None]:
             handle.remove()
 
 
-def scaled_heads(model, head_mask: Tensor | None):
-    """While open, head h of layer l outputs head_mask[l, h] times its output (a mask that
-    requires grad gives d loss / d mask); a mask (B, L, H) scales each row by its own (L, H).
-    None: no intervention."""
-    if head_mask is None:
-        return contextlib.nullcontext()
-    L, H, _ = model_heads(model)
-    if tuple(head_mask.shape[-2:]) != (L, H) or head_mask.dim() not in (2, 3):
-        raise ValueError(
-            f"head_mask has shape {tuple(head_mask.shape)}; it must be ({L}, {H}) or (B, {L}, {H})"
-        )
-    if head_mask.dim() == 2:
-        # (L, H) -> (L, H, 1): layer l's row broadcasts over z (B, T, H, hd)
-        scale = head_mask[..., None]
-    else:
-        # (B, L, H) -> (L, B, 1, H, 1): layer l's (B, 1, H, 1) broadcasts over z (B, T, H, hd)
-        scale = head_mask.transpose(0, 1)[:, :, None, :, None]
+def scaled_heads(model, head_mask: Tensor):
+    """While open, head h of layer l in row b outputs head_mask[b, l, h] times its output (a mask
+    that requires grad gives d loss / d mask)."""
+    # (B, L, H) -> (L, B, 1, H, 1): layer l's (B, 1, H, 1) broadcasts over z (B, T, H, hd)
+    scale = head_mask.transpose(0, 1)[:, :, None, :, None]
     return hooked_heads(model, lambda layer, z: z * scale[layer].to(z.dtype))
 
 
@@ -108,7 +96,7 @@ def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]
         # the stream entering each layer, then leaving the last: (B, T, C) each
         first = model.embed(x)
         streams = [first] + model.run_layers(first)[0]
-        sums = [_loss_sum(model, streams[-1], y)]
+        sums = [token_losses(model.unembed(streams[-1]), y).sum()]
         last, last_value = torch.zeros(L, H, dtype=torch.bool), None
         for drop, value in ablations:
             # the heads whose output may differ from the last run's
@@ -116,16 +104,11 @@ def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]
             start = int(changed.any(dim=1).int().argmax())
             with replaced_heads(model, drop, value):
                 streams = streams[: start + 1] + model.run_layers(streams[start], start)[0]
-            sums.append(_loss_sum(model, streams[-1], y))
+            sums.append(token_losses(model.unembed(streams[-1]), y).sum())
             last, last_value = drop, value
         totals += torch.stack(sums).double().cpu()
         count += int((y >= 0).sum())
     return totals / max(count, 1)
-
-
-def _loss_sum(model, h: Tensor, y: Tensor) -> Tensor:
-    """The cross-entropy summed over the targets y (B, T) of the last layer's stream h (B, T, C)."""
-    return token_losses(model.unembed(h), y).sum()
 
 
 def gradient_importance(model, batches) -> Tensor:

@@ -55,7 +55,7 @@ def _main(argv: list[str] | None) -> None:
     )
     add = parser.add_argument
     add("run", help="a run folder (outputs/<date>/<time>) or a checkpoint file")
-    add("--device", default="cpu", help="where to run the model (default: cpu)")
+    add("--device", default="cpu", choices=DEVICES, help="where to run the model (default: cpu)")
     add(
         "--threads",
         default="auto",
@@ -65,8 +65,6 @@ def _main(argv: list[str] | None) -> None:
     threads = int(args.threads) if args.threads.isdigit() else args.threads
     check_threads(threads, "--threads")
     set_threads(threads)
-    if args.device not in DEVICES:
-        raise UserError(f"--device={args.device} is unknown; choose one of {list(DEVICES)}")
     device = str(pick_device(args.device, UserError))
     report, run, ckpt_path = analyse_checkpoint(args.run, device)
     text = report.markdown()

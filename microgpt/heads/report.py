@@ -63,8 +63,7 @@ class InductionTest:
 
 def _number(x) -> float | None:
     """A float for JSON, nan as None."""
-    x = float(x)
-    return None if math.isnan(x) else x
+    return None if math.isnan(float(x)) else float(x)
 
 
 @dataclass
@@ -108,10 +107,8 @@ class HeadReport:
         """Numbers that read the same whatever the head count, under tags every run shares (nan
         where a measure does not apply), the most telling first: the HParams tab's column order."""
         L, nan, imp = self.n_layer, math.nan, self.zero_importance
-        out = {
-            "heads/prunable": float(self.prunable),
-            "heads/prunable_fraction": self.prunable / (L * self.n_head),
-        }
+        out = {"heads/prunable": float(self.prunable)}
+        out["heads/prunable_fraction"] = self.prunable / (L * self.n_head)
         p = self.induction
         out["heads/induction_max"] = float(p.prefix.max()) if p else nan
         out["heads/duplicate_max"] = float(p.duplicate.max()) if p else nan
@@ -183,12 +180,11 @@ class HeadReport:
     def _head_dict(self, layer: int, h: int) -> dict:
         at = (layer, h)
         row = {"layer": layer, "head": h, "role": self.roles[layer][h]}
-        row["score"] = float(self.scores[at])
         row["patterns"] = {
             k: {"mass": float(m[at]), "lift": float(self.lift[k][at])} for k, m in self.mass.items()
         }
         names = ("entropy", "spread", "start", "offsets", "zero_importance", "mean_importance")
-        values = {name: getattr(self, name) for name in names}
+        values = {"score": self.scores} | {name: getattr(self, name) for name in names}
         values["position_mean_importance"] = self.position_importance
         values["gradient_importance"] = self.gradient
         if self.induction is not None:
@@ -235,9 +231,8 @@ class HeadReport:
             f"Role: a pattern holding mass >= {MIN_MASS} of the attention at "
             f"lift >= {MIN_LIFT} (times uniform attention); score = the role's "
             f"mass (mixed: the largest above-chance mass). Importance = loss rise (nats) when the "
-            f"head is zeroed, or replaced by its mean at each position; gradient = the mean over "
-            f"rows of |d loss(row) / d head_mask| (Michel et al. 2019); copying (layer 0) = "
-            f"sum(l) / sum(|l|) of the OV circuit's eigenvalues, -1 to 1, 0 for none. Rank "
+            f"head is zeroed, or replaced by its mean at each position; gradient = the "
+            f"{MEASURES['gradient_importance']}; copying = {MEASURES['copying']}. Rank "
             f"correlation (Spearman) of gradient and zero ablation "
             f"{corr['gradient_vs_zero']:.2f}, zero and mean ablation {corr['zero_vs_mean']:.2f}, "
             f"zero and per-position mean {corr['zero_vs_position_mean']:.2f}.",

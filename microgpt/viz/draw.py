@@ -96,15 +96,6 @@ def render_attention(weights, query_labels, key_labels, title=None, cell=18, mas
     return _heatmap(w, query_labels, key_labels, title, cell, cell, mask)
 
 
-def render_heads(weights_per_head, query_labels, key_labels, cell=18, mask=None) -> list:
-    """(H, T, Tk) -> H maps, each titled "head h"."""
-    w = np.asarray(weights_per_head, dtype=np.float64)
-    return [
-        render_attention(w[h], query_labels, key_labels, f"head {h}", cell, mask)
-        for h in range(len(w))
-    ]
-
-
 def colorbar(length: int = 80, thickness: int = 10) -> np.ndarray:
     """A small "0 [dark .. bright] 1" legend."""
     fnt = ImageFont.load_default(size=FONT_SIZE)
@@ -146,8 +137,6 @@ def compose_layer(images: Sequence[np.ndarray], layer: int, gap: int = 16) -> np
 def render_offset_profile(profile, start, title: str = "layer 0", cell=(36, 20)) -> np.ndarray:
     """Each head's weight (H, K) on offsets 0, -1, ... and (H,) on the boundary token -> a table."""
     p, s = np.asarray(profile, dtype=np.float64), np.asarray(start, dtype=np.float64)
-    if p.ndim != 2 or s.shape != (p.shape[0],):
-        raise ValueError(f"profile must be (H, K) and start (H,), got {p.shape} and {s.shape}")
     heads = [f"head {h}" for h in range(p.shape[0])]
     offsets = [str(-k) for k in range(p.shape[1])] + ["start"]
     return _heatmap(np.column_stack([p, s]), heads, offsets, title, *cell, annotate=True)
@@ -155,8 +144,5 @@ def render_offset_profile(profile, start, title: str = "layer 0", cell=(36, 20))
 
 def render_table(values, labels: Sequence[str], title: str | None = None, cell: int = 14):
     """A (V, V) table in [0, 1] over the vocabulary (a QK or OV circuit) -> a labelled heatmap."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.shape != (len(labels), len(labels)):
-        raise ValueError(f"values must be ({len(labels)}, {len(labels)}), got shape {v.shape}")
     names = [char_label(c) for c in labels]
-    return _heatmap(v, names, names, title, cell, cell)
+    return _heatmap(np.asarray(values, dtype=np.float64), names, names, title, cell, cell)

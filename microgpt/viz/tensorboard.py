@@ -28,14 +28,9 @@ from torch.utils.tensorboard.summary import text as text_summary
 from microgpt.config import flatten
 from microgpt.files import write_text
 from microgpt.heads.report import ROLES, HeadReport
-from microgpt.viz.draw import compose_layer, render_heads, render_offset_profile, render_table
+from microgpt.viz.draw import compose_layer, render_attention, render_offset_profile, render_table
 
 METRICS_FILE = "metrics.jsonl"
-
-
-def labels_for(ids: Sequence[int], tokenizer) -> list[str]:
-    """Token ids -> the labels of a map: the tokenizer's (one label per special character)."""
-    return tokenizer.labels(ids)
 
 
 def _numpy(x) -> np.ndarray:
@@ -48,8 +43,6 @@ def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
     """Dotted keys -> numbers, "true"/"false" (not torch's 1/0), "none", or else str(value)."""
     out = {}
     for k, v in flatten(hparams).items():
-        if isinstance(v, np.generic) or (isinstance(v, torch.Tensor) and v.numel() == 1):
-            v = v.item()
         if v is None or isinstance(v, bool):
             out[str(k)] = {None: "none", True: "true", False: "false"}[v]
         elif isinstance(v, numbers.Real):
@@ -97,31 +90,26 @@ class TensorBoardLogger:
         self.metrics_file.flush()
 
     def attention_maps(self, step: int, attention: Sequence, labels: Sequence[str]) -> None:
-        """Each layer's (H, T, Tk) or (1, H, T, Tk) maps: `attention/layer{l}[/head{h}]`."""
+        """Each layer's (H, T, Tk) maps: `attention/layer{l}[/head{h}]`."""
         for layer, att in enumerate(attention):
             w = _numpy(att)
-            w = w[0] if w.ndim == 4 and w.shape[0] == 1 else w
-            if w.ndim != 3:
-                raise ValueError(f"layer {layer} attention must be (H, T, Tk), got {w.shape}")
             T, Tk = w.shape[1:]
             # True where query i sees key j; with Tk > T (a cached prefix) queries are the last keys
             mask = np.tri(T, Tk, k=Tk - T, dtype=bool)
             # 18-pixel cells, down to 8 for long probes: a 128-character passage fits one screen
             cell = max(8, min(18, 720 // max(Tk, 1)))
-            heads = render_heads(w, labels[Tk - T :], labels, cell=cell, mask=mask)
+            heads = [
+                render_attention(w[h], labels[Tk - T :], labels, f"head {h}", cell, mask)
+                for h in range(len(w))
+            ]
             for h, img in enumerate(heads):
                 self._image(f"attention/layer{layer}/head{h}", img, step)
             self._image(f"attention/layer{layer}", compose_layer(heads, layer), step)
 
-    def offset_profiles(self, step: int, profiles: Sequence, starts: Sequence) -> None:
-        """`heads/offsets/layer{l}`: profiles[l] (H, K) and starts[l] (H,), one table per layer."""
-        for layer, (profile, start) in enumerate(zip(profiles, starts, strict=True)):
-            img = render_offset_profile(_numpy(profile), _numpy(start), f"layer {layer}")
-            self._image(f"heads/offsets/layer{layer}", img, step)
-
     def heads(self, step: int, report: HeadReport) -> None:
         """A head report: summaries under `heads/` (the same tags for any head count), `per_head/`,
-        offset profiles, layer-0 circuits, `heads/table` and, the first time, the layout."""
+        offset profiles (`heads/offsets/layer{l}`), layer-0 circuits, `heads/table` and, the first
+        time, the layout."""
         if not self.last_head_summary:
             self.writer.add_custom_scalars(heads_layout(report.n_layer))
         self.last_head_summary = report.summaries()
@@ -134,7 +122,9 @@ class TensorBoardLogger:
         for h, c in enumerate(report.copying if report.copying is not None else []):
             per_head[f"per_head/layer0/head{h}/copying"] = float(c)
         self.scalars(step, per_head)
-        self.offset_profiles(step, report.offsets, report.start)
+        for layer, (profile, start) in enumerate(zip(report.offsets, report.start)):
+            img = render_offset_profile(_numpy(profile), _numpy(start), f"layer {layer}")
+            self._image(f"heads/offsets/layer{layer}", img, step)
         # the layer-0 heads' QK and OV tables, one panel per head, each row softmaxed
         for name, table, title in (
             ("qk", report.qk, "query token looks for key token (no positions)"),

@@ -11,16 +11,8 @@ import math
 import pytest
 import torch
 
+from microgpt.heads import circuits
 from microgpt.heads.analyse import analyse, length_batches
-from microgpt.heads.circuits import (
-    ablated_losses,
-    copying_score,
-    gradient_importance,
-    layer0_circuits,
-    rank_correlation,
-    replaced_heads,
-    scaled_heads,
-)
 from microgpt.heads.command import main
 from microgpt.heads.report import ROLES
 from microgpt.heads.roles import roles_of
@@ -41,19 +33,28 @@ def random_model(tok, impl="sdpa", n_head=4, n_layer=2, seed=0, **kw) -> GPT:
 
 def gradient(model: GPT, x, y) -> torch.Tensor:
     """analyse's gradient importance (L, H), alone: rows too short for a role (one character)."""
-    return gradient_importance(model.eval(), length_batches(x, y))
+    return circuits.gradient_importance(model.eval(), length_batches(x, y))
 
 
 @torch.no_grad()
-def batches_loss(model: GPT, batches, head_mask=None) -> float:
-    """The mean loss per real target over every batch from whole passes of model(x, y), each head's
-    output scaled by head_mask (L, H) or (B, L, H), if any."""
+def batches_loss(model: GPT, batches) -> float:
+    """The mean loss per real target over every batch from whole passes of model(x, y)."""
     total, count = 0.0, 0
-    with scaled_heads(model, head_mask):
-        for x, y in batches:
-            n = int((y >= 0).sum())
-            total, count = total + float(model(x, y)[1]) * n, count + n
+    for x, y in batches:
+        n = int((y >= 0).sum())
+        total, count = total + float(model(x, y)[1]) * n, count + n
     return total / max(count, 1)
+
+
+def scaled(model: GPT, scales: dict) -> GPT:
+    """A copy of `model` whose heads {(layer, head): s} write s times their output, by scaling
+    their columns of W_O: another mechanism than the hook point, so the expected values do not
+    repeat the code under test."""
+    other, hd = copy.deepcopy(model), model.config.head_dim
+    with torch.no_grad():
+        for (layer, h), s in scales.items():
+            other.blocks[layer].attn.proj.weight[:, h * hd : (h + 1) * hd] *= s
+    return other
 
 
 # ----------------------------------------------------------------------------- head_mask
@@ -61,26 +62,22 @@ def batches_loss(model: GPT, batches, head_mask=None) -> float:
 
 @pytest.mark.parametrize("impl", ATTN_IMPLS)
 def test_head_mask_scales_each_heads_wo_columns(rows, impl):
-    """A mask (L, H) on the hook point = each head's columns of W_O scaled by its value; a mask
-    of ones, or None, changes nothing, bit for bit; the hooks go when the context closes."""
+    """A mask (B, L, H) on the hook point = each head's columns of W_O scaled by its value, row by
+    row; a mask of ones changes nothing, bit for bit; the hooks go when the context closes."""
     x, y, tok = rows
     model = random_model(tok, impl)
-    hd = model.config.head_dim
     mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 0.25]])
-    with scaled_heads(model, mask):
+    rows_mask = torch.ones(len(x), 2, 4)
+    rows_mask[1:] = mask  # row 0 keeps every head
+    with circuits.scaled_heads(model, rows_mask):
         out, _ = model(x)
-    cut = copy.deepcopy(model)
-    with torch.no_grad():
-        for (layer, h), value in zip(itertools.product(range(2), range(4)), mask.flatten()):
-            cut.blocks[layer].attn.proj.weight[:, h * hd : (h + 1) * hd] *= value
-    torch.testing.assert_close(out, cut(x)[0], rtol=0, atol=1e-5)
+    heads = itertools.product(range(2), range(4))
+    expected = scaled(model, dict(zip(heads, mask.flatten().tolist())))(x)[0]
+    torch.testing.assert_close(out[1:], expected[1:], rtol=0, atol=1e-5)
     plain, loss = model(x, y)
-    assert not torch.allclose(out, plain, atol=1e-3)  # the heads mattered
-    for same in (torch.ones(2, 4), None):
-        with scaled_heads(model, same):
-            assert all(map(torch.equal, model(x, y), (plain, loss)))
-    with pytest.raises(ValueError, match="head_mask has shape"):
-        scaled_heads(model, torch.ones(4, 2))
+    assert torch.equal(out[0], plain[0]) and not torch.allclose(out, plain, atol=1e-3)
+    with circuits.scaled_heads(model, torch.ones(len(x), 2, 4)):
+        assert all(map(torch.equal, model(x, y), (plain, loss)))
     assert not any(b.attn.hook_z._forward_hooks for b in model.blocks)  # hooks removed
 
 
@@ -197,7 +194,7 @@ def test_mean_ablation_equals_folding_the_mean_into_wo_bias(rows):
     # the hook itself: replacing the head by its mean gives the same logits as the fold
     drop, value = torch.zeros(2, 4, dtype=torch.bool), torch.zeros(2, 4, hd)
     drop[layer, h], value[layer, h] = True, mean
-    with torch.no_grad(), replaced_heads(model, drop, value):
+    with torch.no_grad(), circuits.replaced_heads(model, drop, value):
         torch.testing.assert_close(model(x)[0], folded(x)[0], rtol=0, atol=1e-5)
     assert not attn.hook_z._forward_hooks  # hooks removed
 
@@ -218,25 +215,13 @@ def test_ablations_run_from_their_first_layer_equal_whole_passes(rows):
     ablations = [(drop, value) for value in values for drop in drops]
     # layer 0's head with another value, and a head of layer 2: from layer 0
     ablations += [(drops[1], None), (drops[1] | drops[8], values[1])]
-    got = ablated_losses(model, batches, ablations)
+    got = circuits.ablated_losses(model, batches, ablations)
     expected = [batches_loss(model, batches)]
     for drop, value in ablations:
-        with replaced_heads(model, drop, value):
+        with circuits.replaced_heads(model, drop, value):
             expected.append(batches_loss(model, batches))
     torch.testing.assert_close(got, torch.tensor(expected, dtype=got.dtype), rtol=0, atol=1e-5)
     assert (got[1:] - got[0]).abs().min() > 1e-4  # every ablation changes the loss
-
-
-def without_heads(model: GPT, heads) -> GPT:
-    """A copy of `model` whose heads (layer, head) are removed by zeroing their columns of W_O:
-    another mechanism than head_mask (test_head_mask_zero_equals_zero_wo_columns proves them
-    equal), so the expected curve does not repeat the code under test."""
-    other = copy.deepcopy(model)
-    hd = model.config.n_embd // model.config.n_head
-    with torch.no_grad():
-        for layer, h in heads:
-            other.blocks[layer].attn.proj.weight[:, h * hd : (h + 1) * hd] = 0.0
-    return other
 
 
 def test_pruning_removes_heads_least_important_first_and_counts_the_prunable(rows):
@@ -250,9 +235,11 @@ def test_pruning_removes_heads_least_important_first_and_counts_the_prunable(row
     heads = [(a, b) for a in range(L) for b in range(H)]
     with torch.no_grad():
         base = float(model(x, y)[1])
-        single = {k: float(without_heads(model, [k])(x, y)[1]) - base for k in heads}
+        single = {k: float(scaled(model, {k: 0.0})(x, y)[1]) - base for k in heads}
         order = sorted(heads, key=lambda k: single[k])
-        curve = [float(without_heads(model, order[:n])(x, y)[1]) for n in range(L * H + 1)]
+        curve = [
+            float(scaled(model, dict.fromkeys(order[:n], 0.0))(x, y)[1]) for n in range(L * H + 1)
+        ]
     rises = [loss - base for loss in curve[1:]]
     assert len(set(single.values())) == L * H  # distinct: the order is well defined
     tolerance = sorted(rises)[L * H // 2]  # a tolerance inside the curve: 0 < prunable < L*H
@@ -282,10 +269,10 @@ def test_report_is_json_summaries_do_not_depend_on_head_count(rows):
     assert data["summaries"] == {
         k: None if math.isnan(v) else pytest.approx(v) for k, v in summaries
     }
-    table = eight.markdown().splitlines()
+    text = eight.markdown()
     # ... and said in words in the notes, never printed as a number
-    assert "no head reaches prefix matching 0.5" in eight.markdown()
-    assert "nan" not in eight.markdown()
+    assert "no head reaches prefix matching 0.5" in text and "nan" not in text
+    table = text.splitlines()
     assert table[0].startswith("| layer | head | role | score | lift | entropy")
     head_rows = table[2 : 2 + 16]  # then the notes and the layer-0 circuits
     assert len([line for line in head_rows if line.startswith("| 1 |")]) == 8
@@ -299,7 +286,7 @@ def test_command_on_a_run_and_on_its_checkpoints_names_each_analysis_after_its_c
 ):
     """Analysing a step checkpoint never replaces the run's analysis (of best.pt): each analysis
     is named after the checkpoint it analysed, and compare reads best.pt's."""
-    from microgpt.compare import read_runs
+    from microgpt.compare import read_sweep
     from microgpt.train.trainer import train
 
     train(tiny_cfg("train.num_samples=0", "train.save_every=6"))
@@ -324,18 +311,8 @@ def test_command_on_a_run_and_on_its_checkpoints_names_each_analysis_after_its_c
     step = json.loads((run / "heads-step-000006.json").read_text())
     step["summaries"]["heads/prunable"] = 99.0
     (run / "heads-step-000006.json").write_text(json.dumps(step))
-    (row,) = read_runs(run)
+    (row,) = read_sweep(run)[0]
     assert row.heads_summary == best["summaries"]
-
-
-def test_command_bad_paths_are_one_line_errors(tmp_path, capsys):
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "junk.pt").write_text("not a checkpoint")
-    for path in ("missing", "empty", "junk.pt"):
-        assert main([str(tmp_path / path)]) == 2
-        err = capsys.readouterr().err
-        assert err.startswith("microgpt: error: ") and len(err.strip().splitlines()) == 1, err
-        assert "Traceback" not in err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -349,10 +326,7 @@ def test_importance_moves_the_rows_to_the_models_device(rows):
 
 
 def test_a_role_needs_the_majority_of_the_attention_above_chance():
-    mass = {
-        "previous": torch.tensor([[0.6, 0.45, 0.3]]),
-        "vowel": torch.tensor([[0.7, 0.2, 0.8]]),
-    }
+    mass = {"previous": torch.tensor([[0.6, 0.45, 0.3]]), "vowel": torch.tensor([[0.7, 0.2, 0.8]])}
     lift = {"previous": torch.tensor([[5.0, 4.0, 3.0]]), "vowel": torch.tensor([[1.2, 0.5, 2.0]])}
     roles, scores = roles_of(mass, lift)
     # 0.7 on vowels at 1.2 times chance is no role; 0.45 on the previous character no majority
@@ -370,16 +344,27 @@ def test_gradient_importance_is_the_mean_of_each_rows_absolute_slope(rows):
     model = random_model(tok)
     grad = gradient(model, x, y)
     eps = 1e-3
-    for layer, h in ((0, 0), (1, 2)):
-        down, up = torch.ones(2, 4), torch.ones(2, 4)
-        down[layer, h], up[layer, h] = 1 - eps, 1 + eps
+    for at in ((0, 0), (1, 2)):
+        down, up = scaled(model, {at: 1 - eps}), scaled(model, {at: 1 + eps})
         slopes = []
         for i in range(x.shape[0]):
             if (y[i] >= 0).any():
                 row = length_batches(x[i : i + 1], y[i : i + 1])
-                rise = batches_loss(model, row, up) - batches_loss(model, row, down)
+                rise = batches_loss(up, row) - batches_loss(down, row)
                 slopes.append(abs(rise) / (2 * eps))
-        assert float(grad[layer, h]) == pytest.approx(sum(slopes) / len(slopes), rel=0.02)
+        assert float(grad[at]) == pytest.approx(sum(slopes) / len(slopes), rel=0.02)
+
+
+def hand_model() -> GPT:
+    """One layer, one head, V = 3 tokens, C = 4 channels, every weight 0 but the embeddings:
+    token a is 2 e_a, of RMS 1, which RMSNorm (norm1) leaves as it is."""
+    model = GPT(GPTConfig(vocab_size=3, block_size=4, n_layer=1, n_embd=4, n_head=1,
+                          norm="rmsnorm"))  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.wte.weight.copy_(2.0 * torch.eye(3, 4))
+    return model
 
 
 def test_gradient_importance_counts_slopes_of_opposite_sign():
@@ -387,12 +372,8 @@ def test_gradient_importance_counts_slopes_of_opposite_sign():
     mean loss mostly cancels, Michel et al.'s score is the mean of the two |slopes|. Hand-built:
     one layer, one head whose output adds +/- to the logit of token 1, read by rows of token 1
     or 2."""
-    model = GPT(GPTConfig(vocab_size=3, block_size=2, n_layer=1, n_embd=4, n_head=1,
-                          norm="rmsnorm"))  # fmt: skip
+    model = hand_model()
     with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        model.wte.weight.copy_(torch.tensor([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0]]))
         w = model.blocks[0].attn.qkv.weight  # (12, 4): v[0] = x[1] - x[2]
         w[8, 1], w[8, 2] = 1.0, -1.0
         model.blocks[0].attn.proj.weight[3, 0] = 1.0  # out[3] = v[0]
@@ -415,13 +396,13 @@ def test_gradient_importance_counts_slopes_of_opposite_sign():
 
 def test_rank_correlation():
     a = torch.tensor([0.1, 0.5, 0.3, 0.9])
-    assert rank_correlation(a, a**3) == pytest.approx(1.0)
-    assert rank_correlation(a, -a) == pytest.approx(-1.0)
+    assert circuits.rank_correlation(a, a**3) == pytest.approx(1.0)
+    assert circuits.rank_correlation(a, -a) == pytest.approx(-1.0)
     # ranks 1 2 3 4 against 1 3 2 4: 1 - 6 * 2 / (4 * 15) = 0.8
-    assert rank_correlation(torch.tensor([1.0, 2, 3, 4]), torch.tensor([1.0, 3, 2, 4])) == (
-        pytest.approx(0.8)
-    )
-    assert math.isnan(rank_correlation(a, torch.ones(4)))
+    assert circuits.rank_correlation(
+        torch.tensor([1.0, 2, 3, 4]), torch.tensor([1.0, 3, 2, 4])
+    ) == (pytest.approx(0.8))
+    assert math.isnan(circuits.rank_correlation(a, torch.ones(4)))
 
 
 def test_position_mean_ablation_spares_heads_that_see_positions_only(rows):
@@ -438,13 +419,9 @@ def test_position_mean_ablation_spares_heads_that_see_positions_only(rows):
 
 
 def test_layer0_circuits_match_a_hand_computation():
-    """V = 3 tokens, C = 4 channels, one head: wte rows of RMS 1 pass RMSNorm unchanged."""
-    model = GPT(GPTConfig(vocab_size=3, block_size=4, n_layer=1, n_embd=4, n_head=1,
-                          norm="rmsnorm"))  # fmt: skip
+    """hand_model's head: QK and OV by hand."""
+    model = hand_model()
     with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        model.wte.weight.copy_(torch.tensor([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0]]))
         w = model.blocks[0].attn.qkv.weight  # (12, 4)
         w[0, 0] = 1.0  # q[0] = x[0]
         w[4, 1] = 3.0  # k[0] = 3 x[1]
@@ -453,7 +430,7 @@ def test_layer0_circuits_match_a_hand_computation():
         model.blocks[0].attn.proj.weight[3, 0] = 1.0  # out[3] = v[0]
         model.blocks[0].attn.proj.weight[2, 1] = 1.0  # out[2] = v[1]
         model.lm_head.weight.copy_(torch.tensor([[0, 0, 0, 1.0], [0, 0, 1.0, 0], [0, 0, 0, 0]]))
-    qk, ov, copying = layer0_circuits(model)
+    qk, ov, copying = circuits.layer0_circuits(model)
     # e_a = 2 one_hot(a): q(token 0) = 2, k(token 1) = 6; score 12 / sqrt(4) = 6, all else 0
     expected_qk = torch.tensor([[0, 6.0, 0], [0, 0, 0], [0, 0, 0]], dtype=torch.float64)
     torch.testing.assert_close(qk[0], expected_qk, rtol=1e-4, atol=1e-6)  # RMSNorm's eps
@@ -468,19 +445,21 @@ def test_layer0_circuits_match_a_hand_computation():
         w[8, 0] = w[9, 1] = 1.0
         model.blocks[0].attn.proj.weight.zero_()
         model.blocks[0].attn.proj.weight[3, 0] = model.blocks[0].attn.proj.weight[2, 1] = 1.0
-    assert layer0_circuits(model)[2][0] == pytest.approx(1.0)
+    assert circuits.layer0_circuits(model)[2][0] == pytest.approx(1.0)
 
 
 def test_copying_score_of_known_matrices():
     torch.manual_seed(0)
     V = 27
     near_identity = torch.eye(V) * 3 + 0.1 * torch.randn(V, V)
-    assert float(copying_score(near_identity)) > 0.95
-    assert float(copying_score(-torch.eye(V))) == pytest.approx(-1.0)
-    assert float(copying_score(torch.zeros(V, V))) == 0.0
+    assert float(circuits.copying_score(near_identity)) > 0.95
+    assert float(circuits.copying_score(-torch.eye(V))) == pytest.approx(-1.0)
+    assert float(circuits.copying_score(torch.zeros(V, V))) == 0.0
     # a rotation by 90 degrees: eigenvalues +/- i, nothing raised or lowered
-    assert float(copying_score(torch.tensor([[0.0, -1], [1, 0]]))) == pytest.approx(0.0, abs=1e-9)
+    assert float(circuits.copying_score(torch.tensor([[0.0, -1], [1, 0]]))) == pytest.approx(
+        0.0, abs=1e-9
+    )
     # random matrices: no copying on average (the old positive-mass share gave 0.33 here)
-    scores = torch.stack([copying_score(torch.randn(V, V)) for _ in range(200)])
+    scores = torch.stack([circuits.copying_score(torch.randn(V, V)) for _ in range(200)])
     assert abs(float(scores.mean())) < 0.02
     assert float(scores.abs().max()) < 0.5

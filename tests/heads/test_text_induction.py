@@ -78,7 +78,7 @@ def test_a_text_runs_induction_test_repeats_passages_of_its_own_text(rows):
     assert not test.text and (test.rows, test.span) == (INDUCTION_ROWS, span_for(8))
 
 
-def test_the_command_analyses_every_name_and_the_first_windows_of_a_text(
+def test_the_command_analyses_every_name_and_the_first_windows_of_a_text_light_or_whole(
     tmp_path, tiny_cfg, monkeypatch
 ):
     from microgpt.train.trainer import train
@@ -96,18 +96,10 @@ def test_the_command_analyses_every_name_and_the_first_windows_of_a_text(
         assert test.rows == (TEXT_INDUCTION_ROWS if fmt == "text" else INDUCTION_ROWS)
         assert math.isfinite(test.loss_first) and math.isfinite(test.loss_repeat)
         assert ("passage of the text twice" in report.markdown()) == (fmt == "text")
-
-
-def test_a_light_analysis_reads_an_eighth_of_the_rows_and_of_the_test(tmp_path, tiny_cfg):
-    """analyse(light=True), a run's analyses while it trains: 1/LIGHT_SHARE of the rows and of the
-    induction test's rows, the same report otherwise (a run's last analysis is whole:
-    tests/train)."""
-    from microgpt.train.trainer import train
-
-    cfg = tiny_cfg("data.format=text", "model.block_size=9", "train.num_samples=0")
-    train(cfg)
-    model, _ = Checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt").build_model("cpu")
-    val = load_data(cfg.data.path, cfg.seed, 9, format="text").datasets["val"]
+    # analyse(light=True), a run's analyses while it trains (here the text run's): 1/LIGHT_SHARE
+    # of the rows and of the induction test's, the same report otherwise (a run's last analysis
+    # is whole: tests/train)
+    model, _ = Checkpoint.load(tmp_path / "text" / "checkpoints" / "last.pt").build_model()
     x, y = val.batch(torch.arange(min(len(val), 16)))
     light = analyse(model, x, y, light=True, boundary=False)
     whole = analyse(model, x, y, boundary=False)

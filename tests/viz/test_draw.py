@@ -6,23 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from microgpt.viz.draw import (
-    colormap,
-    compose_layer,
-    render_attention,
-    render_heads,
-    render_offset_profile,
-)
+from microgpt.viz.draw import colormap, compose_layer, render_attention, render_offset_profile
 
 
-def render_layer(weights, query_labels, key_labels, layer):
+def render_layer(weights, labels, layer):
     """A layer's head maps in a grid, as the logger draws `attention/layer{l}`."""
-    return compose_layer(render_heads(weights, query_labels, key_labels), layer)
+    heads = [render_attention(w, labels, labels, f"head {h}") for h, w in enumerate(weights)]
+    return compose_layer(heads, layer)
 
 
 def luminance(rgb) -> float:
-    r, g, b = (float(c) for c in rgb)
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return float(np.dot(np.asarray(rgb, dtype=float), [0.2126, 0.7152, 0.0722]))
 
 
 def test_colormap_is_dark_to_bright():
@@ -66,40 +60,26 @@ def test_render_attention_accepts_a_tensor_and_draws_labels():
     assert len(np.unique(plain[top:, :left].reshape(-1, 3), axis=0)) == 1
 
 
-def test_render_attention_checks_labels():
+def test_render_attention_greys_masked_cells_and_checks_labels():
+    w = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]
+    img = render_attention(w, list("abc"), list("abc"), mask=np.tri(3, dtype=bool))
+    assert not (img == colormap(0.0)).all(axis=-1).any()  # the upper triangle is not "weight 0"
     with pytest.raises(ValueError, match="labels"):
         render_attention(np.eye(3), ["a", "b"], ["a", "b", "c"])
 
 
-def test_render_attention_mask_greys_hidden_cells():
-    w = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]
-    img = render_attention(w, list("abc"), list("abc"), mask=np.tri(3, dtype=bool))
-    assert not (img == colormap(0.0)).all(axis=-1).any()  # the upper triangle is not "weight 0"
-
-
-def test_render_layer_puts_up_to_four_heads_in_a_row():
-    labels = list(".ab")
-    w = torch.softmax(torch.randn(4, 3, 3), dim=-1)
-    one, four = (render_layer(w[:n], labels, labels, layer=0) for n in (1, 4))
-    assert one.dtype == four.dtype == np.uint8
-    widths = [render_layer(w[:n], labels, labels, layer=0).shape[1] for n in (1, 2, 3, 4)]
-    # one head of a short item may be narrower than the heading and legend; from then on each
-    # head adds its width
-    assert widths[0] <= widths[1] < widths[2] < widths[3]
-    head = render_attention(w[0], labels, labels, "head 0")
-    assert four.shape[1] >= 4 * head.shape[1] and four.shape[0] > head.shape[0]
-    assert four.shape[0] == one.shape[0]
-
-
-@pytest.mark.parametrize("n_head", [8, 16])
-def test_render_layer_lays_many_heads_out_in_a_grid(n_head):
+def test_a_layer_puts_up_to_four_heads_in_a_row_then_the_rest_below():
     labels = list(".emma")
-    w = torch.softmax(torch.randn(n_head, 5, 5), dim=-1)
-    img = render_layer(w, labels, labels, layer=1)
+    w = torch.softmax(torch.randn(16, 5, 5), dim=-1)
+    layers = {n: render_layer(w[:n], labels, layer=0) for n in (1, 2, 3, 4, 8, 16)}
     head = render_attention(w[0], labels, labels, "head 0")
-    assert img.shape[1] <= 5 * head.shape[1] < n_head * head.shape[1]  # at most 4 to a row
-    assert img.shape[0] >= (n_head // 4) * head.shape[0]  # ... and the rest below
-    assert 1 / 3 <= img.shape[1] / img.shape[0] <= 3
+    # one head of a short item may be narrower than the heading and legend; from then on each
+    # head adds its width, up to four
+    assert layers[1].shape[1] <= layers[2].shape[1] < layers[3].shape[1] < layers[4].shape[1]
+    assert layers[4].shape[1] >= 4 * head.shape[1] and layers[4].shape[0] == layers[1].shape[0]
+    for n in (8, 16):  # at most 4 to a row, and the rest below
+        assert layers[n].shape[1] == layers[4].shape[1] and layers[n].dtype == np.uint8
+        assert layers[n].shape[0] >= (n // 4) * head.shape[0]
 
 
 # ----------------------------------------------------------------------------- offset profiles
@@ -125,8 +105,3 @@ def test_render_offset_profile_shape_colours_and_values():
     small = render_offset_profile(profile, start, cell=(12, 8))  # too small to write in
     assert grid_box(small) == {cell, seam}
     assert small.shape[1] < img.shape[1]
-
-
-def test_render_offset_profile_checks_shapes():
-    with pytest.raises(ValueError, match="start"):
-        render_offset_profile(np.zeros((2, 3)), np.zeros(3))

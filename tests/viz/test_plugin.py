@@ -49,8 +49,10 @@ def lab(tmp_path_factory) -> Path:
     return root
 
 
-def routes(logdir: Path) -> dict[str, Client]:
-    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(logdir)))
+def routes(logdir: Path | str, spec: str | None = None) -> dict[str, Client]:
+    """{route: a client of it} of the plugin on --logdir `logdir`, or --logdir_spec `spec`."""
+    flags = Namespace(logdir_spec=spec)
+    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(logdir), flags=flags))
     return {path: Client(app) for path, app in plugin.get_plugin_apps().items()}
 
 
@@ -83,12 +85,8 @@ def test_runs_lists_each_job_by_its_folder_with_its_checkpoints(lab):
     runs = {r["name"]: r for r in body["runs"]}
     assert list(runs) == ["heads=1", "heads=2"]
     assert runs["heads=1"]["checkpoints"] == ["best.pt", "last.pt"]
-    assert runs["heads=2"]["checkpoints"] == [
-        "best.pt",
-        "last.pt",
-        "step-000006.pt",
-        "step-000012.pt",
-    ]
+    steps = ["step-000006.pt", "step-000012.pt"]
+    assert runs["heads=2"]["checkpoints"] == ["best.pt", "last.pt", *steps]
     assert runs["heads=1"]["analysed"] == [] and runs["heads=2"]["analysed"] == ["best.pt"]
     assert body["example"] in make_names()  # the first validation name: an input to start with
 
@@ -123,19 +121,23 @@ def test_names_and_text_runs_side_by_side_each_get_their_own_boundary(lab):
     status, long = attention(client, run="text/run", input="a" * 16)
     assert status == 200 and len(long["tokens"]) == 16  # a text run fills its whole context
     status, error = attention(client, run="text/run", input="a" * 17)
-    assert status == 400 and "its context is 16 tokens, so at most 16 characters" in error["error"]
+    assert status == 400 and error["error"] == (
+        f"text/run: input={'a' * 17!r} has 17 characters but the model reads at most 16; shorten it"
+    )
+
+
+UNKNOWN = "input='Kalo!' has characters the vocabulary does not know: 'K', '!'"
+LONG = f"input={'ka' * 20!r} has 40 characters but the model reads at most 8 after the boundary"
 
 
 @pytest.mark.parametrize(
     "args, message",
-    [
-        ({"run": "heads=1", "input": "Kalo!"}, "heads=1 does not know 'K', '!'"),
-        ({"run": "heads=1", "input": ""}, "type a name"),
-        ({"run": "heads=9", "input": "ka"}, "no run 'heads=9'"),
-        ({"run": "heads=1", "checkpoint": "../x.pt", "input": "ka"}, "no checkpoint '../x.pt'"),
-        ({"run": "heads=1", "input": "ka" * 20}, "40 characters are more than heads=1 reads"),
-    ],
-)
+    [({"run": "heads=1", "input": "Kalo!"}, f"heads=1: {UNKNOWN}; use characters of the training"),
+     ({"run": "heads=1", "input": ""}, "type a name"),
+     ({"run": "heads=9", "input": "ka"}, "no run 'heads=9'"),
+     ({"run": "heads=1", "checkpoint": "../x.pt", "input": "ka"}, "no checkpoint '../x.pt'"),
+     ({"run": "heads=1", "input": "ka" * 20}, f"heads=1: {LONG} token; shorten it")],
+)  # fmt: skip
 def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
     status, body = attention(routes(lab / "sweep")["/attention"], **args)
     assert status == 400 and message in body["error"]
@@ -233,7 +235,7 @@ def test_the_tab_in_a_browser_shows_one_panel_per_run_with_every_head(tensorboar
     unanalysed = '<div class="mg-role mg-unanalysed">not analysed</div>'
     assert shown["heads=1"].count(unanalysed) == 1 and unanalysed not in shown["heads=2"]
     errors = panels(chromium(f"{page}#input=Kalo!", "--dump-dom"))
-    assert all("does not know 'K', '!'" in html for html in errors.values())
+    assert all(f"{run}: {UNKNOWN}" in html for run, html in errors.items())
 
 
 # ----------------------------------------------------------------------------- one bad run
@@ -310,7 +312,7 @@ def test_logdir_spec_serves_each_log_dir_under_its_name(lab):
     spec = f"sweep:{lab / 'sweep'},{lab / 'text'}"  # one named, one not (TensorBoard's form)
     plugin = MicrogptPlugin(base_plugin.TBContext(logdir="", flags=Namespace(logdir_spec=spec)))
     assert plugin.is_active()
-    apps = {path: Client(app) for path, app in plugin.get_plugin_apps().items()}
+    apps = routes("", spec)
     body = json.loads(apps["/runs"].get("/runs").get_data(as_text=True))
     assert [r["name"] for r in body["runs"]] == ["sweep/heads=1", "sweep/heads=2", "run"]
     assert attention(apps["/attention"], run="sweep/heads=2", input="ka")[0] == 200

@@ -1,5 +1,4 @@
 import io
-import math
 import re
 from contextlib import closing
 
@@ -9,87 +8,24 @@ import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from microgpt.heads.analyse import attention_entropy
 from microgpt.heads.report import ROLES
-from microgpt.viz.draw import render_offset_profile
-from microgpt.viz.tensorboard import (
-    TensorBoardLogger,
-    sanitize_hparams,
-)
-
-SIZE_GUIDANCE = {"images": 0, "scalars": 0, "tensors": 0}
+from microgpt.viz.tensorboard import TensorBoardLogger, read_metrics, sanitize_hparams
 
 
 def load(path) -> EventAccumulator:
-    acc = EventAccumulator(str(path), size_guidance=SIZE_GUIDANCE)
-    acc.Reload()
-    return acc
-
-
-# ----------------------------------------------------------------------------- entropy
-
-
-def test_attention_entropy_uniform_one_hot_and_mask():
-    B, H, T = 2, 3, 4
-    uniform = torch.full((B, H, T, T), 1 / T)
-    one_hot = torch.zeros(B, H, T, T)
-    one_hot[..., 0] = 1.0
-    every = torch.ones(B, T, dtype=torch.bool)
-    ent = attention_entropy([uniform, one_hot], every)
-    assert ent.shape == (2, H) and ent.dtype == torch.float32
-    torch.testing.assert_close(ent[0], torch.full((H,), math.log(T)))
-    torch.testing.assert_close(ent[1], torch.zeros(H))
-
-    # queries 0..1 are one-hot, 2..3 uniform; masking out 2..3 leaves only the one-hot ones
-    mixed = one_hot.clone()
-    mixed[:, :, 2:] = 1 / T
-    first_two = torch.tensor([[True, True, False, False]] * B)
-    torch.testing.assert_close(attention_entropy([mixed], first_two), torch.zeros(1, H))
-    torch.testing.assert_close(
-        attention_entropy([mixed], every), torch.full((1, H), math.log(T) / 2)
-    )
-
-
-def test_attention_entropy_of_known_attention_patterns():
-    """Hand-made causal attention: head 0 uniform over the keys each query sees (entropy log(i+1)
-    at query i), head 1 all on the first key (entropy 0). Padding queries attend uniformly too but
-    must not count: row 1 has 2 real queries of 6."""
-    T = 6
-    uniform = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]  # (T, T)
-    first = torch.zeros(T, T)
-    first[:, 0] = 1.0
-    att = torch.stack([uniform, first])[None].repeat(2, 1, 1, 1)  # (B=2, H=2, T, T)
-    real = torch.tensor([[True] * 5 + [False], [True, True] + [False] * 4])  # (B, T)
-    ent = attention_entropy([att], real)  # (L=1, H=2)
-    expected = (sum(math.log(i + 1) for i in range(5)) + math.log(1) + math.log(2)) / 7
-    assert ent.shape == (1, 2)
-    assert ent[0, 0].item() == pytest.approx(expected, abs=1e-6)  # padding would raise it
-    assert ent[0, 1].item() == pytest.approx(0.0, abs=1e-6)
+    """Every event of a run's folder (EventAccumulator keeps a sample by default)."""
+    guidance = {"images": 0, "scalars": 0, "tensors": 0}
+    return EventAccumulator(str(path), size_guidance=guidance).Reload()
 
 
 # ----------------------------------------------------------------------------- the logger
 
 
 def test_sanitize_hparams():
-    hp = sanitize_hparams(
-        {
-            "lr": 1e-3,
-            "n_head": 4,
-            "bias": False,
-            "top_k": None,
-            "betas": [0.9, 0.95],
-            "model": {"norm": "rmsnorm"},
-            "t": torch.tensor(2.0),
-        }
-    )
-    assert hp == {
-        "lr": 1e-3,
-        "n_head": 4,
-        "bias": "false",
-        "top_k": "none",
-        "betas": "[0.9, 0.95]",
+    hp = {"lr": 1e-3, "n_head": 4, "bias": False, "top_k": None, "betas": [0.9, 0.95]}
+    assert sanitize_hparams({**hp, "model": {"norm": "rmsnorm"}}) == {
+        **{"lr": 1e-3, "n_head": 4, "bias": "false", "top_k": "none", "betas": "[0.9, 0.95]"},
         "model.norm": "rmsnorm",
-        "t": 2.0,
     }
 
 
@@ -133,26 +69,11 @@ def test_logger_purge_step_on_an_existing_folder(tmp_path):
     parts = first.name.split(".")
     parts[3] = str(int(parts[3]) - 1)
     first.rename(first.with_name(".".join(parts)))
-    with closing(
-        TensorBoardLogger(tmp_path, purge_step=5)
-    ) as tb:  # resumed from the step-5 checkpoint
+    with closing(TensorBoardLogger(tmp_path, purge_step=5)) as tb:  # resumed from step 5
         for step in range(5, 8):
             tb.scalars(step, {"loss/train": 2.0})
     points = [(e.step, e.value) for e in load(tmp_path).Scalars("loss/train")]
     assert points == [(s, 1.0) for s in range(5)] + [(s, 2.0) for s in range(5, 8)]
-
-
-def test_logger_writes_offset_profiles_per_layer(tmp_path):
-    L, H, K = 2, 3, 4
-    profiles = [torch.rand(H, K) / K for _ in range(L)]
-    starts = [torch.rand(H) for _ in range(L)]
-    with closing(TensorBoardLogger(tmp_path)) as tb:
-        tb.offset_profiles(7, profiles, starts)
-    acc = load(tmp_path)
-    assert set(acc.Tags()["images"]) == {f"heads/offsets/layer{n}" for n in range(L)}
-    event = acc.Images("heads/offsets/layer1")[0]
-    expected = render_offset_profile(profiles[1].numpy(), starts[1].numpy(), "layer 1")
-    assert event.step == 7 and (event.height, event.width) == expected.shape[:2]
 
 
 # ----------------------------------------------------------------------------- head analysis
@@ -160,7 +81,8 @@ def test_logger_writes_offset_profiles_per_layer(tmp_path):
 
 @pytest.fixture(scope="module")
 def head_runs(tmp_path_factory):
-    """Tiny 1-head and 8-head runs (two layers), as a heads=1,8 sweep writes them."""
+    """Tiny 1-head and 8-head runs (two layers), as a heads=1,8 sweep writes them: {heads: (the
+    run's folder, its events)}."""
     from microgpt.train.trainer import train
     from tests.conftest import TINY, compose_config, make_names
 
@@ -174,51 +96,40 @@ def head_runs(tmp_path_factory):
         )  # fmt: skip
         cfg.out_dir = str(tmp / f"heads={heads}")
         train(cfg)
-        runs[heads] = load(tmp / f"heads={heads}")
+        runs[heads] = tmp / f"heads={heads}", load(tmp / f"heads={heads}")
     return runs
-
-
-def per_head(tag: str) -> bool:
-    return re.search(r"/head\d+(/|$)", tag) is not None
 
 
 def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
     tags = {
-        heads: {t for t in acc.Tags()["scalars"] if t.startswith("heads/") and not per_head(t)}
-        for heads, acc in head_runs.items()
+        heads: {t for t in acc.Tags()["scalars"] if t.startswith("heads/")}
+        for heads, (_, acc) in head_runs.items()
     }
-    expected = {
-        f"heads/layer{layer}/{name}"
-        for layer in range(2)
-        for name in (
-            "entropy_min",
-            "entropy_mean",
-            "entropy_max",
-            "importance_max",
-            "importance_sum",
-        )
+    names = ("entropy_min", "entropy_mean", "entropy_max", "importance_max", "importance_sum")
+    expected = {f"heads/layer{layer}/{name}" for layer in range(2) for name in names}
+    expected |= {
+        "heads/prunable",
+        "heads/prunable_fraction",
+        "heads/named",
+        "heads/gradient_vs_zero",
     }
-    expected |= {"heads/prunable", "heads/prunable_fraction", "heads/named"}
-    expected |= {f"heads/role/{role}" for role in ROLES}
-    expected |= {f"heads/{name}_max" for name in ("induction", "duplicate", "copying")}
-    expected |= {"heads/induction_ablation_max", "heads/induction_ablation_all"}
-    expected |= {"heads/gradient_vs_zero"}
+    expected |= {f"heads/role/{role}" for role in ROLES} | {"heads/induction_ablation_all"}
+    names = ("induction", "duplicate", "copying", "induction_ablation")
+    expected |= {f"heads/{name}_max" for name in names}
     expected |= {f"heads/repeat_loss{end}" for end in ("", "_first", "_gain")}
     assert tags[1] == tags[8] == expected
-    acc = head_runs[8]
+    acc = head_runs[8][1]
     assert [e.step for e in acc.Scalars("heads/prunable")] == [0, 6, 12]
     roles = sum(acc.Scalars(f"heads/role/{role}")[-1].value for role in ROLES)
     assert roles == 16  # every head of both layers has one role
     per_head_tags = {t for t in acc.Tags()["scalars"] if t.startswith("per_head/")}
     names = ("entropy", "importance", "position_mean_importance", "gradient_importance", "score")
-    expected_per_head = {
-        f"per_head/layer{n}/head{h}/{name}" for n in range(2) for h in range(8) for name in names
-    }
-    expected_per_head |= {f"per_head/layer{n}/head{h}/{name}" for n in range(2) for h in range(8)
-                          for name in ("induction", "duplicate")}  # fmt: skip
+    names += ("induction", "duplicate")
+    expected_per_head = {f"per_head/layer{n}/head{h}/{name}" for n in range(2) for h in range(8)
+                         for name in names}  # fmt: skip
     expected_per_head |= {f"per_head/layer0/head{h}/copying" for h in range(8)}
     assert per_head_tags == expected_per_head  # under their own prefix, apart from summaries
-    for heads, acc in head_runs.items():
+    for heads, (_, acc) in head_runs.items():
         images = set(acc.Tags()["images"])
         assert {"heads/offsets/layer0", "heads/offsets/layer1"} <= images
         assert {"heads/qk/layer0", "heads/ov/layer0"} <= images
@@ -229,7 +140,7 @@ def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
 def test_head_summaries_are_hparams_metrics(head_runs):
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    for acc in head_runs.values():
+    for _, acc in head_runs.values():
         content = acc.PluginTagToContent("hparams")["_hparams_/experiment"]
         data = plugin_data_pb2.HParamsPluginData.FromString(content)
         metrics = {m.name.tag for m in data.experiment.metric_infos}
@@ -242,7 +153,7 @@ def test_head_summaries_are_hparams_metrics(head_runs):
 def test_custom_scalars_layout_names_only_tags_the_run_writes(head_runs):
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    for heads, acc in head_runs.items():
+    for heads, (_, acc) in head_runs.items():
         events = acc.Tensors("custom_scalars__config__")
         assert len(events) == 1  # written once per run
         layout = layout_pb2.Layout.FromString(events[0].tensor_proto.string_val[0])
@@ -259,26 +170,21 @@ def test_custom_scalars_layout_names_only_tags_the_run_writes(head_runs):
         assert len(matched) == 2 * heads  # entropy and importance of every head in layer 1
 
 
-def test_every_scalar_also_goes_to_metrics_jsonl(tiny_cfg, tmp_path):
+def test_every_scalar_also_goes_to_metrics_jsonl(head_runs, tmp_path):
     """metrics.jsonl holds, line by line, every scalar the event files hold (same steps, same
     values), so a script can read a run without TensorBoard; a line cut by a crash is skipped."""
-    from microgpt.config import load_config
-    from microgpt.train.trainer import Trainer
-    from microgpt.viz.tensorboard import read_metrics
-
-    Trainer(load_config(tiny_cfg("device=cpu"))).run()
-    run = tmp_path / "run"
-    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
-    acc.Reload()
+    folder, acc = head_runs[1]
+    metrics = tmp_path / "metrics.jsonl"  # a copy, cut short below
+    metrics.write_bytes((folder / "metrics.jsonl").read_bytes())
     events = {(tag, e.step): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
-    lines = read_metrics(run / "metrics.jsonl")
+    lines = read_metrics(metrics)
     jsonl = {(t, d["step"]): v for d in lines for t, v in d.items() if t not in ("step", "time")}
     assert set(jsonl) == set(events) and len(events) > 50
     # nan where a measure does not apply (heads/induction_ablation_all: no induction head)
     assert all(jsonl[k] == pytest.approx(events[k], rel=1e-6, nan_ok=True) for k in events)
-    with open(run / "metrics.jsonl", "a") as f:
+    with open(metrics, "a") as f:
         f.write('{"step": 99, "loss/tra')  # killed mid-line
-    assert read_metrics(run / "metrics.jsonl") == lines
+    assert read_metrics(metrics) == lines
 
 
 # last in the file: one more writer before test_logger_purge_step_on_an_existing_folder shifts the

@@ -12,7 +12,6 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from stat import S_ISREG
 
 import torch
 
@@ -21,7 +20,6 @@ from microgpt.data.dataset import Data, DataError, checkpoint_format
 from microgpt.files import read_regular
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
-from microgpt.viz.tensorboard import labels_for
 
 MAX_MODELS = 8  # models kept loaded at once
 MAX_BYTES = 512 * 2**20  # and their weights' bytes at most
@@ -114,8 +112,6 @@ class ModelCache:
             stat = path.stat()
         except OSError:
             raise InputError(f"checkpoint {path} does not exist") from None
-        if not S_ISREG(stat.st_mode):  # a FIFO would block the request
-            raise InputError(f"checkpoint {path} is not a regular file")
         key = (str(path), stat.st_size, stat.st_mtime_ns)
         with self._lock:
             if key not in self._items:
@@ -135,26 +131,16 @@ class ModelCache:
 
 
 def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
-    """The ids the model reads for `text`: after the boundary token as it was trained (`<s>emma`),
-    but for a text run; an InputError for an empty input, unknown characters, or too many."""
-    tok, block = loaded.tokenizer, loaded.model.config.block_size
+    """The ids the model reads for `text` (the format's input_ids: after the boundary token as it
+    was trained, `<s>emma`, but for a text run); an InputError for an empty input, unknown
+    characters, or too many."""
     if not text:
         raise InputError(f"type {loaded.format.user_input} to see {run}'s heads at work")
-    if unknown := tok.unknown_chars(text):
-        shown = ", ".join(repr(c) for c in unknown)
-        raise InputError(
-            f"{run} does not know {shown}: it was trained on these characters only: "
-            f"{''.join(tok.chars)!r}"
-        )
-    start = [tok.boundary_id] if loaded.format.boundary else []
-    most = block - len(start)
-    if len(text) > most:
-        after = " after the boundary token" if start else ""
-        raise InputError(
-            f"{len(text)} characters are more than {run} reads: its context is {block} tokens, "
-            f"so at most {most} characters{after}; shorten the input"
-        )
-    return start + tok.encode(text)
+    block = loaded.model.config.block_size
+    try:
+        return loaded.format.input_ids(loaded.tokenizer, text, block, "input")
+    except DataError as e:
+        raise InputError(f"{run}: {e}") from None
 
 
 def read_analysis(path: Path) -> tuple[dict | None, str | None]:
@@ -260,7 +246,7 @@ class RunStore:
             "boundary": loaded.format.boundary,  # the tokens start with the boundary token
             "n_layer": config.n_layer,
             "n_head": config.n_head,
-            "tokens": labels_for(ids, loaded.tokenizer),
+            "tokens": loaded.tokenizer.labels(ids),
             # [layer][head] -> (T, T) rows of weights, query by key
             "layers": [att[0].double().round(decimals=DIGITS).tolist() for att in attention],
             "analysis": run.analysis(checkpoint).name if analysis else unreadable,
