@@ -13,13 +13,14 @@ import sys
 import time
 from pathlib import Path
 
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint, CheckpointError
-from microgpt.config import register_configs
+from microgpt.config import Config, SampleConfig
 from microgpt.errors import UserError
 from microgpt.startup_checks import SWEPT_KEYS_ENV, check_command_line, sweep_jobs
 from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
@@ -34,8 +35,10 @@ OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.leve
 
 
 def register() -> None:
-    """The config schemas and the resolvers, before @hydra.main composes."""
-    register_configs()
+    """The config schemas (first in conf/*.yaml's defaults) and the resolvers, before @hydra.main
+    composes."""
+    ConfigStore.instance().store(name="schema", node=Config)
+    ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
     for name, fn in (("microgpt_run_dir", run_dir), ("microgpt_job_dir", job_dir)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

@@ -88,20 +88,18 @@ def front_door(interrupted: str = "nothing was written", cleanup=None):
     previous = _set_handlers(_raise_interrupt)
     try:
         yield
-    except KeyboardInterrupt as e:
+    except (KeyboardInterrupt, UserError, OSError) as e:
         _set_handlers(signal.SIG_IGN)  # a second signal cannot cut the line or the clean-up
-        name = e.args[0] if e.args and e.args[0] in signal.Signals.__members__ else "SIGINT"
         removed = cleanup() if cleanup else None
+        if not isinstance(e, KeyboardInterrupt):
+            print_error(e, f" (removed the unused run folder {removed})" if removed else "")
+            raise SystemExit(USER_ERROR) from None
+        name = e.args[0] if e.args and e.args[0] in signal.Signals.__members__ else "SIGINT"
         what = e.args[1] if len(e.args) > 1 else interrupted
         if removed and len(e.args) < 2:
             what = f"before the first checkpoint; removed the run folder {removed}: start again"
         print(f"microgpt: interrupted ({name}): {what}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.Signals[name].value) from None
-    except (UserError, OSError) as e:
-        _set_handlers(signal.SIG_IGN)
-        removed = cleanup() if cleanup else None
-        print_error(e, f" (removed the unused run folder {removed})" if removed else "")
-        raise SystemExit(USER_ERROR) from None
     finally:
         _set_handlers(previous)
 
