@@ -156,16 +156,16 @@ def _close_log_files(folder: Path) -> None:
 
 def resume_settings(cfg: DictConfig) -> DictConfig:
     """A resume's settings: the checkpoint's, those on the command line replacing them."""
-    if not runs.parse_resume(cfg.get("resume")):
-        return cfg
     try:
         _, path = runs.resolve_resume(cfg.get("resume"), str(cfg.out_dir))
-        saved = Checkpoint.load(path).train_config
+        saved = Checkpoint.load(path).train_config if path else None
     except (runs.RunFolderError, CheckpointError):
-        return cfg  # the trainer says what is wrong with it
-    legacy = saved.get("log") if isinstance(saved.get("log"), dict) else {}
-    if "entropy_items" in legacy:  # log.head_items' name in checkpoints before issue 22
-        legacy.setdefault("head_items", legacy.pop("entropy_items"))
+        saved = None  # the trainer says what is wrong with it
+    if saved is None:  # a new run, or a checkpoint that cannot be resumed
+        return cfg
+    log = saved["log"]  # each group a mapping (Checkpoint.load checks it)
+    if "entropy_items" in log:  # log.head_items' name in checkpoints before issue 22
+        log.setdefault("head_items", log.pop("entropy_items"))
     merged = OmegaConf.create(saved)
     task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     for override in task:

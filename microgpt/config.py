@@ -145,14 +145,12 @@ class TrainConfig:
         require_at_least(self, "train.", 1, steps)
         require_at_least(self, "train.", 0, ("save_every", "pack", "num_samples"), " (0 = none)")
         require(0 <= self.ema < 1, f"train.ema={self.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
-        n = self.num_samples
+        n, minutes = self.num_samples, system.decoding_seconds(self.num_samples, 16) / 60
         require(
             n <= MAX_TRAIN_SAMPLES,
-            f"train.num_samples={n} would sample for about "
-            f"{system.decoding_seconds(n, 16) / 60:,.0f} minutes on a CPU after the last step, "
-            f"before the test loss is written; at most "
-            f"{MAX_TRAIN_SAMPLES:,} here: sample more afterwards with python sample.py "
-            f"num_samples=N out=FILE",
+            f"train.num_samples={n} would sample for about {minutes:,.0f} minutes on a CPU after "
+            f"the last step, before the test loss is written; at most {MAX_TRAIN_SAMPLES:,} here: "
+            f"sample more afterwards with python sample.py num_samples=N out=FILE",
         )
         require_choice("train.precision", self.precision, PRECISIONS)
 
@@ -313,6 +311,4 @@ def check_training_memory(c: Config, device, vocab_size: int = 2, block_size: in
     need = system.training_bytes(c.model_for_data(vocab_size, block), rows, row_len)
     # e.g. "train.pack=64 and model.block_size=32 with train.batch_size=128"
     what = " and ".join(sizes) + " with " * bool(sizes) + f"train.batch_size={t.batch_size}"
-    named = [s.split("=")[0] for s in sizes if "=" in s]
-    fix = f"lower {' or '.join([*named, 'train.batch_size'])} or the model's size"
-    system.check_memory(need, device, what, fix, ConfigError)
+    system.check_memory(need, device, what, "lower one of them or the model's size", ConfigError)

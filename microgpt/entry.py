@@ -36,23 +36,20 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{message}; see {self.prog} --help")
 
 
-def prepare_process() -> None:
-    """What must be set before torch loads OpenMP: idle threads sleep instead of spinning, so that
-    processes sharing the cores slow each other down gracefully; a wait the user chose is kept
-    (OMP_WAIT_POLICY, or GOMP_SPINCOUNT: how long GNU OpenMP's threads spin before they sleep)."""
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-
-
 @contextlib.contextmanager
 def loading(module: str):
-    """For the program's own module (`module` is `__name__`: "__main__"), prepare_process(), then
-    the heavy imports: a signal meanwhile ends the process at once in one line (nothing is
-    written yet, and an import cut short cannot unwind cleanly). Imported: nothing changes."""
+    """For the program's own module (`module` is `__name__`: "__main__"), what must be set before
+    torch loads OpenMP, then the heavy imports: a signal meanwhile ends the process at once in one
+    line (nothing is written yet, and an import cut short cannot unwind cleanly). Imported:
+    nothing changes."""
     if module != "__main__":
         yield
         return
-    prepare_process()
+    # idle OpenMP threads sleep instead of spinning, so that processes sharing the cores slow each
+    # other down gracefully; a wait the user chose is kept (OMP_WAIT_POLICY, or GOMP_SPINCOUNT:
+    # how long GNU OpenMP's threads spin before they sleep)
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
     def stop(signum, frame):
         print(f"microgpt: interrupted ({signal.Signals(signum).name}): nothing was written",

@@ -99,8 +99,7 @@ def _overrides(argv: list[str]) -> list[str]:
                 value = nxt
             written = f"{name}={value or 'VALUE'}"
             raise UserError(f"{arg}: settings are written {written}, without dashes")
-        if not (i > 0 and argv[i - 1].startswith("-") and argv[i - 1] not in FLAGS):
-            overrides.append(arg)
+        overrides.append(arg)
     return overrides
 
 
