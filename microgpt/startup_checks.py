@@ -194,7 +194,8 @@ def _check_keys(task: list[str], known: list[str]) -> None:
         key = override.split("=", 1)[0].lstrip("+~")
         if key in GROUPS or "/" in key or key.split(".")[0] == "hydra" or key in known:
             continue
-        if any(k.startswith(key + ".") for k in known):  # a group of settings: data.repeats
+        # a group of settings (data.repeats), or an item of one (optim.betas.0)
+        if any(k.startswith(key + ".") or key.startswith(k + ".") for k in known):
             continue
         if not override.startswith("+"):
             _leave_to_hydra_if_asked()  # Hydra refuses the key itself, trace and all
