@@ -36,6 +36,7 @@ class SampleResult:
 
     names: list[str]
     marked: list[tuple[str, str]]  # (name, "new" | "train" | "val" | "test" | "empty")
+    step: int | None  # the checkpoint's
     lines: list[str]  # the header, notes, one line per item, a summary
     to_stdout: bool = False  # out=-: the items alone go to standard output, the report to stderr
 
@@ -120,7 +121,7 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
     if out is not None:
         _write_out(out, shown.written, c)
     lines = [header, *notes, *([f"[{shown.note}]"] if shown.note else []), *shown.lines]
-    return SampleResult(shown.items, shown.marked or [], lines, c.out == STDOUT)
+    return SampleResult(shown.items, shown.marked or [], ckpt.step, lines, c.out == STDOUT)
 
 
 def _data(ckpt, tokenizer) -> tuple[Data, list[str]]:
