@@ -13,13 +13,14 @@ import sys
 import time
 from pathlib import Path
 
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint, CheckpointError
-from microgpt.config import register_configs
+from microgpt.config import Config, SampleConfig
 from microgpt.errors import UserError
 from microgpt.startup_checks import SWEPT_KEYS_ENV, check_command_line, sweep_jobs
 from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
@@ -34,8 +35,10 @@ OTHER_RANK_OVERRIDES = ("hydra/job_logging=stdout", "hydra.job_logging.root.leve
 
 
 def register() -> None:
-    """The config schemas and the resolvers, before @hydra.main composes."""
-    register_configs()
+    """The config schemas (first in conf/*.yaml's defaults) and the resolvers, before @hydra.main
+    composes."""
+    ConfigStore.instance().store(name="schema", node=Config)
+    ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
     for name, fn in (("microgpt_run_dir", run_dir), ("microgpt_job_dir", job_dir)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
@@ -153,16 +156,16 @@ def _close_log_files(folder: Path) -> None:
 
 def resume_settings(cfg: DictConfig) -> DictConfig:
     """A resume's settings: the checkpoint's, those on the command line replacing them."""
-    if not runs.parse_resume(cfg.get("resume")):
-        return cfg
     try:
         _, path = runs.resolve_resume(cfg.get("resume"), str(cfg.out_dir))
-        saved = Checkpoint.load(path).train_config
+        saved = Checkpoint.load(path).train_config if path else None
     except (runs.RunFolderError, CheckpointError):
-        return cfg  # the trainer says what is wrong with it
-    legacy = saved.get("log") if isinstance(saved.get("log"), dict) else {}
-    if "entropy_items" in legacy:  # log.head_items' name in checkpoints before issue 22
-        legacy.setdefault("head_items", legacy.pop("entropy_items"))
+        saved = None  # the trainer says what is wrong with it
+    if saved is None:  # a new run, or a checkpoint that cannot be resumed
+        return cfg
+    log = saved["log"]  # each group a mapping (Checkpoint.load checks it)
+    if "entropy_items" in log:  # log.head_items' name in checkpoints before issue 22
+        log.setdefault("head_items", log.pop("entropy_items"))
     merged = OmegaConf.create(saved)
     task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     for override in task:

@@ -18,10 +18,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import system
 from microgpt.data.dataset import data_format
-from microgpt.errors import DataError, SamplingError, UserError
+from microgpt.errors import SamplingError, UserError, first_line
 from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
-from microgpt.system import DEVICES, PRECISIONS, ThreadsError, check_threads
+from microgpt.system import DEVICES, PRECISIONS, check_threads
 
 DECAYS = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")
@@ -38,14 +38,24 @@ def require(ok: bool, message: str, error: type[Exception] = ConfigError) -> Non
         raise error(message)
 
 
+def require_choice(setting: str, value, choices, error: type[Exception] = ConfigError) -> None:
+    message = f"{setting}={value!r} is unknown; choose one of {list(choices)}"
+    require(value in choices, message, error)
+
+
+def require_at_least(group, prefix: str, least: int, names, note: str = "") -> None:
+    """Each setting `names` of `group` (a dataclass) at least `least`, else refused by its name."""
+    for name in names:
+        value = getattr(group, name)
+        require(value >= least, f"{prefix}{name}={value} must be at least {least}{note}")
+
+
 def require_finite(group, prefix: str) -> None:
     """Every float setting of `group` (a dataclass) finite: inf or nan refused by its name."""
     for f in dataclasses.fields(group):
-        v = getattr(group, f.name)
-        require(
-            not isinstance(v, float) or math.isfinite(v),
-            f"{prefix}{f.name}={v} must be a finite number",
-        )
+        value = getattr(group, f.name)
+        finite = not isinstance(value, float) or math.isfinite(value)
+        require(finite, f"{prefix}{f.name}={value} must be a finite number")
 
 
 def flatten(d, prefix: str = "") -> dict:
@@ -77,12 +87,6 @@ class DataConfig:
     prepare: str | None = None  # the command that builds the file (--out PATH): named if missing
     repeats: RepeatsConfig = field(default_factory=RepeatsConfig)  # format=repeats: the generator
 
-    def __post_init__(self):
-        try:
-            data_format(self.format)  # a known format (its settings: Config, with the block size)
-        except DataError as e:
-            raise ConfigError(str(e)) from None
-
 
 @dataclass
 class OptimConfig:
@@ -113,12 +117,10 @@ class OptimConfig:
             f"optim.eps={self.eps} divides every update by at least {self.eps:g}: the weights "
             f"would not move; use a small value (typical: 1e-8, at most {MAX_EPS:g})",
         )
-        require(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
-        require(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} must be >= 0")
-        require(self.decay in DECAYS, f"optim.decay={self.decay!r} is unknown; use {list(DECAYS)}")
-        ratio, clip = self.min_lr_ratio, self.grad_clip
+        require_at_least(self, "optim.", 0, ("weight_decay", "warmup_steps", "grad_clip"))
+        require_choice("optim.decay", self.decay, DECAYS)
+        ratio = self.min_lr_ratio
         require(0 <= ratio <= 1, f"optim.min_lr_ratio={ratio} must be in [0, 1]")
-        require(clip >= 0, f"optim.grad_clip={clip} must be >= 0 (0 = no clipping)")
 
 
 @dataclass
@@ -139,27 +141,18 @@ class TrainConfig:
 
     def __post_init__(self):
         require_finite(self, "train.")
-        for name in ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every"):
-            value = getattr(self, name)
-            require(value >= 1, f"train.{name}={value} must be at least 1")
-        for name in ("save_every", "pack"):
-            value = getattr(self, name)
-            require(value >= 0, f"train.{name}={value} must be >= 0 (0 = off)")
+        steps = ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every")
+        require_at_least(self, "train.", 1, steps)
+        require_at_least(self, "train.", 0, ("save_every", "pack", "num_samples"), " (0 = none)")
         require(0 <= self.ema < 1, f"train.ema={self.ema} must be in [0, 1) (0 = off; e.g. 0.995)")
-        n = self.num_samples
-        require(n >= 0, f"train.num_samples={n} must be 0 or more")
+        n, minutes = self.num_samples, system.decoding_seconds(self.num_samples, 16) / 60
         require(
             n <= MAX_TRAIN_SAMPLES,
-            f"train.num_samples={n} would sample for about "
-            f"{system.decoding_seconds(n, 16) / 60:,.0f} minutes on a CPU after the last step, "
-            f"before the test loss is written; at most "
-            f"{MAX_TRAIN_SAMPLES:,} here: sample more afterwards with python sample.py "
-            f"num_samples=N out=FILE",
+            f"train.num_samples={n} would sample for about {minutes:,.0f} minutes on a CPU after "
+            f"the last step, before the test loss is written; at most {MAX_TRAIN_SAMPLES:,} here: "
+            f"sample more afterwards with python sample.py num_samples=N out=FILE",
         )
-        precision = self.precision
-        require(
-            precision in PRECISIONS, f"train.precision={precision!r} is unknown; use {PRECISIONS}"
-        )
+        require_choice("train.precision", self.precision, PRECISIONS)
 
 
 @dataclass
@@ -169,9 +162,7 @@ class LogConfig:
     head_items: int = 256  # validation items the head analysis (roles, importance, pruning) uses
 
     def __post_init__(self):
-        for name in ("attn_every", "head_items"):
-            value = getattr(self, name)
-            require(value >= 1, f"log.{name}={value} must be at least 1")
+        require_at_least(self, "log.", 1, ("attn_every", "head_items"))
 
 
 @dataclass
@@ -192,18 +183,17 @@ class Config:
 
     def __post_init__(self):
         m, heads = self.model, self.heads
-        require(heads in (None, m.n_head), f"heads={heads} but model.n_head={m.n_head}: set one")
+        differ = f"heads={heads} and model.n_head={m.n_head} differ; give one of them"
+        require(heads in (None, m.n_head), differ)
         require(
             m.vocab_size is None,
             f"model.vocab_size={m.vocab_size}: the vocabulary comes from the data (every "
             f"character of data.path), so this setting would be ignored; remove it",
         )
         require(0 <= self.seed < 2**63, f"seed={self.seed} must be in [0, 2**63)")
-        try:
-            data_format(self.data.format).check_settings(self.data, m.block_size)
-        except DataError as e:
-            raise ConfigError(str(e)) from None
-        _check_machine(self.device, self.threads, ConfigError)
+        data_format(self.data.format).check_settings(self.data, m.block_size)  # a DataError
+        require_choice("device", self.device, DEVICES)
+        check_threads(self.threads)  # a ThreadsError
         resume, valid = self.resume, isinstance(self.resume, (bool, str)) and self.resume != ""
         require(valid, f"resume={resume!r} must be false, true, or the path of a checkpoint")
 
@@ -239,45 +229,18 @@ class SampleConfig:
 
     def __post_init__(self):
         check = functools.partial(require, error=SamplingError)
-        check_sampling_args(
-            self.temperature,
-            self.top_k,
-            self.top_p,
-            self.prefix,
-            num_samples=self.num_samples,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            max_len=self.max_len,
-        )
-        _check_machine(self.device, self.threads, SamplingError)
+        names = ("temperature", "top_k", "top_p", "prefix", "num_samples", "batch_size", "seed")
+        check_sampling_args(max_len=self.max_len, **{name: getattr(self, name) for name in names})
+        require_choice("device", self.device, DEVICES, SamplingError)
+        check_threads(self.threads)  # a ThreadsError
         check(
             self.ckpt is None or self.run is None,
             f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})",
         )
-        # out=-: standard output
-        if self.out not in (None, "-"):
+        if self.out not in (None, "-"):  # out=-: standard output
             out = Path(self.out).expanduser()
-            is_file = self.out != "" and not out.is_dir()
-            check(is_file, f"out={self.out!r} must be a file path, not a folder")
+            check(self.out and not out.is_dir(), f"out={self.out!r} must name a file, not a folder")
             check(out.parent.is_dir(), f"out={self.out}: folder {out.parent} does not exist")
-
-
-def _check_machine(device: str, threads, error: type[Exception]) -> None:
-    """device= and threads=, which train.py and sample.py share."""
-    if device not in DEVICES:
-        raise error(f"device={device!r} is unknown; choose one of {list(DEVICES)}")
-    try:
-        check_threads(threads)
-    except ThreadsError as e:
-        raise error(str(e)) from None
-
-
-def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (first in conf/*.yaml's defaults)."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="schema", node=Config)
-    ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
 
 
 def load_config(cfg, schema: type = Config, given=None):
@@ -302,28 +265,25 @@ def load_config(cfg, schema: type = Config, given=None):
         # threads=auto takes OMP_NUM_THREADS: one that is no count is refused here, once
         system.choose_threads(config.threads, 1, os.environ)
         return config
-    except ThreadsError as e:
+    except UserError as e:  # OMP_NUM_THREADS, heads=
         raise error(str(e)) from None
-    except OmegaConfBaseException as e:
-        if isinstance(e.__cause__, (ConfigError, SamplingError)):
+    except OmegaConfBaseException as e:  # a schema's own check, or OmegaConf's (a bad type)
+        if isinstance(e.__cause__, UserError):
             raise error(str(e.__cause__)) from None
-        key = getattr(e, "full_key", None)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        key, first = getattr(e, "full_key", None), first_line(e)
         raise error(f"bad setting {key}: {first}" if key else first) from None
 
 
 def _apply_heads(merged: DictConfig, n_head_given: bool) -> None:
-    """`heads=N` sets model.n_head (a preset's; one the user gave too must agree); then the
-    model's settings are checked under the names a user types (heads=3, model.n_embd=64), before
-    GPTConfig checks them under its own."""
-    heads, n_head = merged.heads, merged.model.n_head
-    if heads is not None and n_head_given and heads != n_head:
-        raise ConfigError(f"heads={heads} and model.n_head={n_head} differ; give one of them")
-    if heads is not None:
-        merged.model.n_head = heads
+    """`heads=N` replaces a preset's model.n_head (one the user gave too must agree: Config
+    compares them); then the model's settings are checked under the names a user types (heads=3,
+    model.n_embd=64), before GPTConfig checks them under its own."""
+    by_heads = merged.heads is not None and not n_head_given
+    if by_heads:
+        merged.model.n_head = merged.heads
 
     def name(f: str) -> str:
-        return "heads" if f == "n_head" and merged.heads is not None else f"model.{f}"
+        return "heads" if f == "n_head" and by_heads else f"model.{f}"
 
     try:
         check_gpt_settings(OmegaConf.to_container(merged.model), name)
@@ -339,8 +299,7 @@ def check_training_memory(c: Config, device, vocab_size: int = 2, block_size: in
     m, fmt, t = c.model, data_format(c.data.format), c.train
     known = fmt.known_block(c.data)
     block = block_size or m.block_size or known or 2
-    rows, row_len = t.batch_size, block
-    sizes = [f"train.batch_size={t.batch_size}"]
+    rows, row_len, sizes = t.batch_size, block, []
     if t.pack and fmt.packs:  # rows of train.pack tokens; an item never straddles two
         row_len = max(t.pack, block)
         rows = min(t.batch_size, -(-t.batch_size * block // (row_len - block + 1)))
@@ -349,8 +308,7 @@ def check_training_memory(c: Config, device, vocab_size: int = 2, block_size: in
         sizes.append(f"model.block_size={block}")
     elif block_size or known:  # else not known before the data is read
         sizes.append(f"a block of {block} (from the data)")
-    fix = f"lower {' or '.join(s.split('=')[0] for s in sizes if '=' in s)} or the model's size"
     need = system.training_bytes(c.model_for_data(vocab_size, block), rows, row_len)
     # e.g. "train.pack=64 and model.block_size=32 with train.batch_size=128"
-    what = " with ".join(filter(None, (" and ".join(sizes[1:]), sizes[0])))
-    system.check_memory(need, device, what, fix, ConfigError)
+    what = " and ".join(sizes) + " with " * bool(sizes) + f"train.batch_size={t.batch_size}"
+    system.check_memory(need, device, what, "lower one of them or the model's size", ConfigError)

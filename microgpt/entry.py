@@ -36,23 +36,20 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{message}; see {self.prog} --help")
 
 
-def prepare_process() -> None:
-    """What must be set before torch loads OpenMP: idle threads sleep instead of spinning, so that
-    processes sharing the cores slow each other down gracefully; a wait the user chose is kept
-    (OMP_WAIT_POLICY, or GOMP_SPINCOUNT: how long GNU OpenMP's threads spin before they sleep)."""
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-
-
 @contextlib.contextmanager
 def loading(module: str):
-    """For the program's own module (`module` is `__name__`: "__main__"), prepare_process(), then
-    the heavy imports: a signal meanwhile ends the process at once in one line (nothing is
-    written yet, and an import cut short cannot unwind cleanly). Imported: nothing changes."""
+    """For the program's own module (`module` is `__name__`: "__main__"), what must be set before
+    torch loads OpenMP, then the heavy imports: a signal meanwhile ends the process at once in one
+    line (nothing is written yet, and an import cut short cannot unwind cleanly). Imported:
+    nothing changes."""
     if module != "__main__":
         yield
         return
-    prepare_process()
+    # idle OpenMP threads sleep instead of spinning, so that processes sharing the cores slow each
+    # other down gracefully; a wait the user chose is kept (OMP_WAIT_POLICY, or GOMP_SPINCOUNT:
+    # how long GNU OpenMP's threads spin before they sleep)
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
     def stop(signum, frame):
         print(f"microgpt: interrupted ({signal.Signals(signum).name}): nothing was written",
@@ -88,20 +85,18 @@ def front_door(interrupted: str = "nothing was written", cleanup=None):
     previous = _set_handlers(_raise_interrupt)
     try:
         yield
-    except KeyboardInterrupt as e:
+    except (KeyboardInterrupt, UserError, OSError) as e:
         _set_handlers(signal.SIG_IGN)  # a second signal cannot cut the line or the clean-up
-        name = e.args[0] if e.args and e.args[0] in signal.Signals.__members__ else "SIGINT"
         removed = cleanup() if cleanup else None
+        if not isinstance(e, KeyboardInterrupt):
+            print_error(e, f" (removed the unused run folder {removed})" if removed else "")
+            raise SystemExit(USER_ERROR) from None
+        name = e.args[0] if e.args and e.args[0] in signal.Signals.__members__ else "SIGINT"
         what = e.args[1] if len(e.args) > 1 else interrupted
         if removed and len(e.args) < 2:
             what = f"before the first checkpoint; removed the run folder {removed}: start again"
         print(f"microgpt: interrupted ({name}): {what}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.Signals[name].value) from None
-    except (UserError, OSError) as e:
-        _set_handlers(signal.SIG_IGN)
-        removed = cleanup() if cleanup else None
-        print_error(e, f" (removed the unused run folder {removed})" if removed else "")
-        raise SystemExit(USER_ERROR) from None
     finally:
         _set_handlers(previous)
 

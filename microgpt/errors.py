@@ -29,10 +29,14 @@ def decode_utf8(raw: bytes, where) -> str:
         ) from None
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, else its type's name."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0].strip()
+
+
 def reason(e: BaseException) -> str:
     """An OSError's reason in words ("No space left on device"), else the first sentence."""
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
-    return getattr(e, "strerror", None) or first
+    return getattr(e, "strerror", None) or first_line(e).split(". ")[0][:200]
 
 
 def print_error(message: object, note: str = "") -> None:

@@ -119,17 +119,15 @@ def check_new_file(
     inside = target.parent.name == CHECKPOINTS or target.parent.name.startswith(".hydra")
     run = target.parent.parent if inside else next(filter(is_run_folder, target.parents), None)
     conf = [f for f in target.parents if f.name == "conf" and (f / "config.yaml").is_file()]
-    mine = [
-        w
-        for p, w in (protected or {}).items()
-        if p and Path(os.path.realpath(os.path.expanduser(p))) == target
-    ]
+    protected = {
+        Path(os.path.realpath(os.path.expanduser(p))): w for p, w in (protected or {}).items() if p
+    }
     exists = os.path.lexists(target) or os.path.lexists(given)
     if is_system_path(given) or is_system_path(target):
         why = "is a device or system path"
         why += f"; for standard output give out={STDOUT}" if setting == "out" else ""
-    elif mine:
-        why = f"is {mine[0]}; {setting}= never replaces it: write elsewhere"
+    elif target in protected:
+        why = f"is {protected[target]}; {setting}= never replaces it: write elsewhere"
     elif target.parent != Path(os.path.realpath(given.parent)):
         why = f"is a link to {target}, outside its folder; name the file itself"
     elif run is not None and not (own and not inside and target.parent == run):

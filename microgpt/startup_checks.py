@@ -27,7 +27,7 @@ from microgpt.config import (
     load_config,
 )
 from microgpt.data.dataset import check_data_file, data_format
-from microgpt.errors import UserError, print_error
+from microgpt.errors import UserError, first_line, print_error
 from microgpt.system import pick_device
 
 # Hydra's own flags: those that only print something skip our checks; the rest take a value
@@ -99,8 +99,7 @@ def _overrides(argv: list[str]) -> list[str]:
                 value = nxt
             written = f"{name}={value or 'VALUE'}"
             raise UserError(f"{arg}: settings are written {written}, without dashes")
-        if not (i > 0 and argv[i - 1].startswith("-") and argv[i - 1] not in FLAGS):
-            overrides.append(arg)
+        overrides.append(arg)
     return overrides
 
 
@@ -112,7 +111,7 @@ def _parse(overrides: list[str]) -> list:
             (o,) = parser.parse_overrides([override])
         except HydraException as e:
             _leave_to_hydra_if_asked()
-            why = _first(e).replace("Error parsing override", "").strip(" '")
+            why = first_line(e).replace("Error parsing override", "").strip(" '")
             raise UserError(
                 f"{override}: cannot read the setting ({why}); write key=value, a value with '=' "
                 f"or spaces in quotes: run='multirun/x/heads=4'"
@@ -172,14 +171,14 @@ def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | 
     task = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/", "override hydra"))]
     if schema is Config and "out_dir" not in _settings(task):
         task.append("out_dir=.")  # ${hydra:...} does not resolve under compose()
-    with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
-        try:
-            cfg = compose(config_name=config_name, overrides=task)
-        except (HydraException, OmegaConfBaseException) as e:
-            _leave_to_hydra_if_asked()
-            return _explain(e, task, known, conf_dir), ""
     try:
-        _check_added_keys(task, known)
+        _check_keys(task, known)
+        with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
+            try:
+                cfg = compose(config_name=config_name, overrides=task)
+            except (HydraException, OmegaConfBaseException) as e:
+                _leave_to_hydra_if_asked()
+                return _explain(e, task, conf_dir), ""
         c = load_config(cfg, schema, given=_settings(task))
         if schema is Config:
             _check_job(c, job)
@@ -188,33 +187,29 @@ def _job_error(job: list[str], conf_dir: Path, config_name: str) -> tuple[str | 
     return None, json.dumps(dataclasses.asdict(c), sort_keys=True, default=str)
 
 
-def _check_added_keys(task: list[str], known: list[str]) -> None:
-    """`+key=value` with a key the schema does not have (it would be ignored) is a UserError."""
+def _check_keys(task: list[str], known: list[str]) -> None:
+    """A key the schema does not have (`+key=value` included: it would be ignored) is a UserError
+    naming the closest setting, else those beside it."""
     for override in task:
-        key = override.split("=", 1)[0]
-        bare = key.lstrip("+")
-        skip = bare in GROUPS or bare.split(".")[0] == "hydra" or bare in known
-        if key.startswith("+") and not skip and not any(k.startswith(bare + ".") for k in known):
-            raise UserError(_unknown(override, bare, known))
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in GROUPS or "/" in key or key.split(".")[0] == "hydra" or key in known:
+            continue
+        # a group of settings (data.repeats), or an item of one (optim.betas.0)
+        if any(k.startswith(key + ".") or key.startswith(k + ".") for k in known):
+            continue
+        if not override.startswith("+"):
+            _leave_to_hydra_if_asked()  # Hydra refuses the key itself, trace and all
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        if close:
+            raise UserError(f"{override}: unknown setting {key}; did you mean {close[0]}?")
+        parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+        under = sorted({k[len(parent) :].split(".")[0] for k in known if k.startswith(parent)})
+        where = f" under {parent[:-1]}" if parent else ""
+        raise UserError(f"{override}: unknown setting {key}; known settings{where}: "
+                        f"{', '.join(under)}")  # fmt: skip
 
 
-def _unknown(override: str, key: str, known: list[str]) -> str:
-    """`override` sets `key`, which no schema has: the closest setting, else those beside it."""
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-    if close:
-        return f"{override}: unknown setting {key}; did you mean {close[0]}?"
-    parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
-    under = sorted({k[len(parent) :].split(".")[0] for k in known if k.startswith(parent)})
-    where = f" under {parent[:-1]}" if parent else ""
-    return f"{override}: unknown setting {key}; known settings{where}: {', '.join(under)}"
-
-
-def _first(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
-
-
-def _explain(e: Exception, task: list[str], known: list[str], conf_dir: Path) -> str:
+def _explain(e: Exception, task: list[str], conf_dir: Path) -> str:
     """Hydra's multi-line composition error in one line: the setting, what is valid, a match."""
     for override in task:
         key, _, value = override.partition("=")
@@ -228,13 +223,11 @@ def _explain(e: Exception, task: list[str], known: list[str], conf_dir: Path) ->
                     f"{override}: there is no {bare} named {value!r}; choose one of "
                     f"{', '.join(options)}{hint}"
                 )
-        elif not key.startswith("+") and bare not in known:
-            return _unknown(override, bare, known)
     cause = e.__cause__ or e
     key = getattr(cause, "full_key", None)
     named = [o for o in task if key and o.split("=", 1)[0].lstrip("+~") == key]
     # the last one given wins
-    return f"{named[-1] if named else _first(e)}: {_first(cause)}"
+    return f"{named[-1] if named else first_line(e)}: {first_line(cause)}"
 
 
 def _check_job(c: Config, job: list[str]) -> None:

@@ -28,8 +28,6 @@ from microgpt.sample.report import PASSAGE_LENGTH, Samples, sample_for_run
 from microgpt.system import check_memory, items_bytes, pick_device, set_threads
 
 NAMES, PASSAGES = 20, 3  # num_samples=null: names of a lines run, passages of a text run
-# what one sampled item costs in memory until it is printed: the string (about 50 bytes and its
-# characters), its place in the lists, its (item, where) mark and its printed line
 
 
 @dataclass
@@ -39,13 +37,8 @@ class SampleResult:
     names: list[str]
     marked: list[tuple[str, str]]  # (name, "new" | "train" | "val" | "test" | "empty")
     step: int | None  # the checkpoint's
-    header: str
     lines: list[str]  # the header, notes, one line per item, a summary
     to_stdout: bool = False  # out=-: the items alone go to standard output, the report to stderr
-
-    @property
-    def summary(self) -> str:
-        return self.lines[-1]
 
 
 def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=RUN_ROOTS) -> Path:
@@ -99,17 +92,6 @@ def _holds_items(path: Path, items: set[str]) -> bool:
     return items <= {line.strip() for line in lines}
 
 
-def check_items_fit(num_samples: int, length: int) -> None:
-    """Refuse items of up to `length` characters that this machine's memory cannot hold."""
-    check_memory(
-        items_bytes(num_samples, length),
-        torch.device("cpu"),
-        f"num_samples={num_samples:,} of up to {length:,} characters",
-        "sample fewer at a time (repeat with other seeds for more)",
-        SamplingError,
-    )
-
-
 def sample_from_config(cfg, progress=None) -> SampleResult:
     """Everything `python sample.py` does but printing; `progress(done, total)` follows each batch
     of names."""
@@ -126,20 +108,20 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
     out = check_out(c.out, path, ckpt.data.get("path"), c.overwrite, items)
     count = c.num_samples if c.num_samples is not None else (NAMES if data.boundary else PASSAGES)
     length = model.config.block_size if data.boundary else (c.max_len or PASSAGE_LENGTH)
-    check_items_fit(count, length)
+    what = f"num_samples={count:,} of up to {length:,} characters"  # this machine's memory
+    fix = "sample fewer at a time (repeat with other seeds for more)"
+    check_memory(items_bytes(count, length), torch.device("cpu"), what, fix, SamplingError)
     seed = c.seed if c.seed is not None else int.from_bytes(os.urandom(4), "little")
     shown = _sample(c, model, data, count, seed, progress)
-    # a hand-edited metrics entry is shown as n/a
-    metrics = ckpt.metrics if isinstance(ckpt.metrics, dict) else {}
+    metrics = ckpt.metrics  # names -> numbers (Checkpoint.load checks it); none: n/a
     val_loss = metrics.get("val_loss", metrics.get("best_val_loss"))
-    loss = f"{val_loss:.4f}" if isinstance(val_loss, (int, float)) else "n/a"
+    loss = "n/a" if val_loss is None else f"{val_loss:.4f}"
     step = "?" if ckpt.step is None else ckpt.step
     header = f"checkpoint {path} (step {step}, val loss {loss}), seed {seed}"
     if out is not None:
         _write_out(out, shown.written, c)
     lines = [header, *notes, *([f"[{shown.note}]"] if shown.note else []), *shown.lines]
-    marked = shown.marked or []
-    return SampleResult(shown.items, marked, ckpt.step, header, lines, c.out == STDOUT)
+    return SampleResult(shown.items, shown.marked or [], ckpt.step, lines, c.out == STDOUT)
 
 
 def _data(ckpt, tokenizer) -> tuple[Data, list[str]]:
@@ -161,12 +143,10 @@ def run_sampling(**settings) -> SampleResult:
 
 def _sample(c, model, data: Data, count: int, seed: int, progress) -> Samples:
     """The names or passages of the run; Ctrl-C says that nothing was written."""
-    settings = dict(prefix=c.prefix, max_len=c.max_len, use_cache=c.use_cache)
-    settings |= dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+    names = ("prefix", "max_len", "use_cache", "temperature", "top_k", "top_p", "batch_size")
     try:
-        return sample_for_run(
-            model, data, count, seed, batch_size=c.batch_size, progress=progress, **settings
-        )
+        settings = {name: getattr(c, name) for name in names}
+        return sample_for_run(model, data, count, seed, progress=progress, **settings)
     except KeyboardInterrupt as e:
         signame = e.args[0] if e.args else "SIGINT"
         where = f"; nothing was written to out={c.out}" if c.out is not None else ""
