@@ -67,9 +67,6 @@ class RunFolder:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def holds_run(self) -> bool:
-        return is_run_folder(self.path)
-
     def __str__(self) -> str:
         return str(self.path)
 
@@ -165,14 +162,7 @@ def resolve_resume(resume, out_dir=None) -> tuple[RunFolder | None, Path | None]
     raise RunFolderError(f"resume={resume}: {p} is a folder that holds no run; pass a run folder")
 
 
-# cli.py's two readings of `resume`, until it calls resolve_resume itself
-def open_run(
-    folder: str | os.PathLike,
-    config_yaml: str,
-    resumed_from: str | os.PathLike | None = None,
-    run_id: str | None = None,
-    step: int = 0,
-) -> str:
+def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int = 0) -> str:
     """Claim `folder` for a new run, or for the resume of run `run_id` from the checkpoint
     `resumed_from` at `step` (its own folder or a new one); lock it until `release`; write its
     config (a resume: config.resume-stepN.yaml beside the run's config.yaml); remove the .tmp
@@ -291,7 +281,7 @@ def claim_resume(
     run, owned = RunFolder(folder), _OWNED.setdefault(_key(folder), _Owned())
     here = run.run_id()
     own_checkpoint = run_of(checkpoint).path.resolve() == run.path.resolve()
-    if owned.run_id is None and run.holds_run():
+    if owned.run_id is None and is_run_folder(run.path):
         if here is not None and (here == run_id or (run_id is None and own_checkpoint)):
             owned.run_id = here
         elif here is None and run.checkpoints.is_dir() and own_checkpoint:
