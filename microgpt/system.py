@@ -85,22 +85,15 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def _all_reduce(value, dtype: torch.dtype, op, info: DistInfo):
-    """`value` reduced with `op` over all ranks (every rank must call it at the same point)."""
+def over_ranks(value: float, op: str, info: DistInfo) -> float:
+    """`value` summed (op "sum": the train loss) or its maximum ("max": a stop request on any rank
+    stops them all at once) over all ranks; every rank must call it at the same point."""
     if not info.enabled:
         return value
-    t = torch.tensor([value], dtype=dtype, device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=op)
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return t.item()
-
-
-def any_rank(flag: bool, info: DistInfo) -> bool:
-    """True on every rank if `flag` is true on any rank (a stop request stops them all at once)."""
-    return bool(_all_reduce(int(flag), torch.int32, dist.ReduceOp.MAX, info))
-
-
-def sum_over_ranks(value: float, info: DistInfo) -> float:
-    return float(_all_reduce(value, torch.float64, dist.ReduceOp.SUM, info))
 
 
 def broadcast_from_main(obj, info: DistInfo):

@@ -70,12 +70,11 @@ class Trainer:
         self.threads = system.set_threads(c.threads)  # before any work: see microgpt/system.py
         self.dist, self.device = system.setup(self.device)
         self.is_main = self.dist.is_main
-        if self.dist.enabled:  # rank 0's folder is the run's, even where another node made its own
-            own = self.out_dir
-            self.out_dir = Path(system.broadcast_from_main(str(self.out_dir), self.dist))
-            if own.resolve() != self.out_dir.resolve():
-                with contextlib.suppress(OSError):
-                    own.rmdir()  # empty: non-zero ranks write nothing there (see microgpt.cli)
+        own = self.out_dir  # rank 0's folder is the run's, even where another node made its own
+        self.out_dir = Path(system.broadcast_from_main(str(own), self.dist))
+        if own.resolve() != self.out_dir.resolve():
+            with contextlib.suppress(OSError):
+                own.rmdir()  # empty: non-zero ranks write nothing there (see microgpt.cli)
         self.folder = runs.RunFolder(self.out_dir)  # where each of the run's files lies
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
@@ -244,7 +243,7 @@ class Trainer:
         spent = time.perf_counter() - busy
         self.window.paused += spent
         asks = check_every == 1 or self.step % c.train.log_every == 0
-        if asks and not final and system.any_rank(stop.requested, self.dist):
+        if asks and not final and system.over_ranks(stop.requested, "max", self.dist):
             self._save_last({**metrics, "interrupted_at": self.step})
             raise Interrupted(stop.signal_name, self.step, max_steps, self.folder.last)
         return out, spent
@@ -387,7 +386,7 @@ class Trainer:
         window."""
         w = self.window
         # each rank's loss is weighted to the global mean times the world size (train_step)
-        loss = system.sum_over_ranks(float(w.loss), self.dist) / w.steps / self.dist.world_size
+        loss = system.over_ranks(float(w.loss), "sum", self.dist) / w.steps / self.dist.world_size
         tps = w.tokens_per_sec(time.perf_counter())  # after float(): the device has caught up
         if self.is_main:
             scalars = {"loss/train": loss, "lr": out.lr, "train/grad_norm": float(out.grad_norm)}
