@@ -24,8 +24,8 @@ FORMAT = "microgpt-checkpoint"
 VERSION = 1
 # torch.save writes a zip archive; anything else is never unpickled
 ZIP_MAGIC = b"PK\x03\x04"
-# settings that may differ when a run is resumed ("log." names all of log); the data's content
-# (items, split, tokenizer) must match, wherever it lies
+# settings that may differ when a run is resumed (names, or "log.": all of log; no setting's name
+# starts with another's); the data's content (items, split, tokenizer) must match, wherever it lies
 RESUMABLE_CHANGES = tuple(
     "train.max_steps train.eval_every train.save_every train.eval_batch_size train.log_every "
     "train.num_samples train.progress train.compile train.precision data.path data.prepare log. "
@@ -147,30 +147,29 @@ class Checkpoint:
         was, now = self.data.get("path"), config["data"]["path"]
         max_steps, saved_batch = config["train"]["max_steps"], self.resume["sampler"]["batch_size"]
         ranks = self.resume.get("world_size", 1)
-        refusals = [
-            (differing, f"the model differs in {', '.join(differing)}"),
-            (
-                not same_data and was != now,
+        if differing:
+            why = f"the model differs in {', '.join(differing)}"
+        elif not same_data and was != now:
+            why = (
                 f"the data of a run cannot change, and data.path={now} holds other data than the "
-                f"run's {was}; resume with the run's own data, or start a new run",
-            ),
-            (not same_data, f"{now} no longer holds the run's data; restore it or start a new run"),
-            (
-                self.step >= max_steps,
+                f"run's {was}; resume with the run's own data, or start a new run"
+            )
+        elif not same_data:
+            why = f"{now} no longer holds the run's data; restore it or start a new run"
+        elif self.step >= max_steps:
+            why = (
                 f"nothing to resume: {self.path} is at step {self.step} and train.max_steps="
-                f"{max_steps}; pass a larger train.max_steps",
-            ),
-            # the data order is drawn per global batch
-            (
-                saved_batch != global_batch,
+                f"{max_steps}; pass a larger train.max_steps"
+            )
+        elif saved_batch != global_batch:  # the data order is drawn per global batch
+            why = (
                 f"it was trained with a global batch of {saved_batch} ({ranks} rank"
                 f"{'s' if ranks != 1 else ''}) but this run's is {global_batch} (train.batch_size="
-                f"{config['train']['batch_size']} x {world_size} ranks); resume on {ranks} rank(s)",
-            ),
-        ]
-        why = next((message for refused, message in refusals if refused), None)
-        if why is not None:
-            raise ConfigError(f"cannot resume from {self.path}: {why}")
+                f"{config['train']['batch_size']} x {world_size} ranks); resume on {ranks} rank(s)"
+            )
+        else:
+            return
+        raise ConfigError(f"cannot resume from {self.path}: {why}")
 
 
 def _kind(value) -> str:
@@ -190,9 +189,8 @@ def _is(kind, v) -> bool:
 
 
 def _mapping(values=object):
-    return lambda v: (
-        isinstance(v, dict) and all(_is(str, k) and _is(values, x) for k, x in v.items())
-    )
+    """The check of a dict whose keys are strings and values `values`."""
+    return lambda d: isinstance(d, dict) and all(_is(str, k) and _is(values, d[k]) for k in d)
 
 
 def _maybe(check):
@@ -212,11 +210,9 @@ def _is_split(v) -> bool:
 def _is_resume(v) -> bool:
     """last.pt's training state: optimizer, sampler (its global batch) and random states."""
     parts = ("optimizer", "sampler", "rng")
-    return (
-        _mapping()(v)
-        and all(isinstance(v.get(k), dict) for k in parts)
-        and (_is(int, v["sampler"].get("batch_size")) and _is((int, float), v.get("best_val_loss")))
-    )
+    if not (_mapping()(v) and all(isinstance(v.get(k), dict) for k in parts)):
+        return False
+    return _is(int, v["sampler"].get("batch_size")) and _is((int, float), v.get("best_val_loss"))
 
 
 def _model_settings(values: dict, field_name: str) -> dict:
@@ -232,10 +228,9 @@ def _model_settings(values: dict, field_name: str) -> dict:
     unknown = sorted(set(values) - {f.name for f in fields(GPTConfig)})
     if unknown:
         raise ValueError(f"{field_name} holds settings GPTConfig does not have: {unknown}")
-    sizes = ("vocab_size", "block_size") if field_name == "model_config" else ()
-    missing = [f for f in sizes if values.get(f) is None]
-    if missing:
-        raise ValueError(f"{field_name}.{missing[0]} must be a positive integer, found None")
+    for size in ("vocab_size", "block_size") if field_name == "model_config" else ():
+        if values.get(size) is None:
+            raise ValueError(f"{field_name}.{size} must be a positive integer, found None")
     try:
         # a setting added after the checkpoint was written takes its default
         defaults = {f.name: f.default for f in fields(GPTConfig)}
@@ -281,12 +276,12 @@ def validated(raw: dict) -> dict:
         out[name] = value
     out["model_config"] = _model_settings(out["model_config"], "model_config")
     out["metrics"] = out["metrics"] or {}
-    if out["train_config"] is not None:
-        # settings microgpt no longer has, which a resume would otherwise meet as unknown
-        out["train_config"]["train"].pop("group_by_length", None)
+    if (config := out["train_config"]) is not None:
+        # settings renamed or dropped since, which a resume would otherwise meet as unknown
+        config["train"].pop("group_by_length", None)
+        if "entropy_items" in config["log"]:  # log.head_items' name before issue 22
+            config["log"].setdefault("head_items", config["log"].pop("entropy_items"))
         model = _model_settings(out["train_config"]["model"], "train_config.model")
-        if "n_kv_head" in {f.name for f in fields(GPTConfig)}:  # until GQA leaves the model
-            model["n_kv_head"] = None
         out["train_config"] = {**out["train_config"], "model": model}
     return out
 
@@ -359,17 +354,10 @@ def _check_settings(saved: dict, current: dict, path: Path) -> None:
     """Refuse to resume when a setting outside RESUMABLE_CHANGES differs from the checkpoint's."""
     # a setting added to microgpt after the checkpoint was written counts as its default
     a, b = {**flatten(asdict(Config())), **flatten(saved)}, flatten(current)
-    for settings in (a, b):  # dropped at load (validated): null or n_head
-        settings.pop("model.n_kv_head", None)
-    groups = tuple(r for r in RESUMABLE_CHANGES if r.endswith("."))
-    differing = sorted(
-        k
-        for k in a.keys() | b.keys()
-        if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES and not k.startswith(groups)
-    )
-    if differing:
+    changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    if refused := [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]:
         details = ", ".join(
-            f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in differing
+            f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in refused
         )
         allowed = ", ".join(r.rstrip(".") for r in RESUMABLE_CHANGES)
         raise ConfigError(

@@ -17,16 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from microgpt import files
 from microgpt.errors import UserError
-from microgpt.files import (
-    CHECKPOINTS,
-    RUN_FILE,
-    atomic_write,
-    is_run_folder,
-    is_system_path,
-    remove_leftovers,
-    write_text,
-)
 
 RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
 HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
@@ -47,7 +39,7 @@ class RunFolder:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).expanduser()
-        self.checkpoints = self.path / CHECKPOINTS
+        self.checkpoints = self.path / files.CHECKPOINTS
         self.best, self.last = self.checkpoints / "best.pt", self.checkpoints / "last.pt"
 
     def snapshot(self, step: int) -> Path:
@@ -63,12 +55,9 @@ class RunFolder:
 
     def run_id(self) -> str | None:
         try:
-            return str(json.loads((self.path / RUN_FILE).read_text())["run_id"])
+            return str(json.loads((self.path / files.RUN_FILE).read_text())["run_id"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-
-    def holds_run(self) -> bool:
-        return is_run_folder(self.path)
 
     def __str__(self) -> str:
         return str(self.path)
@@ -77,7 +66,7 @@ class RunFolder:
 def run_of(checkpoint: str | os.PathLike) -> RunFolder:
     """The run a checkpoint belongs to (a checkpoint elsewhere: the folder it lies in)."""
     p = Path(checkpoint).expanduser()
-    return RunFolder(p.parent.parent if p.parent.name == CHECKPOINTS else p.parent)
+    return RunFolder(p.parent.parent if p.parent.name == files.CHECKPOINTS else p.parent)
 
 
 def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
@@ -87,7 +76,7 @@ def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
         raise RunFolderError(f"{p} does not exist; pass a run folder or a checkpoint file")
     if not p.is_dir():
         return run_of(p), p
-    run = RunFolder(p.parent if p.name == CHECKPOINTS else p)
+    run = RunFolder(p.parent if p.name == files.CHECKPOINTS else p)
     if run.default_checkpoint() is not None:
         return run, run.default_checkpoint()
     inside = [str(c.parent.parent) for c in find_checkpoints((p,), "best.pt")]
@@ -100,7 +89,8 @@ def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
 
 def find_checkpoints(roots=RUN_ROOTS, name: str = "best.pt") -> list[Path]:
     """Every checkpoints/<name> under the run roots, newest first."""
-    found = [p for r in roots if Path(r).is_dir() for p in Path(r).glob(f"**/{CHECKPOINTS}/{name}")]
+    pattern = f"**/{files.CHECKPOINTS}/{name}"
+    found = [p for root in roots if Path(root).is_dir() for p in Path(root).glob(pattern)]
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
@@ -158,21 +148,14 @@ def resolve_resume(resume, out_dir=None) -> tuple[RunFolder | None, Path | None]
         return run, run.last
     p = Path(resume).expanduser()
     if not p.is_dir():
-        return (run_of(p) if p.parent.name == CHECKPOINTS else None), p
+        return (run_of(p) if p.parent.name == files.CHECKPOINTS else None), p
     for run in (RunFolder(p), RunFolder(p.parent)):
         if run.checkpoints == p or run.checkpoints.is_dir():
             return run, run.last
     raise RunFolderError(f"resume={resume}: {p} is a folder that holds no run; pass a run folder")
 
 
-# cli.py's two readings of `resume`, until it calls resolve_resume itself
-def open_run(
-    folder: str | os.PathLike,
-    config_yaml: str,
-    resumed_from: str | os.PathLike | None = None,
-    run_id: str | None = None,
-    step: int = 0,
-) -> str:
+def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int = 0) -> str:
     """Claim `folder` for a new run, or for the resume of run `run_id` from the checkpoint
     `resumed_from` at `step` (its own folder or a new one); lock it until `release`; write its
     config (a resume: config.resume-stepN.yaml beside the run's config.yaml); remove the .tmp
@@ -185,9 +168,9 @@ def open_run(
     lock(folder)  # until the run ends: one process per folder
     checkpoints = RunFolder(folder).checkpoints
     checkpoints.mkdir(exist_ok=True)
-    remove_leftovers(checkpoints)
+    files.remove_leftovers(checkpoints)
     name = "config.yaml" if resumed_from is None else f"config.resume-step{step}.yaml"
-    write_text(folder / name, config_yaml)
+    files.write_text(folder / name, config_yaml)
     return run_id
 
 
@@ -214,7 +197,7 @@ def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]
         p.name
         for p in folder.iterdir()
         if not (p.name == HYDRA_LOG and (ours or not p.stat().st_size))
-        and (claims or not (p.name.startswith(f".{RUN_FILE}.") and p.name.endswith(".tmp")))
+        and (claims or not (p.name.startswith(f".{files.RUN_FILE}.") and p.name.endswith(".tmp")))
     )
 
 
@@ -233,7 +216,7 @@ def check_new(
     free = MIN_FREE
     with contextlib.suppress(OSError):
         free = shutil.disk_usage(existing).free
-    if is_system_path(path):
+    if files.is_system_path(path):
         why = f" is under /{path.parts[1]}, not on a disk; name a folder on a disk"
     elif not existing.is_dir():
         where = "an existing file" if existing == path else f"inside {existing}, which is a file"
@@ -242,9 +225,9 @@ def check_new(
         why = f": cannot write in {existing} (read-only or no permission); name another folder"
     elif free < MIN_FREE:
         why = f": the disk of {existing} is full ({free // 2**20} MiB free); free some space"
-    elif what and (inside := next(filter(is_run_folder, path.parents), None)):
+    elif what and (inside := next(filter(files.is_run_folder, path.parents), None)):
         why = f" is inside the run folder {inside}: a run's folder is never inside another's"
-    elif what and is_run_folder(path):
+    elif what and files.is_run_folder(path):
         why = f" already holds a run; {what} never writes into one: name a new folder"
         if what == "a run":
             why = f" already holds a run; continue it with resume={folder}, or name a new folder"
@@ -262,7 +245,7 @@ def _write_claim(folder: Path, run_id: str) -> bool:
     folder.mkdir(parents=True, exist_ok=True)
     claim = {"run_id": run_id, "pid": os.getpid(), "started": time.time(), "argv": sys.argv}
     try:
-        with atomic_write(folder / RUN_FILE, "w", replace=False) as f:
+        with files.atomic_write(folder / files.RUN_FILE, "w", replace=False) as f:
             f.write(json.dumps(claim) + "\n")
         return True
     except FileExistsError:
@@ -291,7 +274,7 @@ def claim_resume(
     run, owned = RunFolder(folder), _OWNED.setdefault(_key(folder), _Owned())
     here = run.run_id()
     own_checkpoint = run_of(checkpoint).path.resolve() == run.path.resolve()
-    if owned.run_id is None and run.holds_run():
+    if owned.run_id is None and files.is_run_folder(run.path):
         if here is not None and (here == run_id or (run_id is None and own_checkpoint)):
             owned.run_id = here
         elif here is None and run.checkpoints.is_dir() and own_checkpoint:

@@ -53,28 +53,26 @@ def dist_info_from_env() -> DistInfo:
 
             job = TorchDistributedEnvironment()
             if job.world_size > 1:
-                # CUDA_VISIBLE_DEVICES is left as SLURM set it: cuda_index() copes with all or one
+                # CUDA_VISIBLE_DEVICES is left as SLURM set it: setup() copes with all or one
                 job.export(set_cuda_visible_devices=False, overwrite=True)
     return DistInfo(
         int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0"))
     )
 
 
-def setup(device_type: str) -> DistInfo:
-    """Join the process group when started by a launcher: NCCL on GPUs, gloo on CPU."""
+def setup(device: torch.device) -> tuple[DistInfo, torch.device]:
+    """(this process's rank, its device): when started by a launcher, join the process group
+    (NCCL on GPUs, gloo on CPU); a rank's GPU is its local_rank among those visible (SLURM may
+    show each rank just its own)."""
     info = dist_info_from_env()
+    if info.enabled and device.type == "cuda":
+        device = torch.device("cuda", info.local_rank % max(1, torch.cuda.device_count()))
     if info.enabled and not dist.is_initialized():
-        if device_type == "cuda":
-            torch.cuda.set_device(cuda_index(info))
-        backend = "nccl" if device_type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=10))
-    return info
-
-
-def cuda_index(info: DistInfo) -> int:
-    """This rank's GPU: local_rank among those visible (SLURM may show each rank just its own)."""
-    count = torch.cuda.device_count()
-    return info.local_rank % count if count else 0
+    return info, device
 
 
 def barrier() -> None:
@@ -87,22 +85,15 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def _all_reduce(value, dtype: torch.dtype, op, info: DistInfo):
-    """`value` reduced with `op` over all ranks (every rank must call it at the same point)."""
+def over_ranks(value: float, op: str, info: DistInfo) -> float:
+    """`value` summed (op "sum": the train loss) or its maximum ("max": a stop request on any rank
+    stops them all at once) over all ranks; every rank must call it at the same point."""
     if not info.enabled:
         return value
-    t = torch.tensor([value], dtype=dtype, device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=op)
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return t.item()
-
-
-def any_rank(flag: bool, info: DistInfo) -> bool:
-    """True on every rank if `flag` is true on any rank (a stop request stops them all at once)."""
-    return bool(_all_reduce(int(flag), torch.int32, dist.ReduceOp.MAX, info))
-
-
-def sum_over_ranks(value: float, info: DistInfo) -> float:
-    return float(_all_reduce(value, torch.float64, dist.ReduceOp.SUM, info))
 
 
 def broadcast_from_main(obj, info: DistInfo):

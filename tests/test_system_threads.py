@@ -14,9 +14,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from microgpt import cli, system
-from microgpt.config import Config, ConfigError, SampleConfig, load_config
-from microgpt.sample.generate import SamplingError
-from microgpt.system import ThreadsError, check_threads, choose_threads, jobs_at_once, share
+from microgpt.config import load_config
+from microgpt.system import ThreadsError, check_threads, choose_threads
 from microgpt.train.trainer import Trainer
 from tests.conftest import CONF
 
@@ -44,36 +43,16 @@ def test_an_omp_num_threads_that_is_not_a_count_is_refused_not_ignored(value):
 
 
 @pytest.mark.parametrize("bad", [0, -1, "two", 1.5, True, None, ""])
-def test_a_bad_threads_setting_is_refused_by_name_at_start_up(bad):
+def test_a_bad_threads_setting_is_refused_by_name(bad):  # the schemas' rows: tests/test_config.py
     with pytest.raises(ThreadsError, match=r"threads=.* must be auto .* or a whole number"):
         check_threads(bad)
-    for schema, error in ((Config, ConfigError), (SampleConfig, SamplingError)):
-        with pytest.raises(error, match=r"^threads=.* must be auto"):
-            load_config({"threads": bad}, schema)
-
-
-@pytest.mark.parametrize(
-    ("n_jobs", "jobs", "cores", "at_once"),
-    [
-        (-1, 4, 16, 4),  # joblib's default n_jobs: a worker per core, but only 4 jobs
-        (-1, 4, 2, 2),  # 2 cores: 2 workers for 4 jobs
-        (-2, 10, 8, 7),  # joblib: n_jobs < 0 is cores + 1 + n_jobs
-        (3, 10, 2, 3),  # more workers than cores, as asked
-        (-20, 4, 8, 1),  # never fewer than one
-    ],
-)
-def test_jobs_at_once_reads_n_jobs_as_joblib_does(n_jobs, jobs, cores, at_once):
-    assert jobs_at_once(n_jobs, jobs, cores) == at_once
-
-
-@pytest.mark.parametrize(("cores", "jobs", "each"), [(16, 4, 4), (16, 3, 5), (2, 2, 1), (2, 3, 1)])
-def test_each_job_gets_its_share_of_the_cores(cores, jobs, each):
-    assert share(cores, jobs) == each
 
 
 def test_the_trainer_applies_the_setting(tiny_cfg, monkeypatch, request):
     request.addfinalizer(lambda n=torch.get_num_threads(): torch.set_num_threads(n))
-    trainer = Trainer(load_config(tiny_cfg("threads=3")))
+    monkeypatch.delenv("OMP_NUM_THREADS")  # auto: the cores this process may use (its affinity)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    trainer = Trainer(load_config(tiny_cfg()))
     assert trainer.threads == torch.get_num_threads() == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     trainer = Trainer(load_config(tiny_cfg()))  # auto: the environment's share
@@ -93,7 +72,10 @@ def test_a_parallel_sweep_gives_each_job_its_share(monkeypatch):
     (callback,) = cfg.hydra.callbacks.values()
     assert callback._target_ == "microgpt.cli.ShareCores"
     monkeypatch.setattr(cli, "usable_cores", lambda: 16)
-    for n_jobs, expected in ((-1, "2"), (4, "4"), (2, "8")):  # 8 jobs, 4 at a time, 2 at a time
+    # 8 jobs at once (joblib's -1: a worker per core), 4, 2, 3 (16 // 3 threads each); joblib reads
+    # n_jobs < 0 as cores + 1 + n_jobs (-13: 4 workers), never fewer than 1 (-20)
+    shares = ((-1, "2"), (4, "4"), (2, "8"), (3, "5"), (-13, "4"), (-20, "16"))
+    for n_jobs, expected in shares:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         cfg.hydra.launcher.n_jobs = n_jobs
         cli.ShareCores().on_multirun_start(cfg)
@@ -123,13 +105,6 @@ def test_a_signal_held_waits_for_the_block_whichever_thread_the_kernel_hands_it_
         signal.signal(signal.SIGTERM, previous)
         other_thread_ends.set()
     assert seen == ["block ended", "handled"]
-
-
-def test_usable_cores_follows_the_affinity(monkeypatch):
-    if not hasattr(os, "sched_getaffinity"):
-        pytest.skip("no sched_getaffinity on this platform")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5})
-    assert system.usable_cores() == 3
 
 
 def test_the_heads_command_refuses_a_bad_thread_count(capsys):

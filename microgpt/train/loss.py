@@ -57,7 +57,6 @@ class StepResult:
     grad_norm: torch.Tensor
     lr: float
     tokens: int  # target characters in the global batch
-    padded: int  # positions this rank's model saw (B x T)
 
 
 class LossWindow:

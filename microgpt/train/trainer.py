@@ -23,7 +23,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from microgpt import runs, system
 from microgpt.checkpoint import Checkpoint
 from microgpt.config import Config, ConfigError, check_training_memory, load_config
-from microgpt.data.dataset import DataError, load_data
+from microgpt.data.dataset import load_data
 from microgpt.files import write_text
 from microgpt.heads.analyse import analyse, probe_attention
 from microgpt.model import GPT
@@ -50,7 +50,10 @@ class Trainer:
         self._setup_data()
         self._build_model()
         self._build_optimizer()
-        self._make_batches()
+        # the training batches: the global batch's order, each process taking its share
+        c = self.config
+        self.global_batch = c.train.batch_size * self.dist.world_size
+        self.batches = self.data.train_batches(self.global_batch, c.seed, pack=c.train.pack)
         self.step, self.best_val_loss, self.history = 0, math.inf, {}
         self.window, self.resumed_from = LossWindow(), None
         if self.resume_path is not None:
@@ -65,16 +68,14 @@ class Trainer:
         self.out_dir = Path(c.out_dir).expanduser()
         self.device = system.pick_device(c.device, ConfigError)
         self.threads = system.set_threads(c.threads)  # before any work: see microgpt/system.py
-        self.dist = system.setup(self.device.type)
+        self.dist, self.device = system.setup(self.device)
         self.is_main = self.dist.is_main
-        if self.dist.enabled and self.device.type == "cuda":
-            self.device = torch.device("cuda", system.cuda_index(self.dist))
-        if self.dist.enabled:  # rank 0's folder is the run's, even where another node made its own
-            own = self.out_dir
-            self.out_dir = Path(system.broadcast_from_main(str(self.out_dir), self.dist))
-            if own.resolve() != self.out_dir.resolve():
-                with contextlib.suppress(OSError):
-                    own.rmdir()  # empty: non-zero ranks write nothing there (see microgpt.cli)
+        own = self.out_dir  # rank 0's folder is the run's, even where another node made its own
+        self.out_dir = Path(system.broadcast_from_main(str(own), self.dist))
+        if own.resolve() != self.out_dir.resolve():
+            with contextlib.suppress(OSError):
+                own.rmdir()  # empty: non-zero ranks write nothing there (see microgpt.cli)
+        self.folder = runs.RunFolder(self.out_dir)  # where each of the run's files lies
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
 
@@ -102,10 +103,7 @@ class Trainer:
         resolved = dataclasses.replace(d, path=str(Path(data.path).resolve()))
         self.config = dataclasses.replace(c, data=resolved)
         self.data_sha256 = data.sha256()
-        try:
-            self.probe_ids = data.probe_ids(c.log.probe)
-        except DataError as e:
-            raise ConfigError(str(e)) from None
+        self.probe_ids = data.probe_ids(c.log.probe)  # a DataError names log.probe
 
     def _build_model(self) -> None:
         """The GPT (seeded); what trains it wraps it in DDP, then torch.compile, as PyTorch
@@ -135,19 +133,6 @@ class Trainer:
         # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
-    def _make_batches(self) -> None:
-        """The training batches: the global batch's order, each process taking its share."""
-        c = self.config
-        self.global_batch = c.train.batch_size * self.dist.world_size
-        self.batches = self.data.train_batches(self.global_batch, c.seed, pack=c.train.pack)
-
-    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor, float, int]:
-        """This process's (x, y) of the next global batch, the weight of its mean loss (1 on one
-        process: the global batch's mean over its targets, whatever their split between ranks,
-        times the world size, as DDP averages gradients over ranks), the global batch's targets."""
-        x, y, n_mine, n_global = self.batches.next(self.dist.rank, self.config.train.batch_size)
-        return x, y, n_mine * self.dist.world_size / n_global, n_global
-
     def _finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         """Whether a step may go on: a finite gradient norm (under fp16 an overflow is normal: the
         scaler skips the step and lowers the scale) and loss. Under DDP the norm alone decides:
@@ -170,7 +155,11 @@ class Trainer:
         lr = lr_at(self.step, c)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_ratio", 1.0)
-        x, y, weight, targets = self._next_batch()  # (B, T) each
+        # this rank's (x, y) of the next global batch, (B, T) each; its mean loss weighted to the
+        # global batch's mean over its targets (whatever their split between ranks) times the world
+        # size, as DDP averages gradients over ranks: a weight of 1 on one process
+        x, y, n_mine, targets = self.batches.next(self.dist.rank, c.train.batch_size)
+        weight = n_mine * self.dist.world_size / targets
         # packed rows: each item starts at a boundary token
         starts = x == BOUNDARY_ID if c.train.pack else None
         with self.autocast():
@@ -181,14 +170,14 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if check and not self._finite(loss, grad_norm):
             loss, norm = float(loss.detach()), float(grad_norm)
-            raise diverged(self.step + 1, loss, norm, self._diverging_rate(lr), self._last)
+            raise diverged(self.step + 1, loss, norm, self._diverging_rate(lr), self.folder.last)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(self.model, self.step)
         self.step += 1
-        return StepResult(loss.detach() * weight, grad_norm, lr, targets, x.numel())
+        return StepResult(loss.detach() * weight, grad_norm, lr, targets)
 
     def _diverging_rate(self, lr: float) -> str:
         """The rate setting of the parameter groups whose weights blew up (Muon's:
@@ -211,7 +200,11 @@ class Trainer:
         start, tokens_done, other_work = time.perf_counter(), 0, 0.0
         self.window.start_clock()  # throughput counts training alone, not the set-up
         metrics: dict = dict(self.history)
-        bar = self._progress_bar()
+        # tqdm on stderr, rank 0 only; train.progress=null: only when stderr is a terminal
+        progress = self.config.train.progress
+        shown = self.is_main and (progress if progress is not None else sys.stderr.isatty())
+        style = dict(dynamic_ncols=True, leave=False, file=sys.stderr)
+        bar = tqdm(total=max_steps, initial=self.step, disable=not shown, **style)
         try:
             with StopFlag() as stop, logging_redirect_tqdm(loggers=[logging.root]):
                 self.model.train()
@@ -220,8 +213,13 @@ class Trainer:
                     tokens_done, other_work = tokens_done + out.tokens, other_work + spent
         finally:
             bar.close()
+        # what `train` returns (every rank): the last metrics, the run's size and its throughput
+        # (training alone: the seconds spent evaluating and saving left out, as logged)
         elapsed = time.perf_counter() - start
-        metrics = self._final_metrics(metrics, elapsed, tokens_done, other_work)
+        metrics.update(step=self.step, params=self.model.num_params(), elapsed_s=elapsed)
+        metrics.update(global_batch=self.global_batch, run_dir=str(self.out_dir))
+        if elapsed > other_work and tokens_done:
+            metrics["tokens_per_sec"] = tokens_done / (elapsed - other_work)
         system.run_on_main(lambda: self._finish(metrics), self.dist)
         return metrics
 
@@ -245,16 +243,19 @@ class Trainer:
         spent = time.perf_counter() - busy
         self.window.paused += spent
         asks = check_every == 1 or self.step % c.train.log_every == 0
-        if asks and not final and system.any_rank(stop.requested, self.dist):
+        if asks and not final and system.over_ranks(stop.requested, "max", self.dist):
             self._save_last({**metrics, "interrupted_at": self.step})
-            raise Interrupted(stop.signal_name, self.step, max_steps, self._last)
+            raise Interrupted(stop.signal_name, self.step, max_steps, self.folder.last)
         return out, spent
 
     def _between_steps(self, metrics: dict, final: bool) -> None:
         """What is due after this step: evaluation and last.pt, a snapshot, the head analysis."""
         c = self.config
-        if self.step % c.train.eval_every == 0 or final:
-            metrics.update(self._evaluate_and_save(metrics))
+        if self.step % c.train.eval_every == 0 or final:  # rank 0 evaluates; every rank saves
+            metrics.update(system.run_on_main(lambda: self._evaluate(metrics), self.dist) or {})
+            self._save_last(metrics)
+            if self.is_main:
+                self.writer.flush()
         if c.train.save_every and self.step % c.train.save_every == 0:
             system.run_on_main(lambda: self._save_snapshot(metrics), self.dist)
         if self.is_main and (self.step % c.log.attn_every == 0 or final):
@@ -279,31 +280,19 @@ class Trainer:
         if self.step == 0:
             self._log_heads(0)
 
-    @property
-    def _last(self) -> Path:
-        return runs.RunFolder(self.out_dir).last
-
     # ---- evaluation, checkpoints, logging
 
     def _checkpoint(self, metrics: dict, model: nn.Module | None = None, resume=None) -> Checkpoint:
-        return Checkpoint(
-            model=(model or self.model).state_dict(),
-            model_config=self.model_config.to_dict(),
-            tokenizer=self.tokenizer.to_dict(),
-            train_config=self.config.to_dict(),
-            step=self.step,
-            metrics=dict(metrics),
-            split=self.data.record(),
-            run_id=self.run_id,
-            data_sha256=self.data_sha256,
-            resume=resume,
-        )
+        weights = (model or self.model).state_dict()
+        state = dict(model=weights, step=self.step, metrics=dict(metrics), run_id=self.run_id)
+        state.update(model_config=self.model_config.to_dict(), tokenizer=self.tokenizer.to_dict())
+        state.update(train_config=self.config.to_dict(), split=self.data.record())
+        return Checkpoint(**state, data_sha256=self.data_sha256, resume=resume)
 
     def _save_snapshot(self, metrics: dict) -> None:
         """checkpoints/step-NNNNNN.pt: the (averaged) weights and what describes them, no
         optimizer: for sample.py ckpt= and python -m microgpt.heads at this step."""
-        snapshot = runs.RunFolder(self.out_dir).snapshot(self.step)
-        self._checkpoint(metrics, self.eval_model).save(snapshot)
+        self._checkpoint(metrics, self.eval_model).save(self.folder.snapshot(self.step))
 
     def _save_last(self, metrics: dict) -> None:
         """last.pt with the resume state; every rank calls it (each rank's RNG and loss window)."""
@@ -315,7 +304,7 @@ class Trainer:
         resume.update(scaler=self.scaler.state_dict(), ema=ema, rng=ranks[0]["rng"], ranks=ranks)
         resume.update(best_val_loss=self.best_val_loss, world_size=self.dist.world_size)
         system.run_on_main(
-            lambda: self._checkpoint(metrics, resume=resume).save(self._last), self.dist
+            lambda: self._checkpoint(metrics, resume=resume).save(self.folder.last), self.dist
         )
 
     def _load_resume(self, path: Path) -> None:
@@ -358,24 +347,13 @@ class Trainer:
         x, y = val.batch(torch.arange(min(len(val), c.log.head_items)))  # (N, T)
         maps = probe_attention(self.eval_model, self.probe_ids)
         self.writer.attention_maps(step, maps, self.tokenizer.labels(self.probe_ids))
-        light = step < c.train.max_steps
-        self.writer.heads(
-            step,
-            analyse(
-                self.eval_model, x, y, self.tokenizer, light=light, boundary=self.data.boundary
-            ),
-        )
+        light, boundary = step < c.train.max_steps, self.data.boundary
+        report = analyse(self.eval_model, x, y, self.tokenizer, light=light, boundary=boundary)
+        self.writer.heads(step, report)
 
-    def _evaluate_and_save(self, metrics: dict) -> dict:
-        """Validation loss (a large split estimated while the run trains); best.pt if it
-        improved; last.pt always."""
-        out = system.run_on_main(lambda: self._evaluate_and_save_best(metrics), self.dist) or {}
-        self._save_last({**metrics, **out})
-        if self.is_main:
-            self.writer.flush()
-        return out
-
-    def _evaluate_and_save_best(self, metrics: dict) -> dict:
+    def _evaluate(self, metrics: dict) -> dict:
+        """Validation loss (a large split estimated while the run trains), its log line and
+        samples; best.pt if it improved (rank 0)."""
         c, val, final = self.config, self.datasets["val"], self.step == self.config.train.max_steps
         # best.pt is chosen on the same rows every time: a large split's estimate (eval_rows)
         score = evaluate(self.eval_model, val, c.train.eval_batch_size, self.autocast, True)
@@ -385,7 +363,7 @@ class Trainer:
         # off the CPU the train loss is checked every log_every steps
         if not math.isfinite(val_loss):
             rate = self._diverging_rate(lr_at(self.step - 1, c))
-            raise diverged(self.step, val_loss, math.nan, rate, self._last, "validation loss")
+            raise diverged(self.step, val_loss, math.nan, rate, self.folder.last, "validation loss")
         # best_val_loss: the best score; the final one, or _test_best_checkpoint, makes it exact
         improved = score < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, score)
@@ -395,8 +373,7 @@ class Trainer:
         shown = sample_for_run(self.eval_model, self.data, None, seed=c.seed + self.step)
         self.writer.samples(self.step, shown.lines)
         if improved:
-            best_path = runs.RunFolder(self.out_dir).best
-            self._checkpoint({**metrics, **out}, self.eval_model).save(best_path)
+            self._checkpoint({**metrics, **out}, self.eval_model).save(self.folder.best)
         train_part = f", train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
         part = f" on {rows:,} of {len(val):,} rows" if rows < len(val) and not final else ""
         log.info(f"step {self.step}: val loss {val_loss:.4f}{part} (best {best:.4f}){train_part}")
@@ -404,25 +381,12 @@ class Trainer:
 
     # ---- what rank 0 tells about the run: the bar, the train loss, the summary, the end
 
-    def _progress_bar(self) -> tqdm:
-        """tqdm on stderr, rank 0 only; train.progress=null: only when stderr is a terminal."""
-        c = self.config
-        progress = c.train.progress if c.train.progress is not None else sys.stderr.isatty()
-        return tqdm(
-            total=c.train.max_steps,
-            initial=self.step,
-            disable=not (progress and self.is_main),
-            dynamic_ncols=True,
-            leave=False,
-            file=sys.stderr,
-        )
-
     def _log_window(self, out: StepResult, bar: tqdm) -> dict:
         """The window's train loss, summed over ranks; scalars and the bar (rank 0); a new
         window."""
         w = self.window
-        # each rank's loss is weighted to the global mean times the world size (_next_batch)
-        loss = system.sum_over_ranks(float(w.loss), self.dist) / w.steps / self.dist.world_size
+        # each rank's loss is weighted to the global mean times the world size (train_step)
+        loss = system.over_ranks(float(w.loss), "sum", self.dist) / w.steps / self.dist.world_size
         tps = w.tokens_per_sec(time.perf_counter())  # after float(): the device has caught up
         if self.is_main:
             scalars = {"loss/train": loss, "lr": out.lr, "train/grad_norm": float(out.grad_norm)}
@@ -434,10 +398,9 @@ class Trainer:
 
     def describe(self) -> str:
         """One line: the model, the data, the recipe, the device."""
-        c, m, threads = self.config, self.model_config, self.threads
+        c, m, threads, world = self.config, self.model_config, self.threads, self.dist.world_size
         precision = "" if self.precision == "fp32" else f" {self.precision}"
-        ranks = f" ({c.train.batch_size} x {self.dist.world_size} ranks)"
-        ranks = ranks if self.dist.enabled else ""
+        ranks = f" ({c.train.batch_size} x {world} ranks)" if self.dist.enabled else ""
         return (
             f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads, attn "
             f"{m.attn_impl}, {self.model.num_params():,} parameters | data {self.data.source} "
@@ -448,19 +411,10 @@ class Trainer:
             f"{threads} thread{'s' if threads > 1 else ''} | seed {c.seed}"
         )
 
-    def _final_metrics(self, metrics: dict, elapsed: float, tokens: int, other: float) -> dict:
-        """What `train` returns (every rank): the last metrics, the run's size and its throughput
-        (training alone: `other`, the seconds spent evaluating and saving, left out)."""
-        metrics = {**metrics, "step": self.step, "params": self.model.num_params()}
-        metrics.update(elapsed_s=elapsed, global_batch=self.global_batch, run_dir=str(self.out_dir))
-        if elapsed > other and tokens:  # training throughput, as logged
-            metrics["tokens_per_sec"] = tokens / (elapsed - other)
-        return metrics
-
     def _test_best_checkpoint(self, metrics: dict) -> nn.Module:
         """The test loss of best.pt's weights (as makemore reports it), written into best.pt with,
         where it was chosen on an estimate, its whole-split validation loss; the model tested."""
-        c, best_path = self.config, runs.RunFolder(self.out_dir).best
+        c, best_path = self.config, self.folder.best
         model, best = self.eval_model, None
         if best_path.exists():
             best = Checkpoint.load(best_path, map_location="cpu")
@@ -470,7 +424,7 @@ class Trainer:
         self.writer.scalars(self.step, {"loss/test": test})
         val = self.datasets["val"]
         if best is not None and best.step < self.step and len(eval_rows(val, True)) < len(val):
-            # best.pt was chosen on an estimate (_evaluate_and_save_best): its exact loss
+            # best.pt was chosen on an estimate (_evaluate): its exact loss
             exact = evaluate(model, val, c.train.eval_batch_size, self.autocast)
             metrics["best_val_loss"] = best.metrics["best_val_loss"] = exact
             best.metrics["val_loss"] = exact

@@ -15,17 +15,6 @@ from microgpt.train.trainer import Trainer, TrainingError, train
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (192, 64), (64, 256)])
-def test_orthogonalise_pushes_every_singular_value_towards_one(shape):
-    g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
-    g[:, 0] *= 100  # one direction dominates the raw gradient
-    raw, s = torch.linalg.svdvals(g), torch.linalg.svdvals(orthogonalise(g[None])[0])
-    assert raw.max() / raw.median() > 50
-    # Muon's quintic iteration lands the bulk of the singular values in about [0.7, 1.2] (not
-    # exactly 1): the dominant direction no longer dominates the update
-    assert s.max() < 1.5 and s.median() > 0.5
-
-
-@pytest.mark.parametrize("shape", [(64, 64), (192, 64), (64, 256)])
 def test_orthogonalise_is_the_quintic_newton_schulz_iteration(shape):
     g = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0))
     # the textbook form, on the wide orientation (X X^T the smaller Gram matrix)
@@ -74,9 +63,7 @@ def test_muon_lowers_the_loss_and_resumes_exactly(tiny_cfg, tmp_path):
     assert metrics["val_loss"] < math.log(whole.model.config.vocab_size) - 0.1
 
 
-def test_bad_muon_settings_are_refused_with_the_fix(tiny_cfg):
-    with pytest.raises(ConfigError, match="optim.name='sgd' is unknown; use \\('adamw', 'muon'\\)"):
-        load_config(tiny_cfg("optim.name=sgd"))
+def test_a_bad_muon_rate_is_refused_with_the_fix(tiny_cfg):
     with pytest.raises(ConfigError, match="optim.muon_lr=-1.0 must be > 0"):
         load_config(tiny_cfg("optim=muon", "optim.muon_lr=-1"))
 

@@ -54,28 +54,9 @@ def test_a_text_run_estimates_while_it_trains_and_reports_whole_split_figures(
     text = ("data.format=text", "model.block_size=8", "train.num_samples=1")
     cfg, estimated = tiny_cfg(*text), tiny_cfg(*text, out=tmp_path / "est")
     whole = train(cfg)
-    monkeypatch.setattr(loss, "ESTIMATE_POSITIONS", 64)  # 8 windows of the val split
-    metrics = train(estimated)
     data = load_data(cfg.data.path, cfg.seed, 8, format="text")
-    assert len(eval_rows(data.datasets["val"], True)) < len(data.datasets["val"])
-    # the training draws are the run's own: the same weights, whatever the evaluation read
-    a = Checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt").model
-    b = Checkpoint.load(tmp_path / "est" / "checkpoints" / "last.pt").model
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    # the last evaluation reads the whole split, as the run without estimates did
-    assert metrics["val_loss"] == whole["val_loss"]
-    best = tmp_path / "est" / "checkpoints" / "best.pt"
-    assert metrics["best_val_loss"] == whole_val_loss(best, data)
-    assert Checkpoint.load(best).metrics["best_val_loss"] == metrics["best_val_loss"]
-    acc = EventAccumulator(str(tmp_path / "est"), size_guidance={"scalars": 0})
-    acc.Reload()
-    assert [e.step for e in acc.Scalars("loss/val")] == [6, 12]
-
-
-def test_a_best_checkpoint_chosen_on_an_estimate_gets_its_whole_split_loss(
-    tiny_cfg, tmp_path, monkeypatch
-):
-    monkeypatch.setattr(loss, "ESTIMATE_POSITIONS", 64)
+    assert whole["best_val_loss"] == whole_val_loss(tmp_path / "run/checkpoints/best.pt", data)
+    monkeypatch.setattr(loss, "ESTIMATE_POSITIONS", 64)  # 8 windows of the val split
     real, calls = trainer.evaluate, []
 
     def first_estimate_best(model, dataset, batch_size, autocast=None, estimate=False):
@@ -85,14 +66,23 @@ def test_a_best_checkpoint_chosen_on_an_estimate_gets_its_whole_split_loss(
         return out - 10 if calls == [True] else out
 
     monkeypatch.setattr(trainer, "evaluate", first_estimate_best)
-    cfg = tiny_cfg("data.format=text", "model.block_size=8", "train.num_samples=0")
-    metrics = train(cfg)
-    best = tmp_path / "run" / "checkpoints" / "best.pt"
+    metrics = train(estimated)
+    assert len(eval_rows(data.datasets["val"], True)) < len(data.datasets["val"])
+    # the training draws are the run's own: the same weights, whatever the evaluation read
+    a = Checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt").model
+    b = Checkpoint.load(tmp_path / "est" / "checkpoints" / "last.pt").model
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the last evaluation reads the whole split, as the run without estimates did
+    assert metrics["val_loss"] == whole["val_loss"]
+    # best.pt, chosen on an estimate, gets its whole-split loss
+    best = tmp_path / "est" / "checkpoints" / "best.pt"
     assert Checkpoint.load(best).step == 6
-    data = load_data(cfg.data.path, cfg.seed, 8, format="text")
     assert metrics["best_val_loss"] == whole_val_loss(best, data)
     kept = Checkpoint.load(best).metrics
     assert kept["best_val_loss"] == kept["val_loss"] == metrics["best_val_loss"]
+    acc = EventAccumulator(str(tmp_path / "est"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss/val")] == [6, 12]
 
 
 def test_the_head_analyses_are_light_while_the_run_trains_and_whole_at_its_end(tiny_cfg, tmp_path):

