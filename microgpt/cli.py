@@ -163,9 +163,6 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
         saved = None  # the trainer says what is wrong with it
     if saved is None:  # a new run, or a checkpoint that cannot be resumed
         return cfg
-    log = saved["log"]  # each group a mapping (Checkpoint.load checks it)
-    if "entropy_items" in log:  # log.head_items' name in checkpoints before issue 22
-        log.setdefault("head_items", log.pop("entropy_items"))
     merged = OmegaConf.create(saved)
     task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     for override in task:
