@@ -79,16 +79,12 @@ class Data:
     analysis_targets: ClassVar[int]  # targets of the validation split the head analysis reads
     user_input: ClassVar[str] = "a name"  # what the tab asks its user to type
     packs: ClassVar[bool] = True  # train.pack puts its items end to end in rows
-    train_ids: Tensor | None = None  # text: the training slice (heads/command reads it, for now)
 
-    def __init__(self, path, tokenizer: CharTokenizer, split, block_size: int, datasets, label=""):
+    def __init__(self, path, tokenizer, split, block_size, datasets, label="", train_ids=None):
         self.path, self.tokenizer, self.split = Path(path), tokenizer, split
-        self.block_size, self.datasets, self.label = block_size, datasets, label
-
-    @property
-    def source(self) -> str:
-        """e.g. "data/names.txt", or "generated repeats (seed 0)"."""
-        return self.label or str(self.path)
+        self.block_size, self.datasets = block_size, datasets
+        self.source = label or str(path)  # e.g. "data/names.txt", "generated repeats (seed 0)"
+        self.train_ids: Tensor | None = train_ids  # text: the training slice
 
     @classmethod
     def known_block(cls, data) -> int | None:

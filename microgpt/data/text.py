@@ -56,10 +56,8 @@ class TextSplit:
     def of(cls, n: int, digest: str, block_size: int, source: str = "the text") -> TextSplit:
         """The split of n characters; a slice shorter than one window is a DataError."""
         a = int(n * SPLIT_FRACTIONS[0])
-        b = a + int(n * SPLIT_FRACTIONS[1])
-        split = cls((a, b, n), digest)
-        sizes = split.sizes()
-        need = block_size + 1
+        split = cls((a, a + int(n * SPLIT_FRACTIONS[1]), n), digest)
+        sizes, need = split.sizes(), block_size + 1
         if min(sizes) < need:
             raise DataError(
                 f"{source} has {n:,} characters: its train/val/test slices "
@@ -74,14 +72,13 @@ class TextSplit:
         a, b, n = self.bounds
         return a, b - a, n - b
 
-    def part(self, ids: Tensor, name: str) -> Tensor:
-        """The ids of split `name` ("train", "val" or "test"): a view, no copy."""
+    def parts(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The ids of train, val and test: views, no copy."""
         a, b, n = self.bounds
-        return {"train": ids[:a], "val": ids[a:b], "test": ids[b:n]}[name]
+        return ids[:a], ids[a:b], ids[b:n]
 
     def describe(self) -> str:
-        train, val, test = self.sizes()
-        return f"{train:,} train / {val:,} val / {test:,} test characters"
+        return "{:,} train / {:,} val / {:,} test characters".format(*self.sizes())
 
     def to_dict(self) -> dict:
         """What a checkpoint records: a run's data come back when the re-read text matches it."""
@@ -207,10 +204,6 @@ class TextData(Data):
     def known_block(cls, data) -> int:
         return DEFAULT_BLOCK_SIZE
 
-    def __init__(self, path, tokenizer, split, block_size, datasets, train_ids=None):
-        super().__init__(path, tokenizer, split, block_size, datasets)
-        self.train_ids = train_ids  # the training slice, for batches and memorisation
-
     @classmethod
     def check_settings(cls, data, block_size: int | None) -> None:
         if block_size is not None and block_size < 2:
@@ -229,19 +222,16 @@ class TextData(Data):
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
         split = TextSplit.of(len(text), digest, block_size, str(found))
         tokenizer = CharTokenizer.from_items([text])
-        ids = encode_text(text, tokenizer)
+        train, val, test = split.parts(encode_text(text, tokenizer))
         del text
-        datasets = {
-            name: TextWindows(split.part(ids, name), block_size, device) for name in ("val", "test")
-        }
-        return cls(found, tokenizer, split, block_size, datasets, split.part(ids, "train"))
+        val, test = (TextWindows(ids, block_size, device) for ids in (val, test))
+        return cls(found, tokenizer, split, block_size, {"val": val, "test": test}, train_ids=train)
 
     @classmethod
     def from_checkpoint(cls, ckpt, device="cpu") -> TextData:
         """The run's text file read again (a checkpoint keeps only its digest): a DataError says
         it is missing or changed, and what to do."""
         where = resolve_data_path(str(ckpt.data.get("path")))
-        from_ckpt = CharTokenizer.from_dict(ckpt.tokenizer)
         if not where.is_file():
             raise DataError(
                 f"the run's text file {where.resolve()} is missing (a checkpoint keeps only its "
@@ -251,6 +241,7 @@ class TextData(Data):
             data = cls.load(where, 0, int(ckpt.model_config["block_size"]), device)
         except DataError:
             data = None
+        from_ckpt = CharTokenizer.from_dict(ckpt.tokenizer)
         if data is None or (data.record(), data.tokenizer) != (ckpt.split, from_ckpt):
             raise DataError(
                 f"{where} no longer holds the text this run was trained on (its content differs); "
@@ -292,6 +283,5 @@ class TextData(Data):
     @cached_property
     def verbatim_index(self) -> VerbatimIndex | None:
         """An index of the training text, for memorisation (built on first use); None without."""
-        if self.train_ids is None:
-            return None
-        return VerbatimIndex(self.train_ids, self.tokenizer.vocab_size)
+        ids = self.train_ids
+        return VerbatimIndex(ids, self.tokenizer.vocab_size) if ids is not None else None
