@@ -28,18 +28,13 @@ def resolve_data_path(path: str) -> Path:
     return REPO_ROOT / p if (REPO_ROOT / p).exists() else p
 
 
-def _builds(prepare: str | None, path: Path) -> bool:
-    """Whether the command `prepare` builds `path` (it names it, as `--out PATH`)."""
-    return any(resolve_data_path(word).absolute() == path for word in (prepare or "").split())
-
-
 def check_data_file(path: str, prepare: str | None = None) -> Path:
     """The file data.path=`path` names, else a DataError naming it and the fix: `prepare`, where
     that command builds this very file; else pointing data.path at a text file."""
     resolved = resolve_data_path(str(path))
     where = resolved.absolute()
-    fix = "point data.path=... at a UTF-8 text file"
-    fix = f"build it first: {prepare}" if _builds(prepare, where) else fix
+    builds = any(resolve_data_path(word).absolute() == where for word in (prepare or "").split())
+    fix = f"build it first: {prepare}" if builds else "point data.path=... at a UTF-8 text file"
     if not resolved.exists():
         raise DataError(f"no data file at {where} (data.path={path}); {fix}")
     if not resolved.is_file():
@@ -54,9 +49,7 @@ def read_data_file(path: str | Path, prepare: str | None = None) -> tuple[str, P
     found = check_data_file(str(path), prepare)
     where, raw = found.absolute(), found.read_bytes()
     if b"\0" in raw:
-        raise DataError(
-            f"data file {where} holds NUL bytes: it looks binary; use a UTF-8 text file"
-        )
+        raise DataError(f"data file {where} holds NUL bytes: it looks binary; use a text file")
     text = decode_utf8(raw, where)
     del raw
     # NFC: the composed and decomposed spellings of "zoë" are one character, one item

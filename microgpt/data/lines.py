@@ -88,16 +88,15 @@ def block_size_for(items: Sequence[str]) -> int:
 
 def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
     """A DataError naming the first item longer than block_size - 1 (by number and start)."""
-    too_long = next((i for i, item in enumerate(items) if len(item) > block_size - 1), None)
-    if too_long is None:
-        return
-    item = items[too_long]
-    raise DataError(
-        f"{source + ': ' if source else ''}item {too_long + 1} ({quoted(item)}) has {len(item)} "
-        f"characters but model.block_size={block_size} fits at most {block_size - 1}; raise "
-        f"model.block_size to at least {block_size_for(items)} (the longest item + 1 boundary "
-        f"token) or set it to null to take it from the data"
-    )
+    too_long = [i for i, item in enumerate(items) if len(item) > block_size - 1]
+    if too_long:
+        item = items[too_long[0]]
+        raise DataError(
+            f"{source + ': ' if source else ''}item {too_long[0] + 1} ({quoted(item)}) has "
+            f"{len(item)} characters but model.block_size={block_size} fits at most "
+            f"{block_size - 1}; raise model.block_size to at least {block_size_for(items)} (the "
+            f"longest item + 1 boundary token) or set it to null to take it from the data"
+        )
 
 
 def encode_items(items, tokenizer: CharTokenizer, block_size: int) -> tuple[Tensor, Tensor]:
@@ -153,7 +152,7 @@ class BatchSampler:
         return {**{k: getattr(self, k) for k in keys}, "generator_state": state.clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        check_sampler_state(state, self.n, "items", "data and split")
+        """A state of this data's sampler (Checkpoint.check_resumable refuses other data)."""
         for k in ("batch_size", "seed", "epoch", "position"):
             setattr(self, k, state[k])
         self.generator.set_state(state["generator_state"])
@@ -162,15 +161,6 @@ class BatchSampler:
             # redraw the current permutation from the state just before it
             self._state_before_perm = state["generator_state"].clone()
             self._perm = torch.randperm(self.n, generator=self.generator)
-
-
-def check_sampler_state(state: dict, n: int, what: str, same: str) -> None:
-    """A ValueError unless a saved sampler `state` is for `n` of `what` (as this one)."""
-    if state["n"] != n:
-        raise ValueError(
-            f"sampler state is for {state['n']} {what} but this data has {n}; resume with the "
-            f"same {same}"
-        )
 
 
 class ItemBatches(BatchSampler):
@@ -207,7 +197,6 @@ class CharDataset(Rows):
     columns its longest item needs (most padding never reaches the model)."""
 
     def __init__(self, X: Tensor, Y: Tensor, device: str | torch.device = "cpu", trim: bool = True):
-        assert X.shape == Y.shape and X.dim() == 2, f"X, Y not (N, T): {X.shape}, {Y.shape}"
         self.X, self.Y, self.trim = X.to(device), Y.to(device), trim
         # item lengths stay on the CPU so trimming needs no device sync
         self.lengths = (Y >= 0).sum(dim=1).cpu() - 1  # (N,) characters per item
@@ -253,9 +242,7 @@ class CharDataset(Rows):
         src = idx[item] * self.block_size + column
         # the gather runs where the data lives: only the indices travel
         dest, src = dest.to(self.X.device), src.to(self.X.device)
-        x = torch.full(
-            ((row + 1) * row_len,), BOUNDARY_ID, dtype=self.X.dtype, device=self.X.device
-        )
+        x = torch.full(((row + 1) * row_len,), BOUNDARY_ID, device=self.X.device)
         y = torch.full_like(x, IGNORE_ID)
         x[dest], y[dest] = self.X.view(-1)[src], self.Y.view(-1)[src]
         # (rows * row_len,) -> (rows, row_len)

@@ -27,8 +27,6 @@ from microgpt.errors import DataError
 from microgpt.system import check_memory, items_bytes
 from microgpt.tokenizer import BOUNDARY_ID
 
-# the peak memory of generating one character of repeat_items (about 60 bytes measured)
-
 
 @dataclass
 class Repeats:
@@ -47,48 +45,24 @@ def span_for(block_size: int) -> int:
     return (block_size - 1) // 2
 
 
-def _row_width(span, lo: int, hi: int, chars: int, block_size: int | None) -> int:
-    """The row width T for spans of lo..hi characters, checked: two copies and a boundary fit."""
-    if chars < 1:
-        raise ValueError(f"vocab_size={chars + 1}: repeated spans need at least one character")
-    if not 1 <= lo <= hi:
-        raise ValueError(f"span={span!r}: the span length must be at least 1 (lo <= hi)")
-    T = block_size if block_size is not None else 2 * hi + 1
+def repeated_spans(n, vocab_size, span, generator=None, block_size=None, fill=False) -> Repeats:
+    """n rows of a boundary token and a random span (L, or a length in (lo, hi)) repeated twice,
+    the span's characters all different where L < vocab_size; block_size: the row width (default
+    2 * L_max + 1). fill: the copies start after random characters and random characters fill the
+    row, so nothing but the content tells where the earlier copy is (training rows)."""
+    lo, hi = (span, span) if isinstance(span, int) else span
+    chars = vocab_size - 1
+    T = block_size if block_size is not None else 2 * hi + 1  # the row width
     if 2 * hi + 1 > T:
         raise ValueError(
             f"span={span!r} does not fit block_size={T}: two copies of {hi} characters and the "
             f"boundary token need {2 * hi + 1}; use a span of at most {span_for(T)}"
         )
-    return T
-
-
-def _random_spans(n: int, chars: int, hi: int, distinct: bool, g: torch.Generator) -> Tensor:
-    """(N, hi) ids in 1..chars: all different in a row when `distinct` and hi <= chars."""
-    if distinct and hi <= chars:
-        # the first hi ids of a random permutation of the characters, per row
-        keys = torch.rand(n, chars, generator=g)  # (N, chars)
-        return keys.argsort(dim=1)[:, :hi] + 1  # (N, hi)
-    return torch.randint(1, chars + 1, (n, hi), generator=g)  # (N, hi)
-
-
-def repeated_spans(
-    n: int,
-    vocab_size: int,
-    span: int | tuple[int, int],
-    generator: torch.Generator | None = None,
-    block_size: int | None = None,
-    distinct: bool = True,
-    fill: bool = False,
-) -> Repeats:
-    """n rows of a boundary token and a random span (L, or a length in (lo, hi)) repeated twice;
-    block_size: the row width (default 2 * L_max + 1). distinct: a span's characters all differ
-    (when L < vocab_size). fill: the copies start after random characters and random characters
-    fill the row, so nothing but the content tells where the earlier copy is (training rows)."""
-    lo, hi = (span, span) if isinstance(span, int) else span
-    chars = vocab_size - 1
-    T = _row_width(span, lo, hi, chars, block_size)
     g = generator if generator is not None else torch.Generator().manual_seed(0)
-    spans = _random_spans(n, chars, hi, distinct, g)  # (N, hi)
+    if hi <= chars:  # distinct characters: the first hi ids of a random permutation, per row
+        spans = torch.rand(n, chars, generator=g).argsort(dim=1)[:, :hi] + 1  # (N, hi)
+    else:
+        spans = torch.randint(1, chars + 1, (n, hi), generator=g)  # (N, hi)
     lengths = torch.randint(lo, hi + 1, (n,), generator=g)  # (N,)
     pos = torch.arange(T)  # (T,)
     L = lengths[:, None]  # (N, 1)

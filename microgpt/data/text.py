@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from microgpt.data.format import Data, read_data_file, resolve_data_path
-from microgpt.data.lines import IGNORE_ID, Rows, check_sampler_state
+from microgpt.data.lines import IGNORE_ID, Rows
 from microgpt.errors import DataError
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
@@ -27,9 +27,9 @@ ENCODE_CHUNK = 1 << 22  # characters converted at once: bounds the memory of enc
 
 
 def encode_text(text: str, tokenizer: CharTokenizer) -> Tensor:
-    """(N,) ids of `text` in the smallest dtype that holds them, a few million at a time."""
-    # code point -> id; -1: not in the vocabulary
-    table = np.full(0x110000, -1, dtype=np.int32)
+    """(N,) ids of `text` in the smallest dtype that holds them, a few million at a time; every
+    character of `text` is in the vocabulary (TextData.load builds it from the text)."""
+    table = np.zeros(0x110000, dtype=np.int32)  # code point -> id
     for c, i in tokenizer.stoi.items():
         table[ord(c)] = i
     V = tokenizer.vocab_size
@@ -38,8 +38,6 @@ def encode_text(text: str, tokenizer: CharTokenizer) -> Tensor:
     for start in range(0, len(text), ENCODE_CHUNK):
         piece = text[start : start + ENCODE_CHUNK]
         ids = table[np.frombuffer(piece.encode("utf-32-le"), np.uint32)]
-        if (ids < 0).any():
-            tokenizer.check(piece)
         out[start : start + len(ids)] = torch.from_numpy(ids).to(out.dtype)
     return out
 
@@ -114,7 +112,7 @@ class WindowBatches:
         return {**{k: getattr(self, k) for k in keys}, "generator_state": state}
 
     def load_state_dict(self, state: dict) -> None:
-        check_sampler_state(state, self.n, "window starts", "text and block_size")
+        """A state of this text's windows (Checkpoint.check_resumable refuses other data)."""
         self.batch_size, self.seed, self.drawn = state["batch_size"], state["seed"], state["drawn"]
         self.generator.set_state(state["generator_state"])
 
@@ -124,7 +122,6 @@ class TextWindows(Rows):
     i*T + 1 .. (i+1)*T; the last row is padded with IGNORE_ID targets."""
 
     def __init__(self, ids: Tensor, block_size: int, device="cpu"):
-        assert len(ids) >= 2, "a split needs at least 2 characters to evaluate"
         self.ids, self.block_size, self.device = ids, block_size, torch.device(device)
 
     def __len__(self) -> int:

@@ -148,8 +148,6 @@ def test_a_sampler_state_resumes_the_same_batches(steps_before, tmp_path):
     resumed = BatchSampler(10, 4, seed=123)  # another seed: the state wins
     resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
     assert all(torch.equal(resumed.next_batch(), want) for want in expected)
-    with pytest.raises(ValueError, match="10 items"):
-        BatchSampler(11, 4, seed=0).load_state_dict(sampler.state_dict())
 
 
 NAMES = ["emma", "olivia", "ava", "x", "isabella", "mia", "charlotte", "abigail"]
