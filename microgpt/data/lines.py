@@ -127,8 +127,8 @@ class BatchSampler:
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch = 0  # permutations drawn so far; the current one is number `epoch`
         self.position = 0  # indices of the current permutation already handed out
-        self._perm: Tensor | None = None
-        self._state_before_perm: Tensor | None = None  # regenerates the current permutation
+        self._perm: Tensor | None = None  # the current permutation
+        self._state_before_perm = self.generator.get_state()  # the state that draws it
 
     def next_batch(self) -> Tensor:
         """The next `batch_size` indices, a LongTensor on the CPU."""
@@ -146,21 +146,18 @@ class BatchSampler:
 
     def state_dict(self) -> dict:
         """Plain containers: ints and the generator state (a uint8 tensor)."""
-        drawn = self._perm is not None
-        state = self._state_before_perm if drawn else self.generator.get_state()
         keys = ("n", "batch_size", "seed", "epoch", "position")
-        return {**{k: getattr(self, k) for k in keys}, "generator_state": state.clone()}
+        state = self._state_before_perm.clone()
+        return {**{k: getattr(self, k) for k in keys}, "generator_state": state}
 
     def load_state_dict(self, state: dict) -> None:
         """A state of this data's sampler (Checkpoint.check_resumable refuses other data)."""
         for k in ("batch_size", "seed", "epoch", "position"):
             setattr(self, k, state[k])
-        self.generator.set_state(state["generator_state"])
-        self._perm = self._state_before_perm = None
-        if self.epoch > 0:
-            # redraw the current permutation from the state just before it
-            self._state_before_perm = state["generator_state"].clone()
-            self._perm = torch.randperm(self.n, generator=self.generator)
+        self._state_before_perm = state["generator_state"].clone()
+        self.generator.set_state(self._state_before_perm)
+        # the current permutation, redrawn from the state just before it
+        self._perm = torch.randperm(self.n, generator=self.generator) if self.epoch > 0 else None
 
 
 class ItemBatches(BatchSampler):

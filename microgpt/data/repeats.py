@@ -132,7 +132,7 @@ def check_repeats(r) -> None:
         )
     if not 0 <= r.seed < 2**63:
         raise DataError(f"data.repeats.seed={r.seed} must be in [0, 2**63)")
-    # per item: its characters, and a random order of the whole vocabulary (_random_spans)
+    # per item: its characters, and a random order of the whole vocabulary (repeated_spans)
     check_memory(
         items_bytes(items, length + 1 + len(chars)),
         torch.device("cpu"),

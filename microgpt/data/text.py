@@ -93,13 +93,11 @@ class WindowBatches:
         # window starts are drawn in [0, n)
         self.n, self.batch_size, self.seed = len(ids) - block_size, global_batch, seed
         self.generator = torch.Generator().manual_seed(seed)
-        self.drawn = 0  # windows handed out so far
         self.offsets = torch.arange(block_size + 1)  # (T + 1,)
 
     def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
         # (global batch,) starts, the same on every rank
         starts = torch.randint(self.n, (self.batch_size,), generator=self.generator)
-        self.drawn += self.batch_size
         mine = starts[rank * batch_size : (rank + 1) * batch_size]
         windows = self.ids[mine[:, None] + self.offsets].long()  # (B, T + 1)
         windows = windows.to(self.device, non_blocking=True)
@@ -107,13 +105,12 @@ class WindowBatches:
         return x, y, len(mine) * self.block_size, len(starts) * self.block_size
 
     def state_dict(self) -> dict:
-        keys = ("n", "batch_size", "seed", "drawn")
-        state = self.generator.get_state().clone()
-        return {**{k: getattr(self, k) for k in keys}, "generator_state": state}
+        state = {"n": self.n, "batch_size": self.batch_size, "seed": self.seed}
+        return {**state, "generator_state": self.generator.get_state().clone()}
 
     def load_state_dict(self, state: dict) -> None:
         """A state of this text's windows (Checkpoint.check_resumable refuses other data)."""
-        self.batch_size, self.seed, self.drawn = state["batch_size"], state["seed"], state["drawn"]
+        self.batch_size, self.seed = state["batch_size"], state["seed"]
         self.generator.set_state(state["generator_state"])
 
 

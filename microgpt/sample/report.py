@@ -95,8 +95,6 @@ def sample_for_run(model, data: Data, n: int | None, seed: int, **settings) -> S
     """What a run shows: `n` names marked with their split (items with a boundary token) or
     passages with their longest verbatim stretch (a stream); n=None: what an evaluation logs."""
     if data.boundary:
-        n = EVAL_NAMES if n is None else n
-        return sample_names(model, data, n, seed, **settings)
+        return sample_names(model, data, EVAL_NAMES if n is None else n, seed, **settings)
     settings.pop("batch_size", None), settings.pop("progress", None)  # all passages at once
-    n = EVAL_PASSAGES if n is None else n
-    return sample_passages(model, data, n, seed, **settings)
+    return sample_passages(model, data, EVAL_PASSAGES if n is None else n, seed, **settings)
