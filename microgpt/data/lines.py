@@ -102,10 +102,9 @@ def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
 def encode_items(items, tokenizer: CharTokenizer, block_size: int) -> tuple[Tensor, Tensor]:
     """X, Y LongTensors of shape (N, block_size): X = [0, c1..cn, 0...], Y = [c1..cn, 0, -1...]."""
     check_fits(items, block_size)
-    ids = [i for item in items for i in tokenizer.encode(item)]
     n = len(items)
     lengths = torch.tensor([len(item) for item in items], dtype=torch.long)  # (N,)
-    flat = torch.tensor(ids, dtype=torch.long)  # (sum of lengths,)
+    flat = torch.tensor(tokenizer.encode("".join(items)), dtype=torch.long)  # (sum of lengths,)
     # filled[i, j] is True where row i has a character at position j; row-major boolean
     # assignment puts the flat ids back item by item, in order
     filled = torch.arange(block_size - 1)[None, :] < lengths[:, None]  # (N, block_size - 1)
@@ -115,69 +114,6 @@ def encode_items(items, tokenizer: CharTokenizer, block_size: int) -> tuple[Tens
     Y[:, :-1][filled] = flat
     Y[torch.arange(n), lengths] = BOUNDARY_ID  # the end of each item
     return X, Y
-
-
-class BatchSampler:
-    """Batches of indices into N items: a fresh permutation each epoch, cut into consecutive
-    batches that run on into the next epoch; `state_dict` resumes the exact sequence."""
-
-    def __init__(self, n: int, batch_size: int, seed: int):
-        assert n >= 1 and batch_size >= 1, f"needs n, batch_size >= 1, got {n}, {batch_size}"
-        self.n, self.batch_size, self.seed = n, batch_size, seed
-        self.generator = torch.Generator().manual_seed(seed)
-        self.epoch = 0  # permutations drawn so far; the current one is number `epoch`
-        self.position = 0  # indices of the current permutation already handed out
-        self._perm: Tensor | None = None  # the current permutation
-        self._state_before_perm = self.generator.get_state()  # the state that draws it
-
-    def next_batch(self) -> Tensor:
-        """The next `batch_size` indices, a LongTensor on the CPU."""
-        parts, need = [], self.batch_size
-        while need:
-            if self._perm is None or self.position == self.n:
-                self._state_before_perm = self.generator.get_state()
-                perm = torch.randperm(self.n, generator=self.generator)
-                self._perm, self.epoch, self.position = perm, self.epoch + 1, 0
-            take = min(need, self.n - self.position)
-            parts.append(self._perm[self.position : self.position + take])
-            self.position += take
-            need -= take
-        return torch.cat(parts)
-
-    def state_dict(self) -> dict:
-        """Plain containers: ints and the generator state (a uint8 tensor)."""
-        keys = ("n", "batch_size", "seed", "epoch", "position")
-        state = self._state_before_perm.clone()
-        return {**{k: getattr(self, k) for k in keys}, "generator_state": state}
-
-    def load_state_dict(self, state: dict) -> None:
-        """A state of this data's sampler (Checkpoint.check_resumable refuses other data)."""
-        for k in ("batch_size", "seed", "epoch", "position"):
-            setattr(self, k, state[k])
-        self._state_before_perm = state["generator_state"].clone()
-        self.generator.set_state(self._state_before_perm)
-        # the current permutation, redrawn from the state just before it
-        self._perm = torch.randperm(self.n, generator=self.generator) if self.epoch > 0 else None
-
-
-class ItemBatches(BatchSampler):
-    """Training batches of items: `next(rank, batch_size)` gives this rank's (x, y) (B, T), its
-    number of targets and the global batch's, like text.WindowBatches."""
-
-    def __init__(self, dataset: CharDataset, global_batch: int, seed: int, pack: int = 0):
-        super().__init__(len(dataset), global_batch, seed)
-        # > 0: the batch's items end to end in rows of `pack` tokens, or of the longest item's
-        # (with its boundary token) where that is longer: no padding between items
-        self.dataset, self.pack = dataset, pack and max(pack, dataset.block_size)
-
-    def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
-        # (global batch,) indices, the same on every rank
-        idx = self.next_batch()
-        mine = idx[rank * batch_size : (rank + 1) * batch_size]
-        x, y = self.dataset.packed(mine, self.pack) if self.pack else self.dataset.batch(mine)
-        # targets: each item's characters and its end token
-        lengths = self.dataset.lengths
-        return x, y, int((lengths[mine] + 1).sum()), int((lengths[idx] + 1).sum())
 
 
 class Rows:
@@ -244,6 +180,63 @@ class CharDataset(Rows):
         x[dest], y[dest] = self.X.view(-1)[src], self.Y.view(-1)[src]
         # (rows * row_len,) -> (rows, row_len)
         return x.view(-1, row_len), y.view(-1, row_len)
+
+
+class ItemBatches:
+    """Training batches of items: a fresh permutation each epoch, cut into consecutive batches
+    that run on into the next epoch (`next_batch`: the global batch's indices);
+    `next(rank, batch_size)` gives this rank's (x, y) (B, T), its number of targets and the
+    global batch's, like text.WindowBatches; `state_dict` resumes the exact sequence."""
+
+    def __init__(self, dataset: CharDataset, global_batch: int, seed: int, pack: int = 0):
+        self.n, self.batch_size, self.seed = len(dataset), global_batch, seed
+        assert self.n >= 1 and global_batch >= 1, "needs at least one item and a batch of one"
+        self.generator = torch.Generator().manual_seed(seed)
+        self.epoch = 0  # permutations drawn so far; the current one is number `epoch`
+        self.position = 0  # indices of the current permutation already handed out
+        self._perm: Tensor | None = None  # the current permutation
+        self._state_before_perm = self.generator.get_state()  # the state that draws it
+        # > 0: the batch's items end to end in rows of `pack` tokens, or of the longest item's
+        # (with its boundary token) where that is longer: no padding between items
+        self.dataset, self.pack = dataset, pack and max(pack, dataset.block_size)
+
+    def next_batch(self) -> Tensor:
+        """The next `batch_size` indices, a LongTensor on the CPU."""
+        parts, need = [], self.batch_size
+        while need:
+            if self._perm is None or self.position == self.n:
+                self._state_before_perm = self.generator.get_state()
+                perm = torch.randperm(self.n, generator=self.generator)
+                self._perm, self.epoch, self.position = perm, self.epoch + 1, 0
+            take = min(need, self.n - self.position)
+            parts.append(self._perm[self.position : self.position + take])
+            self.position += take
+            need -= take
+        return torch.cat(parts)
+
+    def state_dict(self) -> dict:
+        """Plain containers: ints and the generator state (a uint8 tensor)."""
+        keys = ("n", "batch_size", "seed", "epoch", "position")
+        state = self._state_before_perm.clone()
+        return {**{k: getattr(self, k) for k in keys}, "generator_state": state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A state of this data's sampler (Checkpoint.check_resumable refuses other data)."""
+        for k in ("batch_size", "seed", "epoch", "position"):
+            setattr(self, k, state[k])
+        self._state_before_perm = state["generator_state"].clone()
+        self.generator.set_state(self._state_before_perm)
+        # the current permutation, redrawn from the state just before it
+        self._perm = torch.randperm(self.n, generator=self.generator) if self.epoch > 0 else None
+
+    def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
+        # (global batch,) indices, the same on every rank
+        idx = self.next_batch()
+        mine = idx[rank * batch_size : (rank + 1) * batch_size]
+        x, y = self.dataset.packed(mine, self.pack) if self.pack else self.dataset.batch(mine)
+        # targets: each item's characters and its end token
+        lengths = self.dataset.lengths
+        return x, y, int((lengths[mine] + 1).sum()), int((lengths[idx] + 1).sum())
 
 
 def rows_of(split: Split, names, tokenizer, block_size, device, trim=True) -> dict:

@@ -99,13 +99,11 @@ def decode(model, prompt, n, new, stop=True, use_cache=True, **sampling) -> Tens
     idx[:, :start] = torch.tensor(prompt, dtype=torch.long, device=device)
     cache = KVCache.for_model(model, n) if use_cache and start < min(T, idx.size(1)) else None
     done = torch.zeros(n, dtype=torch.bool, device=device)
-    cached = 0  # columns already in the cache
     with eval_mode(model):  # no dropout while sampling: the same generator state, the same rows
         for end in range(start, idx.size(1)):
             if cache is not None and end <= T:
                 # the prompt in one forward (prefill), then one token per step
-                logits, _ = model(idx[:, cached:end], kv_cache=cache)
-                cached = end
+                logits, _ = model(idx[:, cache.pos : end], kv_cache=cache)
             else:
                 # the last T tokens, recomputed
                 logits, _ = model(idx[:, max(0, end - T) : end])

@@ -19,7 +19,6 @@ from microgpt.data.dataset import (
     resolve_data_path,
 )
 from microgpt.data.lines import (
-    BatchSampler,
     CharDataset,
     ItemBatches,
     Split,
@@ -128,26 +127,34 @@ def test_a_batch_keeps_the_columns_its_longest_item_needs():
 # ----------------------------------------------------------------------------- batches
 
 
+def batches(n: int, batch_size: int, seed: int) -> ItemBatches:
+    """Batches of n one-character items."""
+    items = [chr(0x4E00 + i) for i in range(n)]
+    return ItemBatches(CharDataset.from_items(items, CharTokenizer(items), 2), batch_size, seed)
+
+
 def test_every_epoch_is_a_fresh_permutation_and_batches_run_on():
-    sampler = BatchSampler(10, 4, seed=0)
+    sampler = batches(10, 4, seed=0)
     epochs = torch.cat([sampler.next_batch() for _ in range(15)]).view(6, 10)  # 60 = 6 epochs
     assert all(sorted(epoch.tolist()) == list(range(10)) for epoch in epochs)
     assert len({tuple(e.tolist()) for e in epochs}) > 1
-    assert len(BatchSampler(3, 7, seed=0).next_batch()) == 7  # a batch larger than the data
-    a, b = (BatchSampler(100, 8, seed=s).next_batch() for s in (5, 6))
-    assert torch.equal(a, BatchSampler(100, 8, seed=5).next_batch()) and not torch.equal(a, b)
+    assert len(batches(3, 7, seed=0).next_batch()) == 7  # a batch larger than the data
+    a, b = (batches(100, 8, seed=s).next_batch() for s in (5, 6))
+    assert torch.equal(a, batches(100, 8, seed=5).next_batch()) and not torch.equal(a, b)
 
 
 @pytest.mark.parametrize("steps_before", [0, 3, 12])
 def test_a_sampler_state_resumes_the_same_batches(steps_before, tmp_path):
-    sampler = BatchSampler(10, 4, seed=7)
+    sampler = batches(10, 4, seed=7)
     for _ in range(steps_before):
         sampler.next_batch()
     torch.save(sampler.state_dict(), tmp_path / "state.pt")
-    expected = [sampler.next_batch() for _ in range(10)]
-    resumed = BatchSampler(10, 4, seed=123)  # another seed: the state wins
+    expected = [sampler.next(0, 4) for _ in range(10)]
+    resumed = batches(10, 4, seed=123)  # another seed: the state wins
     resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
-    assert all(torch.equal(resumed.next_batch(), want) for want in expected)
+    for x, y, _, _ in expected:
+        again = resumed.next(0, 4)
+        assert torch.equal(again[0], x) and torch.equal(again[1], y)
 
 
 NAMES = ["emma", "olivia", "ava", "x", "isabella", "mia", "charlotte", "abigail"]
