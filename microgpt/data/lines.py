@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from microgpt.data.format import Data, read_data_file
+from microgpt.data.format import Data, read_data_file, resolve_data_path
 from microgpt.errors import DataError
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer, quoted
 
@@ -30,10 +30,7 @@ SPLIT_NAMES = ("train", "val", "test")
 
 def read_items(path: str | Path, prepare: str | None = None) -> list[str]:
     """The items of a data file, one per line: stripped, no blanks, no duplicates, in order."""
-    return items_of(*read_data_file(path, prepare))
-
-
-def items_of(text: str, where: Path) -> list[str]:
+    text, where = read_data_file(path, prepare)
     items = list(dict.fromkeys(s for s in (line.strip() for line in text.split("\n")) if s))
     if len(items) < len(SPLIT_NAMES):
         raise DataError(
@@ -65,16 +62,10 @@ class Split:
     def to_dict(self) -> dict[str, list[str]]:
         return {name: list(getattr(self, name)) for name in SPLIT_NAMES}
 
-    @classmethod
-    def from_dict(cls, d: dict) -> Split:
-        if not isinstance(d, dict) or not all(isinstance(d.get(n), list) for n in SPLIT_NAMES):
-            raise DataError("not a Split: expected {'train': [...], 'val': [...], 'test': [...]}")
-        return cls(*(list(d[name]) for name in SPLIT_NAMES))
-
 
 def split_items(items: Sequence[str], seed: int) -> Split:
     """Shuffled by `random.Random(seed)`: test and val get min(1000, 10%) items each (at least
-    one), train the rest (items_of and check_repeats make them at least 3)."""
+    one), train the rest (read_items and check_repeats make them at least 3)."""
     shuffled = list(items)
     random.Random(seed).shuffle(shuffled)
     n = max(1, min(MAX_EVAL_ITEMS, len(shuffled) // 10))
@@ -160,18 +151,17 @@ class CharDataset(Rows):
         brings X[i, :n+1] (its boundary token and n characters) and Y[i, :n+1] (the characters
         and the end token); an item never straddles two rows; the rest of a row is padding."""
         sizes = (self.lengths[idx.cpu()] + 1).tolist()
-        rows, offsets, row, used = [], [], 0, 0
+        starts, row, used = [], 0, 0  # starts: where each item begins in the rows, flattened
         for size in sizes:
             if used + size > row_len:
                 row, used = row + 1, 0
-            rows.append(row)
-            offsets.append(used)
+            starts.append(row * row_len + used)
             used += size
         idx, sizes_t = idx.cpu(), torch.tensor(sizes)
         # one entry per token: its item, its column in the item, where it goes in the rows
         item = torch.repeat_interleave(torch.arange(len(sizes)), sizes_t)
         column = torch.arange(len(item)) - (torch.cumsum(sizes_t, 0) - sizes_t)[item]
-        dest = (torch.tensor(rows) * row_len + torch.tensor(offsets))[item] + column
+        dest = torch.tensor(starts)[item] + column
         src = idx[item] * self.block_size + column
         # the gather runs where the data lives: only the indices travel
         dest, src = dest.to(self.X.device), src.to(self.X.device)
@@ -255,8 +245,8 @@ class LinesData(Data):
 
     @classmethod
     def load(cls, path, seed, block_size=None, device="cpu", trim=True, prepare=None, repeats=None):
-        text, found = read_data_file(path, prepare)
-        return cls.of_items(items_of(text, found), found, seed, block_size, device, trim)
+        found = resolve_data_path(str(path))  # as read_items found it
+        return cls.of_items(read_items(path, prepare), found, seed, block_size, device, trim)
 
     @classmethod
     def of_items(cls, items, path, seed, block_size, device, trim, label="") -> LinesData:
@@ -269,9 +259,10 @@ class LinesData(Data):
     @classmethod
     def from_checkpoint(cls, ckpt, device="cpu") -> LinesData:
         """The evaluation sets of the split the checkpoint stores."""
-        split, tokenizer = Split.from_dict(ckpt.split), CharTokenizer.from_dict(ckpt.tokenizer)
-        if not split.val:
-            raise DataError(f"{ckpt.path} stores no validation split")
+        lists = [(ckpt.split or {}).get(name) for name in SPLIT_NAMES]  # a dict or None: schema
+        if not all(isinstance(items, list) for items in lists) or not lists[1]:
+            raise DataError(f"{ckpt.path} stores no validation split (lists of items)")
+        split, tokenizer = Split(*lists), CharTokenizer.from_dict(ckpt.tokenizer)
         block_size = int(ckpt.model_config["block_size"])
         datasets = rows_of(split, ("val", "test"), tokenizer, block_size, device)
         return cls(ckpt.data.get("path") or "", tokenizer, split, block_size, datasets)

@@ -11,7 +11,6 @@ import os
 from collections.abc import Iterator
 
 import torch
-from torch import Tensor
 
 from microgpt.errors import SamplingError
 from microgpt.kv_cache import KVCache
@@ -69,7 +68,7 @@ def check_sampling_args(temperature=1.0, top_k=None, top_p=None, prefix="", **wh
         raise SamplingError(f"prefix={prefix!r} must be a string")
 
 
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> Tensor:
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> torch.Tensor:
     """logits (B, V) -> one token id per row (B,): argmax at temperature 0, else drawn from the
     tempered logits cut to the top_k tokens, then to the smallest set reaching probability top_p."""
     if temperature == 0:
@@ -89,7 +88,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
 
 
 @torch.inference_mode()  # no autograd graph: sampling is 25% faster for it on small models
-def decode(model, prompt, n, new, stop=True, use_cache=True, **sampling) -> Tensor:
+def decode(model, prompt, n, new, stop=True, use_cache=True, **sampling) -> torch.Tensor:
     """(n, len(prompt) + new) rows: the ids `prompt`, then `new` tokens, each drawn (sample_next)
     from the block_size before it: cached while they all fit, then a sliding window, recomputed.
     stop: a row ends at its first boundary token (boundary tokens follow); all ended, the rows
@@ -119,16 +118,15 @@ def decode(model, prompt, n, new, stop=True, use_cache=True, **sampling) -> Tens
 
 def generate(
     model, num_samples=1, prefix=(), max_new_tokens=None, stop_at_boundary=True, **sampling
-) -> Tensor:
+) -> torch.Tensor:
     """(num_samples, len(prefix) + new) ids: items decoded after the boundary token and `prefix`
     (character ids, checked by the caller: Data.prompt), of at most max_new_tokens new tokens and
     block_size - 1 characters (the longest item trained on); the same with and without the cache
     for the same generator state. sampling: decode's (use_cache, temperature, generator...).
     stop_at_boundary=False fills every row to its full length (benchmarks)."""
-    prefix = [int(t) for t in prefix or ()]
-    new = model.config.block_size - 1 - len(prefix)
+    prompt = [BOUNDARY_ID, *map(int, prefix or ())]
+    new = model.config.block_size - len(prompt)  # an item holds block_size - 1 characters at most
     new = new if max_new_tokens is None else min(new, max_new_tokens)
-    prompt = [BOUNDARY_ID, *prefix]
     return decode(model, prompt, num_samples, new, stop_at_boundary, **sampling)[:, 1:]
 
 

@@ -96,7 +96,7 @@ def test_splits_are_disjoint_complete_and_seeded(n, n_eval):
     assert sorted(split.train + split.val + split.test) == sorted(items)
     assert split_items(items, seed=0) == split and (n < 25 or split_items(items, 1) != split)
     assert split.where(split.val[-1]) == "val" and split.where("never seen") is None
-    assert Split.from_dict(split.to_dict()) == split
+    assert Split(**split.to_dict()) == split
 
 
 def test_items_are_encoded_as_makemore_rows_and_a_long_one_is_named():
