@@ -23,9 +23,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def resolve_data_path(path: str) -> Path:
     """A relative path is tried from the working directory, then from the repository root."""
     p = Path(path).expanduser()
-    if p.is_absolute() or p.exists():
-        return p
-    return REPO_ROOT / p if (REPO_ROOT / p).exists() else p
+    in_repo = not p.is_absolute() and not p.exists() and (REPO_ROOT / p).exists()
+    return REPO_ROOT / p if in_repo else p
 
 
 def check_data_file(path: str, prepare: str | None = None) -> Path:

@@ -65,16 +65,11 @@ class Split:
 
 def split_items(items: Sequence[str], seed: int) -> Split:
     """Shuffled by `random.Random(seed)`: test and val get min(1000, 10%) items each (at least
-    one), train the rest (read_items and check_repeats make them at least 3)."""
+    one), train the rest (read_items and RepeatsData.check_settings make them at least 3)."""
     shuffled = list(items)
     random.Random(seed).shuffle(shuffled)
     n = max(1, min(MAX_EVAL_ITEMS, len(shuffled) // 10))
     return Split(train=shuffled[2 * n :], val=shuffled[n : 2 * n], test=shuffled[:n])
-
-
-def block_size_for(items: Sequence[str]) -> int:
-    """The smallest block_size that fits every item (and the boundary token)."""
-    return max(map(len, items)) + 1
 
 
 def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
@@ -85,7 +80,7 @@ def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
         raise DataError(
             f"{source + ': ' if source else ''}item {too_long[0] + 1} ({quoted(item)}) has "
             f"{len(item)} characters but model.block_size={block_size} fits at most "
-            f"{block_size - 1}; raise model.block_size to at least {block_size_for(items)} (the "
+            f"{block_size - 1}; raise model.block_size to at least {max(map(len, items)) + 1} (the "
             f"longest item + 1 boundary token) or set it to null to take it from the data"
         )
 
@@ -250,7 +245,7 @@ class LinesData(Data):
 
     @classmethod
     def of_items(cls, items, path, seed, block_size, device, trim, label="") -> LinesData:
-        block_size = block_size or block_size_for(items)
+        block_size = block_size or max(map(len, items)) + 1  # the longest item, the boundary
         check_fits(items, block_size, label or str(path))
         tokenizer, split = CharTokenizer.from_items(items), split_items(items, seed)
         datasets = rows_of(split, SPLIT_NAMES, tokenizer, block_size, device, trim)

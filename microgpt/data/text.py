@@ -169,8 +169,7 @@ class VerbatimIndex:
             return hi > lo
         # the rarest q-gram of the stretch gives the fewest places to check
         ranges = [self._range(s[k : k + self.Q]) for k in range(len(s) - self.Q + 1)]
-        k = min(range(len(ranges)), key=lambda j: ranges[j][1] - ranges[j][0])
-        lo, hi = ranges[k]
+        k, (lo, hi) = min(enumerate(ranges), key=lambda kr: kr[1][1] - kr[1][0])
         starts = self.order[lo:hi] - k
         starts = starts[(starts >= 0) & (starts + len(s) <= len(self.ids))]
         return bool((self.ids[starts[:, None] + np.arange(len(s))] == s).all(axis=1).any())
@@ -217,7 +216,6 @@ class TextData(Data):
         split = TextSplit.of(len(text), digest, block_size, str(found))
         tokenizer = CharTokenizer.from_items([text])
         train, val, test = split.parts(encode_text(text, tokenizer))
-        del text
         val, test = (TextWindows(ids, block_size, device) for ids in (val, test))
         return cls(found, tokenizer, split, block_size, {"val": val, "test": test}, train_ids=train)
 
