@@ -26,7 +26,8 @@ def quoted(text: str, most: int = 40) -> str:
 
 
 class CharTokenizer:
-    """Maps each known character to an id in 1..len(chars); id 0 is the boundary token."""
+    """Maps each known character (`chars`: single characters, a string say) to an id in
+    1..len(chars); id 0 is the boundary token."""
 
     def __init__(self, chars: Iterable[str]):
         self.chars: list[str] = sorted(set(chars))

@@ -245,7 +245,7 @@ class LinesData(Data):
 
     @classmethod
     def of_items(cls, items, path, seed, block_size, device, trim, label="") -> LinesData:
-        block_size = block_size or max(map(len, items)) + 1  # the longest item, the boundary
+        block_size = block_size or max(map(len, items)) + 1  # the longest item + 1 boundary token
         check_fits(items, block_size, label or str(path))
         tokenizer, split = CharTokenizer.from_items(items), split_items(items, seed)
         datasets = rows_of(split, SPLIT_NAMES, tokenizer, block_size, device, trim)
@@ -254,7 +254,7 @@ class LinesData(Data):
     @classmethod
     def from_checkpoint(cls, ckpt, device="cpu") -> LinesData:
         """The evaluation sets of the split the checkpoint stores."""
-        lists = [(ckpt.split or {}).get(name) for name in SPLIT_NAMES]  # a dict or None: schema
+        lists = [(ckpt.split or {}).get(name) for name in SPLIT_NAMES]  # its schema: a dict or None
         if not all(isinstance(items, list) for items in lists) or not lists[1]:
             raise DataError(f"{ckpt.path} stores no validation split (lists of items)")
         split, tokenizer = Split(*lists), CharTokenizer.from_dict(ckpt.tokenizer)

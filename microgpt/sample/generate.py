@@ -1,5 +1,5 @@
 """Decoding: `sample_next` (logits -> one token per row: temperature, top-k, top-p); `decode`,
-the loop that fills token rows from a GPT with the KV cache, sliding past the context; `generate`
+the loop that continues a prompt with a GPT and its KV cache, sliding past the context; `generate`
 (item rows) and `sample_items` (strings, in batches). Sampling settings are checked where they
 enter (`check_sampling_args`, by SampleConfig); what needs the model, where it is known.
 """
