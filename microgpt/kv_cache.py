@@ -48,7 +48,3 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-    def __repr__(self) -> str:
-        shape = tuple(self.k[0].shape)
-        return f"KVCache(layers={len(self.k)}, {shape=}, pos={self.pos}, nbytes={self.nbytes})"

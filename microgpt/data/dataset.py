@@ -5,8 +5,6 @@ what its checkpoint records). A new format is one module with a `Data` subclass,
 
 from __future__ import annotations
 
-import torch
-
 from microgpt.data.format import REPO_ROOT, Data, check_data_file, resolve_data_path
 from microgpt.data.lines import LinesData
 from microgpt.data.repeats import RepeatsData
@@ -44,7 +42,7 @@ def checkpoint_format(ckpt) -> type[Data]:
     return data_format(ckpt.data.get("format", "lines"))
 
 
-def data_of_checkpoint(ckpt, device: str | torch.device = "cpu") -> Data:
+def data_of_checkpoint(ckpt, device="cpu") -> Data:
     """The evaluation data of the run that wrote `ckpt` (a loaded Checkpoint); a DataError says
     what is missing or changed, and what to do."""
     return checkpoint_format(ckpt).from_checkpoint(ckpt, device)

@@ -23,14 +23,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def resolve_data_path(path: str) -> Path:
     """A relative path is tried from the working directory, then from the repository root."""
     p = Path(path).expanduser()
-    if p.is_absolute() or p.exists():
-        return p
-    return REPO_ROOT / p if (REPO_ROOT / p).exists() else p
-
-
-def _builds(prepare: str | None, path: Path) -> bool:
-    """Whether the command `prepare` builds `path` (it names it, as `--out PATH`)."""
-    return any(resolve_data_path(word).absolute() == path for word in (prepare or "").split())
+    in_repo = not p.is_absolute() and not p.exists() and (REPO_ROOT / p).exists()
+    return REPO_ROOT / p if in_repo else p
 
 
 def check_data_file(path: str, prepare: str | None = None) -> Path:
@@ -38,8 +32,8 @@ def check_data_file(path: str, prepare: str | None = None) -> Path:
     that command builds this very file; else pointing data.path at a text file."""
     resolved = resolve_data_path(str(path))
     where = resolved.absolute()
-    fix = "point data.path=... at a UTF-8 text file"
-    fix = f"build it first: {prepare}" if _builds(prepare, where) else fix
+    builds = any(resolve_data_path(word).absolute() == where for word in (prepare or "").split())
+    fix = f"build it first: {prepare}" if builds else "point data.path=... at a UTF-8 text file"
     if not resolved.exists():
         raise DataError(f"no data file at {where} (data.path={path}); {fix}")
     if not resolved.is_file():
@@ -54,9 +48,7 @@ def read_data_file(path: str | Path, prepare: str | None = None) -> tuple[str, P
     found = check_data_file(str(path), prepare)
     where, raw = found.absolute(), found.read_bytes()
     if b"\0" in raw:
-        raise DataError(
-            f"data file {where} holds NUL bytes: it looks binary; use a UTF-8 text file"
-        )
+        raise DataError(f"data file {where} holds NUL bytes: it looks binary; use a text file")
     text = decode_utf8(raw, where)
     del raw
     # NFC: the composed and decomposed spellings of "zoë" are one character, one item
@@ -79,16 +71,12 @@ class Data:
     analysis_targets: ClassVar[int]  # targets of the validation split the head analysis reads
     user_input: ClassVar[str] = "a name"  # what the tab asks its user to type
     packs: ClassVar[bool] = True  # train.pack puts its items end to end in rows
-    train_ids: Tensor | None = None  # text: the training slice (heads/command reads it, for now)
 
-    def __init__(self, path, tokenizer: CharTokenizer, split, block_size: int, datasets, label=""):
+    def __init__(self, path, tokenizer, split, block_size, datasets, label="", train_ids=None):
         self.path, self.tokenizer, self.split = Path(path), tokenizer, split
-        self.block_size, self.datasets, self.label = block_size, datasets, label
-
-    @property
-    def source(self) -> str:
-        """e.g. "data/names.txt", or "generated repeats (seed 0)"."""
-        return self.label or str(self.path)
+        self.block_size, self.datasets = block_size, datasets
+        self.source = label or str(path)  # e.g. "data/names.txt", "generated repeats (seed 0)"
+        self.train_ids: Tensor | None = train_ids  # text: the training slice
 
     @classmethod
     def known_block(cls, data) -> int | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from microgpt.data.format import Data, read_data_file
+from microgpt.data.format import Data, read_data_file, resolve_data_path
 from microgpt.errors import DataError
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer, quoted
 
@@ -30,10 +30,7 @@ SPLIT_NAMES = ("train", "val", "test")
 
 def read_items(path: str | Path, prepare: str | None = None) -> list[str]:
     """The items of a data file, one per line: stripped, no blanks, no duplicates, in order."""
-    return items_of(*read_data_file(path, prepare))
-
-
-def items_of(text: str, where: Path) -> list[str]:
+    text, where = read_data_file(path, prepare)
     items = list(dict.fromkeys(s for s in (line.strip() for line in text.split("\n")) if s))
     if len(items) < len(SPLIT_NAMES):
         raise DataError(
@@ -65,48 +62,35 @@ class Split:
     def to_dict(self) -> dict[str, list[str]]:
         return {name: list(getattr(self, name)) for name in SPLIT_NAMES}
 
-    @classmethod
-    def from_dict(cls, d: dict) -> Split:
-        if not isinstance(d, dict) or not all(isinstance(d.get(n), list) for n in SPLIT_NAMES):
-            raise DataError("not a Split: expected {'train': [...], 'val': [...], 'test': [...]}")
-        return cls(*(list(d[name]) for name in SPLIT_NAMES))
-
 
 def split_items(items: Sequence[str], seed: int) -> Split:
     """Shuffled by `random.Random(seed)`: test and val get min(1000, 10%) items each (at least
-    one), train the rest (items_of and check_repeats make them at least 3)."""
+    one), train the rest (read_items and RepeatsData.check_settings make them at least 3)."""
     shuffled = list(items)
     random.Random(seed).shuffle(shuffled)
     n = max(1, min(MAX_EVAL_ITEMS, len(shuffled) // 10))
     return Split(train=shuffled[2 * n :], val=shuffled[n : 2 * n], test=shuffled[:n])
 
 
-def block_size_for(items: Sequence[str]) -> int:
-    """The smallest block_size that fits every item (and the boundary token)."""
-    return max(map(len, items)) + 1
-
-
 def check_fits(items: Sequence[str], block_size: int, source: str = "") -> None:
     """A DataError naming the first item longer than block_size - 1 (by number and start)."""
-    too_long = next((i for i, item in enumerate(items) if len(item) > block_size - 1), None)
-    if too_long is None:
-        return
-    item = items[too_long]
-    raise DataError(
-        f"{source + ': ' if source else ''}item {too_long + 1} ({quoted(item)}) has {len(item)} "
-        f"characters but model.block_size={block_size} fits at most {block_size - 1}; raise "
-        f"model.block_size to at least {block_size_for(items)} (the longest item + 1 boundary "
-        f"token) or set it to null to take it from the data"
-    )
+    too_long = [i for i, item in enumerate(items) if len(item) > block_size - 1]
+    if too_long:
+        item = items[too_long[0]]
+        raise DataError(
+            f"{source + ': ' if source else ''}item {too_long[0] + 1} ({quoted(item)}) has "
+            f"{len(item)} characters but model.block_size={block_size} fits at most "
+            f"{block_size - 1}; raise model.block_size to at least {max(map(len, items)) + 1} (the "
+            f"longest item + 1 boundary token) or set it to null to take it from the data"
+        )
 
 
 def encode_items(items, tokenizer: CharTokenizer, block_size: int) -> tuple[Tensor, Tensor]:
     """X, Y LongTensors of shape (N, block_size): X = [0, c1..cn, 0...], Y = [c1..cn, 0, -1...]."""
     check_fits(items, block_size)
-    ids = [i for item in items for i in tokenizer.encode(item)]
     n = len(items)
     lengths = torch.tensor([len(item) for item in items], dtype=torch.long)  # (N,)
-    flat = torch.tensor(ids, dtype=torch.long)  # (sum of lengths,)
+    flat = torch.tensor(tokenizer.encode("".join(items)), dtype=torch.long)  # (sum of lengths,)
     # filled[i, j] is True where row i has a character at position j; row-major boolean
     # assignment puts the flat ids back item by item, in order
     filled = torch.arange(block_size - 1)[None, :] < lengths[:, None]  # (N, block_size - 1)
@@ -116,81 +100,6 @@ def encode_items(items, tokenizer: CharTokenizer, block_size: int) -> tuple[Tens
     Y[:, :-1][filled] = flat
     Y[torch.arange(n), lengths] = BOUNDARY_ID  # the end of each item
     return X, Y
-
-
-class BatchSampler:
-    """Batches of indices into N items: a fresh permutation each epoch, cut into consecutive
-    batches that run on into the next epoch; `state_dict` resumes the exact sequence."""
-
-    def __init__(self, n: int, batch_size: int, seed: int):
-        assert n >= 1 and batch_size >= 1, f"needs n, batch_size >= 1, got {n}, {batch_size}"
-        self.n, self.batch_size, self.seed = n, batch_size, seed
-        self.generator = torch.Generator().manual_seed(seed)
-        self.epoch = 0  # permutations drawn so far; the current one is number `epoch`
-        self.position = 0  # indices of the current permutation already handed out
-        self._perm: Tensor | None = None
-        self._state_before_perm: Tensor | None = None  # regenerates the current permutation
-
-    def next_batch(self) -> Tensor:
-        """The next `batch_size` indices, a LongTensor on the CPU."""
-        parts, need = [], self.batch_size
-        while need:
-            if self._perm is None or self.position == self.n:
-                self._state_before_perm = self.generator.get_state()
-                perm = torch.randperm(self.n, generator=self.generator)
-                self._perm, self.epoch, self.position = perm, self.epoch + 1, 0
-            take = min(need, self.n - self.position)
-            parts.append(self._perm[self.position : self.position + take])
-            self.position += take
-            need -= take
-        return torch.cat(parts)
-
-    def state_dict(self) -> dict:
-        """Plain containers: ints and the generator state (a uint8 tensor)."""
-        drawn = self._perm is not None
-        state = self._state_before_perm if drawn else self.generator.get_state()
-        keys = ("n", "batch_size", "seed", "epoch", "position")
-        return {**{k: getattr(self, k) for k in keys}, "generator_state": state.clone()}
-
-    def load_state_dict(self, state: dict) -> None:
-        check_sampler_state(state, self.n, "items", "data and split")
-        for k in ("batch_size", "seed", "epoch", "position"):
-            setattr(self, k, state[k])
-        self.generator.set_state(state["generator_state"])
-        self._perm = self._state_before_perm = None
-        if self.epoch > 0:
-            # redraw the current permutation from the state just before it
-            self._state_before_perm = state["generator_state"].clone()
-            self._perm = torch.randperm(self.n, generator=self.generator)
-
-
-def check_sampler_state(state: dict, n: int, what: str, same: str) -> None:
-    """A ValueError unless a saved sampler `state` is for `n` of `what` (as this one)."""
-    if state["n"] != n:
-        raise ValueError(
-            f"sampler state is for {state['n']} {what} but this data has {n}; resume with the "
-            f"same {same}"
-        )
-
-
-class ItemBatches(BatchSampler):
-    """Training batches of items: `next(rank, batch_size)` gives this rank's (x, y) (B, T), its
-    number of targets and the global batch's, like text.WindowBatches."""
-
-    def __init__(self, dataset: CharDataset, global_batch: int, seed: int, pack: int = 0):
-        super().__init__(len(dataset), global_batch, seed)
-        # > 0: the batch's items end to end in rows of `pack` tokens, or of the longest item's
-        # (with its boundary token) where that is longer: no padding between items
-        self.dataset, self.pack = dataset, pack and max(pack, dataset.block_size)
-
-    def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
-        # (global batch,) indices, the same on every rank
-        idx = self.next_batch()
-        mine = idx[rank * batch_size : (rank + 1) * batch_size]
-        x, y = self.dataset.packed(mine, self.pack) if self.pack else self.dataset.batch(mine)
-        # targets: each item's characters and its end token
-        lengths = self.dataset.lengths
-        return x, y, int((lengths[mine] + 1).sum()), int((lengths[idx] + 1).sum())
 
 
 class Rows:
@@ -207,7 +116,6 @@ class CharDataset(Rows):
     columns its longest item needs (most padding never reaches the model)."""
 
     def __init__(self, X: Tensor, Y: Tensor, device: str | torch.device = "cpu", trim: bool = True):
-        assert X.shape == Y.shape and X.dim() == 2, f"X, Y not (N, T): {X.shape}, {Y.shape}"
         self.X, self.Y, self.trim = X.to(device), Y.to(device), trim
         # item lengths stay on the CPU so trimming needs no device sync
         self.lengths = (Y >= 0).sum(dim=1).cpu() - 1  # (N,) characters per item
@@ -238,28 +146,82 @@ class CharDataset(Rows):
         brings X[i, :n+1] (its boundary token and n characters) and Y[i, :n+1] (the characters
         and the end token); an item never straddles two rows; the rest of a row is padding."""
         sizes = (self.lengths[idx.cpu()] + 1).tolist()
-        rows, offsets, row, used = [], [], 0, 0
+        starts, row, used = [], 0, 0  # starts: where each item begins in the rows, flattened
         for size in sizes:
             if used + size > row_len:
                 row, used = row + 1, 0
-            rows.append(row)
-            offsets.append(used)
+            starts.append(row * row_len + used)
             used += size
         idx, sizes_t = idx.cpu(), torch.tensor(sizes)
         # one entry per token: its item, its column in the item, where it goes in the rows
         item = torch.repeat_interleave(torch.arange(len(sizes)), sizes_t)
         column = torch.arange(len(item)) - (torch.cumsum(sizes_t, 0) - sizes_t)[item]
-        dest = (torch.tensor(rows) * row_len + torch.tensor(offsets))[item] + column
+        dest = torch.tensor(starts)[item] + column
         src = idx[item] * self.block_size + column
         # the gather runs where the data lives: only the indices travel
         dest, src = dest.to(self.X.device), src.to(self.X.device)
-        x = torch.full(
-            ((row + 1) * row_len,), BOUNDARY_ID, dtype=self.X.dtype, device=self.X.device
-        )
+        x = torch.full(((row + 1) * row_len,), BOUNDARY_ID, device=self.X.device)
         y = torch.full_like(x, IGNORE_ID)
         x[dest], y[dest] = self.X.view(-1)[src], self.Y.view(-1)[src]
         # (rows * row_len,) -> (rows, row_len)
         return x.view(-1, row_len), y.view(-1, row_len)
+
+
+class ItemBatches:
+    """Training batches of items: a fresh permutation each epoch, cut into consecutive batches
+    that run on into the next epoch (`next_batch`: the global batch's indices);
+    `next(rank, batch_size)` gives this rank's (x, y) (B, T), its number of targets and the
+    global batch's, like text.WindowBatches; `state_dict` resumes the exact sequence."""
+
+    def __init__(self, dataset: CharDataset, global_batch: int, seed: int, pack: int = 0):
+        self.n, self.batch_size, self.seed = len(dataset), global_batch, seed
+        assert self.n >= 1 and global_batch >= 1, "needs at least one item and a batch of one"
+        self.generator = torch.Generator().manual_seed(seed)
+        self.epoch = 0  # permutations drawn so far; the current one is number `epoch`
+        self.position = 0  # indices of the current permutation already handed out
+        self._perm: Tensor | None = None  # the current permutation
+        self._state_before_perm = self.generator.get_state()  # the state that draws it
+        # > 0: the batch's items end to end in rows of `pack` tokens, or of the longest item's
+        # (with its boundary token) where that is longer: no padding between items
+        self.dataset, self.pack = dataset, pack and max(pack, dataset.block_size)
+
+    def next_batch(self) -> Tensor:
+        """The next `batch_size` indices, a LongTensor on the CPU."""
+        parts, need = [], self.batch_size
+        while need:
+            if self._perm is None or self.position == self.n:
+                self._state_before_perm = self.generator.get_state()
+                perm = torch.randperm(self.n, generator=self.generator)
+                self._perm, self.epoch, self.position = perm, self.epoch + 1, 0
+            take = min(need, self.n - self.position)
+            parts.append(self._perm[self.position : self.position + take])
+            self.position += take
+            need -= take
+        return torch.cat(parts)
+
+    def state_dict(self) -> dict:
+        """Plain containers: ints and the generator state (a uint8 tensor)."""
+        keys = ("n", "batch_size", "seed", "epoch", "position")
+        state = self._state_before_perm.clone()
+        return {**{k: getattr(self, k) for k in keys}, "generator_state": state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A state of this data's sampler (Checkpoint.check_resumable refuses other data)."""
+        for k in ("batch_size", "seed", "epoch", "position"):
+            setattr(self, k, state[k])
+        self._state_before_perm = state["generator_state"].clone()
+        self.generator.set_state(self._state_before_perm)
+        # the current permutation, redrawn from the state just before it
+        self._perm = torch.randperm(self.n, generator=self.generator) if self.epoch > 0 else None
+
+    def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
+        # (global batch,) indices, the same on every rank
+        idx = self.next_batch()
+        mine = idx[rank * batch_size : (rank + 1) * batch_size]
+        x, y = self.dataset.packed(mine, self.pack) if self.pack else self.dataset.batch(mine)
+        # targets: each item's characters and its end token
+        lengths = self.dataset.lengths
+        return x, y, int((lengths[mine] + 1).sum()), int((lengths[idx] + 1).sum())
 
 
 def rows_of(split: Split, names, tokenizer, block_size, device, trim=True) -> dict:
@@ -278,12 +240,12 @@ class LinesData(Data):
 
     @classmethod
     def load(cls, path, seed, block_size=None, device="cpu", trim=True, prepare=None, repeats=None):
-        text, found = read_data_file(path, prepare)
-        return cls.of_items(items_of(text, found), found, seed, block_size, device, trim)
+        found = resolve_data_path(str(path))  # as read_items found it
+        return cls.of_items(read_items(path, prepare), found, seed, block_size, device, trim)
 
     @classmethod
     def of_items(cls, items, path, seed, block_size, device, trim, label="") -> LinesData:
-        block_size = block_size or block_size_for(items)
+        block_size = block_size or max(map(len, items)) + 1  # the longest item + 1 boundary token
         check_fits(items, block_size, label or str(path))
         tokenizer, split = CharTokenizer.from_items(items), split_items(items, seed)
         datasets = rows_of(split, SPLIT_NAMES, tokenizer, block_size, device, trim)
@@ -292,9 +254,10 @@ class LinesData(Data):
     @classmethod
     def from_checkpoint(cls, ckpt, device="cpu") -> LinesData:
         """The evaluation sets of the split the checkpoint stores."""
-        split, tokenizer = Split.from_dict(ckpt.split), CharTokenizer.from_dict(ckpt.tokenizer)
-        if not split.val:
-            raise DataError(f"{ckpt.path} stores no validation split")
+        lists = [(ckpt.split or {}).get(name) for name in SPLIT_NAMES]  # its schema: a dict or None
+        if not all(isinstance(items, list) for items in lists) or not lists[1]:
+            raise DataError(f"{ckpt.path} stores no validation split (lists of items)")
+        split, tokenizer = Split(*lists), CharTokenizer.from_dict(ckpt.tokenizer)
         block_size = int(ckpt.model_config["block_size"])
         datasets = rows_of(split, ("val", "test"), tokenizer, block_size, device)
         return cls(ckpt.data.get("path") or "", tokenizer, split, block_size, datasets)

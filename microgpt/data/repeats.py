@@ -27,8 +27,6 @@ from microgpt.errors import DataError
 from microgpt.system import check_memory, items_bytes
 from microgpt.tokenizer import BOUNDARY_ID
 
-# the peak memory of generating one character of repeat_items (about 60 bytes measured)
-
 
 @dataclass
 class Repeats:
@@ -47,48 +45,24 @@ def span_for(block_size: int) -> int:
     return (block_size - 1) // 2
 
 
-def _row_width(span, lo: int, hi: int, chars: int, block_size: int | None) -> int:
-    """The row width T for spans of lo..hi characters, checked: two copies and a boundary fit."""
-    if chars < 1:
-        raise ValueError(f"vocab_size={chars + 1}: repeated spans need at least one character")
-    if not 1 <= lo <= hi:
-        raise ValueError(f"span={span!r}: the span length must be at least 1 (lo <= hi)")
-    T = block_size if block_size is not None else 2 * hi + 1
+def repeated_spans(n, vocab_size, span, generator=None, block_size=None, fill=False) -> Repeats:
+    """n rows of a boundary token and a random span (L, or a length in (lo, hi)) repeated twice,
+    the span's characters all different where L < vocab_size; block_size: the row width (default
+    2 * L_max + 1). fill: the copies start after random characters and random characters fill the
+    row, so nothing but the content tells where the earlier copy is (training rows)."""
+    lo, hi = (span, span) if isinstance(span, int) else span
+    chars = vocab_size - 1
+    T = block_size if block_size is not None else 2 * hi + 1  # the row width
     if 2 * hi + 1 > T:
         raise ValueError(
             f"span={span!r} does not fit block_size={T}: two copies of {hi} characters and the "
             f"boundary token need {2 * hi + 1}; use a span of at most {span_for(T)}"
         )
-    return T
-
-
-def _random_spans(n: int, chars: int, hi: int, distinct: bool, g: torch.Generator) -> Tensor:
-    """(N, hi) ids in 1..chars: all different in a row when `distinct` and hi <= chars."""
-    if distinct and hi <= chars:
-        # the first hi ids of a random permutation of the characters, per row
-        keys = torch.rand(n, chars, generator=g)  # (N, chars)
-        return keys.argsort(dim=1)[:, :hi] + 1  # (N, hi)
-    return torch.randint(1, chars + 1, (n, hi), generator=g)  # (N, hi)
-
-
-def repeated_spans(
-    n: int,
-    vocab_size: int,
-    span: int | tuple[int, int],
-    generator: torch.Generator | None = None,
-    block_size: int | None = None,
-    distinct: bool = True,
-    fill: bool = False,
-) -> Repeats:
-    """n rows of a boundary token and a random span (L, or a length in (lo, hi)) repeated twice;
-    block_size: the row width (default 2 * L_max + 1). distinct: a span's characters all differ
-    (when L < vocab_size). fill: the copies start after random characters and random characters
-    fill the row, so nothing but the content tells where the earlier copy is (training rows)."""
-    lo, hi = (span, span) if isinstance(span, int) else span
-    chars = vocab_size - 1
-    T = _row_width(span, lo, hi, chars, block_size)
     g = generator if generator is not None else torch.Generator().manual_seed(0)
-    spans = _random_spans(n, chars, hi, distinct, g)  # (N, hi)
+    if hi <= chars:  # distinct characters: the first hi ids of a random permutation, per row
+        spans = torch.rand(n, chars, generator=g).argsort(dim=1)[:, :hi] + 1  # (N, hi)
+    else:
+        spans = torch.randint(1, chars + 1, (n, hi), generator=g)  # (N, hi)
     lengths = torch.randint(lo, hi + 1, (n,), generator=g)  # (N,)
     pos = torch.arange(T)  # (T,)
     L = lengths[:, None]  # (N, 1)
@@ -138,36 +112,6 @@ def repeat_items(n: int, chars: str, span: tuple[int, int], length: int, seed: i
     return ["".join(table[i] for i in row) for row in rows.x[:, 1:].tolist()]
 
 
-def check_repeats(r) -> None:
-    """data.repeats (a config.RepeatsConfig), before anything is generated: a DataError names the
-    setting and why, down to the memory the items would take."""
-    chars, span, length, items = r.chars, list(r.span), r.length, r.items
-    if not chars or len(set(chars)) != len(chars):
-        raise DataError(
-            f"data.repeats.chars={chars!r} must be distinct characters, at least one: the "
-            f"vocabulary the items are drawn from (default: a to z)"
-        )
-    if not (len(span) == 2 and 1 <= span[0] <= span[1] and 2 * span[1] <= length):
-        raise DataError(
-            f"data.repeats.span={span} must be [lo, hi] with 1 <= lo <= hi and two "
-            f"copies fitting data.repeats.length={length} (hi <= {max(0, length // 2)})"
-        )
-    if items < 3:
-        raise DataError(
-            f"data.repeats.items={items} must be at least 3 (one each for train, val and test)"
-        )
-    if not 0 <= r.seed < 2**63:
-        raise DataError(f"data.repeats.seed={r.seed} must be in [0, 2**63)")
-    # per item: its characters, and a random order of the whole vocabulary (_random_spans)
-    check_memory(
-        items_bytes(items, length + 1 + len(chars)),
-        torch.device("cpu"),
-        f"data.repeats.items={items:,} of data.repeats.length={length:,} characters",
-        "lower data.repeats.items or data.repeats.length",
-        DataError,
-    )
-
-
 class RepeatsData(LinesData):
     """data.format=repeats: items generated by data.repeats (repeat_items), split and batched as
     lines; nothing is read (data.path is a label)."""
@@ -180,7 +124,34 @@ class RepeatsData(LinesData):
 
     @classmethod
     def check_settings(cls, data, block_size: int | None) -> None:
-        check_repeats(data.repeats)
+        """data.repeats (a config.RepeatsConfig), before anything is generated: a DataError
+        names the setting and why, down to the memory the items would take."""
+        r = data.repeats
+        chars, span, length, items = r.chars, list(r.span), r.length, r.items
+        if not chars or len(set(chars)) != len(chars):
+            raise DataError(
+                f"data.repeats.chars={chars!r} must be distinct characters, at least one: the "
+                f"vocabulary the items are drawn from (default: a to z)"
+            )
+        if not (len(span) == 2 and 1 <= span[0] <= span[1] and 2 * span[1] <= length):
+            raise DataError(
+                f"data.repeats.span={span} must be [lo, hi] with 1 <= lo <= hi and two "
+                f"copies fitting data.repeats.length={length} (hi <= {max(0, length // 2)})"
+            )
+        if items < 3:
+            raise DataError(
+                f"data.repeats.items={items} must be at least 3 (one each for train, val and test)"
+            )
+        if not 0 <= r.seed < 2**63:
+            raise DataError(f"data.repeats.seed={r.seed} must be in [0, 2**63)")
+        # per item: its characters, and a random order of the whole vocabulary (repeated_spans)
+        check_memory(
+            items_bytes(items, length + 1 + len(chars)),
+            torch.device("cpu"),
+            f"data.repeats.items={items:,} of data.repeats.length={length:,} characters",
+            "lower data.repeats.items or data.repeats.length",
+            DataError,
+        )
 
     @classmethod
     def load(cls, path, seed, block_size=None, device="cpu", trim=True, prepare=None, repeats=None):

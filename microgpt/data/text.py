@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from microgpt.data.format import Data, read_data_file, resolve_data_path
-from microgpt.data.lines import IGNORE_ID, Rows, check_sampler_state
+from microgpt.data.lines import IGNORE_ID, Rows
 from microgpt.errors import DataError
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
@@ -27,9 +27,9 @@ ENCODE_CHUNK = 1 << 22  # characters converted at once: bounds the memory of enc
 
 
 def encode_text(text: str, tokenizer: CharTokenizer) -> Tensor:
-    """(N,) ids of `text` in the smallest dtype that holds them, a few million at a time."""
-    # code point -> id; -1: not in the vocabulary
-    table = np.full(0x110000, -1, dtype=np.int32)
+    """(N,) ids of `text` in the smallest dtype that holds them, a few million at a time; every
+    character of `text` is in the vocabulary (TextData.load builds it from the text)."""
+    table = np.zeros(0x110000, dtype=np.int32)  # code point -> id
     for c, i in tokenizer.stoi.items():
         table[ord(c)] = i
     V = tokenizer.vocab_size
@@ -38,8 +38,6 @@ def encode_text(text: str, tokenizer: CharTokenizer) -> Tensor:
     for start in range(0, len(text), ENCODE_CHUNK):
         piece = text[start : start + ENCODE_CHUNK]
         ids = table[np.frombuffer(piece.encode("utf-32-le"), np.uint32)]
-        if (ids < 0).any():
-            tokenizer.check(piece)
         out[start : start + len(ids)] = torch.from_numpy(ids).to(out.dtype)
     return out
 
@@ -56,10 +54,8 @@ class TextSplit:
     def of(cls, n: int, digest: str, block_size: int, source: str = "the text") -> TextSplit:
         """The split of n characters; a slice shorter than one window is a DataError."""
         a = int(n * SPLIT_FRACTIONS[0])
-        b = a + int(n * SPLIT_FRACTIONS[1])
-        split = cls((a, b, n), digest)
-        sizes = split.sizes()
-        need = block_size + 1
+        split = cls((a, a + int(n * SPLIT_FRACTIONS[1]), n), digest)
+        sizes, need = split.sizes(), block_size + 1
         if min(sizes) < need:
             raise DataError(
                 f"{source} has {n:,} characters: its train/val/test slices "
@@ -74,14 +70,13 @@ class TextSplit:
         a, b, n = self.bounds
         return a, b - a, n - b
 
-    def part(self, ids: Tensor, name: str) -> Tensor:
-        """The ids of split `name` ("train", "val" or "test"): a view, no copy."""
+    def parts(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The ids of train, val and test: views, no copy."""
         a, b, n = self.bounds
-        return {"train": ids[:a], "val": ids[a:b], "test": ids[b:n]}[name]
+        return ids[:a], ids[a:b], ids[b:n]
 
     def describe(self) -> str:
-        train, val, test = self.sizes()
-        return f"{train:,} train / {val:,} val / {test:,} test characters"
+        return "{:,} train / {:,} val / {:,} test characters".format(*self.sizes())
 
     def to_dict(self) -> dict:
         """What a checkpoint records: a run's data come back when the re-read text matches it."""
@@ -98,13 +93,11 @@ class WindowBatches:
         # window starts are drawn in [0, n)
         self.n, self.batch_size, self.seed = len(ids) - block_size, global_batch, seed
         self.generator = torch.Generator().manual_seed(seed)
-        self.drawn = 0  # windows handed out so far
         self.offsets = torch.arange(block_size + 1)  # (T + 1,)
 
     def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
         # (global batch,) starts, the same on every rank
         starts = torch.randint(self.n, (self.batch_size,), generator=self.generator)
-        self.drawn += self.batch_size
         mine = starts[rank * batch_size : (rank + 1) * batch_size]
         windows = self.ids[mine[:, None] + self.offsets].long()  # (B, T + 1)
         windows = windows.to(self.device, non_blocking=True)
@@ -112,13 +105,12 @@ class WindowBatches:
         return x, y, len(mine) * self.block_size, len(starts) * self.block_size
 
     def state_dict(self) -> dict:
-        keys = ("n", "batch_size", "seed", "drawn")
-        state = self.generator.get_state().clone()
-        return {**{k: getattr(self, k) for k in keys}, "generator_state": state}
+        state = {"n": self.n, "batch_size": self.batch_size, "seed": self.seed}
+        return {**state, "generator_state": self.generator.get_state().clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        check_sampler_state(state, self.n, "window starts", "text and block_size")
-        self.batch_size, self.seed, self.drawn = state["batch_size"], state["seed"], state["drawn"]
+        """A state of this text's windows (Checkpoint.check_resumable refuses other data)."""
+        self.batch_size, self.seed = state["batch_size"], state["seed"]
         self.generator.set_state(state["generator_state"])
 
 
@@ -127,7 +119,6 @@ class TextWindows(Rows):
     i*T + 1 .. (i+1)*T; the last row is padded with IGNORE_ID targets."""
 
     def __init__(self, ids: Tensor, block_size: int, device="cpu"):
-        assert len(ids) >= 2, "a split needs at least 2 characters to evaluate"
         self.ids, self.block_size, self.device = ids, block_size, torch.device(device)
 
     def __len__(self) -> int:
@@ -178,8 +169,7 @@ class VerbatimIndex:
             return hi > lo
         # the rarest q-gram of the stretch gives the fewest places to check
         ranges = [self._range(s[k : k + self.Q]) for k in range(len(s) - self.Q + 1)]
-        k = min(range(len(ranges)), key=lambda j: ranges[j][1] - ranges[j][0])
-        lo, hi = ranges[k]
+        k, (lo, hi) = min(enumerate(ranges), key=lambda kr: kr[1][1] - kr[1][0])
         starts = self.order[lo:hi] - k
         starts = starts[(starts >= 0) & (starts + len(s) <= len(self.ids))]
         return bool((self.ids[starts[:, None] + np.arange(len(s))] == s).all(axis=1).any())
@@ -207,10 +197,6 @@ class TextData(Data):
     def known_block(cls, data) -> int:
         return DEFAULT_BLOCK_SIZE
 
-    def __init__(self, path, tokenizer, split, block_size, datasets, train_ids=None):
-        super().__init__(path, tokenizer, split, block_size, datasets)
-        self.train_ids = train_ids  # the training slice, for batches and memorisation
-
     @classmethod
     def check_settings(cls, data, block_size: int | None) -> None:
         if block_size is not None and block_size < 2:
@@ -229,19 +215,15 @@ class TextData(Data):
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
         split = TextSplit.of(len(text), digest, block_size, str(found))
         tokenizer = CharTokenizer.from_items([text])
-        ids = encode_text(text, tokenizer)
-        del text
-        datasets = {
-            name: TextWindows(split.part(ids, name), block_size, device) for name in ("val", "test")
-        }
-        return cls(found, tokenizer, split, block_size, datasets, split.part(ids, "train"))
+        train, val, test = split.parts(encode_text(text, tokenizer))
+        val, test = (TextWindows(ids, block_size, device) for ids in (val, test))
+        return cls(found, tokenizer, split, block_size, {"val": val, "test": test}, train_ids=train)
 
     @classmethod
     def from_checkpoint(cls, ckpt, device="cpu") -> TextData:
         """The run's text file read again (a checkpoint keeps only its digest): a DataError says
         it is missing or changed, and what to do."""
         where = resolve_data_path(str(ckpt.data.get("path")))
-        from_ckpt = CharTokenizer.from_dict(ckpt.tokenizer)
         if not where.is_file():
             raise DataError(
                 f"the run's text file {where.resolve()} is missing (a checkpoint keeps only its "
@@ -251,6 +233,7 @@ class TextData(Data):
             data = cls.load(where, 0, int(ckpt.model_config["block_size"]), device)
         except DataError:
             data = None
+        from_ckpt = CharTokenizer.from_dict(ckpt.tokenizer)
         if data is None or (data.record(), data.tokenizer) != (ckpt.split, from_ckpt):
             raise DataError(
                 f"{where} no longer holds the text this run was trained on (its content differs); "
@@ -292,6 +275,5 @@ class TextData(Data):
     @cached_property
     def verbatim_index(self) -> VerbatimIndex | None:
         """An index of the training text, for memorisation (built on first use); None without."""
-        if self.train_ids is None:
-            return None
-        return VerbatimIndex(self.train_ids, self.tokenizer.vocab_size)
+        ids = self.train_ids
+        return VerbatimIndex(ids, self.tokenizer.vocab_size) if ids is not None else None

@@ -1,5 +1,5 @@
 """Decoding: `sample_next` (logits -> one token per row: temperature, top-k, top-p); `decode`,
-the loop that fills token rows from a GPT with the KV cache, sliding past the context; `generate`
+the loop that continues a prompt with a GPT and its KV cache, sliding past the context; `generate`
 (item rows) and `sample_items` (strings, in batches). Sampling settings are checked where they
 enter (`check_sampling_args`, by SampleConfig); what needs the model, where it is known.
 """
@@ -41,7 +41,7 @@ def check_sampling_args(temperature=1.0, top_k=None, top_p=None, prefix="", **wh
     """Every sampling setting that needs no model, checked once: by SampleConfig, or by a library
     caller that bypasses it. whole: num_samples, batch_size, seed, max_len (None: not set). A
     SamplingError names the setting and its valid range."""
-    for name, v in whole.items():
+    for name, v in dict(whole, top_k=top_k).items():
         least = 0 if name == "seed" else 1
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise SamplingError(f"{name}={v!r} must be an integer")
@@ -62,8 +62,6 @@ def check_sampling_args(temperature=1.0, top_k=None, top_p=None, prefix="", **wh
             f"temperature={temperature!r} must be >= 0 and finite "
             f"(0 = greedy, 1 = the model's own distribution)"
         )
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise SamplingError(f"top_k={top_k!r} must be an integer >= 1 (null keeps every token)")
     if top_p is not None and not 0 < top_p <= 1:
         raise SamplingError(f"top_p={top_p!r} must be in (0, 1] (1 keeps every token)")
     if not isinstance(prefix, str):
@@ -90,27 +88,25 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
 
 
 @torch.inference_mode()  # no autograd graph: sampling is 25% faster for it on small models
-def decode(
-    model, idx, start, stop, generator, temperature=1.0, top_k=None, top_p=None, use_cache=True
-) -> torch.Tensor:
-    """The rows of `idx` (B, N) filled from column `start` on, each token drawn (sample_next) from
-    the block_size before it: cached while they all fit, then a sliding window, recomputed. stop:
-    a row ends at its first boundary token (boundary tokens follow); all ended, the rows are cut."""
-    T = model.config.block_size
-    use_cache = use_cache and start < min(T, idx.size(1))
-    cache = KVCache.for_model(model, idx.size(0)) if use_cache else None
-    done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-    cached = 0  # columns already in the cache
+def decode(model, prompt, n, new, stop=True, use_cache=True, **sampling) -> torch.Tensor:
+    """(n, len(prompt) + new) rows: the ids `prompt`, then `new` tokens, each drawn (sample_next)
+    from the block_size before it: cached while they all fit, then a sliding window, recomputed.
+    stop: a row ends at its first boundary token (boundary tokens follow); all ended, the rows
+    are cut. sampling: sample_next's temperature, top_k, top_p and generator."""
+    device, T, start = next(model.parameters()).device, model.config.block_size, len(prompt)
+    idx = torch.full((n, start + new), BOUNDARY_ID, device=device)  # (n, len(prompt) + new)
+    idx[:, :start] = torch.tensor(prompt, dtype=torch.long, device=device)
+    cache = KVCache.for_model(model, n) if use_cache and start < min(T, idx.size(1)) else None
+    done = torch.zeros(n, dtype=torch.bool, device=device)
     with eval_mode(model):  # no dropout while sampling: the same generator state, the same rows
         for end in range(start, idx.size(1)):
             if cache is not None and end <= T:
                 # the prompt in one forward (prefill), then one token per step
-                logits, _ = model(idx[:, cached:end], kv_cache=cache)
-                cached = end
+                logits, _ = model(idx[:, cache.pos : end], kv_cache=cache)
             else:
                 # the last T tokens, recomputed
                 logits, _ = model(idx[:, max(0, end - T) : end])
-            nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
+            nxt = sample_next(logits[:, -1, :], **sampling)  # (B,)
             if stop:
                 nxt.masked_fill_(done, BOUNDARY_ID)
                 done |= nxt == BOUNDARY_ID
@@ -121,45 +117,17 @@ def decode(
 
 
 def generate(
-    model,
-    num_samples: int = 1,
-    prefix=None,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-    use_cache: bool = True,
-    max_new_tokens: int | None = None,
-    stop_at_boundary: bool = True,
+    model, num_samples=1, prefix=(), max_new_tokens=None, stop_at_boundary=True, **sampling
 ) -> torch.Tensor:
     """(num_samples, len(prefix) + new) ids: items decoded after the boundary token and `prefix`
-    (ids), of at most max_new_tokens new tokens and block_size - 1 characters (the longest item
-    trained on); the same with and without the cache for the same generator state.
+    (character ids, checked by the caller: Data.prompt), of at most max_new_tokens new tokens and
+    block_size - 1 characters (the longest item trained on); the same with and without the cache
+    for the same generator state. sampling: decode's (use_cache, temperature, generator...).
     stop_at_boundary=False fills every row to its full length (benchmarks)."""
-    prefix = [int(t) for t in (prefix if prefix is not None else [])]
-    vocab_size, block_size = model.config.vocab_size, model.config.block_size
-    if len(prefix) > block_size - 1:
-        raise SamplingError(
-            f"prefix of {len(prefix)} characters is longer than this model's items: block_size is "
-            f"{block_size} (1 boundary token + at most {block_size - 1} characters)"
-        )
-    if any(not 0 < t < vocab_size for t in prefix):
-        raise SamplingError(f"prefix ids must be characters, in 1..{vocab_size - 1}: {prefix}")
-    new = block_size - 1 - len(prefix)
+    prompt = [BOUNDARY_ID, *map(int, prefix or ())]
+    new = model.config.block_size - len(prompt)  # an item holds block_size - 1 characters at most
     new = new if max_new_tokens is None else min(new, max_new_tokens)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache)
-    rows = continue_prompt(model, [BOUNDARY_ID, *prefix], num_samples, new, stop_at_boundary,
-                           generator, **sampling)  # fmt: skip
-    return rows[:, 1:]
-
-
-def continue_prompt(model, prompt: list[int], n: int, new: int, stop: bool, generator, **sampling):
-    """(n, len(prompt) + new) rows: the ids `prompt`, then `new` tokens decoded (decode, with its
-    `sampling` settings)."""
-    device = next(model.parameters()).device
-    idx = torch.full((n, len(prompt) + new), BOUNDARY_ID, device=device)
-    idx[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
-    return decode(model, idx, len(prompt), stop, generator, **sampling)
+    return decode(model, prompt, num_samples, new, stop_at_boundary, **sampling)[:, 1:]
 
 
 def seeded(device: torch.device, seed: int | None) -> torch.Generator:
@@ -171,26 +139,24 @@ def seeded(device: torch.device, seed: int | None) -> torch.Generator:
 def sample_items(
     model,
     tokenizer,
-    num_samples: int,
-    prefix: str = "",
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    batch_size: int | None = None,
-    use_cache: bool = True,
-    max_len: int | None = None,
+    n,
+    prefix="",
+    seed=None,
+    batch_size=None,
+    max_len=None,
     progress=None,
+    **sampling,
 ) -> list[str]:
-    """`num_samples` items (strings) sampled `batch_size` at a time, each starting with `prefix`
-    and at most `max_len` characters long (default: what the block size allows). The same seed
-    gives the same items, with or without the cache. `progress(done, total)` follows each batch."""
+    """`n` items (strings) sampled `batch_size` at a time, each starting with `prefix` and at most
+    `max_len` characters long (default: what the block size allows); sampling: decode's
+    (use_cache, temperature, top_k, top_p). The same seed gives the same items, with or without
+    the cache. `progress(done, total)` follows each batch."""
     if max_len is not None and max_len <= len(prefix):
         raise SamplingError(f"max_len={max_len} must be longer than the prefix ({len(prefix)})")
-    prefix_ids = tokenizer.encode(prefix)  # generate checks that the model can take them
+    prefix_ids = tokenizer.encode(prefix)
     device = next(model.parameters()).device
-    batch_size = min(batch_size or default_batch(model, num_samples), num_samples)
-    if use_cache:
+    batch_size = min(batch_size or default_batch(model, n), n)
+    if sampling.get("use_cache", True):
         check_memory(
             batch_size * cache_bytes_per_row(model),
             device,
@@ -199,16 +165,14 @@ def sample_items(
             SamplingError,
         )
     max_new = None if max_len is None else max_len - len(prefix)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache)
-    sampling |= dict(generator=seeded(device, seed), max_new_tokens=max_new)
+    sampling["generator"] = seeded(device, seed)  # one stream across the batches
     items: list[str] = []
     with decoding_threads(model, batch_size):
-        while len(items) < num_samples:
-            n = min(batch_size, num_samples - len(items))
-            rows = generate(model, n, prefix_ids, **sampling)
+        while len(items) < n:
+            rows = generate(model, min(batch_size, n - len(items)), prefix_ids, max_new, **sampling)
             items.extend(tokenizer.decode(row) for row in rows.tolist())
             if progress is not None:
-                progress(len(items), num_samples)
+                progress(len(items), n)
     return items
 
 

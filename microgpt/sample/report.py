@@ -10,12 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from microgpt.data.dataset import Data
-from microgpt.sample.generate import (
-    continue_prompt,
-    decoding_threads,
-    sample_items,
-    seeded,
-)
+from microgpt.sample.generate import decode, decoding_threads, sample_items, seeded
 
 PASSAGE_LENGTH = 300  # new characters of a text sample, when max_len is not given
 EVAL_NAMES, EVAL_PASSAGES = 10, 1  # items each evaluation logs
@@ -69,7 +64,7 @@ def sample_passages(model, data: Data, n: int, seed, prefix="", max_len=None, **
     device, tokenizer = next(model.parameters()).device, data.tokenizer
     new = PASSAGE_LENGTH if max_len is None else max_len
     with decoding_threads(model, n):
-        rows = continue_prompt(model, prompt, n, new, False, seeded(device, seed), **sampling)
+        rows = decode(model, prompt, n, new, False, generator=seeded(device, seed), **sampling)
     new_ids, start = rows[:, len(prompt) :].tolist(), tokenizer.decode(prompt)
     passages = [start + "".join(tokenizer.itos.get(i, "?") for i in row) for row in new_ids]
     index = data.verbatim_index
@@ -100,8 +95,6 @@ def sample_for_run(model, data: Data, n: int | None, seed: int, **settings) -> S
     """What a run shows: `n` names marked with their split (items with a boundary token) or
     passages with their longest verbatim stretch (a stream); n=None: what an evaluation logs."""
     if data.boundary:
-        n = EVAL_NAMES if n is None else n
-        return sample_names(model, data, n, seed, **settings)
+        return sample_names(model, data, EVAL_NAMES if n is None else n, seed, **settings)
     settings.pop("batch_size", None), settings.pop("progress", None)  # all passages at once
-    n = EVAL_PASSAGES if n is None else n
-    return sample_passages(model, data, n, seed, **settings)
+    return sample_passages(model, data, EVAL_PASSAGES if n is None else n, seed, **settings)

@@ -179,29 +179,25 @@ def test_evaluate_over_a_text_split_is_the_exact_mean_over_its_characters():
 # ----------------------------------------------------------------------------- memorisation
 
 
-def ids_of(s: str, tok: CharTokenizer) -> list[int]:
-    return tok.encode(s)
-
-
 def test_verbatim_index_finds_the_longest_stretch_in_the_training_text():
     text = "the cat sat on the mat. a dog ran."
     tok = CharTokenizer(set(text + "xzq"))
-    index = VerbatimIndex(torch.tensor(ids_of(text, tok), dtype=torch.uint8), tok.vocab_size)
-    assert index.longest(ids_of("xxcat sat ozz", tok)) == (9, 2)  # "cat sat o"
-    assert index.longest(ids_of("qqq", tok))[0] == 0
-    assert index.longest(ids_of("zran.", tok))[0] == 4  # the text's very end: "ran."
-    assert index.longest(ids_of("qn.", tok))[0] == 2  # "n." is only in the last 3 characters
-    assert index.longest(ids_of(text, tok))[0] == len(text)
-    assert index.contains(ids_of(".", tok)) and not index.contains(ids_of("mat. a cat", tok))
-    assert index.longest(ids_of("he mat", tok))[0] == 6 and index.longest([])[0] == 0
+    index = VerbatimIndex(torch.tensor(tok.encode(text), dtype=torch.uint8), tok.vocab_size)
+    assert index.longest(tok.encode("xxcat sat ozz")) == (9, 2)  # "cat sat o"
+    assert index.longest(tok.encode("qqq"))[0] == 0
+    assert index.longest(tok.encode("zran."))[0] == 4  # the text's very end: "ran."
+    assert index.longest(tok.encode("qn."))[0] == 2  # "n." is only in the last 3 characters
+    assert index.longest(tok.encode(text))[0] == len(text)
+    assert index.contains(tok.encode(".")) and not index.contains(tok.encode("mat. a cat"))
+    assert index.longest(tok.encode("he mat"))[0] == 6 and index.longest([])[0] == 0
 
 
 def test_verbatim_index_of_a_text_shorter_than_its_grams():
     tok = CharTokenizer(set("abz"))
     for text in ("a", "ab", "aba"):
-        index = VerbatimIndex(torch.tensor(ids_of(text, tok), dtype=torch.uint8), tok.vocab_size)
-        assert index.longest(ids_of("z" + text + "z", tok)) == (len(text), 1)
-        assert not index.contains(ids_of(text + "a", tok))
+        index = VerbatimIndex(torch.tensor(tok.encode(text), dtype=torch.uint8), tok.vocab_size)
+        assert index.longest(tok.encode("z" + text + "z")) == (len(text), 1)
+        assert not index.contains(tok.encode(text + "a"))
 
 
 # ----------------------------------------------------------------------------- training
