@@ -4,7 +4,7 @@ Names from a names run; from a text run (data.format=text), passages that contin
 
 With no ckpt= or run=, it samples from the best checkpoint of the most recent run under outputs/
 or multirun/. Hydra composes conf/sample.yaml with the command line (and writes no output
-folder); microgpt.sample.command.sample_from_config does the work and this prints what it returns.
+folder); microgpt.commands.sample.sample_from_config does the work and this prints what it returns.
 """
 
 import math
@@ -19,7 +19,7 @@ with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C mean
     from omegaconf import DictConfig
 
     from microgpt import cli
-    from microgpt.sample.command import sample_from_config
+    from microgpt.commands.sample import sample_from_config
 
 cli.register()
 

@@ -129,7 +129,7 @@ def test_a_signal_while_torch_loads_is_one_line_and_its_exit_code(tmp_path, comm
 
 def test_importing_microgpt_changes_no_environment():
     code = "import os; e = dict(os.environ); import microgpt.cli, microgpt.compare, "
-    code += "microgpt.heads.command; print(dict(os.environ) == e)"
+    code += "microgpt.commands.heads; print(dict(os.environ) == e)"
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     assert run("-c", code, cwd=REPO, env=env).stdout.split() == ["True"]
 
@@ -189,7 +189,7 @@ def test_a_sigterm_stop_says_so_and_exits_143(world, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_a_signal_during_the_head_analysis_is_one_line_and_writes_nothing(world, monkeypatch, sig):
-    from microgpt.heads import command
+    from microgpt.commands import heads as command
 
     def analyse(*args, **kwargs):
         os.kill(os.getpid(), getattr(signal, sig))

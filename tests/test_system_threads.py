@@ -108,7 +108,7 @@ def test_a_signal_held_waits_for_the_block_whichever_thread_the_kernel_hands_it_
 
 
 def test_the_heads_command_refuses_a_bad_thread_count(capsys):
-    from microgpt.heads.command import main
+    from microgpt.commands.heads import main
 
     assert main(["no-such-run", "--threads", "0"]) == 2  # refused before looking for the run
     err = capsys.readouterr().err

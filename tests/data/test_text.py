@@ -14,9 +14,9 @@ import yaml
 from torch import nn
 
 from microgpt.checkpoint import Checkpoint
+from microgpt.commands.sample import run_sampling
 from microgpt.data.dataset import DataError, load_data
 from microgpt.data.text import TextWindows, VerbatimIndex, encode_text
-from microgpt.sample.command import run_sampling
 from microgpt.tokenizer import CharTokenizer
 from microgpt.train.loss import evaluate
 from microgpt.train.stopping import Interrupted

@@ -112,11 +112,11 @@ def run(command: str, *args, cwd: Path) -> Result:
                 if command in ("train.py", "sample.py"):
                     cli.main(module.main, REPO / "conf", config)
                 elif command == "heads":
-                    from microgpt.heads import command as heads
+                    from microgpt.commands import heads
 
                     code = heads.main(args)
                 else:
-                    from microgpt import compare
+                    from microgpt.commands import compare
 
                     code = compare.main(args)
         except SystemExit as e:

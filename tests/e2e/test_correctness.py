@@ -249,8 +249,8 @@ def test_sampling_builds_no_autograd_graph():
 
 def test_save_every_keeps_step_checkpoints_that_sample_and_heads_accept(tiny_cfg, tmp_path):
     from microgpt.checkpoint import Checkpoint
-    from microgpt.heads.command import analyse_checkpoint
-    from microgpt.sample.command import run_sampling
+    from microgpt.commands.heads import analyse_checkpoint
+    from microgpt.commands.sample import run_sampling
 
     # train.ema=0: a step checkpoint holds the trained weights, as last.pt does
     save = ("device=cpu", "train.save_every=4", "train.num_samples=0", "train.ema=0")

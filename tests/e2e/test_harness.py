@@ -418,11 +418,13 @@ SIGNALS = [
     interrupted("sampling-into-out", "sample.py", [*S, NAMES_RUN, "out=out/new.txt"],
                 SAMPLE + "sample_names", "SIGTERM", r"nothing was written to out=out/new\.txt"),
     interrupted("loading-checkpoint", "sample.py", [*S, NAMES_RUN],
-                "microgpt.sample.command.Checkpoint.load",
+                "microgpt.commands.sample.Checkpoint.load",
                 "SIGTERM", r"interrupted \(SIGTERM\)"),
-    interrupted("compare-reading", "compare", ["runs"], "microgpt.compare.read_sweep", "SIGINT",
+    interrupted("compare-reading", "compare", ["runs"], "microgpt.commands.compare.read_sweep",
+                "SIGINT",
                 r"microgpt: interrupted \(SIGINT\): nothing was written"),
-    interrupted("compare-table", "compare", ["runs"], "microgpt.compare.format_table", "SIGTERM",
+    interrupted("compare-table", "compare", ["runs"], "microgpt.commands.compare.format_table",
+                "SIGTERM",
                 r"microgpt: interrupted \(SIGTERM\): nothing was written"),
     *[interrupted("generating-repeats", "train.py", [*T, NEW, *R],
                   "microgpt.data.repeats.repeat_items", sig,
@@ -570,7 +572,7 @@ def test_two_runs_started_together_on_one_folder_never_delete_each_other(sandbox
 # the analysis' own function sends SIGINT, so that it lands inside the analysis, every time
 HEADS_INTERRUPTED = """
 import os, runpy, signal, sys
-import microgpt.heads.command as command
+import microgpt.commands.heads as command
 def analyse(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)
     raise AssertionError("SIGINT was ignored")

@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
+from microgpt.commands.heads import main
 from microgpt.heads import circuits
 from microgpt.heads.analyse import analyse, length_batches
-from microgpt.heads.command import main
 from microgpt.heads.report import ROLES
 from microgpt.heads.roles import roles_of
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
@@ -286,7 +286,7 @@ def test_command_on_a_run_and_on_its_checkpoints_names_each_analysis_after_its_c
 ):
     """Analysing a step checkpoint never replaces the run's analysis (of best.pt): each analysis
     is named after the checkpoint it analysed, and compare reads best.pt's."""
-    from microgpt.compare import read_sweep
+    from microgpt.commands.compare import read_sweep
     from microgpt.train.trainer import train
 
     train(tiny_cfg("train.num_samples=0", "train.save_every=6"))

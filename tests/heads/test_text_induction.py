@@ -8,10 +8,10 @@ import math
 import torch
 
 from microgpt.checkpoint import Checkpoint
+from microgpt.commands import heads as command
 from microgpt.data.dataset import load_data
 from microgpt.data.repeats import repeated_passages, span_for
 from microgpt.data.text import TextData, TextWindows
-from microgpt.heads import command
 from microgpt.heads.analyse import (
     INDUCTION_ROWS,
     LIGHT_SHARE,

@@ -14,9 +14,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.checkpoint import Checkpoint
-from microgpt.compare import main as compare_main
+from microgpt.commands.compare import main as compare_main
+from microgpt.commands.heads import main as heads_main
 from microgpt.config import ConfigError, load_config
-from microgpt.heads.command import main as heads_main
 from microgpt.train.trainer import Trainer, lr_at, train
 from tests.conftest import REPO, TINY, compose_config
 

@@ -1,4 +1,4 @@
-"""The microgpt tab of TensorBoard (microgpt/viz/plugin): its routes called directly on a tiny
+"""The microgpt tab of TensorBoard (microgpt/commands/tab): its routes called directly on a tiny
 sweep trained here, and the real page in headless Chromium against a real TensorBoard."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
 from microgpt.checkpoint import checksum
-from microgpt.heads.command import main as heads_main
+from microgpt.commands.heads import main as heads_main
+from microgpt.commands.tab import MicrogptPlugin
+from microgpt.commands.tab.attention import ModelCache
 from microgpt.train.trainer import train
-from microgpt.viz.plugin import MicrogptPlugin
-from microgpt.viz.plugin.attention import ModelCache
 from tests.conftest import REPO, TINY, compose_config, make_names
 from tests.e2e.harness import changes, fingerprint
 
@@ -69,7 +69,7 @@ def test_the_plugin_is_registered_shipped_and_active_only_where_runs_are(lab, tm
     entry = re.search(r'\[project.entry-points."tensorboard_plugins"\]\s*microgpt = "(.+)"', text)
     module, name = entry.group(1).split(":")
     assert getattr(__import__(module, fromlist=[name]), name) is MicrogptPlugin
-    assert '"microgpt.viz.plugin" = ["static/*.js", "static/*.css"]' in text
+    assert '"microgpt.commands.tab" = ["static/*.js", "static/*.css"]' in text
     assert MicrogptPlugin(base_plugin.TBContext(logdir=str(lab / "sweep"))).is_active()
     for logdir in (str(tmp_path), ""):
         assert not MicrogptPlugin(base_plugin.TBContext(logdir=logdir)).is_active()

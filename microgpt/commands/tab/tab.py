@@ -15,7 +15,7 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from microgpt.viz.plugin.attention import InputError, RunStore, log_dirs, runs_under
+from microgpt.commands.tab.attention import InputError, RunStore, log_dirs, runs_under
 
 STATIC = Path(__file__).parent / "static"
 FILES = {"/index.js": "application/javascript", "/style.css": "text/css"}

@@ -2,7 +2,7 @@
 //
 // TensorBoard imports this module into data/plugin_entry.html?name=microgpt (an iframe whose
 // base is data/plugin/microgpt/) and calls render(). Data comes from the plugin's routes,
-// "runs" and "attention" (microgpt/viz/plugin/tab.py). Plain JavaScript, no build step.
+// "runs" and "attention" (microgpt/commands/tab/tab.py). Plain JavaScript, no build step.
 //
 // The page reads its state from its URL, after "?" or "#", so a link (or a test) can set it:
 //   input=emma          the input (else the last one typed here, else the first run's example)

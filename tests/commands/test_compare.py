@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from microgpt.checkpoint import Checkpoint
-from microgpt.compare import main, read_sweep
-from microgpt.heads.command import main as heads_main
+from microgpt.commands.compare import main, read_sweep
+from microgpt.commands.heads import main as heads_main
 from microgpt.heads.report import ROLES
 from microgpt.train.trainer import train
 from microgpt.viz.tensorboard import read_metrics

@@ -1,3 +1,3 @@
 """The microgpt tab of TensorBoard (tab: the plugin and its routes; attention: what it shows)."""
 
-from microgpt.viz.plugin.tab import MicrogptPlugin as MicrogptPlugin
+from microgpt.commands.tab.tab import MicrogptPlugin as MicrogptPlugin

@@ -1,7 +1,7 @@
 """sample.py and the library behind it: finding the checkpoint, sampling settings, marks, errors.
 
 One tiny model is trained once for the module (a second or two); a few tests run sample.py as a
-subprocess, as a user would, and the rest call microgpt.sample.command directly to stay fast.
+subprocess, as a user would, and the rest call microgpt.commands.sample directly to stay fast.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from microgpt.checkpoint import Checkpoint
+from microgpt.commands.sample import find_checkpoint, run_sampling
 from microgpt.config import SampleConfig, load_config
 from microgpt.errors import SamplingError, UserError
-from microgpt.sample.command import find_checkpoint, run_sampling
 from microgpt.train.trainer import train
 from tests.conftest import REPO, TINY, compose_config, make_names
 

@@ -1,0 +1,285 @@
+"""How many heads? A sweep's runs side by side, without opening TensorBoard.
+
+    python -m microgpt.compare multirun/2026-05-01/12-00-00
+
+One row per run under the folder, by head count: best val, test, tok/s (the median), each layer's
+mean attention entropy at the last step, then the head summaries of `python -m microgpt.heads`'s
+analysis of its checkpoint, else the last logged `heads/...` scalars (`*` where they are of an
+older step). It writes nothing (TensorBoard draws the curves: tensorboard --logdir FOLDER).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from microgpt import entry, runs
+from microgpt.checkpoint import Checkpoint, CheckpointError
+from microgpt.errors import UserError
+from microgpt.files import read_regular
+from microgpt.heads.report import ROLES
+from microgpt.runs import RunFolder
+from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
+
+# head summaries shown as columns: header -> (tag under heads/, format)
+SUMMARY_COLUMNS = {
+    "induction max": ("induction_max", ".2f"),
+    "repeat gain": ("repeat_loss_gain", ".3f"),
+    "copying max": ("copying_max", ".2f"),
+    "named": ("named", ".0f"),
+}
+
+
+class CompareError(UserError):
+    """Nothing to compare (no such folder, no runs in it)."""
+
+
+@dataclass
+class RunSummary:
+    name: str  # the run folder, relative to the compared folder ("heads=4")
+    path: Path
+    heads: int | None
+    params: int | None
+    best_val_loss: float = math.nan
+    test_loss: float = math.nan
+    tokens_per_sec: float = math.nan
+    entropy: list[float] = field(default_factory=list)  # per layer, the mean over heads
+    heads_summary: dict[str, float] = field(default_factory=dict)  # HeadReport.summaries()
+    data: str = "?"  # the data it was trained on: path and a hash of its split's items
+    heads_step: int | None = None  # the step the head columns were measured at
+    latest_step: int | None = None  # the step they should be of (the checkpoint's, else last)
+
+    def summary(self, name: str) -> float:
+        """A head summary (`heads/<name>`), nan when the run has none."""
+        value = self.heads_summary.get(f"heads/{name}")
+        return math.nan if value is None else value
+
+    @property
+    def importance_max(self) -> list[float]:
+        layers = []
+        while f"heads/layer{len(layers)}/importance_max" in self.heads_summary:
+            layers.append(self.summary(f"layer{len(layers)}/importance_max"))
+        return layers
+
+    @property
+    def role_counts(self) -> dict[str, float]:
+        return {role: self.summary(f"role/{role}") for role in ROLES}
+
+    @property
+    def label(self) -> str:
+        return (
+            self.name
+            if self.heads is None
+            else f"{self.heads} head{'s' if self.heads != 1 else ''}"
+        )
+
+
+def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]}: from metrics.jsonl (fast), else the event files."""
+    if not (run / METRICS_FILE).is_file():
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        guidance = {"scalars": 0, "images": 1, "tensors": 1, "histograms": 1}
+        acc = EventAccumulator(str(run), size_guidance=guidance)
+        acc.Reload()
+        tags = acc.Tags().get("scalars", [])
+        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in tags}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for i, line in enumerate(read_metrics(run / METRICS_FILE), 1):
+        if not isinstance(line, dict) or not isinstance(line.get("step"), int):
+            raise CompareError(f"{METRICS_FILE}: record {i} is not a {{step: ..., tag: value}}")
+        for tag, value in line.items():
+            if tag not in ("step", "time"):
+                out.setdefault(tag, []).append((line["step"], value))
+    return out
+
+
+def _from_checkpoint(path: Path | None) -> tuple[int | None, str, int | None]:
+    """The default checkpoint's (runs: best.pt, else last.pt) parameter count, data ("path #hash
+    of the split") and step; (None, "?", None) without one."""
+    if path is None:
+        return None, "?", None
+    try:
+        ckpt = Checkpoint.load(path)
+        params = ckpt.build_model()[0].num_params()  # as training counts them
+    except CheckpointError as e:
+        raise CompareError(str(e)) from None
+    split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
+    return params, f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
+
+
+def read_run(folder: RunFolder, root: Path) -> RunSummary:
+    run = folder.path
+    cfg = OmegaConf.load(run / "config.yaml")
+    scalars = _scalars(run)
+    checkpoint = folder.default_checkpoint()
+    params, data, step = _from_checkpoint(checkpoint)
+    # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
+    r = RunSummary(_name(run, root), run, OmegaConf.select(cfg, "model.n_head"), params, data=data)
+    r.best_val_loss = min((v for _, v in scalars.get("loss/val", [])), default=math.nan)
+    if scalars.get("loss/test"):
+        r.test_loss = scalars["loss/test"][-1][1]
+    if scalars.get("tokens_per_sec"):
+        r.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
+    layers: dict[int, list[float]] = {}
+    for tag, points in scalars.items():
+        # runs logged before the per_head/ tags wrote attention_entropy/layer{l}/head{h}
+        layer = re.fullmatch(r"(?:per_head|attention_entropy)/layer(\d+)/head\d+(?:/entropy)?", tag)
+        if layer and points:  # the last step's value
+            layers.setdefault(int(layer[1]), []).append(max(points)[1])
+    r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
+    r.heads_summary, r.heads_step, r.latest_step = _heads_summary(
+        checkpoint and folder.analysis(checkpoint), scalars, step
+    )
+    return r
+
+
+def _name(run: Path, root: Path) -> str:
+    return str(run.relative_to(root)) if run != root else run.name
+
+
+def _heads_summary(analysis: Path | None, scalars: dict, checkpoint_step):
+    """(summaries, the step they are of, the step they should be of): the analysis of the row's
+    checkpoint (best.pt, else last.pt), else each logged summary's last value (of the last step)."""
+    if analysis is not None:
+        # the JSON python -m microgpt.heads wrote (HeadReport.to_dict, with the checkpoint's step)
+        try:
+            data = json.loads(read_regular(analysis))
+            return dict(data["summaries"]), data.get("step"), checkpoint_step
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # none, or unreadable: the logged scalars below
+    logged = {t: max(points) for t, points in scalars.items() if t.startswith("heads/") and points}
+    step = max((s for s, _ in logged.values()), default=None)
+    last = max((s for points in scalars.values() for s, _ in points), default=None)
+    return {tag: value for tag, (_, value) in logged.items()}, step, last
+
+
+def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
+    """(the runs under `folder` that can be read, by head count then name; (name, why) for the
+    others: what a damaged run raises makes it unreadable, not compare)."""
+    root = Path(folder)
+    found, unreadable = [], []
+    broken = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSError)
+    for run in runs.find_runs(root):
+        try:
+            found.append(read_run(run, root))
+        except (*broken, OmegaConfBaseException, yaml.YAMLError) as e:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if isinstance(e, (OmegaConfBaseException, yaml.YAMLError)):
+                why = f"config.yaml: {why}"
+            elif isinstance(e, UnicodeDecodeError):
+                why = f"{METRICS_FILE} is not UTF-8 text"
+            unreadable.append((_name(run.path, root), why))
+    found.sort(key=lambda r: (r.heads if r.heads is not None else math.inf, r.name))
+    return found, unreadable
+
+
+def _num(x: float, fmt: str = ".4f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _rate(x: float) -> str:
+    if math.isnan(x):
+        return "-"
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+def _layer_header(name: str, n: int) -> list[str]:
+    return [f"{name} L{i}" if i == 0 else f"L{i}" for i in range(n)]
+
+
+def format_table(runs: list[RunSummary]) -> str:
+    """One row per run, columns aligned; then the lowest validation loss (per data set)."""
+    n_layers = max((len(r.entropy) for r in runs), default=0)
+    n_imp = max((len(r.importance_max) for r in runs), default=0)
+    header = ["run", "heads", "params", "best val", "test", "tok/s"]
+    header += _layer_header("entropy", n_layers)
+    # the roles some run has (mixed always; nan > 0 is False), not 18 columns mostly of zeros
+    roles = [x for x in ROLES if x == "mixed" or any(r.role_counts[x] > 0 for r in runs)]
+    header += ["heads step", "prunable", *_layer_header("importance", n_imp), *SUMMARY_COLUMNS]
+    header += roles
+    rows = [_row(r, n_layers, n_imp, roles) for r in runs]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = []
+    for first, *rest in [header, *rows]:
+        cells = [str(first).ljust(widths[0]), *(str(c).rjust(w) for c, w in zip(rest, widths[1:]))]
+        lines.append("  ".join(cells).rstrip())
+    stale = [line for line in map(_stale, runs) if line]
+    return "\n".join(lines + stale + _lowest_val_loss(runs))
+
+
+def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str]:
+    row = [
+        r.name,
+        "-" if r.heads is None else str(r.heads),
+        "-" if r.params is None else f"{r.params:,}",
+        _num(r.best_val_loss),
+        _num(r.test_loss),
+        _rate(r.tokens_per_sec),
+    ]
+    row += [_num(x, ".3f") for x in r.entropy + [None] * (n_layers - len(r.entropy))]
+    row.append("-" if r.heads_step is None else f"{r.heads_step}{'*' if _stale(r) else ''}")
+    row.append(_num(r.summary("prunable"), ".0f"))
+    importance = r.importance_max
+    row += [_num(x, ".4f") for x in importance + [None] * (n_imp - len(importance))]
+    row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
+    row += [_num(r.role_counts[role], ".0f") for role in roles]
+    return row
+
+
+def _stale(r: RunSummary) -> str:
+    if None in (r.heads_step, r.latest_step) or r.heads_step == r.latest_step:
+        return ""
+    return (
+        f"* {r.name}: its head columns are of step {r.heads_step}, not {r.latest_step} "
+        f"(python -m microgpt.heads {r.path} measures them again)"
+    )
+
+
+def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
+    # per data set: losses on different data do not compare
+    groups: dict[str, list[RunSummary]] = {}
+    for r in runs:
+        groups.setdefault(r.data, []).append(r)
+    lines = []
+    if len(groups) > 1:
+        lines.append(
+            f"these runs were trained on {len(groups)} different data sets (path or items differ); "
+            f"their losses compare only within a group:"
+        )
+    for data, group in groups.items():
+        best = min(group, key=lambda r: (math.isnan(r.best_val_loss), r.best_val_loss))
+        if not math.isnan(best.best_val_loss):
+            where = f" on {data}: {', '.join(r.name for r in group)}" if len(groups) > 1 else ""
+            label = f"{best.name} ({best.label}, {best.best_val_loss:.4f})"
+            lines.append(f"lowest validation loss{where}: {label}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command behind the front door: its exit status (0; 2 after one error line)."""
+    return entry.run(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> None:
+    parser = entry.ArgumentParser(
+        prog="python -m microgpt.compare", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("folder", help="a sweep folder (multirun/<date>/<time>) or runs")
+    args = parser.parse_args(argv)
+    runs, unreadable = read_sweep(args.folder)
+    if not runs:
+        why = "; ".join(f"{name}: {reason}" for name, reason in unreadable)
+        raise CompareError(f"no run under {args.folder} can be read ({why})")
+    print(format_table(runs))
+    for name, why in unreadable:
+        print(f"unreadable: {name} ({why})")
