@@ -3,9 +3,9 @@ between two log lines (`StepResult`, `LossWindow`)."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +30,7 @@ def eval_rows(dataset: Rows, estimate: bool = False) -> Tensor:
 
 @torch.inference_mode()
 def evaluate(
-    model: nn.Module, dataset: Rows, batch_size: int, autocast=None, estimate: bool = False
+    model: nn.Module, dataset: Rows, batch_size: int, autocast=nullcontext, estimate: bool = False
 ) -> float:
     """Mean negative log-likelihood per character in nats (end token included) over a split's
     eval_rows: each batch's mean weighted by its real targets (y >= 0), summed in float64."""
@@ -39,7 +39,7 @@ def evaluate(
     with eval_mode(model):
         for start in range(0, len(rows), batch_size):
             x, y = dataset.batch(rows[start : start + batch_size])
-            with autocast() if autocast is not None else contextlib.nullcontext():
+            with autocast():
                 _, loss = model(x, y)
             n = (y >= 0).sum()
             # summed on the device, in order: read once, at the end
@@ -65,22 +65,22 @@ class LossWindow:
 
     def __init__(self, state: dict | None = None):
         # loss: a sum of tensors while running (no device sync)
-        state = {"loss": 0.0, "steps": 0, "tokens": 0, **(state or {})}
-        self.loss, self.steps, self.tokens = state["loss"], state["steps"], state["tokens"]
+        state = {"loss": 0.0, "steps": 0, **(state or {})}
+        self.loss, self.steps = state["loss"], state["steps"]
         self.start_clock()
 
     def start_clock(self) -> None:
-        """Time training from now (not a resumed window's tokens); `paused` gathers the seconds
-        spent on other work (evaluation, checkpoints, the head analysis)."""
-        self.time, self.paused, self.untimed = time.perf_counter(), 0.0, self.tokens
+        """Time training from now: `tokens` counts the target tokens trained since, `paused`
+        gathers the seconds spent on other work (evaluation, checkpoints, the head analysis)."""
+        self.time, self.paused, self.tokens = time.perf_counter(), 0.0, 0
 
     def tokens_per_sec(self, now: float) -> float:
         """Training throughput since the clock started, the excluded time apart."""
-        return (self.tokens - self.untimed) / max(now - self.time - self.paused, 1e-9)
+        return self.tokens / max(now - self.time - self.paused, 1e-9)
 
     def add(self, out: StepResult) -> None:
         self.loss = self.loss + out.loss
         self.steps, self.tokens = self.steps + 1, self.tokens + out.tokens
 
     def state_dict(self) -> dict:
-        return {"loss": float(self.loss), "steps": self.steps, "tokens": self.tokens}
+        return {"loss": float(self.loss), "steps": self.steps}

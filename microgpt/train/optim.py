@@ -38,9 +38,9 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, model: nn.Module, o):
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        # named_parameters() names a tied weight once
         hidden = [p for n, p in named if p.dim() == 2 and n.startswith("blocks.")]
-        seen = {id(p) for p in hidden}
-        rest = [p for n, p in named if id(p) not in seen]
+        rest = [p for n, p in named if not (p.dim() == 2 and n.startswith("blocks."))]
         groups = [
             {"params": hidden, "muon": True, "lr_ratio": o.muon_lr / o.lr},
             {"params": [p for p in rest if p.dim() >= 2], "muon": False},

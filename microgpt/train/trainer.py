@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import random
 import sys
 import time
 from pathlib import Path
@@ -46,18 +45,25 @@ class Trainer:
     def __init__(self, config: Config):
         self.config = config
         self._setup_system()
-        self._find_resume()
+        # before the data: the checkpoint a resume continues (a missing run fails fast); the
+        # folder is claimed in run() (_open_run_folder), and the notes said once it is
+        _, self.resume_path = runs.resolve_resume(config.resume, self.out_dir)
+        self.notes: list[str] = []
+        if self.resume_path is None:
+            # a new run's warmup fitted to its length; a resume keeps its checkpoint's (fitted
+            # when the run began): an exact resume
+            self.config, line = fit_warmup(self.config)
+            self.notes += [line] if line else []
         self._setup_data()
         self._build_model()
-        self._build_optimizer()
         # the training batches: the global batch's order, each process taking its share
         c = self.config
         self.global_batch = c.train.batch_size * self.dist.world_size
         self.batches = self.data.train_batches(self.global_batch, c.seed, pack=c.train.pack)
         self.step, self.best_val_loss, self.history = 0, math.inf, {}
-        self.window, self.resumed_from = LossWindow(), None
+        self.window, self.run_id = LossWindow(), None  # run_id: set at the claim (rank 0)
         if self.resume_path is not None:
-            self._load_resume(self.resume_path)
+            self._load_resume()
         self.writer: TensorBoardLogger | None = None
 
     # ---- set-up, in this order (each step reads what the ones before it set)
@@ -65,12 +71,12 @@ class Trainer:
     def _setup_system(self) -> None:
         """The device, CPU threads and, under torchrun, the process group and rank 0's folder."""
         c = self.config
-        self.out_dir = Path(c.out_dir).expanduser()
         self.device = system.pick_device(c.device, ConfigError)
         self.threads = system.set_threads(c.threads)  # before any work: see microgpt/system.py
         self.dist, self.device = system.setup(self.device)
         self.is_main = self.dist.is_main
-        own = self.out_dir  # rank 0's folder is the run's, even where another node made its own
+        # rank 0's folder is the run's, even where another node made its own
+        own = Path(c.out_dir).expanduser()
         self.out_dir = Path(system.broadcast_from_main(str(own), self.dist))
         if own.resolve() != self.out_dir.resolve():
             with contextlib.suppress(OSError):
@@ -78,17 +84,6 @@ class Trainer:
         self.folder = runs.RunFolder(self.out_dir)  # where each of the run's files lies
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
-
-    def _find_resume(self) -> None:
-        """Before the data: the checkpoint a resume continues (a missing run fails fast); a new
-        run's warmup fitted to its length. The folder is claimed in run() (_open_run_folder)."""
-        _, self.resume_path = runs.resolve_resume(self.config.resume, self.out_dir)
-        self.notes: list[str] = []  # said once the run folder is claimed
-        if self.resume_path is None:
-            # a resume keeps its checkpoint's warmup (fitted when the run began): an exact resume
-            self.config, line = fit_warmup(self.config)
-            self.notes += [line] if line else []
-        self.run_id: str | None = None  # set when the folder is claimed (rank 0)
 
     def _setup_data(self) -> None:
         """The data, encoded on the device; the config then names it by its absolute path."""
@@ -107,10 +102,10 @@ class Trainer:
 
     def _build_model(self) -> None:
         """The GPT (seeded); what trains it wraps it in DDP, then torch.compile, as PyTorch
-        documents. Checkpoints hold self.model."""
+        documents (checkpoints hold self.model); AdamW or Muon, the weight average (train.ema),
+        the precision and fp16's gradient scaler."""
         c = self.config
         torch.manual_seed(c.seed)
-        random.seed(c.seed)
         self.model_config = c.model_for_data(self.tokenizer.vocab_size, self.data.block_size)
         check_training_memory(c, self.device, self.tokenizer.vocab_size, self.data.block_size)
         self.model = GPT(self.model_config).to(self.device)
@@ -121,10 +116,6 @@ class Trainer:
             torch.manual_seed(c.seed + self.dist.rank)  # each rank its own dropout stream
         if c.train.compile:
             self.train_model = torch.compile(self.train_model)
-
-    def _build_optimizer(self) -> None:
-        """AdamW, the weight average (train.ema), the precision and fp16's gradient scaler."""
-        c = self.config
         self.optimizer = make_optimizer(self.model, c, self.device)
         self.ema = WeightAverage(self.model, c.train.ema) if c.train.ema > 0 else None
         # what is evaluated, sampled and kept as best.pt: the averaged weights, if any
@@ -141,10 +132,9 @@ class Trainer:
         return grad_ok and (self.dist.enabled or math.isfinite(float(loss.detach())))
 
     def autocast(self):
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-        return torch.autocast(device_type=self.device.type, dtype=dtype)
+        """The precision's autocast on the device; nothing for fp32."""
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        return torch.autocast(self.device.type, dtype) if dtype else contextlib.nullcontext()
 
     # ---- one step
 
@@ -166,7 +156,7 @@ class Trainer:
             _, loss = self.train_model(x, y, doc_starts=starts)
         self.scaler.scale(loss * weight).backward()
         self.scaler.unscale_(self.optimizer)  # clip the true gradients (no-op unless fp16)
-        max_norm = c.optim.grad_clip if c.optim.grad_clip > 0 else math.inf
+        max_norm = c.optim.grad_clip or math.inf  # 0: no clipping, the norm alone
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if check and not self._finite(loss, grad_norm):
             loss, norm = float(loss.detach()), float(grad_norm)
@@ -185,12 +175,11 @@ class Trainer:
         o, groups = self.config.optim, self.optimizer.param_groups
         # a healthy model's weights are O(1); a diverging group's are huge or not finite
         broken = [g for g in groups if not all(p.abs().max() < HUGE_WEIGHT for p in g["params"])]
-        named = {}
-        for g in broken or groups:
-            name = "muon_lr" if g.get("muon") else "lr"
-            now = lr * g.get("lr_ratio", 1.0)
-            named[name] = f"optim.{name}={getattr(o, name):g} ({now:.3g} at this step)"
-        return " or ".join(named.values())
+        names = dict.fromkeys("muon_lr" if g.get("muon") else "lr" for g in broken or groups)
+        # each group's rate at this step: the schedule's lr times its setting's share of optim.lr
+        rates = {name: getattr(o, name) for name in names}
+        said = [f"optim.{n}={v:g} ({lr * v / o.lr:.3g} at this step)" for n, v in rates.items()]
+        return " or ".join(said)
 
     # ---- the loop
 
@@ -205,27 +194,24 @@ class Trainer:
         shown = self.is_main and (progress if progress is not None else sys.stderr.isatty())
         style = dict(dynamic_ncols=True, leave=False, file=sys.stderr)
         bar = tqdm(total=max_steps, initial=self.step, disable=not shown, **style)
-        try:
-            with StopFlag() as stop, logging_redirect_tqdm(loggers=[logging.root]):
-                self.model.train()
-                while self.step < max_steps:
-                    out, spent = self.loop_step(metrics, bar, stop)
-                    tokens_done, other_work = tokens_done + out.tokens, other_work + spent
-        finally:
-            bar.close()
+        with bar, StopFlag() as stop, logging_redirect_tqdm(loggers=[logging.root]):
+            self.model.train()
+            while self.step < max_steps:
+                out, spent = self.loop_step(metrics, bar, stop)
+                tokens_done, other_work = tokens_done + out.tokens, other_work + spent
         # what `train` returns (every rank): the last metrics, the run's size and its throughput
         # (training alone: the seconds spent evaluating and saving left out, as logged)
         elapsed = time.perf_counter() - start
         metrics.update(step=self.step, params=self.model.num_params(), elapsed_s=elapsed)
         metrics.update(global_batch=self.global_batch, run_dir=str(self.out_dir))
-        if elapsed > other_work and tokens_done:
-            metrics["tokens_per_sec"] = tokens_done / (elapsed - other_work)
+        metrics["tokens_per_sec"] = tokens_done / max(elapsed - other_work, 1e-9)
         system.run_on_main(lambda: self._finish(metrics), self.dist)
         return metrics
 
     def loop_step(self, metrics: dict, bar, stop: StopFlag) -> tuple[StepResult, float]:
         """One step of the loop: train_step, the train loss window and its log line, then what is
-        due between steps; (the step's result, the seconds of that other work)."""
+        due after it (evaluation and last.pt, a snapshot, the head analysis); (the step's result,
+        the seconds of that other work)."""
         c, max_steps = self.config, self.config.train.max_steps
         # off the CPU, float() waits for the GPU: check and agree on stopping every log_every steps
         check_every = 1 if self.device.type == "cpu" else c.train.log_every
@@ -239,18 +225,6 @@ class Trainer:
         # out of tokens_per_sec (on a GPU, log_window's float() just synced)
         busy = time.perf_counter()
         stop.at_once = final  # after the last step a signal stops the final evaluation at once
-        self._between_steps(metrics, final)
-        spent = time.perf_counter() - busy
-        self.window.paused += spent
-        asks = check_every == 1 or self.step % c.train.log_every == 0
-        if asks and not final and system.over_ranks(stop.requested, "max", self.dist):
-            self._save_last({**metrics, "interrupted_at": self.step})
-            raise Interrupted(stop.signal_name, self.step, max_steps, self.folder.last)
-        return out, spent
-
-    def _between_steps(self, metrics: dict, final: bool) -> None:
-        """What is due after this step: evaluation and last.pt, a snapshot, the head analysis."""
-        c = self.config
         if self.step % c.train.eval_every == 0 or final:  # rank 0 evaluates; every rank saves
             metrics.update(system.run_on_main(lambda: self._evaluate(metrics), self.dist) or {})
             self._save_last(metrics)
@@ -260,22 +234,29 @@ class Trainer:
             system.run_on_main(lambda: self._save_snapshot(metrics), self.dist)
         if self.is_main and (self.step % c.log.attn_every == 0 or final):
             self._log_heads(self.step)
+        spent = time.perf_counter() - busy
+        self.window.paused += spent
+        due = not final and self.step % check_every == 0  # a collective: every rank or none
+        if due and system.over_ranks(stop.requested, "max", self.dist):
+            self._save_last({**metrics, "interrupted_at": self.step})
+            raise Interrupted(stop.signal_name, self.step, max_steps, self.folder.last)
+        return out, spent
 
     def _open_run_folder(self) -> None:
         """Claim, lock and write the run folder (runs.open_run), say what the run is, open
         TensorBoard (rank 0)."""
         config_yaml = OmegaConf.to_yaml(OmegaConf.structured(self.config))
-        args = (self.resumed_from, self.run_id, self.step)
+        args = (self.resume_path, self.run_id, self.step)
         self.run_id = runs.open_run(self.out_dir, config_yaml, *args)
         log.info(self.describe())
         log.info(f"run folder: {self.out_dir.resolve()}")
-        if self.resumed_from is not None:
-            log.info(f"resumed from {self.resumed_from} at step {self.step}")
+        if self.resume_path is not None:
+            log.info(f"resumed from {self.resume_path} at step {self.step}")
         for line in self.notes:
             log.warning(line)
         # the checkpoint holds step k's state, so points up to k stand; later ones (written after
         # the checkpoint by a run that was killed) are dropped and written again from k + 1
-        purge = self.step + 1 if self.resumed_from else None
+        purge = self.step + 1 if self.resume_path else None
         self.writer = TensorBoardLogger(self.out_dir, purge_step=purge)
         if self.step == 0:
             self._log_heads(0)
@@ -307,10 +288,12 @@ class Trainer:
             lambda: self._checkpoint(metrics, resume=resume).save(self.folder.last), self.dist
         )
 
-    def _load_resume(self, path: Path) -> None:
+    def _load_resume(self) -> None:
+        """The state of last.pt (resume_path); each rank takes its own RNG and loss window where
+        the world size is the checkpoint's, else rank 0's RNG."""
         # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
         # state are copied to the device by load_state_dict
-        ckpt = Checkpoint.load(path, map_location="cpu")
+        ckpt = Checkpoint.load(self.resume_path, map_location="cpu")
         ckpt.check_resumable(self._checkpoint({}), self.global_batch, self.dist.world_size)
         r = ckpt.resume
         self.model.load_state_dict(ckpt.model)
@@ -320,16 +303,12 @@ class Trainer:
             self.ema.load_state_dict(r["ema"])
         if r.get("scaler"):
             self.scaler.load_state_dict(r["scaler"])
-        per_rank = r.get("ranks")
-        if per_rank and len(per_rank) == self.dist.world_size:
-            set_rng_state(per_rank[self.dist.rank]["rng"])
-            self.window = LossWindow(per_rank[self.dist.rank]["window"])
-        else:
-            set_rng_state(r["rng"])
-        self.best_val_loss = r["best_val_loss"]
-        self.step = ckpt.step
+        per_rank = r.get("ranks") or []
+        mine = per_rank[self.dist.rank] if len(per_rank) == self.dist.world_size else r
+        set_rng_state(mine["rng"])
+        self.window = LossWindow(mine.get("window"))
+        self.best_val_loss, self.step = r["best_val_loss"], ckpt.step
         self.history = {k: v for k, v in ckpt.metrics.items() if k != "interrupted_at"}
-        self.resumed_from = path
         was, c = ckpt.train_config["train"]["max_steps"], self.config
         if was != c.train.max_steps and c.optim.decay != "constant":  # said once claimed
             self.notes.append(
@@ -415,10 +394,8 @@ class Trainer:
         """The test loss of best.pt's weights (as makemore reports it), written into best.pt with,
         where it was chosen on an estimate, its whole-split validation loss; the model tested."""
         c, best_path = self.config, self.folder.best
-        model, best = self.eval_model, None
-        if best_path.exists():
-            best = Checkpoint.load(best_path, map_location="cpu")
-            model, _ = best.build_model(self.device)
+        best = Checkpoint.load(best_path, map_location="cpu") if best_path.exists() else None
+        model = best.build_model(self.device)[0] if best is not None else self.eval_model
         test = evaluate(model, self.datasets["test"], c.train.eval_batch_size, self.autocast)
         metrics["test_loss"] = test
         self.writer.scalars(self.step, {"loss/test": test})
@@ -434,19 +411,13 @@ class Trainer:
         return model
 
     def _finish(self, metrics: dict) -> None:
-        """After the last step (rank 0): best.pt tested, samples.txt, the HParams row, the test
-        loss line."""
+        """After the last step (rank 0): best.pt tested, the HParams row, the test loss line,
+        samples.txt."""
         c, m = self.config, self.model_config
-        model, lines = self._test_best_checkpoint(metrics), []
-        if c.train.num_samples:
-            shown = sample_for_run(model, self.data, c.train.num_samples, seed=c.seed)
-            lines = shown.lines
-            write_text(self.out_dir / "samples.txt", "\n".join(lines) + "\n")
-            metrics["samples"] = shown.items
-        hparams = {"heads": m.n_head, "n_layer": m.n_layer, "n_embd": m.n_embd}
-        hparams.update(params=metrics["params"], model=m.name, attn_impl=m.attn_impl)
-        hparams.update(batch_size=self.global_batch, lr=c.optim.lr, max_steps=c.train.max_steps)
-        hparams.update(dropout=m.dropout, seed=c.seed)
+        model = self._test_best_checkpoint(metrics)
+        hparams = dict(heads=m.n_head, n_layer=m.n_layer, n_embd=m.n_embd, params=metrics["params"])
+        hparams.update(model=m.name, attn_impl=m.attn_impl, batch_size=self.global_batch)
+        hparams.update(lr=c.optim.lr, max_steps=c.train.max_steps, dropout=m.dropout, seed=c.seed)
         keys = ("best_val_loss", "val_loss", "test_loss")
         scores = {f"result/{k}": metrics[k] for k in keys if k in metrics}
         self.writer.hparams(hparams, scores, step=self.step)
@@ -456,15 +427,17 @@ class Trainer:
             f"test loss {test:.4f} nats/char ({test / math.log(2):.3f} bits; best val "
             f"{best_val:.4f}) after {self.step} steps in {metrics['elapsed_s']:.1f} s"
         )
-        if lines:
-            log.info("samples:\n" + "\n".join(lines))
+        if c.train.num_samples:
+            shown = sample_for_run(model, self.data, c.train.num_samples, seed=c.seed)
+            write_text(self.out_dir / "samples.txt", "\n".join(shown.lines) + "\n")
+            metrics["samples"] = shown.items
+            log.info("samples:\n" + "\n".join(shown.lines))
 
 
 def rng_state() -> dict:
-    """This process's random state: torch (CPU), Python, and CUDA where it is in use."""
-    version, state, gauss = random.getstate()
-    python = {"version": version, "state": list(state), "gauss": gauss}
-    out = {"torch": torch.get_rng_state(), "python": python}
+    """This process's random state: torch's on the CPU, and CUDA's where it is in use (nothing
+    in training draws from Python's `random`: the data split has its own `random.Random`)."""
+    out = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda"] = torch.cuda.get_rng_state_all()
     return out
@@ -474,18 +447,15 @@ def set_rng_state(state: dict) -> None:
     """Restore rng_state()'s result (from a checkpoint loaded to any device): RNG states are CPU
     byte tensors, wherever torch.load's map_location put them."""
     torch.set_rng_state(state["torch"].detach().to("cpu", torch.uint8))
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([t.detach().to("cpu", torch.uint8) for t in state["cuda"]])
 
 
 def train(cfg) -> dict:
     """Train from a composed config (DictConfig, dict or Config) and return the final metrics."""
-    config = load_config(cfg)
     trainer, ended = None, False
     try:
-        trainer = Trainer(config)
+        trainer = Trainer(load_config(cfg))
         metrics = trainer.run()
         # rank 0 still evaluates and writes after the last step: a rank that left the process
         # group meanwhile would abort gloo ("terminate called without an active exception")
