@@ -118,19 +118,6 @@ def test_multirun_names_job_folders_by_their_overrides_and_the_readme_commands_t
     assert "heads=1" in table and "heads=2" in table
 
 
-@pytest.mark.parametrize(
-    "setting, says",
-    [
-        ("train.pack=1000000", "train.pack=1000000 with train.batch_size=128 needs about"),
-        ("optim.muon_lr=inf", "optim.muon_lr=inf must be a finite number"),
-    ],
-)
-def test_cli_bad_setting_is_one_line_before_the_run_folder_is_made(tmp_path, setting, says):
-    result = run("train.py", setting, f"hydra.run.dir={tmp_path}/r", cwd=tmp_path)
-    assert result.returncode == 2 and not (tmp_path / "r").exists()
-    assert result.stderr.startswith(f"microgpt: error: {says}") and result.stderr.count("\n") == 1
-
-
 def test_a_signal_during_the_final_analysis_stops_it_at_once(tiny_cfg):
     trainer = Trainer(load_config(tiny_cfg()))
     light_analysis = trainer._log_heads
