@@ -23,8 +23,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import entry, runs
-from microgpt.checkpoint import Checkpoint, CheckpointError
-from microgpt.errors import UserError
+from microgpt.checkpoint import Checkpoint
+from microgpt.errors import UserError, first_line
 from microgpt.files import read_regular
 from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
@@ -84,15 +84,7 @@ class RunSummary:
 
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
-    """{tag: [(step, value), ...]}: from metrics.jsonl (fast), else the event files."""
-    if not (run / METRICS_FILE).is_file():
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-        guidance = {"scalars": 0, "images": 1, "tensors": 1, "histograms": 1}
-        acc = EventAccumulator(str(run), size_guidance=guidance)
-        acc.Reload()
-        tags = acc.Tags().get("scalars", [])
-        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in tags}
+    """{tag: [(step, value), ...]} from the run's metrics.jsonl (every run writes one)."""
     out: dict[str, list[tuple[int, float]]] = {}
     for i, line in enumerate(read_metrics(run / METRICS_FILE), 1):
         if not isinstance(line, dict) or not isinstance(line.get("step"), int):
@@ -108,11 +100,8 @@ def _from_checkpoint(path: Path | None) -> tuple[int | None, str, int | None]:
     of the split") and step; (None, "?", None) without one."""
     if path is None:
         return None, "?", None
-    try:
-        ckpt = Checkpoint.load(path)
-        params = ckpt.build_model()[0].num_params()  # as training counts them
-    except CheckpointError as e:
-        raise CompareError(str(e)) from None
+    ckpt = Checkpoint.load(path)  # a CheckpointError makes the run unreadable (read_sweep)
+    params = ckpt.build_model()[0].num_params()  # as training counts them
     split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
     return params, f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
 
@@ -132,8 +121,7 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
         r.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
     layers: dict[int, list[float]] = {}
     for tag, points in scalars.items():
-        # runs logged before the per_head/ tags wrote attention_entropy/layer{l}/head{h}
-        layer = re.fullmatch(r"(?:per_head|attention_entropy)/layer(\d+)/head\d+(?:/entropy)?", tag)
+        layer = re.fullmatch(r"per_head/layer(\d+)/head\d+/entropy", tag)
         if layer and points:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
     r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
@@ -168,13 +156,13 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
     others: what a damaged run raises makes it unreadable, not compare)."""
     root = Path(folder)
     found, unreadable = [], []
-    broken = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSError)
+    config = (OmegaConfBaseException, yaml.YAMLError)
     for run in runs.find_runs(root):
         try:
             found.append(read_run(run, root))
-        except (*broken, OmegaConfBaseException, yaml.YAMLError) as e:
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if isinstance(e, (OmegaConfBaseException, yaml.YAMLError)):
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, *config) as e:
+            why = first_line(e)  # a UserError (CheckpointError, CompareError) is a ValueError
+            if isinstance(e, config):
                 why = f"config.yaml: {why}"
             elif isinstance(e, UnicodeDecodeError):
                 why = f"{METRICS_FILE} is not UTF-8 text"

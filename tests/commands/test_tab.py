@@ -148,14 +148,14 @@ def test_the_model_cache_is_bounded_and_reloads_a_rewritten_checkpoint(lab):
     run = lab / "sweep" / "heads=2" / "checkpoints"
     paths = [run / "best.pt", run / "last.pt", run / "step-000006.pt"]
     first = cache.get(paths[0])
-    assert cache.get(paths[0]) is first and len(cache) == 1
+    assert cache.get(paths[0]) is first and len(cache.items) == 1
     for path in paths[1:]:
         cache.get(path)
-    assert len(cache) == 2 and cache.get(paths[0]) is not first  # the oldest was dropped
+    assert len(cache.items) == 2 and cache.get(paths[0]) is not first  # the oldest was dropped
     small = ModelCache(max_bytes=first.nbytes + 1)
     for path in paths:
         small.get(path)
-    assert len(small) == 1 and small.nbytes <= first.nbytes + 1
+    assert len(small.items) == 1 and small.nbytes <= first.nbytes + 1
 
 
 # ----------------------------------------------------------------------------- in a browser

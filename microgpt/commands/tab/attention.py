@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
 
 from microgpt.checkpoint import Checkpoint, CheckpointError
 from microgpt.data.dataset import Data, DataError, checkpoint_format
@@ -48,15 +49,11 @@ class Loaded:
 
 def log_dirs(logdir: str | None, logdir_spec: str | None = None) -> dict[str, Path]:
     """{group name ("" for none): folder} from TensorBoard's --logdir, else its --logdir_spec
-    (`name:/path,/other/path`, as TensorBoard reads it); {} without either."""
+    (`name:/path,/other/path`, parsed by TensorBoard's own parser); {} without either."""
     if logdir:
         return {"": Path(logdir).expanduser()}
-    roots = {}
-    for spec in filter(None, (logdir_spec or "").split(",")):
-        named = ":" in spec and not spec.startswith("/") and "://" not in spec
-        name, path = spec.split(":", 1) if named else ("", spec)
-        roots[name] = Path(path).expanduser()
-    return roots
+    paths = _parse_event_files_spec(logdir_spec or None)  # {path: group name, or None}
+    return {name or "": Path(path) for path, name in paths.items()}
 
 
 def runs_under(roots: dict[str, Path]) -> dict[str, RunFolder]:
@@ -83,15 +80,9 @@ def load_model(path: Path) -> Loaded:
     try:
         ckpt = Checkpoint.load(path, map_location="cpu")
         model, tokenizer = ckpt.build_model("cpu")
-        data_format = checkpoint_format(ckpt)
-        val = ckpt.split.get("val") if isinstance(ckpt.split, dict) else None
-        return Loaded(
-            model=model,
-            tokenizer=tokenizer,
-            format=data_format,
-            step=int(ckpt.step or 0),
-            example=val[0] if isinstance(val, list) and val and isinstance(val[0], str) else None,
-        )
+        # the schema's split: lists of items (names), or a text's bounds (no "val")
+        example = next(iter((ckpt.split or {}).get("val") or []), None)
+        return Loaded(model, tokenizer, checkpoint_format(ckpt), ckpt.step or 0, example)
     except (CheckpointError, DataError) as e:
         raise InputError(str(e)) from None
     except Exception as e:  # a field of another type (step='abc'): this run only cannot be shown
@@ -104,8 +95,8 @@ class ModelCache:
 
     def __init__(self, max_models: int = MAX_MODELS, max_bytes: int = MAX_BYTES):
         self.max_models, self.max_bytes = max_models, max_bytes
-        self._items: OrderedDict[tuple, Loaded] = OrderedDict()
-        self._lock = threading.Lock()
+        self.items: OrderedDict[tuple, Loaded] = OrderedDict()
+        self.lock = threading.Lock()
 
     def get(self, path: Path) -> Loaded:
         try:
@@ -113,21 +104,18 @@ class ModelCache:
         except OSError:
             raise InputError(f"checkpoint {path} does not exist") from None
         key = (str(path), stat.st_size, stat.st_mtime_ns)
-        with self._lock:
-            if key not in self._items:
-                self._items[key] = load_model(path)
-            self._items.move_to_end(key)
-            loaded = self._items[key]
-            while len(self) > 1 and (len(self) > self.max_models or self.nbytes > self.max_bytes):
-                self._items.popitem(last=False)
+        with self.lock:
+            loaded = self.items.pop(key, None) or load_model(path)
+            self.items[key] = loaded  # the most recently used last
+            while len(self.items) > 1 and (
+                len(self.items) > self.max_models or self.nbytes > self.max_bytes
+            ):
+                self.items.popitem(last=False)
             return loaded
 
     @property
     def nbytes(self) -> int:
-        return sum(item.nbytes for item in self._items.values())
-
-    def __len__(self) -> int:
-        return len(self._items)
+        return sum(item.nbytes for item in self.items.values())
 
 
 def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
