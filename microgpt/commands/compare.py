@@ -47,7 +47,7 @@ class CompareError(UserError):
 class RunSummary:
     name: str  # the run folder, relative to the compared folder ("heads=4")
     path: Path
-    heads: int | None
+    heads: int
     params: int | None
     best_val_loss: float = math.nan
     test_loss: float = math.nan
@@ -76,11 +76,7 @@ class RunSummary:
 
     @property
     def label(self) -> str:
-        return (
-            self.name
-            if self.heads is None
-            else f"{self.heads} head{'s' if self.heads != 1 else ''}"
-        )
+        return f"{self.heads} head{'s' if self.heads != 1 else ''}"
 
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
@@ -108,12 +104,12 @@ def _from_checkpoint(path: Path | None) -> tuple[int | None, str, int | None]:
 
 def read_run(folder: RunFolder, root: Path) -> RunSummary:
     run = folder.path
-    cfg = OmegaConf.load(run / "config.yaml")
+    # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
+    heads = OmegaConf.load(run / "config.yaml").model.n_head  # none: an OmegaConf error
     scalars = _scalars(run)
     checkpoint = folder.default_checkpoint()
     params, data, step = _from_checkpoint(checkpoint)
-    # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
-    r = RunSummary(_name(run, root), run, OmegaConf.select(cfg, "model.n_head"), params, data=data)
+    r = RunSummary(_name(run, root), run, heads, params, data=data)
     r.best_val_loss = min((v for _, v in scalars.get("loss/val", [])), default=math.nan)
     if scalars.get("loss/test"):
         r.test_loss = scalars["loss/test"][-1][1]
@@ -167,7 +163,7 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
             elif isinstance(e, UnicodeDecodeError):
                 why = f"{METRICS_FILE} is not UTF-8 text"
             unreadable.append((_name(run.path, root), why))
-    found.sort(key=lambda r: (r.heads if r.heads is not None else math.inf, r.name))
+    found.sort(key=lambda r: (r.heads, r.name))
     return found, unreadable
 
 
@@ -208,7 +204,7 @@ def format_table(runs: list[RunSummary]) -> str:
 def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str]:
     row = [
         r.name,
-        "-" if r.heads is None else str(r.heads),
+        str(r.heads),
         "-" if r.params is None else f"{r.params:,}",
         _num(r.best_val_loss),
         _num(r.test_loss),

@@ -1,15 +1,14 @@
 """What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory, and every
 head's attention of one run's checkpoint on a typed input, loaded lazily and safely onto the CPU
-into a bounded `ModelCache`. A user's mistake is an `InputError`, whose message the page shows."""
+into a bounded cache (cached_model). A user's mistake is an `InputError`, which the page shows."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
 
 MAX_MODELS = 8  # models kept loaded at once
-MAX_BYTES = 512 * 2**20  # and their weights' bytes at most
 DIGITS = 3  # attention weights are sent rounded to this many decimals
 
 
@@ -40,11 +38,6 @@ class Loaded:
     format: type[Data]
     step: int
     example: str | None  # the first validation item, for a names run
-
-    @property
-    def nbytes(self) -> int:
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def log_dirs(logdir: str | None, logdir_spec: str | None = None) -> dict[str, Path]:
@@ -89,33 +82,19 @@ def load_model(path: Path) -> Loaded:
         raise InputError(f"{path} cannot be read ({type(e).__name__}: {e})") from None
 
 
-class ModelCache:
-    """Loaded checkpoints, thread-safe, least recently used dropped past `max_models` or
-    `max_bytes`; a checkpoint rewritten since (another size or time) is loaded again."""
+def cached_model(path: Path) -> Loaded:
+    """load_model, through a cache of the MAX_MODELS checkpoints used last; a checkpoint rewritten
+    since (another size or time) is loaded again."""
+    try:
+        stat = path.stat()
+    except OSError:
+        raise InputError(f"checkpoint {path} does not exist") from None
+    return _load_once(path, stat.st_size, stat.st_mtime_ns)
 
-    def __init__(self, max_models: int = MAX_MODELS, max_bytes: int = MAX_BYTES):
-        self.max_models, self.max_bytes = max_models, max_bytes
-        self.items: OrderedDict[tuple, Loaded] = OrderedDict()
-        self.lock = threading.Lock()
 
-    def get(self, path: Path) -> Loaded:
-        try:
-            stat = path.stat()
-        except OSError:
-            raise InputError(f"checkpoint {path} does not exist") from None
-        key = (str(path), stat.st_size, stat.st_mtime_ns)
-        with self.lock:
-            loaded = self.items.pop(key, None) or load_model(path)
-            self.items[key] = loaded  # the most recently used last
-            while len(self.items) > 1 and (
-                len(self.items) > self.max_models or self.nbytes > self.max_bytes
-            ):
-                self.items.popitem(last=False)
-            return loaded
-
-    @property
-    def nbytes(self) -> int:
-        return sum(item.nbytes for item in self.items.values())
+@functools.lru_cache(maxsize=MAX_MODELS)  # thread-safe; keyed by the file's size and time too
+def _load_once(path: Path, size: int, mtime_ns: int) -> Loaded:
+    return load_model(path)
 
 
 def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
@@ -172,9 +151,8 @@ def _number(x) -> float | None:
 class RunStore:
     """The runs under the log dirs (log_dirs) and their models, as the tab asks for them."""
 
-    def __init__(self, roots: dict[str, Path], cache: ModelCache | None = None):
+    def __init__(self, roots: dict[str, Path]):
         self.roots = roots  # {} when TensorBoard was started without --logdir: no runs
-        self.cache = cache or ModelCache()
 
     def runs(self) -> list[dict]:
         """Every run: its name, its checkpoints (the default first) and those analysed; a run
@@ -195,7 +173,7 @@ class RunStore:
         for run in runs_under(self.roots).values():
             with contextlib.suppress(InputError, OSError):
                 default = run.default_checkpoint()
-                loaded = self.cache.get(default) if default is not None else None
+                loaded = cached_model(default) if default is not None else None
                 if loaded is not None and loaded.example:
                     return loaded.example
         return None
@@ -218,7 +196,7 @@ class RunStore:
         if checkpoint not in checkpoints:
             raise InputError(f"{name} has no checkpoint {checkpoint!r}; it has {checkpoints}")
         try:
-            loaded = self.cache.get(run.checkpoints / checkpoint)
+            loaded = cached_model(run.checkpoints / checkpoint)
         except InputError as e:
             raise InputError(f"{name}: {e}") from None
         ids = encode_input(loaded, text, name)
