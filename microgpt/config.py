@@ -48,14 +48,6 @@ def require_at_least(group, prefix: str, least: int, names, note: str = "") -> N
         require(value >= least, f"{prefix}{name}={value} must be at least {least}{note}")
 
 
-def require_finite(group, prefix: str) -> None:
-    """Every float setting of `group` (a dataclass) finite: inf or nan refused by its name."""
-    for f in dataclasses.fields(group):
-        value = getattr(group, f.name)
-        finite = not isinstance(value, float) or math.isfinite(value)
-        require(finite, f"{prefix}{f.name}={value} must be a finite number")
-
-
 def flatten(d, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}: nested mappings as dotted keys."""
     out = {}
@@ -101,7 +93,10 @@ class OptimConfig:
 
     def __post_init__(self):
         require_choice("optim.name", self.name, OPTIMIZERS)
-        require_finite(self, "optim.")
+        for f in dataclasses.fields(self):  # every float finite (the other groups' bounds are)
+            value = getattr(self, f.name)
+            finite = not isinstance(value, float) or math.isfinite(value)
+            require(finite, f"optim.{f.name}={value} must be a finite number")
         for name, typical in (("lr", "1e-3"), ("muon_lr", "0.02"), ("eps", "1e-8")):
             value = getattr(self, name)
             require(value > 0, f"optim.{name}={value} must be > 0 (typical: {typical})")
@@ -138,7 +133,6 @@ class TrainConfig:
     progress: bool | None = None  # tqdm bar; null = only when stderr is a terminal
 
     def __post_init__(self):
-        require_finite(self, "train.")
         steps = ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every")
         require_at_least(self, "train.", 1, steps)
         require_at_least(self, "train.", 0, ("save_every", "pack", "num_samples"), " (0 = none)")

@@ -236,8 +236,8 @@ def _check_job(c: Config, job: list[str]) -> None:
     # joined the process group, so after these checks): a refused one stops all ranks at once
     what = "a run" if not resume else None
     _check_folder(named, "hydra.run.dir", "outputs", what)
-    if c.out_dir != ".":
-        _check_folder(named, "out_dir", "", what)
+    if c.out_dir != ".":  # given on the command line (_job_error sets the default)
+        runs.check_new(c.out_dir, "out_dir", what, ours=False)
     if isinstance(resume, str):  # a named run or checkpoint that is not there fails here
         runs.resolve_resume(resume)
 
@@ -245,5 +245,4 @@ def _check_job(c: Config, job: list[str]) -> None:
 def _check_folder(named: dict, key: str, default: str, what: str | None) -> None:
     """The folder `key` names (else `default`): refused to `what` when named, else if unusable."""
     folder = named.get(key, "").strip("'\"") or default
-    if folder:
-        runs.check_new(folder, key, what if key in named else None, ours=False)
+    runs.check_new(folder, key, what if key in named else None, ours=False)

@@ -39,16 +39,12 @@ SUMMARY_COLUMNS = {
 }
 
 
-class CompareError(UserError):
-    """Nothing to compare (no such folder, no runs in it)."""
-
-
 @dataclass
 class RunSummary:
     name: str  # the run folder, relative to the compared folder ("heads=4")
     path: Path
     heads: int
-    params: int | None
+    params: int | None = None  # None: no checkpoint yet
     best_val_loss: float = math.nan
     test_loss: float = math.nan
     tokens_per_sec: float = math.nan
@@ -84,22 +80,11 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     for i, line in enumerate(read_metrics(run / METRICS_FILE), 1):
         if not isinstance(line, dict) or not isinstance(line.get("step"), int):
-            raise CompareError(f"{METRICS_FILE}: record {i} is not a {{step: ..., tag: value}}")
+            raise UserError(f"{METRICS_FILE}: record {i} is not a {{step: ..., tag: value}}")
         for tag, value in line.items():
             if tag not in ("step", "time"):
                 out.setdefault(tag, []).append((line["step"], value))
     return out
-
-
-def _from_checkpoint(path: Path | None) -> tuple[int | None, str, int | None]:
-    """The default checkpoint's (runs: best.pt, else last.pt) parameter count, data ("path #hash
-    of the split") and step; (None, "?", None) without one."""
-    if path is None:
-        return None, "?", None
-    ckpt = Checkpoint.load(path)  # a CheckpointError makes the run unreadable (read_sweep)
-    params = ckpt.build_model()[0].num_params()  # as training counts them
-    split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
-    return params, f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
 
 
 def read_run(folder: RunFolder, root: Path) -> RunSummary:
@@ -107,18 +92,21 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
     heads = OmegaConf.load(run / "config.yaml").model.n_head  # none: an OmegaConf error
     scalars = _scalars(run)
-    checkpoint = folder.default_checkpoint()
-    params, data, step = _from_checkpoint(checkpoint)
-    r = RunSummary(_name(run, root), run, heads, params, data=data)
-    r.best_val_loss = min((v for _, v in scalars.get("loss/val", [])), default=math.nan)
-    if scalars.get("loss/test"):
-        r.test_loss = scalars["loss/test"][-1][1]
-    if scalars.get("tokens_per_sec"):
-        r.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
+    r, step = RunSummary(_name(run, root), run, heads), None
+    checkpoint = folder.default_checkpoint()  # best.pt, else last.pt
+    if checkpoint is not None:  # a CheckpointError makes the run unreadable (read_sweep)
+        ckpt = Checkpoint.load(checkpoint)
+        r.params, step = ckpt.build_model()[0].num_params(), ckpt.step  # as training counts them
+        split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
+        r.data = f"{ckpt.data.get('path', '?')} #{split}"  # the data: its path and split's hash
+    values = {tag: [value for _, value in points] for tag, points in scalars.items()}
+    r.best_val_loss = min(values.get("loss/val", []), default=math.nan)
+    r.test_loss = values.get("loss/test", [math.nan])[-1]
+    r.tokens_per_sec = statistics.median(values.get("tokens_per_sec", [math.nan]))
     layers: dict[int, list[float]] = {}
-    for tag, points in scalars.items():
+    for tag, points in scalars.items():  # each tag has a point (_scalars)
         layer = re.fullmatch(r"per_head/layer(\d+)/head\d+/entropy", tag)
-        if layer and points:  # the last step's value
+        if layer:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
     r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
     r.heads_summary, r.heads_step, r.latest_step = _heads_summary(
@@ -157,7 +145,7 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
         try:
             found.append(read_run(run, root))
         except (ValueError, KeyError, TypeError, AttributeError, OSError, *config) as e:
-            why = first_line(e)  # a UserError (CheckpointError, CompareError) is a ValueError
+            why = first_line(e)  # a UserError (a CheckpointError, ...) is a ValueError
             if isinstance(e, config):
                 why = f"config.yaml: {why}"
             elif isinstance(e, UnicodeDecodeError):
@@ -181,16 +169,20 @@ def _layer_header(name: str, n: int) -> list[str]:
     return [f"{name} L{i}" if i == 0 else f"L{i}" for i in range(n)]
 
 
+def _per_layer(values: list[float], n: int, fmt: str) -> list[str]:
+    """A cell per layer of the widest run, "-" where this run has fewer layers."""
+    return [_num(x, fmt) for x in values + [None] * (n - len(values))]
+
+
 def format_table(runs: list[RunSummary]) -> str:
     """One row per run, columns aligned; then the lowest validation loss (per data set)."""
     n_layers = max((len(r.entropy) for r in runs), default=0)
     n_imp = max((len(r.importance_max) for r in runs), default=0)
-    header = ["run", "heads", "params", "best val", "test", "tok/s"]
-    header += _layer_header("entropy", n_layers)
     # the roles some run has (mixed always; nan > 0 is False), not 18 columns mostly of zeros
     roles = [x for x in ROLES if x == "mixed" or any(r.role_counts[x] > 0 for r in runs)]
-    header += ["heads step", "prunable", *_layer_header("importance", n_imp), *SUMMARY_COLUMNS]
-    header += roles
+    header = ["run", "heads", "params", "best val", "test", "tok/s"]
+    header += [*_layer_header("entropy", n_layers), "heads step", "prunable"]
+    header += [*_layer_header("importance", n_imp), *SUMMARY_COLUMNS, *roles]
     rows = [_row(r, n_layers, n_imp, roles) for r in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = []
@@ -202,22 +194,13 @@ def format_table(runs: list[RunSummary]) -> str:
 
 
 def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str]:
-    row = [
-        r.name,
-        str(r.heads),
-        "-" if r.params is None else f"{r.params:,}",
-        _num(r.best_val_loss),
-        _num(r.test_loss),
-        _rate(r.tokens_per_sec),
-    ]
-    row += [_num(x, ".3f") for x in r.entropy + [None] * (n_layers - len(r.entropy))]
-    row.append("-" if r.heads_step is None else f"{r.heads_step}{'*' if _stale(r) else ''}")
-    row.append(_num(r.summary("prunable"), ".0f"))
-    importance = r.importance_max
-    row += [_num(x, ".4f") for x in importance + [None] * (n_imp - len(importance))]
+    params = "-" if r.params is None else f"{r.params:,}"
+    step = "-" if r.heads_step is None else f"{r.heads_step}{'*' if _stale(r) else ''}"
+    row = [r.name, str(r.heads), params, _num(r.best_val_loss), _num(r.test_loss)]
+    row += [_rate(r.tokens_per_sec), *_per_layer(r.entropy, n_layers, ".3f"), step]
+    row += [_num(r.summary("prunable"), ".0f"), *_per_layer(r.importance_max, n_imp, ".4f")]
     row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
-    row += [_num(r.role_counts[role], ".0f") for role in roles]
-    return row
+    return row + [_num(r.role_counts[role], ".0f") for role in roles]
 
 
 def _stale(r: RunSummary) -> str:
@@ -263,7 +246,7 @@ def _main(argv: list[str] | None) -> None:
     runs, unreadable = read_sweep(args.folder)
     if not runs:
         why = "; ".join(f"{name}: {reason}" for name, reason in unreadable)
-        raise CompareError(f"no run under {args.folder} can be read ({why})")
+        raise UserError(f"no run under {args.folder} can be read ({why})")
     print(format_table(runs))
     for name, why in unreadable:
         print(f"unreadable: {name} ({why})")

@@ -68,8 +68,10 @@ def checkpoints_of(run: RunFolder) -> list[str]:
     return names
 
 
-def load_model(path: Path) -> Loaded:
-    """Load a checkpoint safely onto the CPU; an InputError saying what is wrong with it."""
+@functools.lru_cache(maxsize=MAX_MODELS)  # thread-safe; the file's size and time in the key
+def load_model(path: Path, size: int, mtime_ns: int) -> Loaded:
+    """Load a checkpoint safely onto the CPU (cached_model: once per size and time); an InputError
+    saying what is wrong with it."""
     try:
         ckpt = Checkpoint.load(path, map_location="cpu")
         model, tokenizer = ckpt.build_model("cpu")
@@ -78,7 +80,7 @@ def load_model(path: Path) -> Loaded:
         return Loaded(model, tokenizer, checkpoint_format(ckpt), ckpt.step or 0, example)
     except (CheckpointError, DataError) as e:
         raise InputError(str(e)) from None
-    except Exception as e:  # a field of another type (step='abc'): this run only cannot be shown
+    except Exception as e:  # anything else (a model that cannot be built): this run only
         raise InputError(f"{path} cannot be read ({type(e).__name__}: {e})") from None
 
 
@@ -89,12 +91,7 @@ def cached_model(path: Path) -> Loaded:
         stat = path.stat()
     except OSError:
         raise InputError(f"checkpoint {path} does not exist") from None
-    return _load_once(path, stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=MAX_MODELS)  # thread-safe; keyed by the file's size and time too
-def _load_once(path: Path, size: int, mtime_ns: int) -> Loaded:
-    return load_model(path)
+    return load_model(path, stat.st_size, stat.st_mtime_ns)
 
 
 def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
@@ -134,11 +131,11 @@ def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[d
     for row in analysis["heads"]:
         layer, head = row.get("layer"), row.get("head")
         if isinstance(layer, int) and isinstance(head, int) and layer < n_layer and head < n_head:
-            role, score, importance = row.get("role"), row.get("score"), row.get("zero_importance")
+            role = row.get("role")
             labels[layer][head] = {
                 "role": role if isinstance(role, str) else "?",
-                "score": _number(score),
-                "importance": _number(importance),
+                "score": _number(row.get("score")),
+                "importance": _number(row.get("zero_importance")),
             }
     return labels
 
@@ -171,11 +168,10 @@ class RunStore:
     def example(self) -> str | None:
         """An input to start with: the first validation name of the first run that has one."""
         for run in runs_under(self.roots).values():
-            with contextlib.suppress(InputError, OSError):
-                default = run.default_checkpoint()
-                loaded = cached_model(default) if default is not None else None
-                if loaded is not None and loaded.example:
-                    return loaded.example
+            with contextlib.suppress(InputError, OSError):  # an unreadable folder: the next run
+                default = run.default_checkpoint()  # None: no checkpoint yet
+                if default is not None and (example := cached_model(default).example):
+                    return example
         return None
 
     @torch.no_grad()
