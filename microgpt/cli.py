@@ -40,8 +40,7 @@ def register() -> None:
     ConfigStore.instance().store(name="schema", node=Config)
     ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
     for name, fn in (("microgpt_run_dir", run_dir), ("microgpt_job_dir", job_dir)):
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, fn)
+        OmegaConf.register_new_resolver(name, fn, replace=True)
     quiet_other_ranks(sys.argv)
 
 

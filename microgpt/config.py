@@ -6,7 +6,6 @@ through `load_config` (OmegaConf.to_object): library code receives these plain d
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -18,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import system
 from microgpt.data.dataset import data_format
-from microgpt.errors import SamplingError, UserError, first_line
+from microgpt.errors import UserError, first_line
 from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
 from microgpt.system import DEVICES, PRECISIONS, check_threads
@@ -33,14 +32,13 @@ class ConfigError(UserError):
     """A bad setting; the message names it and what would be valid."""
 
 
-def require(ok: bool, message: str, error: type[Exception] = ConfigError) -> None:
+def require(ok: bool, message: str) -> None:
     if not ok:
-        raise error(message)
+        raise ConfigError(message)
 
 
-def require_choice(setting: str, value, choices, error: type[Exception] = ConfigError) -> None:
-    message = f"{setting}={value!r} is unknown; choose one of {list(choices)}"
-    require(value in choices, message, error)
+def require_choice(setting: str, value, choices) -> None:
+    require(value in choices, f"{setting}={value!r} is unknown; choose one of {list(choices)}")
 
 
 def require_at_least(group, prefix: str, least: int, names, note: str = "") -> None:
@@ -48,14 +46,6 @@ def require_at_least(group, prefix: str, least: int, names, note: str = "") -> N
     for name in names:
         value = getattr(group, name)
         require(value >= least, f"{prefix}{name}={value} must be at least {least}{note}")
-
-
-def require_finite(group, prefix: str) -> None:
-    """Every float setting of `group` (a dataclass) finite: inf or nan refused by its name."""
-    for f in dataclasses.fields(group):
-        value = getattr(group, f.name)
-        finite = not isinstance(value, float) or math.isfinite(value)
-        require(finite, f"{prefix}{f.name}={value} must be a finite number")
 
 
 def flatten(d, prefix: str = "") -> dict:
@@ -102,8 +92,11 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
 
     def __post_init__(self):
-        require(self.name in OPTIMIZERS, f"optim.name={self.name!r} is unknown; use {OPTIMIZERS}")
-        require_finite(self, "optim.")
+        require_choice("optim.name", self.name, OPTIMIZERS)
+        for f in dataclasses.fields(self):  # every float finite (the other groups' bounds are)
+            value = getattr(self, f.name)
+            finite = not isinstance(value, float) or math.isfinite(value)
+            require(finite, f"optim.{f.name}={value} must be a finite number")
         for name, typical in (("lr", "1e-3"), ("muon_lr", "0.02"), ("eps", "1e-8")):
             value = getattr(self, name)
             require(value > 0, f"optim.{name}={value} must be > 0 (typical: {typical})")
@@ -140,7 +133,6 @@ class TrainConfig:
     progress: bool | None = None  # tqdm bar; null = only when stderr is a terminal
 
     def __post_init__(self):
-        require_finite(self, "train.")
         steps = ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every")
         require_at_least(self, "train.", 1, steps)
         require_at_least(self, "train.", 0, ("save_every", "pack", "num_samples"), " (0 = none)")
@@ -228,27 +220,26 @@ class SampleConfig:
     run: str | None = None  # a run folder: its checkpoints/best.pt, else last.pt
 
     def __post_init__(self):
-        check = functools.partial(require, error=SamplingError)
         names = ("temperature", "top_k", "top_p", "prefix", "num_samples", "batch_size", "seed")
         check_sampling_args(max_len=self.max_len, **{name: getattr(self, name) for name in names})
-        require_choice("device", self.device, DEVICES, SamplingError)
+        require_choice("device", self.device, DEVICES)
         check_threads(self.threads)  # a ThreadsError
-        check(
+        require(
             self.ckpt is None or self.run is None,
             f"give ckpt=PATH or run=FOLDER, not both (ckpt={self.ckpt!r}, run={self.run!r})",
         )
         if self.out not in (None, "-"):  # out=-: standard output
             out = Path(self.out).expanduser()
-            check(self.out and not out.is_dir(), f"out={self.out!r} must name a file, not a folder")
-            check(out.parent.is_dir(), f"out={self.out}: folder {out.parent} does not exist")
+            require(not out.is_dir(), f"out={self.out!r} must name a file, not a folder")
+            require(out.parent.is_dir(), f"out={self.out}: folder {out.parent} does not exist")
 
 
 def load_config(cfg, schema: type = Config, given=None):
     """A composed config (DictConfig, dict, or the schema itself) validated into `schema`; a
-    ConfigError (SamplingError for SampleConfig) names a bad setting. `given`: the keys the user
+    UserError (a ConfigError, or the SamplingError, DataError, ... of the check that refused it)
+    names a bad setting. `given`: the keys the user
     set by name (a command line's); None: every key of a plain dict, none of a DictConfig (whose
     model preset sets the n_head that `heads` replaces)."""
-    error = SamplingError if schema is SampleConfig else ConfigError
     if isinstance(cfg, schema):
         return cfg
     if given is None:
@@ -265,13 +256,11 @@ def load_config(cfg, schema: type = Config, given=None):
         # threads=auto takes OMP_NUM_THREADS: one that is no count is refused here, once
         system.choose_threads(config.threads, 1, os.environ)
         return config
-    except UserError as e:  # OMP_NUM_THREADS, heads=
-        raise error(str(e)) from None
     except OmegaConfBaseException as e:  # a schema's own check, or OmegaConf's (a bad type)
         if isinstance(e.__cause__, UserError):
-            raise error(str(e.__cause__)) from None
+            raise e.__cause__ from None
         key, first = getattr(e, "full_key", None), first_line(e)
-        raise error(f"bad setting {key}: {first}" if key else first) from None
+        raise ConfigError(f"bad setting {key}: {first}" if key else first) from None
 
 
 def _apply_heads(merged: DictConfig, n_head_given: bool) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import itertools
 import json
 import os
 import shutil
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -70,15 +70,9 @@ def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> Non
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     """Every job of a -m command line, as Hydra's basic sweeper makes them (heads=1,2
-    seed=range(2) -> 4 jobs); HydraException if unreadable."""
-    choices = {}
-    for o in OverridesParser.create().parse_overrides(overrides):
-        if o.is_sweep_override() and not o.is_discrete_sweep():
-            raise HydraException(f"{o.input_line}: the basic sweeper sweeps lists only")
-        key = o.get_key_element()
-        values = o.sweep_string_iterator() if o.is_sweep_override() else []
-        choices[key] = [f"{key}={v}" for v in values or [o.get_value_element_as_str()]]
-    return [list(job) for job in itertools.product(*choices.values())]
+    seed=range(2) -> 4 jobs, by the sweeper's own code); HydraException if unreadable."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]  # one batch: every job
 
 
 def _settings(job: list[str]) -> dict[str, str]:
@@ -242,8 +236,8 @@ def _check_job(c: Config, job: list[str]) -> None:
     # joined the process group, so after these checks): a refused one stops all ranks at once
     what = "a run" if not resume else None
     _check_folder(named, "hydra.run.dir", "outputs", what)
-    if c.out_dir != ".":
-        _check_folder(named, "out_dir", "", what)
+    if c.out_dir != ".":  # given on the command line (_job_error sets the default)
+        runs.check_new(c.out_dir, "out_dir", what, ours=False)
     if isinstance(resume, str):  # a named run or checkpoint that is not there fails here
         runs.resolve_resume(resume)
 
@@ -251,5 +245,4 @@ def _check_job(c: Config, job: list[str]) -> None:
 def _check_folder(named: dict, key: str, default: str, what: str | None) -> None:
     """The folder `key` names (else `default`): refused to `what` when named, else if unusable."""
     folder = named.get(key, "").strip("'\"") or default
-    if folder:
-        runs.check_new(folder, key, what if key in named else None, ours=False)
+    runs.check_new(folder, key, what if key in named else None, ours=False)

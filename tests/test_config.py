@@ -10,8 +10,8 @@ import threading
 import pytest
 from omegaconf import OmegaConf
 
-from microgpt.config import ConfigError, SampleConfig, load_config
-from microgpt.errors import SamplingError
+from microgpt.config import SampleConfig, load_config
+from microgpt.errors import UserError
 from tests.conftest import compose_config
 
 
@@ -68,7 +68,7 @@ def test_a_warmup_longer_than_the_run_is_cut_to_a_tenth_of_it_and_said():
 
 
 # Each schema check: settings as on the command line (OmegaConf's dotlist), a regex of the error.
-# "sample:" rows are sample.py's SampleConfig (a SamplingError); the rest train.py's Config.
+# "sample:" rows are sample.py's SampleConfig; the rest train.py's Config.
 BAD = [
     ("heads=3", r"n_embd=64 is not divisible by heads=3.*heads in \[1, 2, 4, 8, 16, 32, 64\]"),
     ("heads=0", r"heads=0 must be a positive integer"),
@@ -141,9 +141,9 @@ BAD = [
 
 @pytest.mark.parametrize("settings,message", BAD, ids=[s for s, _ in BAD])
 def test_a_bad_setting_is_refused_by_its_schema_naming_it(settings, message):
-    schema, error = (SampleConfig, SamplingError) if "sample: " in settings else (None, ConfigError)
+    schema = SampleConfig if "sample: " in settings else None
     dotlist = settings.removeprefix("sample: ").split()
-    with pytest.raises(error, match=message) as info:
+    with pytest.raises(UserError, match=message) as info:
         load_config(OmegaConf.from_dotlist(dotlist), *([schema] if schema else []))
     assert "\n" not in str(info.value)
 

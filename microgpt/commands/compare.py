@@ -23,8 +23,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import entry, runs
-from microgpt.checkpoint import Checkpoint, CheckpointError
-from microgpt.errors import UserError
+from microgpt.checkpoint import Checkpoint
+from microgpt.errors import UserError, first_line
 from microgpt.files import read_regular
 from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
@@ -39,16 +39,12 @@ SUMMARY_COLUMNS = {
 }
 
 
-class CompareError(UserError):
-    """Nothing to compare (no such folder, no runs in it)."""
-
-
 @dataclass
 class RunSummary:
     name: str  # the run folder, relative to the compared folder ("heads=4")
     path: Path
-    heads: int | None
-    params: int | None
+    heads: int
+    params: int | None = None  # None: no checkpoint yet
     best_val_loss: float = math.nan
     test_loss: float = math.nan
     tokens_per_sec: float = math.nan
@@ -76,65 +72,41 @@ class RunSummary:
 
     @property
     def label(self) -> str:
-        return (
-            self.name
-            if self.heads is None
-            else f"{self.heads} head{'s' if self.heads != 1 else ''}"
-        )
+        return f"{self.heads} head{'s' if self.heads != 1 else ''}"
 
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
-    """{tag: [(step, value), ...]}: from metrics.jsonl (fast), else the event files."""
-    if not (run / METRICS_FILE).is_file():
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-        guidance = {"scalars": 0, "images": 1, "tensors": 1, "histograms": 1}
-        acc = EventAccumulator(str(run), size_guidance=guidance)
-        acc.Reload()
-        tags = acc.Tags().get("scalars", [])
-        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in tags}
+    """{tag: [(step, value), ...]} from the run's metrics.jsonl (every run writes one)."""
     out: dict[str, list[tuple[int, float]]] = {}
     for i, line in enumerate(read_metrics(run / METRICS_FILE), 1):
         if not isinstance(line, dict) or not isinstance(line.get("step"), int):
-            raise CompareError(f"{METRICS_FILE}: record {i} is not a {{step: ..., tag: value}}")
+            raise UserError(f"{METRICS_FILE}: record {i} is not a {{step: ..., tag: value}}")
         for tag, value in line.items():
             if tag not in ("step", "time"):
                 out.setdefault(tag, []).append((line["step"], value))
     return out
 
 
-def _from_checkpoint(path: Path | None) -> tuple[int | None, str, int | None]:
-    """The default checkpoint's (runs: best.pt, else last.pt) parameter count, data ("path #hash
-    of the split") and step; (None, "?", None) without one."""
-    if path is None:
-        return None, "?", None
-    try:
-        ckpt = Checkpoint.load(path)
-        params = ckpt.build_model()[0].num_params()  # as training counts them
-    except CheckpointError as e:
-        raise CompareError(str(e)) from None
-    split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
-    return params, f"{ckpt.data.get('path', '?')} #{split}", ckpt.step
-
-
 def read_run(folder: RunFolder, root: Path) -> RunSummary:
     run = folder.path
-    cfg = OmegaConf.load(run / "config.yaml")
-    scalars = _scalars(run)
-    checkpoint = folder.default_checkpoint()
-    params, data, step = _from_checkpoint(checkpoint)
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
-    r = RunSummary(_name(run, root), run, OmegaConf.select(cfg, "model.n_head"), params, data=data)
-    r.best_val_loss = min((v for _, v in scalars.get("loss/val", [])), default=math.nan)
-    if scalars.get("loss/test"):
-        r.test_loss = scalars["loss/test"][-1][1]
-    if scalars.get("tokens_per_sec"):
-        r.tokens_per_sec = statistics.median(v for _, v in scalars["tokens_per_sec"])
+    heads = OmegaConf.load(run / "config.yaml").model.n_head  # none: an OmegaConf error
+    scalars = _scalars(run)
+    r, step = RunSummary(_name(run, root), run, heads), None
+    checkpoint = folder.default_checkpoint()  # best.pt, else last.pt
+    if checkpoint is not None:  # a CheckpointError makes the run unreadable (read_sweep)
+        ckpt = Checkpoint.load(checkpoint)
+        r.params, step = ckpt.build_model()[0].num_params(), ckpt.step  # as training counts them
+        split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
+        r.data = f"{ckpt.data.get('path', '?')} #{split}"  # the data: its path and split's hash
+    values = {tag: [value for _, value in points] for tag, points in scalars.items()}
+    r.best_val_loss = min(values.get("loss/val", []), default=math.nan)
+    r.test_loss = values.get("loss/test", [math.nan])[-1]
+    r.tokens_per_sec = statistics.median(values.get("tokens_per_sec", [math.nan]))
     layers: dict[int, list[float]] = {}
-    for tag, points in scalars.items():
-        # runs logged before the per_head/ tags wrote attention_entropy/layer{l}/head{h}
-        layer = re.fullmatch(r"(?:per_head|attention_entropy)/layer(\d+)/head\d+(?:/entropy)?", tag)
-        if layer and points:  # the last step's value
+    for tag, points in scalars.items():  # each tag has a point (_scalars)
+        layer = re.fullmatch(r"per_head/layer(\d+)/head\d+/entropy", tag)
+        if layer:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
     r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
     r.heads_summary, r.heads_step, r.latest_step = _heads_summary(
@@ -168,18 +140,18 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
     others: what a damaged run raises makes it unreadable, not compare)."""
     root = Path(folder)
     found, unreadable = [], []
-    broken = (CompareError, ValueError, KeyError, TypeError, AttributeError, OSError)
+    config = (OmegaConfBaseException, yaml.YAMLError)
     for run in runs.find_runs(root):
         try:
             found.append(read_run(run, root))
-        except (*broken, OmegaConfBaseException, yaml.YAMLError) as e:
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if isinstance(e, (OmegaConfBaseException, yaml.YAMLError)):
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, *config) as e:
+            why = first_line(e)  # a UserError (a CheckpointError, ...) is a ValueError
+            if isinstance(e, config):
                 why = f"config.yaml: {why}"
             elif isinstance(e, UnicodeDecodeError):
                 why = f"{METRICS_FILE} is not UTF-8 text"
             unreadable.append((_name(run.path, root), why))
-    found.sort(key=lambda r: (r.heads if r.heads is not None else math.inf, r.name))
+    found.sort(key=lambda r: (r.heads, r.name))
     return found, unreadable
 
 
@@ -197,16 +169,20 @@ def _layer_header(name: str, n: int) -> list[str]:
     return [f"{name} L{i}" if i == 0 else f"L{i}" for i in range(n)]
 
 
+def _per_layer(values: list[float], n: int, fmt: str) -> list[str]:
+    """A cell per layer of the widest run, "-" where this run has fewer layers."""
+    return [_num(x, fmt) for x in values + [None] * (n - len(values))]
+
+
 def format_table(runs: list[RunSummary]) -> str:
     """One row per run, columns aligned; then the lowest validation loss (per data set)."""
     n_layers = max((len(r.entropy) for r in runs), default=0)
     n_imp = max((len(r.importance_max) for r in runs), default=0)
-    header = ["run", "heads", "params", "best val", "test", "tok/s"]
-    header += _layer_header("entropy", n_layers)
     # the roles some run has (mixed always; nan > 0 is False), not 18 columns mostly of zeros
     roles = [x for x in ROLES if x == "mixed" or any(r.role_counts[x] > 0 for r in runs)]
-    header += ["heads step", "prunable", *_layer_header("importance", n_imp), *SUMMARY_COLUMNS]
-    header += roles
+    header = ["run", "heads", "params", "best val", "test", "tok/s"]
+    header += [*_layer_header("entropy", n_layers), "heads step", "prunable"]
+    header += [*_layer_header("importance", n_imp), *SUMMARY_COLUMNS, *roles]
     rows = [_row(r, n_layers, n_imp, roles) for r in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = []
@@ -218,22 +194,13 @@ def format_table(runs: list[RunSummary]) -> str:
 
 
 def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str]:
-    row = [
-        r.name,
-        "-" if r.heads is None else str(r.heads),
-        "-" if r.params is None else f"{r.params:,}",
-        _num(r.best_val_loss),
-        _num(r.test_loss),
-        _rate(r.tokens_per_sec),
-    ]
-    row += [_num(x, ".3f") for x in r.entropy + [None] * (n_layers - len(r.entropy))]
-    row.append("-" if r.heads_step is None else f"{r.heads_step}{'*' if _stale(r) else ''}")
-    row.append(_num(r.summary("prunable"), ".0f"))
-    importance = r.importance_max
-    row += [_num(x, ".4f") for x in importance + [None] * (n_imp - len(importance))]
+    params = "-" if r.params is None else f"{r.params:,}"
+    step = "-" if r.heads_step is None else f"{r.heads_step}{'*' if _stale(r) else ''}"
+    row = [r.name, str(r.heads), params, _num(r.best_val_loss), _num(r.test_loss)]
+    row += [_rate(r.tokens_per_sec), *_per_layer(r.entropy, n_layers, ".3f"), step]
+    row += [_num(r.summary("prunable"), ".0f"), *_per_layer(r.importance_max, n_imp, ".4f")]
     row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
-    row += [_num(r.role_counts[role], ".0f") for role in roles]
-    return row
+    return row + [_num(r.role_counts[role], ".0f") for role in roles]
 
 
 def _stale(r: RunSummary) -> str:
@@ -279,7 +246,7 @@ def _main(argv: list[str] | None) -> None:
     runs, unreadable = read_sweep(args.folder)
     if not runs:
         why = "; ".join(f"{name}: {reason}" for name, reason in unreadable)
-        raise CompareError(f"no run under {args.folder} can be read ({why})")
+        raise UserError(f"no run under {args.folder} can be read ({why})")
     print(format_table(runs))
     for name, why in unreadable:
         print(f"unreadable: {name} ({why})")

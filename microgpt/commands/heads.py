@@ -56,11 +56,7 @@ def _main(argv: list[str] | None) -> None:
     add = parser.add_argument
     add("run", help="a run folder (outputs/<date>/<time>) or a checkpoint file")
     add("--device", default="cpu", choices=DEVICES, help="where to run the model (default: cpu)")
-    add(
-        "--threads",
-        default="auto",
-        help="CPU threads: auto (the cores this process may use, or OMP_NUM_THREADS) or a number",
-    )
+    add("--threads", default="auto", help="threads: auto (usable cores, or OMP_NUM_THREADS) or N")
     args = parser.parse_args(argv)
     threads = int(args.threads) if args.threads.isdigit() else args.threads
     check_threads(threads, "--threads")

@@ -21,7 +21,7 @@ from microgpt.data.dataset import (
     data_of_checkpoint,
     resolve_data_path,
 )
-from microgpt.files import STDOUT, OutputRefused, check_new_file, write_text
+from microgpt.files import STDOUT, check_new_file, write_text
 from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
 from microgpt.sample.generate import SamplingError
 from microgpt.sample.report import PASSAGE_LENGTH, Samples, sample_for_run
@@ -72,10 +72,7 @@ def check_out(out, checkpoint: Path, data_path, overwrite: bool, items: set[str]
         p = Path(data_path).expanduser()
         tried = [Path.cwd() / p, resolve_data_path(data_path), REPO_ROOT / p]
         protected |= dict.fromkeys(tried, "the data file the model was trained on")
-    try:
-        target = check_new_file(out, "out", overwrite, protected)
-    except OutputRefused as e:
-        raise SamplingError(str(e)) from None
+    target = check_new_file(out, "out", overwrite, protected)  # an OutputRefused names out=
     if items and target.exists() and _holds_items(target, items):
         raise SamplingError(
             f"out={out} holds every item of the model's train/val/test split: it is the data the "
@@ -154,13 +151,9 @@ def _sample(c, model, data: Data, count: int, seed: int, progress) -> Samples:
 
 
 def _write_out(out: Path, lines: list[str], c: SampleConfig) -> None:
-    """Write `lines` to `out` atomically (as a new file unless overwrite): an error leaves it."""
+    """Write `lines` to `out` atomically (as a new file unless overwrite): an error (a file made
+    there by something else while sampling: File exists) leaves it, and names out=."""
     try:
         write_text(out, "".join(line + "\n" for line in lines), replace=c.overwrite)
-    except FileExistsError:
-        raise SamplingError(
-            f"out={c.out} was created by something else while sampling; it is kept, and "
-            f"nothing was written: name a new file"
-        ) from None
     except OSError as e:
         raise SamplingError(f"cannot write out={c.out}: {e.strerror or e}") from None

@@ -58,23 +58,6 @@ def test_compare_prints_a_row_per_run_and_writes_nothing(sweep, capsys):
     assert [r.label for r in read_sweep(root)[0]] == ["1 head", "2 heads"]
 
 
-def test_runs_logged_before_the_per_head_tags_keep_their_entropy(sweep, tmp_path):
-    from torch.utils.tensorboard import SummaryWriter
-
-    root, _ = sweep
-    old = tmp_path / "old" / "heads=2"
-    shutil.copytree(root / "heads=2", old)
-    # the event files alone, with the old tags
-    for logged in [*old.glob("events.out.tfevents.*"), old / "metrics.jsonl"]:
-        logged.unlink()
-    with SummaryWriter(old) as writer:
-        writer.add_scalar("loss/val", 2.5, 12)
-        for h, entropy in enumerate((1.25, 1.75)):
-            writer.add_scalar(f"attention_entropy/layer0/head{h}", entropy, 12)
-    (run,) = read_sweep(old.parent)[0]
-    assert run.entropy == [1.5]
-
-
 def test_head_columns_from_the_logged_summaries(sweep, capsys):
     root, _ = sweep
     runs = read_sweep(root)[0]

@@ -229,7 +229,7 @@ def test_latest_run_is_the_newest_and_falls_back_to_last_pt(tmp_path, monkeypatc
     ],
 )
 def test_bad_settings_are_named_before_anything_is_loaded(settings, message):
-    with pytest.raises(SamplingError, match=re.escape(message)):
+    with pytest.raises(UserError, match=re.escape(message)):
         run_sampling(ckpt="/does/not/exist.pt", **settings)  # the setting is reported, not the file
 
 

@@ -24,7 +24,7 @@ from werkzeug.test import Client
 from microgpt.checkpoint import checksum
 from microgpt.commands.heads import main as heads_main
 from microgpt.commands.tab import MicrogptPlugin
-from microgpt.commands.tab.attention import ModelCache
+from microgpt.commands.tab.attention import cached_model
 from microgpt.train.trainer import train
 from tests.conftest import REPO, TINY, compose_config, make_names
 from tests.e2e.harness import changes, fingerprint
@@ -143,19 +143,13 @@ def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
     assert status == 400 and message in body["error"]
 
 
-def test_the_model_cache_is_bounded_and_reloads_a_rewritten_checkpoint(lab):
-    cache = ModelCache(max_models=2)
-    run = lab / "sweep" / "heads=2" / "checkpoints"
-    paths = [run / "best.pt", run / "last.pt", run / "step-000006.pt"]
-    first = cache.get(paths[0])
-    assert cache.get(paths[0]) is first and len(cache) == 1
-    for path in paths[1:]:
-        cache.get(path)
-    assert len(cache) == 2 and cache.get(paths[0]) is not first  # the oldest was dropped
-    small = ModelCache(max_bytes=first.nbytes + 1)
-    for path in paths:
-        small.get(path)
-    assert len(small) == 1 and small.nbytes <= first.nbytes + 1
+def test_a_model_is_loaded_once_and_again_once_its_checkpoint_is_rewritten(lab, tmp_path):
+    best = tmp_path / "best.pt"
+    shutil.copyfile(lab / "sweep" / "heads=2" / "checkpoints" / "best.pt", best)
+    first = cached_model(best)
+    assert cached_model(best) is first
+    os.utime(best, ns=(0, best.stat().st_mtime_ns + 10**9))  # rewritten: another time
+    assert cached_model(best) is not first
 
 
 # ----------------------------------------------------------------------------- in a browser

@@ -1,19 +1,19 @@
 """What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory, and every
 head's attention of one run's checkpoint on a typed input, loaded lazily and safely onto the CPU
-into a bounded `ModelCache`. A user's mistake is an `InputError`, whose message the page shows."""
+into a bounded cache (cached_model). A user's mistake is an `InputError`, which the page shows."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
 
 from microgpt.checkpoint import Checkpoint, CheckpointError
 from microgpt.data.dataset import Data, DataError, checkpoint_format
@@ -22,7 +22,6 @@ from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
 
 MAX_MODELS = 8  # models kept loaded at once
-MAX_BYTES = 512 * 2**20  # and their weights' bytes at most
 DIGITS = 3  # attention weights are sent rounded to this many decimals
 
 
@@ -40,23 +39,14 @@ class Loaded:
     step: int
     example: str | None  # the first validation item, for a names run
 
-    @property
-    def nbytes(self) -> int:
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
 
 def log_dirs(logdir: str | None, logdir_spec: str | None = None) -> dict[str, Path]:
     """{group name ("" for none): folder} from TensorBoard's --logdir, else its --logdir_spec
-    (`name:/path,/other/path`, as TensorBoard reads it); {} without either."""
+    (`name:/path,/other/path`, parsed by TensorBoard's own parser); {} without either."""
     if logdir:
         return {"": Path(logdir).expanduser()}
-    roots = {}
-    for spec in filter(None, (logdir_spec or "").split(",")):
-        named = ":" in spec and not spec.startswith("/") and "://" not in spec
-        name, path = spec.split(":", 1) if named else ("", spec)
-        roots[name] = Path(path).expanduser()
-    return roots
+    paths = _parse_event_files_spec(logdir_spec or None)  # {path: group name, or None}
+    return {name or "": Path(path) for path, name in paths.items()}
 
 
 def runs_under(roots: dict[str, Path]) -> dict[str, RunFolder]:
@@ -78,56 +68,30 @@ def checkpoints_of(run: RunFolder) -> list[str]:
     return names
 
 
-def load_model(path: Path) -> Loaded:
-    """Load a checkpoint safely onto the CPU; an InputError saying what is wrong with it."""
+@functools.lru_cache(maxsize=MAX_MODELS)  # thread-safe; the file's size and time in the key
+def load_model(path: Path, size: int, mtime_ns: int) -> Loaded:
+    """Load a checkpoint safely onto the CPU (cached_model: once per size and time); an InputError
+    saying what is wrong with it."""
     try:
         ckpt = Checkpoint.load(path, map_location="cpu")
         model, tokenizer = ckpt.build_model("cpu")
-        data_format = checkpoint_format(ckpt)
-        val = ckpt.split.get("val") if isinstance(ckpt.split, dict) else None
-        return Loaded(
-            model=model,
-            tokenizer=tokenizer,
-            format=data_format,
-            step=int(ckpt.step or 0),
-            example=val[0] if isinstance(val, list) and val and isinstance(val[0], str) else None,
-        )
+        # the schema's split: lists of items (names), or a text's bounds (no "val")
+        example = next(iter((ckpt.split or {}).get("val") or []), None)
+        return Loaded(model, tokenizer, checkpoint_format(ckpt), ckpt.step or 0, example)
     except (CheckpointError, DataError) as e:
         raise InputError(str(e)) from None
-    except Exception as e:  # a field of another type (step='abc'): this run only cannot be shown
+    except Exception as e:  # anything else (a model that cannot be built): this run only
         raise InputError(f"{path} cannot be read ({type(e).__name__}: {e})") from None
 
 
-class ModelCache:
-    """Loaded checkpoints, thread-safe, least recently used dropped past `max_models` or
-    `max_bytes`; a checkpoint rewritten since (another size or time) is loaded again."""
-
-    def __init__(self, max_models: int = MAX_MODELS, max_bytes: int = MAX_BYTES):
-        self.max_models, self.max_bytes = max_models, max_bytes
-        self._items: OrderedDict[tuple, Loaded] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, path: Path) -> Loaded:
-        try:
-            stat = path.stat()
-        except OSError:
-            raise InputError(f"checkpoint {path} does not exist") from None
-        key = (str(path), stat.st_size, stat.st_mtime_ns)
-        with self._lock:
-            if key not in self._items:
-                self._items[key] = load_model(path)
-            self._items.move_to_end(key)
-            loaded = self._items[key]
-            while len(self) > 1 and (len(self) > self.max_models or self.nbytes > self.max_bytes):
-                self._items.popitem(last=False)
-            return loaded
-
-    @property
-    def nbytes(self) -> int:
-        return sum(item.nbytes for item in self._items.values())
-
-    def __len__(self) -> int:
-        return len(self._items)
+def cached_model(path: Path) -> Loaded:
+    """load_model, through a cache of the MAX_MODELS checkpoints used last; a checkpoint rewritten
+    since (another size or time) is loaded again."""
+    try:
+        stat = path.stat()
+    except OSError:
+        raise InputError(f"checkpoint {path} does not exist") from None
+    return load_model(path, stat.st_size, stat.st_mtime_ns)
 
 
 def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
@@ -167,11 +131,11 @@ def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[d
     for row in analysis["heads"]:
         layer, head = row.get("layer"), row.get("head")
         if isinstance(layer, int) and isinstance(head, int) and layer < n_layer and head < n_head:
-            role, score, importance = row.get("role"), row.get("score"), row.get("zero_importance")
+            role = row.get("role")
             labels[layer][head] = {
                 "role": role if isinstance(role, str) else "?",
-                "score": _number(score),
-                "importance": _number(importance),
+                "score": _number(row.get("score")),
+                "importance": _number(row.get("zero_importance")),
             }
     return labels
 
@@ -184,9 +148,8 @@ def _number(x) -> float | None:
 class RunStore:
     """The runs under the log dirs (log_dirs) and their models, as the tab asks for them."""
 
-    def __init__(self, roots: dict[str, Path], cache: ModelCache | None = None):
+    def __init__(self, roots: dict[str, Path]):
         self.roots = roots  # {} when TensorBoard was started without --logdir: no runs
-        self.cache = cache or ModelCache()
 
     def runs(self) -> list[dict]:
         """Every run: its name, its checkpoints (the default first) and those analysed; a run
@@ -205,11 +168,10 @@ class RunStore:
     def example(self) -> str | None:
         """An input to start with: the first validation name of the first run that has one."""
         for run in runs_under(self.roots).values():
-            with contextlib.suppress(InputError, OSError):
-                default = run.default_checkpoint()
-                loaded = self.cache.get(default) if default is not None else None
-                if loaded is not None and loaded.example:
-                    return loaded.example
+            with contextlib.suppress(InputError, OSError):  # an unreadable folder: the next run
+                default = run.default_checkpoint()  # None: no checkpoint yet
+                if default is not None and (example := cached_model(default).example):
+                    return example
         return None
 
     @torch.no_grad()
@@ -230,7 +192,7 @@ class RunStore:
         if checkpoint not in checkpoints:
             raise InputError(f"{name} has no checkpoint {checkpoint!r}; it has {checkpoints}")
         try:
-            loaded = self.cache.get(run.checkpoints / checkpoint)
+            loaded = cached_model(run.checkpoints / checkpoint)
         except InputError as e:
             raise InputError(f"{name}: {e}") from None
         ids = encode_input(loaded, text, name)
