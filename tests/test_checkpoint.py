@@ -90,6 +90,11 @@ def test_a_signal_inside_a_save_is_raised_once_the_checkpoint_is_whole(tmp_path,
         real_save(obj, f)
 
     monkeypatch.setattr(torch, "save", interrupted_save)
-    with pytest.raises(KeyboardInterrupt):
-        ckpt.save(tmp_path / "new.pt")
+    # Python's own Ctrl-C handler, whatever an earlier test in this process left installed
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ckpt.save(tmp_path / "new.pt")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert Checkpoint.load(tmp_path / "new.pt").step == 3
