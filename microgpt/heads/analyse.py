@@ -21,7 +21,7 @@ from torch import Tensor
 from microgpt.data.repeats import repeated_passages, repeated_spans, span_for
 from microgpt.errors import UserError
 from microgpt.heads import circuits, roles
-from microgpt.heads.circuits import ablated_losses, model_heads, single_heads, token_losses
+from microgpt.heads.circuits import ablated_losses, single_heads, token_losses
 from microgpt.heads.report import CORRELATIONS, PRUNE_TOLERANCE, HeadReport, InductionTest
 from microgpt.system import eval_mode
 from microgpt.tokenizer import BOUNDARY_LABEL
@@ -31,10 +31,6 @@ INDUCTION_ROWS = 200  # rows of repeated spans in the induction test
 TEXT_INDUCTION_ROWS = 32  # rows of a text's passages twice (a block each: the tokens of 270 spans)
 INDUCTION_SEED = 1234  # the induction test's own seed: every run and step sees the same rows
 LIGHT_SHARE = 8  # analyse(light=True), during training: an eighth of the rows and test rows
-
-
-class HeadsError(UserError):
-    """Nothing to analyse (no checkpoint, no validation split); the message says what to pass."""
 
 
 def length_batches(
@@ -64,8 +60,8 @@ def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
 def _first_pass(model, batches, members, chars, width: int):
     """One pass: each head's mean output (W_O's input) over the real positions (L, H, hd) and at
     each position (L, H, width, hd), and the pattern sums per layer (roles.pattern_sums)."""
-    L, H, hd = model_heads(model)
-    C, state = model.config.n_embd, {}
+    c, state = model.config, {}
+    L, H, hd, C = c.n_layer, c.n_head, c.head_dim, c.n_embd
     out_sums = torch.zeros(L, width, C, dtype=torch.float64)  # per position
     per_position = torch.zeros(width, dtype=torch.float64)  # real queries at each position
 
@@ -82,7 +78,8 @@ def _first_pass(model, batches, members, chars, width: int):
             _, _, attention = model.forward_with_attention(x)
             per_position[: x.shape[1]] += real.sum(dim=0).double().cpu()
             for layer, att in enumerate(attention):
-                roles.add_sums(sums[layer], roles.pattern_sums(att, x, real, members, chars))
+                for key, value in roles.pattern_sums(att, x, real, members, chars).items():
+                    sums[layer][key] = sums[layer].get(key, 0) + value.cpu()
     means = out_sums.sum(dim=1) / per_position.sum().clamp(min=1)  # (L, C)
     at = out_sums / per_position.clamp(min=1)[None, :, None]  # (L, T, C)
     at = at.view(L, width, H, hd).transpose(1, 2)  # (L, T, C) -> (L, H, T, hd)
@@ -147,13 +144,13 @@ def analyse(
     1/LIGHT_SHARE of the rows and of the test's, no layer-0 tables (a run's analyses while it
     trains). The model's mode is kept."""
     if x.shape[0] == 0:
-        raise HeadsError("no rows to analyse")
+        raise UserError("no rows to analyse")
     share = LIGHT_SHARE if light else 1
     keep = max(1, x.shape[0] // share)
     x, y = x[:keep], y[:keep]
     t0 = time.perf_counter()
     device = next(model.parameters()).device
-    V = model.config.vocab_size
+    L, H, V = model.config.n_layer, model.config.n_head, model.config.vocab_size
     chars = "".join(tokenizer.chars) if tokenizer is not None else None
     if counts is None:
         counts = torch.bincount(y[y >= 0].flatten().cpu(), minlength=V)[:V]
@@ -165,29 +162,7 @@ def analyse(
         text = x[y >= 0] if not boundary else None
         found = induction_test(model, device, text, share) if induction else None
         qk, ov, copying = circuits.layer0_circuits(model)
-    qk, ov = (None, None) if light else (qk, ov)  # large images: left to the whole analysis
-    return HeadReport(
-        n_layer=model.config.n_layer,
-        n_head=model.config.n_head,
-        items=int(x.shape[0]),
-        tokens=int((y >= 0).sum()),
-        **_importances(model, batches, means, at, tolerance),
-        **roles.patterns_of(sums),
-        induction=found,
-        qk=qk,
-        ov=ov,
-        copying=copying,
-        labels=[BOUNDARY_LABEL] + list(chars if chars is not None else map(str, range(1, V))),
-        tolerance=tolerance,
-        seconds=time.perf_counter() - t0,
-    )
-
-
-def _importances(model, batches, means, at, tolerance: float) -> dict:
-    """HeadReport's loss and importance fields: by zero, mean, per-position mean ablation and
-    gradient, their rank correlations, and the pruning curve (by zero ablation)."""
-    L, H, _ = model_heads(model)
-    with eval_mode(model), torch.inference_mode():
+        # importance: the loss rise by zero, mean and per-position mean ablation of each head
         ablations = [(drop, value) for value in (None, means, at) for drop in single_heads(model)]
         losses = ablated_losses(model, batches, ablations)
         zero, mean, position = (losses[1:] - losses[0]).view(3, L, H)
@@ -195,18 +170,30 @@ def _importances(model, batches, means, at, tolerance: float) -> dict:
     with eval_mode(model):
         gradient = circuits.gradient_importance(model, batches)
     by = {"gradient": gradient, "zero": zero, "mean": mean, "position_mean": position}
-    return {
-        "loss": float(losses[0]),
-        "zero_importance": zero,
-        "mean_importance": mean,
-        "position_importance": position,
-        "gradient": gradient,
-        "pruning_order": order,
-        "pruning_losses": curve,
-        "prunable": prunable,
+    return HeadReport(
+        n_layer=L,
+        n_head=H,
+        items=int(x.shape[0]),
+        tokens=int((y >= 0).sum()),
+        loss=float(losses[0]),
+        zero_importance=zero,
+        mean_importance=mean,
+        position_importance=position,
+        gradient=gradient,
+        pruning_order=order,
+        pruning_losses=curve,
+        prunable=prunable,
         # e.g. "gradient_vs_zero": the rank correlation of the gradient and zero ablation
-        "correlations": {
+        correlations={
             pair: circuits.rank_correlation(*(by[m] for m in pair.split("_vs_")))
             for pair in CORRELATIONS
         },
-    }
+        **roles.patterns_of(sums),
+        induction=found,
+        qk=None if light else qk,  # large images: left to the whole analysis
+        ov=None if light else ov,
+        copying=copying,
+        labels=[BOUNDARY_LABEL] + list(chars if chars is not None else map(str, range(1, V))),
+        tolerance=tolerance,
+        seconds=time.perf_counter() - t0,
+    )

@@ -21,14 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def model_heads(model) -> tuple[int, int, int]:
-    c = model.config
-    return c.n_layer, c.n_head, c.head_dim
-
-
 def single_heads(model) -> Tensor:
     """(L*H, L, H) bool: drop k holds head k alone, (layer k // H, head k % H)."""
-    L, H, _ = model_heads(model)
+    L, H = model.config.n_layer, model.config.n_head
     return torch.eye(L * H, dtype=torch.bool).view(L * H, L, H)
 
 
@@ -90,14 +85,13 @@ def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]
     ablations (drop, value) of replaced_heads. Per batch, each run takes the streams of the run
     before it (the plain pass for the first) up to the first layer where their ablations differ,
     and runs only the layers from there."""
-    L, H, _ = model_heads(model)
     totals, count = torch.zeros(1 + len(ablations), dtype=torch.float64), 0
     for x, y in batches:
         # the stream entering each layer, then leaving the last: (B, T, C) each
         first = model.embed(x)
         streams = [first] + model.run_layers(first)[0]
         sums = [token_losses(model.unembed(streams[-1]), y).sum()]
-        last, last_value = torch.zeros(L, H, dtype=torch.bool), None
+        last, last_value = False, None  # the plain pass: no head dropped
         for drop, value in ablations:
             # the heads whose output may differ from the last run's
             changed = drop ^ last if value is last_value else drop | last
@@ -114,7 +108,7 @@ def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]
 def gradient_importance(model, batches) -> Tensor:
     """(L, H) the mean over rows with a real target of |d loss(row) / d head_mask| at all ones;
     the parameters' .grad are left untouched. Call outside torch.inference_mode."""
-    L, H, _ = model_heads(model)
+    L, H = model.config.n_layer, model.config.n_head
     total, rows = torch.zeros(L, H, dtype=torch.float64), 0
     with torch.enable_grad():
         for x, y in batches:
@@ -176,8 +170,7 @@ def copying_score(matrix: Tensor) -> Tensor:
 def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
     """The layer-0 heads' QK (H, V, V) [query, key token] and OV (H, V, V) [key, output token]
     tables and their copying scores (H,), float64 on the CPU: see the module's docstring."""
-    _, H, hd = model_heads(model)
-    block = model.blocks[0]
+    H, hd, block = model.config.n_head, model.config.head_dim, model.blocks[0]
     e = block.norm1(model.wte.weight)  # (V, C): the attention's input for each token
     q, k, v = block.attn.qkv(e).split(model.config.n_embd, dim=1)  # 3 x (V, C)
     wo = block.attn.proj.weight  # (C, C): column block h is head h's W_O

@@ -86,7 +86,9 @@ def pattern_sums(
 ) -> dict[str, Tensor]:
     """One layer's attention att (B, H, T, T) on rows x (B, T), real queries (B, T) -> per pattern
     p, summed over rows and queries: `p` (H,) the weight on its keys, `p_chance` uniform's and
-    `p_n` the queries that could see one; likewise `offsets` (H, OFFSETS), `spread`, `entropy`."""
+    `p_n` the queries that could see one; likewise `offsets` (H, OFFSETS). `entropy`: the
+    attention's entropy in nats summed over the real queries, `spread`: it over log(i + 1)
+    (1 = uniform) over those i >= 1, and their query counts `entropy_n`, `spread_n`."""
     att = att.double()
     i = torch.arange(att.shape[2], device=att.device)
     q = (real & (i >= 1)).to(att.dtype)  # (B, T): the queries that count
@@ -100,7 +102,12 @@ def pattern_sums(
         keys = r.sum(dim=-1)  # (B, T)
         out[name + "_chance"] = (keys * inv * q).sum()
         out[name + "_n"] = ((keys > 0).to(att.dtype) * q).sum()
-    out.update(entropy_sums(att, real))
+    entropy = -torch.special.xlogy(att, att).sum(dim=-1)  # (B, H, T)
+    spread = entropy[..., 1:] / torch.log(i[1:] + 1.0)  # (B, H, T-1)
+    real = real.to(att.dtype)
+    out["spread"] = torch.einsum("bht,bt->h", spread, real[:, 1:])
+    out["entropy"] = torch.einsum("bht,bt->h", entropy, real)
+    out["spread_n"], out["entropy_n"] = real[:, 1:].sum(), real.sum()
     return out
 
 
@@ -142,26 +149,6 @@ def _class_sums(att, x, q, inv, members: dict[str, Tensor]) -> dict[str, Tensor]
     for c, name in enumerate(names):
         out[name], out[name + "_chance"], out[name + "_n"] = mass[:, c], chance[c], n[c]
     return out
-
-
-def entropy_sums(att: Tensor, real: Tensor) -> dict[str, Tensor]:
-    """`entropy`: the attention's entropy in nats summed over the real queries (B, T), `spread`:
-    it over log(i + 1) (1 = uniform) over those i >= 1, and their query counts `{name}_n`."""
-    i = torch.arange(att.shape[2], device=att.device)
-    ent = -torch.special.xlogy(att, att).sum(dim=-1)  # (B, H, T)
-    spread = ent[..., 1:] / torch.log(i[1:] + 1.0)  # (B, H, T-1)
-    qr = real.to(att.dtype)
-    return {
-        "spread": torch.einsum("bht,bt->h", spread, qr[:, 1:]),
-        "spread_n": qr[:, 1:].sum(),
-        "entropy": torch.einsum("bht,bt->h", ent, qr),
-        "entropy_n": qr.sum(),
-    }
-
-
-def add_sums(total: dict[str, Tensor], more: dict[str, Tensor]) -> None:
-    for key, value in more.items():
-        total[key] = total.get(key, 0) + value.detach().cpu()
 
 
 def patterns_of(sums: list[dict[str, Tensor]]) -> dict:
