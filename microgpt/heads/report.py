@@ -263,9 +263,7 @@ class HeadReport:
         """Per token, the key token each layer-0 head's query scores highest and the output token
         attending to it raises most."""
         H, labels = self.qk.shape[0], self.labels
-        header = ["token"] + [
-            f"L0H{h} {what}" for h in range(H) for what in ("looks for", "raises")
-        ]
+        header = ["token"] + [f"L0H{h} {w}" for h in range(H) for w in ("looks for", "raises")]
         looks, raises = self.qk.argmax(dim=2), self.ov.argmax(dim=2)  # (H, V) each
         rows = [
             [_cell(label)]
