@@ -121,8 +121,8 @@ def induction_test(
         text=text is not None,
     )
     if found.induction_heads.any():
-        heads = found.induction_heads
-        found.induction_zeroed = float(ablated_losses(model, on_repeat, [(heads, None)])[1])
+        zeroed = ablated_losses(model, on_repeat, [(found.induction_heads, None)])
+        found.induction_zeroed = float(zeroed[1])
     return found
 
 

@@ -86,34 +86,15 @@ def pattern_sums(
 ) -> dict[str, Tensor]:
     """One layer's attention att (B, H, T, T) on rows x (B, T), real queries (B, T) -> per pattern
     p, summed over rows and queries: `p` (H,) the weight on its keys, `p_chance` uniform's and
-    `p_n` the queries that could see one; likewise `offsets` (H, OFFSETS). `entropy`: the
-    attention's entropy in nats summed over the real queries, `spread`: it over log(i + 1)
-    (1 = uniform) over those i >= 1, and their query counts `entropy_n`, `spread_n`."""
+    `p_n` the queries that could see one; likewise `offsets` (H, OFFSETS) on a character key
+    (j >= 1) k = 0..OFFSETS-1 back, and `start` from queries i >= 2. `entropy`: the attention's
+    entropy in nats summed over the real queries, `spread`: it over log(i + 1) (1 = uniform) over
+    those i >= 1, and their query counts `entropy_n`, `spread_n`. members: class_members'."""
     att = att.double()
     i = torch.arange(att.shape[2], device=att.device)
     q = (real & (i >= 1)).to(att.dtype)  # (B, T): the queries that count
     inv = 1.0 / (i + 1.0)  # (T,): uniform weight per visible key
-    out = _positional_sums(att, q, inv)
-    if members:
-        out.update(_class_sums(att, x, q, inv, members))
-    for name, rel in relation_masks(x, chars).items():
-        r = rel.to(att.dtype)  # (B, T, T)
-        out[name] = torch.einsum("bhij,bij,bi->h", att, r, q)
-        keys = r.sum(dim=-1)  # (B, T)
-        out[name + "_chance"] = (keys * inv * q).sum()
-        out[name + "_n"] = ((keys > 0).to(att.dtype) * q).sum()
-    entropy = -torch.special.xlogy(att, att).sum(dim=-1)  # (B, H, T)
-    spread = entropy[..., 1:] / torch.log(i[1:] + 1.0)  # (B, H, T-1)
-    real = real.to(att.dtype)
-    out["spread"] = torch.einsum("bht,bt->h", spread, real[:, 1:])
-    out["entropy"] = torch.einsum("bht,bt->h", entropy, real)
-    out["spread_n"], out["entropy_n"] = real[:, 1:].sum(), real.sum()
-    return out
-
-
-def _positional_sums(att: Tensor, q: Tensor, inv: Tensor) -> dict[str, Tensor]:
-    """Offsets k = 0..OFFSETS-1 on a character key (j >= 1), and `start` from queries i >= 2."""
-    i = torch.arange(att.shape[2], device=att.device)
+    # positions: offsets and start
     k = torch.arange(OFFSETS, device=att.device)
     w = torch.einsum("bhij,bi->hij", att, q)  # (H, T, T): weight summed over counted queries
     per_query = q.sum(dim=0)  # (T,)
@@ -130,24 +111,30 @@ def _positional_sums(att: Tensor, q: Tensor, inv: Tensor) -> dict[str, Tensor]:
     for k, name in enumerate(POSITIONAL[:4]):
         for part in ("", "_n", "_chance"):
             out[name + part] = out["offsets" + part][..., k]
-    return out
-
-
-def _class_sums(att, x, q, inv, members: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The key classes: the weight on keys of each class, its chance and counts."""
+    # the key classes (`boundary` always has a member, the boundary token)
     names = list(members)
     table = torch.stack([members[n] for n in names], dim=1).to(x.device)  # (V, C)
     keys = table[x].to(att.dtype)  # (B, T, C): each key's classes
-    if "boundary" in members:
-        # position 0 is `start`, not a class
-        keys[:, 0, names.index("boundary")] = 0.0
+    keys[:, 0, names.index("boundary")] = 0.0  # position 0 is `start`, not a class
     mass = torch.einsum("bhij,bjc,bi->hc", att, keys, q)  # (H, C)
     seen = keys.cumsum(dim=1)  # (B, T, C): class keys among 0..i
     chance = torch.einsum("btc,t,bt->c", seen, inv, q)  # (C,)
     n = torch.einsum("btc,bt->c", (seen > 0).to(att.dtype), q)  # (C,)
-    out = {}
     for c, name in enumerate(names):
         out[name], out[name + "_chance"], out[name + "_n"] = mass[:, c], chance[c], n[c]
+    # the relations between query and key
+    for name, rel in relation_masks(x, chars).items():
+        r = rel.to(att.dtype)  # (B, T, T)
+        out[name] = torch.einsum("bhij,bij,bi->h", att, r, q)
+        related = r.sum(dim=-1)  # (B, T): the keys related to each query
+        out[name + "_chance"] = (related * inv * q).sum()
+        out[name + "_n"] = ((related > 0).to(att.dtype) * q).sum()
+    entropy = -torch.special.xlogy(att, att).sum(dim=-1)  # (B, H, T)
+    spread = entropy[..., 1:] / torch.log(i[1:] + 1.0)  # (B, H, T-1)
+    real = real.to(att.dtype)
+    out["spread"] = torch.einsum("bht,bt->h", spread, real[:, 1:])
+    out["entropy"] = torch.einsum("bht,bt->h", entropy, real)
+    out["spread_n"], out["entropy_n"] = real[:, 1:].sum(), real.sum()
     return out
 
 
