@@ -60,24 +60,22 @@ def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
 def _first_pass(model, batches, members, chars, width: int):
     """One pass: each head's mean output (W_O's input) over the real positions (L, H, hd) and at
     each position (L, H, width, hd), and the pattern sums per layer (roles.pattern_sums)."""
-    c, state = model.config, {}
+    c = model.config
     L, H, hd, C = c.n_layer, c.n_head, c.head_dim, c.n_embd
     out_sums = torch.zeros(L, width, C, dtype=torch.float64)  # per position
     per_position = torch.zeros(width, dtype=torch.float64)  # real queries at each position
-
-    def capture(layer, z):
-        # (B, T, H, hd) -> (B, T, C): the heads' outputs, head h at channels [h*hd, (h+1)*hd)
-        z = z.reshape(*z.shape[:2], C)
-        real = state["real"].to(z.dtype)[..., None]  # (B, T, 1)
-        out_sums[layer, : z.shape[1]] += (z * real).sum(dim=0).double().cpu()  # (T, C)
-
     sums: list[dict[str, Tensor]] = [{} for _ in range(L)]
-    with circuits.hooked_heads(model, capture):
+    outputs: list[Tensor] = []  # each layer's head outputs z (B, T, H, hd) in the pass
+    with circuits.hooked_heads(model, lambda layer, z: outputs.append(z)):
         for x, y in batches:
-            state["real"] = real = y >= 0  # (B, T)
+            real = y >= 0  # (B, T)
+            outputs.clear()
             _, _, attention = model.forward_with_attention(x)
             per_position[: x.shape[1]] += real.sum(dim=0).double().cpu()
-            for layer, att in enumerate(attention):
+            for layer, (z, att) in enumerate(zip(outputs, attention)):
+                # (B, T, H, hd) -> (B, T, C): head h at channels [h*hd, (h+1)*hd), real positions
+                z = z.reshape(*z.shape[:2], C) * real.to(z.dtype)[..., None]
+                out_sums[layer, : z.shape[1]] += z.sum(dim=0).double().cpu()  # (T, C)
                 for key, value in roles.pattern_sums(att, x, real, members, chars).items():
                     sums[layer][key] = sums[layer].get(key, 0) + value.cpu()
     means = out_sums.sum(dim=1) / per_position.sum().clamp(min=1)  # (L, C)

@@ -29,10 +29,8 @@ def single_heads(model) -> Tensor:
 
 def token_losses(logits: Tensor, y: Tensor) -> Tensor:
     """(B, T, V), (B, T) -> (B, T) cross-entropy per position (0 where y = -1)."""
-    flat = F.cross_entropy(
-        logits.flatten(0, 1).float(), y.flatten(), ignore_index=-1, reduction="none"
-    )
-    return flat.view_as(y)
+    logits = logits.flatten(0, 1).float()  # (B, T, V) -> (B*T, V)
+    return F.cross_entropy(logits, y.flatten(), ignore_index=-1, reduction="none").view_as(y)
 
 
 # ----------------------------------------------------------------------------- interventions
@@ -67,10 +65,9 @@ def replaced_heads(model, drop: Tensor, value: Tensor | None = None):
 
     def hook(layer: int, z: Tensor) -> Tensor:
         # z (B, T', H, hd); v broadcasts over it: 0, (H, hd) or (T', H, hd)
-        if value is None:
-            v = z.new_zeros(())
-        else:
-            v = value[layer] if value.dim() == 3 else value[layer, :, : z.shape[1]].transpose(0, 1)
+        v = z.new_zeros(()) if value is None else value[layer]
+        if v.dim() == 3:  # (H, T, hd) -> (T', H, hd): the first T' positions
+            v = v[:, : z.shape[1]].transpose(0, 1)
         return torch.where(drop[layer, :, None].to(z.device), v.to(z), z)
 
     return hooked_heads(model, hook)
@@ -139,10 +136,8 @@ def pruning(model, batches, importance: Tensor, tolerance: float):
 
 def rank_correlation(a: Tensor, b: Tensor) -> float:
     """Spearman's rank correlation of two equal-size tensors (ties: their mean rank); nan when
-    either is constant or has fewer than 2 values."""
+    either is constant or has fewer than 2 values (the ranks' norm is then 0)."""
     a, b = a.flatten().double(), b.flatten().double()
-    if a.numel() < 2:
-        return math.nan
 
     def ranks(v: Tensor) -> Tensor:
         _, inverse, counts = torch.unique(v, return_inverse=True, return_counts=True)
