@@ -41,8 +41,7 @@ def length_batches(
     real = (y >= 0).sum(dim=1)  # (N,) real targets per row
     order = torch.argsort(real, stable=True)
     out = []
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
+    for rows in order.split(batch_size):
         width = max(int(real[rows].max()), 1)
         out.append((x[rows, :width], y[rows, :width]))  # (B, width) each
     return out

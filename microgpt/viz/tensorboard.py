@@ -35,15 +35,15 @@ METRICS_FILE = "metrics.jsonl"
 
 def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
     """Dotted keys -> numbers, "true"/"false" (not torch's 1/0), "none", or else str(value)."""
-    out = {}
-    for k, v in flatten(hparams).items():
+
+    def value(v) -> int | float | str:
         if v is None or isinstance(v, bool):
-            out[str(k)] = {None: "none", True: "true", False: "false"}[v]
-        elif isinstance(v, numbers.Real):
-            out[str(k)] = int(v) if isinstance(v, numbers.Integral) else float(v)
-        else:
-            out[str(k)] = str(v)
-    return out
+            return {None: "none", True: "true", False: "false"}[v]
+        if isinstance(v, numbers.Real):
+            return int(v) if isinstance(v, numbers.Integral) else float(v)
+        return str(v)
+
+    return {str(k): value(v) for k, v in flatten(hparams).items()}
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -60,8 +60,7 @@ class TensorBoardLogger:
 
     def __init__(self, log_dir: str | Path, purge_step: int | None = None):
         # purge_step (a resume): points at steps >= purge_step are dropped, to be written again
-        self.log_dir = Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = Path(log_dir)  # made by the writer where it is missing
         self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
         # every scalar also goes, one JSON object per call, to metrics.jsonl: written as it goes,
         # so a crash loses at most the last line; a resume drops the lines it will write again
