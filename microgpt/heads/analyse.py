@@ -84,13 +84,12 @@ def _first_pass(model, batches, members, chars, width: int):
 
 
 @torch.no_grad()
-def induction_test(
-    model, device, text: Tensor | None = None, share: int = 1
-) -> InductionTest | None:
+def induction_test(model, text: Tensor | None = None, share: int = 1) -> InductionTest | None:
     """The induction test on repeated spans (microgpt.data.repeats) of `model` in eval mode:
     random spans, or passages of half the block from `text` (ids), 1/share of the rows; None where
     the span would be < 2."""
     T, V = model.config.block_size, model.config.vocab_size
+    device = next(model.parameters()).device
     span = span_for(T) if text is None else min(T // 2, len(text))
     if span < 2 or V < 3:
         return None
@@ -157,7 +156,7 @@ def analyse(
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # text windows (no boundary token at their start): the test repeats passages of them
         text = x[y >= 0] if not boundary else None
-        found = induction_test(model, device, text, share) if induction else None
+        found = induction_test(model, text, share) if induction else None
         qk, ov, copying = circuits.layer0_circuits(model)
         # importance: the loss rise by zero, mean and per-position mean ablation of each head
         ablations = [(drop, value) for value in (None, means, at) for drop in single_heads(model)]

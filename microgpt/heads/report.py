@@ -135,17 +135,14 @@ class HeadReport:
 
     def per_head(self) -> dict[str, Tensor]:
         """The per-head numbers TensorBoard plots, {name: (L, H)}."""
-        out = {
+        p = self.induction
+        return {
             "entropy": self.entropy,
             "importance": self.zero_importance,
             "position_mean_importance": self.position_importance,
             "gradient_importance": self.gradient,
             "score": self.scores,
-        }
-        if self.induction is not None:
-            out["induction"] = self.induction.prefix
-            out["duplicate"] = self.induction.duplicate
-        return out
+        } | ({"induction": p.prefix, "duplicate": p.duplicate} if p is not None else {})
 
     def to_dict(self) -> dict:
         """Plain lists and numbers (JSON): the fields, the per-head rows and the summaries."""
@@ -170,11 +167,10 @@ class HeadReport:
             **self.extra,
         }
         if self.qk is not None:
-            tables = {"qk": self.qk.tolist(), "ov": self.ov.tolist()}
-            out["layer0_circuits"] = {"tokens": list(self.labels)} | {
-                name: [[[round(v, 4) for v in r] for r in t] for t in table]
-                for name, table in tables.items()
-            }
+            tables = {"tokens": list(self.labels), "qk": self.qk.tolist(), "ov": self.ov.tolist()}
+            for name in ("qk", "ov"):  # [head][row][column], to 4 decimals
+                tables[name] = [[[round(v, 4) for v in r] for r in t] for t in tables[name]]
+            out["layer0_circuits"] = tables
         return out
 
     def _head_dict(self, layer: int, h: int) -> dict:
@@ -208,14 +204,12 @@ class HeadReport:
     def _head_cells(self, layer: int, h: int) -> list[str]:
         at, test, role = (layer, h), self.induction, self.roles[layer][h]
         lift = f"{self.lift[role][at]:.1f}" if role in self.lift else "-"  # mixed: none
-        copying = self.copying[h] if layer == 0 and self.copying is not None else None
+        copying = f"{self.copying[h]:.2f}" if layer == 0 and self.copying is not None else "-"
         return [
-            *(str(layer), str(h), role, f"{self.scores[at]:.2f}"),
-            lift,
+            *(str(layer), str(h), role, f"{self.scores[at]:.2f}", lift),
             *(f"{self.entropy[at]:.3f}", f"{self.zero_importance[at]:+.4f}"),
             *(f"{self.position_importance[at]:+.4f}", f"{self.gradient[at]:.4f}"),
-            "-" if test is None else f"{test.prefix[at]:.2f}",
-            "-" if copying is None else f"{copying:.2f}",
+            *("-" if test is None else f"{test.prefix[at]:.2f}", copying),
         ]
 
     def _notes(self) -> list[str]:

@@ -38,8 +38,7 @@ VOWELS = set("aeiou")
 def class_members(chars: str | None, vocab_size: int, counts: Tensor | None) -> dict[str, Tensor]:
     """{class: (V,) bool over token ids} for the key classes with a member. chars: the characters
     of ids 1..V-1, None when unknown (only `boundary` and `rare`); counts (V,): for `rare`."""
-    V = vocab_size
-    out = {name: torch.zeros(V, dtype=torch.bool) for name in CLASSES}
+    out = {name: torch.zeros(vocab_size, dtype=torch.bool) for name in CLASSES}
     out["boundary"][BOUNDARY_ID] = True
     for i, c in enumerate(chars or "", start=1):
         base = unicodedata.normalize("NFD", c)[0].lower()
@@ -49,8 +48,8 @@ def class_members(chars: str | None, vocab_size: int, counts: Tensor | None) -> 
         out["newline"][i] = c == "\n"
         out["space"][i] = c.isspace() and c != "\n"
         out["punctuation"][i] = unicodedata.category(c).startswith("P")
-    if counts is not None and V > 1:
-        n = math.ceil(RARE_FRACTION * (V - 1))
+    if counts is not None and vocab_size > 1:
+        n = math.ceil(RARE_FRACTION * (vocab_size - 1))
         order = torch.argsort(counts[1:].double(), stable=True)  # least frequent first
         out["rare"][order[:n] + 1] = True
     return {name: m for name, m in out.items() if m.any()}
