@@ -173,7 +173,7 @@ def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
     for h in range(H):
         mine = slice(h * hd, (h + 1) * hd)  # the head's channels
         qk.append(q[:, mine] @ k[:, mine].T / math.sqrt(hd))  # (V, hd) @ (hd, V) -> (V, V)
-        written = v[:, mine] @ wo[:, mine].T  # (V, hd) @ (hd, C) -> (V, C)
-        ov.append(written @ model.lm_head.weight.T)  # (V, C) @ (C, V) -> [key, output token]
+        # what attending to each token writes, then its logits: (V, hd) @ (hd, C) @ (C, V)
+        ov.append(v[:, mine] @ wo[:, mine].T @ model.lm_head.weight.T)  # [key, output token]
     qk, ov = torch.stack(qk).double().cpu(), torch.stack(ov).double().cpu()
     return qk, ov, torch.stack([copying_score(t) for t in ov])

@@ -146,12 +146,11 @@ class HeadReport:
 
     def to_dict(self) -> dict:
         """Plain lists and numbers (JSON): the fields, the per-head rows and the summaries."""
-        heads = [self._head_dict(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
         out = {
             **{k: getattr(self, k) for k in ("n_layer", "n_head", "items", "tokens", "loss")},
             "roles": list(ROLES),
             "thresholds": THRESHOLDS,
-            "heads": heads,
+            "heads": [self._row(a, b) for a in range(self.n_layer) for b in range(self.n_head)],
             "correlations": {k: _number(v) for k, v in self.correlations.items()},
             # "probe": the key heads-*.json files on disk already use
             "probe": self.induction.to_dict() if self.induction is not None else None,
@@ -173,7 +172,8 @@ class HeadReport:
             out["layer0_circuits"] = tables
         return out
 
-    def _head_dict(self, layer: int, h: int) -> dict:
+    def _row(self, layer: int, h: int) -> dict:
+        """The head's row in heads-*.json."""
         at = (layer, h)
         row = {"layer": layer, "head": h, "role": self.roles[layer][h]}
         row["patterns"] = {

@@ -58,8 +58,7 @@ def class_members(chars: str | None, vocab_size: int, counts: Tensor | None) -> 
 def relation_masks(x: Tensor, chars: str | None) -> dict[str, Tensor]:
     """{relation: (B, T, T) bool, query i by key j <= i} for the rows x (B, T); line_start and
     word_start only when the vocabulary has a newline / a whitespace character."""
-    B, T = x.shape
-    i = torch.arange(T, device=x.device)
+    i = torch.arange(x.shape[1], device=x.device)
     causal = i[None, :] <= i[:, None]  # (T, T): key j <= query i
     same = x[:, :, None] == x[:, None, :]  # (B, T, T): x_i == x_j
     out = {"duplicate": same & (i[None, :] < i[:, None])}

@@ -94,8 +94,7 @@ def render_attention(weights, query_labels, key_labels, title=None, cell=18, mas
 def colorbar(length: int = 80, thickness: int = 10) -> np.ndarray:
     """A small "0 [dark .. bright] 1" legend."""
     fnt = ImageFont.load_default(size=FONT_SIZE)
-    w0, _ = text_size("0", fnt)
-    w1, th = text_size("1", fnt)
+    (w0, _), (w1, th) = text_size("0", fnt), text_size("1", fnt)
     height = max(thickness, th) + 4
     out = np.full((height, w0 + 4 + length + 4 + w1 + 2, 3), BACKGROUND, np.uint8)
     y0 = (height - thickness) // 2

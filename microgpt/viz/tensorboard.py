@@ -60,11 +60,10 @@ class TensorBoardLogger:
 
     def __init__(self, log_dir: str | Path, purge_step: int | None = None):
         # purge_step (a resume): points at steps >= purge_step are dropped, to be written again
-        self.log_dir = Path(log_dir)  # made by the writer where it is missing
-        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)  # makes the folder
         # every scalar also goes, one JSON object per call, to metrics.jsonl: written as it goes,
         # so a crash loses at most the last line; a resume drops the lines it will write again
-        metrics = self.log_dir / METRICS_FILE
+        metrics = Path(log_dir) / METRICS_FILE
         if purge_step is not None and metrics.exists():
             kept = [line for line in read_metrics(metrics) if line["step"] < purge_step]
             write_text(metrics, "".join(json.dumps(line) + "\n" for line in kept))
