@@ -64,7 +64,9 @@ def _first_pass(model, batches, members, chars, width: int):
     out_sums = torch.zeros(L, width, C, dtype=torch.float64)  # per position
     per_position = torch.zeros(width, dtype=torch.float64)  # real queries at each position
     sums: list[dict[str, Tensor]] = [{} for _ in range(L)]
-    outputs: list[Tensor] = []  # each layer's head outputs z (B, T, H, hd) in the pass
+    # each layer's head outputs z (B, T, H, hd) in the pass; the hook returns None (append's):
+    # the model's output is unchanged
+    outputs: list[Tensor] = []
     with circuits.hooked_heads(model, lambda layer, z: outputs.append(z)):
         for x, y in batches:
             real = y >= 0  # (B, T)
