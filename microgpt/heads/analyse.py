@@ -21,7 +21,7 @@ from torch import Tensor
 from microgpt.data.repeats import repeated_passages, repeated_spans, span_for
 from microgpt.errors import UserError
 from microgpt.heads import circuits, roles
-from microgpt.heads.circuits import ablated_losses, model_heads, single_heads, token_losses
+from microgpt.heads.circuits import ablated_losses, single_heads, token_losses
 from microgpt.heads.report import CORRELATIONS, PRUNE_TOLERANCE, HeadReport, InductionTest
 from microgpt.system import eval_mode
 from microgpt.tokenizer import BOUNDARY_LABEL
@@ -33,10 +33,6 @@ INDUCTION_SEED = 1234  # the induction test's own seed: every run and step sees 
 LIGHT_SHARE = 8  # analyse(light=True), during training: an eighth of the rows and test rows
 
 
-class HeadsError(UserError):
-    """Nothing to analyse (no checkpoint, no validation split); the message says what to pass."""
-
-
 def length_batches(
     x: Tensor, y: Tensor, batch_size: int = BATCH_SIZE
 ) -> list[tuple[Tensor, Tensor]]:
@@ -45,8 +41,7 @@ def length_batches(
     real = (y >= 0).sum(dim=1)  # (N,) real targets per row
     order = torch.argsort(real, stable=True)
     out = []
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
+    for rows in order.split(batch_size):
         width = max(int(real[rows].max()), 1)
         out.append((x[rows, :width], y[rows, :width]))  # (B, width) each
     return out
@@ -64,25 +59,26 @@ def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
 def _first_pass(model, batches, members, chars, width: int):
     """One pass: each head's mean output (W_O's input) over the real positions (L, H, hd) and at
     each position (L, H, width, hd), and the pattern sums per layer (roles.pattern_sums)."""
-    L, H, hd = model_heads(model)
-    C, state = model.config.n_embd, {}
+    c = model.config
+    L, H, hd, C = c.n_layer, c.n_head, c.head_dim, c.n_embd
     out_sums = torch.zeros(L, width, C, dtype=torch.float64)  # per position
     per_position = torch.zeros(width, dtype=torch.float64)  # real queries at each position
-
-    def capture(layer, z):
-        # (B, T, H, hd) -> (B, T, C): the heads' outputs, head h at channels [h*hd, (h+1)*hd)
-        z = z.reshape(*z.shape[:2], C)
-        real = state["real"].to(z.dtype)[..., None]  # (B, T, 1)
-        out_sums[layer, : z.shape[1]] += (z * real).sum(dim=0).double().cpu()  # (T, C)
-
     sums: list[dict[str, Tensor]] = [{} for _ in range(L)]
-    with circuits.hooked_heads(model, capture):
+    # each layer's head outputs z (B, T, H, hd) in the pass; the hook returns None (append's):
+    # the model's output is unchanged
+    outputs: list[Tensor] = []
+    with circuits.hooked_heads(model, lambda layer, z: outputs.append(z)):
         for x, y in batches:
-            state["real"] = real = y >= 0  # (B, T)
+            real = y >= 0  # (B, T)
+            outputs.clear()
             _, _, attention = model.forward_with_attention(x)
             per_position[: x.shape[1]] += real.sum(dim=0).double().cpu()
-            for layer, att in enumerate(attention):
-                roles.add_sums(sums[layer], roles.pattern_sums(att, x, real, members, chars))
+            for layer, (z, att) in enumerate(zip(outputs, attention)):
+                # (B, T, H, hd) -> (B, T, C): head h at channels [h*hd, (h+1)*hd), real positions
+                z = z.reshape(*z.shape[:2], C) * real.to(z.dtype)[..., None]
+                out_sums[layer, : z.shape[1]] += z.sum(dim=0).double().cpu()  # (T, C)
+                for key, value in roles.pattern_sums(att, x, real, members, chars).items():
+                    sums[layer][key] = sums[layer].get(key, 0) + value.cpu()
     means = out_sums.sum(dim=1) / per_position.sum().clamp(min=1)  # (L, C)
     at = out_sums / per_position.clamp(min=1)[None, :, None]  # (L, T, C)
     at = at.view(L, width, H, hd).transpose(1, 2)  # (L, T, C) -> (L, H, T, hd)
@@ -90,13 +86,12 @@ def _first_pass(model, batches, members, chars, width: int):
 
 
 @torch.no_grad()
-def induction_test(
-    model, device, text: Tensor | None = None, share: int = 1
-) -> InductionTest | None:
+def induction_test(model, text: Tensor | None = None, share: int = 1) -> InductionTest | None:
     """The induction test on repeated spans (microgpt.data.repeats) of `model` in eval mode:
     random spans, or passages of half the block from `text` (ids), 1/share of the rows; None where
     the span would be < 2."""
     T, V = model.config.block_size, model.config.vocab_size
+    device = next(model.parameters()).device
     span = span_for(T) if text is None else min(T // 2, len(text))
     if span < 2 or V < 3:
         return None
@@ -124,8 +119,8 @@ def induction_test(
         text=text is not None,
     )
     if found.induction_heads.any():
-        heads = found.induction_heads
-        found.induction_zeroed = float(ablated_losses(model, on_repeat, [(heads, None)])[1])
+        zeroed = ablated_losses(model, on_repeat, [(found.induction_heads, None)])
+        found.induction_zeroed = float(zeroed[1])
     return found
 
 
@@ -147,13 +142,13 @@ def analyse(
     1/LIGHT_SHARE of the rows and of the test's, no layer-0 tables (a run's analyses while it
     trains). The model's mode is kept."""
     if x.shape[0] == 0:
-        raise HeadsError("no rows to analyse")
+        raise UserError("no rows to analyse")
     share = LIGHT_SHARE if light else 1
     keep = max(1, x.shape[0] // share)
     x, y = x[:keep], y[:keep]
     t0 = time.perf_counter()
     device = next(model.parameters()).device
-    V = model.config.vocab_size
+    L, H, V = model.config.n_layer, model.config.n_head, model.config.vocab_size
     chars = "".join(tokenizer.chars) if tokenizer is not None else None
     if counts is None:
         counts = torch.bincount(y[y >= 0].flatten().cpu(), minlength=V)[:V]
@@ -163,31 +158,9 @@ def analyse(
         means, at, sums = _first_pass(model, batches, members, chars, x.shape[1])
         # text windows (no boundary token at their start): the test repeats passages of them
         text = x[y >= 0] if not boundary else None
-        found = induction_test(model, device, text, share) if induction else None
+        found = induction_test(model, text, share) if induction else None
         qk, ov, copying = circuits.layer0_circuits(model)
-    qk, ov = (None, None) if light else (qk, ov)  # large images: left to the whole analysis
-    return HeadReport(
-        n_layer=model.config.n_layer,
-        n_head=model.config.n_head,
-        items=int(x.shape[0]),
-        tokens=int((y >= 0).sum()),
-        **_importances(model, batches, means, at, tolerance),
-        **roles.patterns_of(sums),
-        induction=found,
-        qk=qk,
-        ov=ov,
-        copying=copying,
-        labels=[BOUNDARY_LABEL] + list(chars if chars is not None else map(str, range(1, V))),
-        tolerance=tolerance,
-        seconds=time.perf_counter() - t0,
-    )
-
-
-def _importances(model, batches, means, at, tolerance: float) -> dict:
-    """HeadReport's loss and importance fields: by zero, mean, per-position mean ablation and
-    gradient, their rank correlations, and the pruning curve (by zero ablation)."""
-    L, H, _ = model_heads(model)
-    with eval_mode(model), torch.inference_mode():
+        # importance: the loss rise by zero, mean and per-position mean ablation of each head
         ablations = [(drop, value) for value in (None, means, at) for drop in single_heads(model)]
         losses = ablated_losses(model, batches, ablations)
         zero, mean, position = (losses[1:] - losses[0]).view(3, L, H)
@@ -195,18 +168,30 @@ def _importances(model, batches, means, at, tolerance: float) -> dict:
     with eval_mode(model):
         gradient = circuits.gradient_importance(model, batches)
     by = {"gradient": gradient, "zero": zero, "mean": mean, "position_mean": position}
-    return {
-        "loss": float(losses[0]),
-        "zero_importance": zero,
-        "mean_importance": mean,
-        "position_importance": position,
-        "gradient": gradient,
-        "pruning_order": order,
-        "pruning_losses": curve,
-        "prunable": prunable,
+    return HeadReport(
+        n_layer=L,
+        n_head=H,
+        items=int(x.shape[0]),
+        tokens=int((y >= 0).sum()),
+        loss=float(losses[0]),
+        zero_importance=zero,
+        mean_importance=mean,
+        position_importance=position,
+        gradient=gradient,
+        pruning_order=order,
+        pruning_losses=curve,
+        prunable=prunable,
         # e.g. "gradient_vs_zero": the rank correlation of the gradient and zero ablation
-        "correlations": {
+        correlations={
             pair: circuits.rank_correlation(*(by[m] for m in pair.split("_vs_")))
             for pair in CORRELATIONS
         },
-    }
+        **roles.patterns_of(sums),
+        induction=found,
+        qk=None if light else qk,  # large images: left to the whole analysis
+        ov=None if light else ov,
+        copying=copying,
+        labels=[BOUNDARY_LABEL] + list(chars if chars is not None else map(str, range(1, V))),
+        tolerance=tolerance,
+        seconds=time.perf_counter() - t0,
+    )

@@ -21,23 +21,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def model_heads(model) -> tuple[int, int, int]:
-    c = model.config
-    return c.n_layer, c.n_head, c.head_dim
-
-
 def single_heads(model) -> Tensor:
     """(L*H, L, H) bool: drop k holds head k alone, (layer k // H, head k % H)."""
-    L, H, _ = model_heads(model)
+    L, H = model.config.n_layer, model.config.n_head
     return torch.eye(L * H, dtype=torch.bool).view(L * H, L, H)
 
 
 def token_losses(logits: Tensor, y: Tensor) -> Tensor:
     """(B, T, V), (B, T) -> (B, T) cross-entropy per position (0 where y = -1)."""
-    flat = F.cross_entropy(
-        logits.flatten(0, 1).float(), y.flatten(), ignore_index=-1, reduction="none"
-    )
-    return flat.view_as(y)
+    logits = logits.flatten(0, 1).float()  # (B, T, V) -> (B*T, V)
+    return F.cross_entropy(logits, y.flatten(), ignore_index=-1, reduction="none").view_as(y)
 
 
 # ----------------------------------------------------------------------------- interventions
@@ -72,10 +65,9 @@ def replaced_heads(model, drop: Tensor, value: Tensor | None = None):
 
     def hook(layer: int, z: Tensor) -> Tensor:
         # z (B, T', H, hd); v broadcasts over it: 0, (H, hd) or (T', H, hd)
-        if value is None:
-            v = z.new_zeros(())
-        else:
-            v = value[layer] if value.dim() == 3 else value[layer, :, : z.shape[1]].transpose(0, 1)
+        v = z.new_zeros(()) if value is None else value[layer]
+        if v.dim() == 3:  # (H, T, hd) -> (T', H, hd): the first T' positions
+            v = v[:, : z.shape[1]].transpose(0, 1)
         return torch.where(drop[layer, :, None].to(z.device), v.to(z), z)
 
     return hooked_heads(model, hook)
@@ -90,14 +82,13 @@ def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]
     ablations (drop, value) of replaced_heads. Per batch, each run takes the streams of the run
     before it (the plain pass for the first) up to the first layer where their ablations differ,
     and runs only the layers from there."""
-    L, H, _ = model_heads(model)
     totals, count = torch.zeros(1 + len(ablations), dtype=torch.float64), 0
     for x, y in batches:
         # the stream entering each layer, then leaving the last: (B, T, C) each
         first = model.embed(x)
         streams = [first] + model.run_layers(first)[0]
         sums = [token_losses(model.unembed(streams[-1]), y).sum()]
-        last, last_value = torch.zeros(L, H, dtype=torch.bool), None
+        last, last_value = False, None  # the plain pass: no head dropped
         for drop, value in ablations:
             # the heads whose output may differ from the last run's
             changed = drop ^ last if value is last_value else drop | last
@@ -114,7 +105,7 @@ def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]
 def gradient_importance(model, batches) -> Tensor:
     """(L, H) the mean over rows with a real target of |d loss(row) / d head_mask| at all ones;
     the parameters' .grad are left untouched. Call outside torch.inference_mode."""
-    L, H, _ = model_heads(model)
+    L, H = model.config.n_layer, model.config.n_head
     total, rows = torch.zeros(L, H, dtype=torch.float64), 0
     with torch.enable_grad():
         for x, y in batches:
@@ -145,10 +136,8 @@ def pruning(model, batches, importance: Tensor, tolerance: float):
 
 def rank_correlation(a: Tensor, b: Tensor) -> float:
     """Spearman's rank correlation of two equal-size tensors (ties: their mean rank); nan when
-    either is constant or has fewer than 2 values."""
+    either is constant or has fewer than 2 values (the ranks' norm is then 0)."""
     a, b = a.flatten().double(), b.flatten().double()
-    if a.numel() < 2:
-        return math.nan
 
     def ranks(v: Tensor) -> Tensor:
         _, inverse, counts = torch.unique(v, return_inverse=True, return_counts=True)
@@ -176,8 +165,7 @@ def copying_score(matrix: Tensor) -> Tensor:
 def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
     """The layer-0 heads' QK (H, V, V) [query, key token] and OV (H, V, V) [key, output token]
     tables and their copying scores (H,), float64 on the CPU: see the module's docstring."""
-    _, H, hd = model_heads(model)
-    block = model.blocks[0]
+    H, hd, block = model.config.n_head, model.config.head_dim, model.blocks[0]
     e = block.norm1(model.wte.weight)  # (V, C): the attention's input for each token
     q, k, v = block.attn.qkv(e).split(model.config.n_embd, dim=1)  # 3 x (V, C)
     wo = block.attn.proj.weight  # (C, C): column block h is head h's W_O
@@ -185,7 +173,7 @@ def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
     for h in range(H):
         mine = slice(h * hd, (h + 1) * hd)  # the head's channels
         qk.append(q[:, mine] @ k[:, mine].T / math.sqrt(hd))  # (V, hd) @ (hd, V) -> (V, V)
-        written = v[:, mine] @ wo[:, mine].T  # (V, hd) @ (hd, C) -> (V, C)
-        ov.append(written @ model.lm_head.weight.T)  # (V, C) @ (C, V) -> [key, output token]
+        # what attending to each token writes, then its logits: (V, hd) @ (hd, C) @ (C, V)
+        ov.append(v[:, mine] @ wo[:, mine].T @ model.lm_head.weight.T)  # [key, output token]
     qk, ov = torch.stack(qk).double().cpu(), torch.stack(ov).double().cpu()
     return qk, ov, torch.stack([copying_score(t) for t in ov])

@@ -5,6 +5,7 @@ read the same whatever the head count, JSON and markdown."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 from torch import Tensor
@@ -126,35 +127,30 @@ class HeadReport:
         for n, e in enumerate(self.entropy):
             for stat in ("min", "mean", "max"):
                 out[f"heads/layer{n}/entropy_{stat}"] = float(getattr(e, stat)())
-        out["heads/gradient_vs_zero"] = self.correlations.get("gradient_vs_zero", nan)
+        out["heads/gradient_vs_zero"] = self.correlations["gradient_vs_zero"]
         return out
 
-    def role_counts(self) -> dict[str, int]:
-        flat = [r for row in self.roles for r in row]
-        return {role: flat.count(role) for role in ROLES}
+    def role_counts(self) -> Counter[str]:
+        return Counter(role for row in self.roles for role in row)
 
     def per_head(self) -> dict[str, Tensor]:
         """The per-head numbers TensorBoard plots, {name: (L, H)}."""
-        out = {
+        p = self.induction
+        return {
             "entropy": self.entropy,
             "importance": self.zero_importance,
             "position_mean_importance": self.position_importance,
             "gradient_importance": self.gradient,
             "score": self.scores,
-        }
-        if self.induction is not None:
-            out["induction"] = self.induction.prefix
-            out["duplicate"] = self.induction.duplicate
-        return out
+        } | ({"induction": p.prefix, "duplicate": p.duplicate} if p is not None else {})
 
     def to_dict(self) -> dict:
         """Plain lists and numbers (JSON): the fields, the per-head rows and the summaries."""
-        heads = [self._head_dict(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
         out = {
             **{k: getattr(self, k) for k in ("n_layer", "n_head", "items", "tokens", "loss")},
             "roles": list(ROLES),
             "thresholds": THRESHOLDS,
-            "heads": heads,
+            "heads": [self._row(a, b) for a in range(self.n_layer) for b in range(self.n_head)],
             "correlations": {k: _number(v) for k, v in self.correlations.items()},
             # "probe": the key heads-*.json files on disk already use
             "probe": self.induction.to_dict() if self.induction is not None else None,
@@ -170,14 +166,14 @@ class HeadReport:
             **self.extra,
         }
         if self.qk is not None:
-            tables = {"qk": self.qk.tolist(), "ov": self.ov.tolist()}
-            out["layer0_circuits"] = {"tokens": list(self.labels)} | {
-                name: [[[round(v, 4) for v in r] for r in t] for t in table]
-                for name, table in tables.items()
-            }
+            tables = {"tokens": list(self.labels), "qk": self.qk.tolist(), "ov": self.ov.tolist()}
+            for name in ("qk", "ov"):  # [head][row][column], to 4 decimals
+                tables[name] = [[[round(v, 4) for v in r] for r in t] for t in tables[name]]
+            out["layer0_circuits"] = tables
         return out
 
-    def _head_dict(self, layer: int, h: int) -> dict:
+    def _row(self, layer: int, h: int) -> dict:
+        """The head's row in heads-*.json."""
         at = (layer, h)
         row = {"layer": layer, "head": h, "role": self.roles[layer][h]}
         row["patterns"] = {
@@ -199,41 +195,36 @@ class HeadReport:
         """A row per head, lines on importance, induction and pruning, then any layer-0 circuits."""
         header = ["layer", "head", "role", "score", "lift", "entropy (nats)", "zero-ablated"]
         header += ["mean-ablated (per position)", "gradient", "prefix match", "copying"]
-        heads = [(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
-        lines = _table(header, "rrl" + "r" * 8, [self._head_cells(*at) for at in heads])
-        lines += self._notes()
+        rows = [self._head_cells(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
+        lines = _table(header, "rrl" + "r" * 8, rows) + self._notes()
         if self.qk is not None:
             lines.append("\n" + self.circuits_markdown())
         return "\n".join(lines)
 
     def _head_cells(self, layer: int, h: int) -> list[str]:
         at, test, role = (layer, h), self.induction, self.roles[layer][h]
-        lift = self.lift[role][at] if role in self.lift else math.nan
-        copying = self.copying[h] if layer == 0 and self.copying is not None else None
+        lift = f"{self.lift[role][at]:.1f}" if role in self.lift else "-"  # mixed: none
+        copying = f"{self.copying[h]:.2f}" if layer == 0 and self.copying is not None else "-"
         return [
-            *(str(layer), str(h), role, f"{self.scores[at]:.2f}"),
-            "-" if math.isnan(lift) else f"{lift:.1f}",
+            *(str(layer), str(h), role, f"{self.scores[at]:.2f}", lift),
             *(f"{self.entropy[at]:.3f}", f"{self.zero_importance[at]:+.4f}"),
             *(f"{self.position_importance[at]:+.4f}", f"{self.gradient[at]:.4f}"),
-            "-" if test is None else f"{test.prefix[at]:.2f}",
-            "-" if copying is None else f"{copying:.2f}",
+            *("-" if test is None else f"{test.prefix[at]:.2f}", copying),
         ]
 
     def _notes(self) -> list[str]:
         """The lines under the table: loss and pruning, what the columns mean, induction."""
-        total = self.n_layer * self.n_head
         gone = _heads(self.pruning_order[: self.prunable])
-        corr = {k: self.correlations.get(k, math.nan) for k in CORRELATIONS}
+        corr = self.correlations  # every pair of CORRELATIONS
         lines = [
             f"\nLoss {self.loss:.4f} nats/char over {self.items:,} items ({self.tokens:,} "
-            f"characters). Prunable: {self.prunable} of {total} heads removed together raise it "
-            f"by < {self.tolerance:g} nats ({gone}).",
-            f"Role: a pattern holding mass >= {MIN_MASS} of the attention at "
-            f"lift >= {MIN_LIFT} (times uniform attention); score = the role's "
-            f"mass (mixed: the largest above-chance mass). Importance = loss rise (nats) when the "
-            f"head is zeroed, or replaced by its mean at each position; gradient = the "
-            f"{MEASURES['gradient_importance']}; copying = {MEASURES['copying']}. Rank "
-            f"correlation (Spearman) of gradient and zero ablation "
+            f"characters). Prunable: {self.prunable} of {self.n_layer * self.n_head} heads "
+            f"removed together raise it by < {self.tolerance:g} nats ({gone}).",
+            f"Role: a pattern holding mass >= {MIN_MASS} of the attention at lift >= {MIN_LIFT} "
+            f"(times uniform attention); score = the role's mass (mixed: the largest above-chance "
+            f"mass). Importance = loss rise (nats) when the head is zeroed, or replaced by its "
+            f"mean at each position; gradient = the {MEASURES['gradient_importance']}; copying = "
+            f"{MEASURES['copying']}. Rank correlation (Spearman) of gradient and zero ablation "
             f"{corr['gradient_vs_zero']:.2f}, zero and mean ablation {corr['zero_vs_mean']:.2f}, "
             f"zero and per-position mean {corr['zero_vs_position_mean']:.2f}.",
         ]
@@ -247,15 +238,14 @@ class HeadReport:
                 if induction
                 else f"no head reaches prefix matching {MIN_MASS}"
             )
-            what = (
-                "a {}-character passage of the text" if test.text else "a random {}-character span"
-            )
+            span = f"{test.span}-character"
+            what = f"a {span} passage of the text" if test.text else f"a random {span} span"
             lines.append(
-                f"Repeated spans ({test.rows} rows of {what.format(test.span)} "
-                f"twice): loss {test.loss_first:.3f} on the first copy, {test.loss_repeat:.3f} "
-                f"on the repeat (gain {test.gain:.3f} nats); best prefix matching "
-                f"L{best[0]}H{best[1]} {float(test.prefix.max()):.2f}, which zeroed brings the "
-                f"repeat's loss to {float(test.ablated[best]):.3f}; {together}."
+                f"Repeated spans ({test.rows} rows of {what} twice): loss {test.loss_first:.3f} on "
+                f"the first copy, {test.loss_repeat:.3f} on the repeat (gain {test.gain:.3f} "
+                f"nats); best prefix matching L{best[0]}H{best[1]} {float(test.prefix.max()):.2f}, "
+                f"which zeroed brings the repeat's loss to {float(test.ablated[best]):.3f}; "
+                f"{together}."
             )
         return lines
 
@@ -263,9 +253,7 @@ class HeadReport:
         """Per token, the key token each layer-0 head's query scores highest and the output token
         attending to it raises most."""
         H, labels = self.qk.shape[0], self.labels
-        header = ["token"] + [
-            f"L0H{h} {what}" for h in range(H) for what in ("looks for", "raises")
-        ]
+        header = ["token"] + [f"L0H{h} {w}" for h in range(H) for w in ("looks for", "raises")]
         looks, raises = self.qk.argmax(dim=2), self.ov.argmax(dim=2)  # (H, V) each
         rows = [
             [_cell(label)]
@@ -274,10 +262,9 @@ class HeadReport:
         ]
         intro = (
             "Layer-0 circuits through the embeddings: for each token, the key token each head's "
-            "query scores highest (QK) and the output token that attending to it raises most "
-            "(OV). The tokens enter as the first LayerNorm of their embeddings without "
-            "position embeddings, an input the model never sees: a sketch of layer 0, not its "
-            "real scores."
+            "query scores highest (QK) and the output token that attending to it raises most (OV). "
+            "The tokens enter as the first LayerNorm of their embeddings without position "
+            "embeddings, an input the model never sees: a sketch of layer 0, not its real scores."
         )
         return "\n".join([intro, "", *_table(header, "l" + " " * (2 * H), rows)])
 

@@ -38,8 +38,7 @@ VOWELS = set("aeiou")
 def class_members(chars: str | None, vocab_size: int, counts: Tensor | None) -> dict[str, Tensor]:
     """{class: (V,) bool over token ids} for the key classes with a member. chars: the characters
     of ids 1..V-1, None when unknown (only `boundary` and `rare`); counts (V,): for `rare`."""
-    V = vocab_size
-    out = {name: torch.zeros(V, dtype=torch.bool) for name in CLASSES}
+    out = {name: torch.zeros(vocab_size, dtype=torch.bool) for name in CLASSES}
     out["boundary"][BOUNDARY_ID] = True
     for i, c in enumerate(chars or "", start=1):
         base = unicodedata.normalize("NFD", c)[0].lower()
@@ -49,8 +48,8 @@ def class_members(chars: str | None, vocab_size: int, counts: Tensor | None) -> 
         out["newline"][i] = c == "\n"
         out["space"][i] = c.isspace() and c != "\n"
         out["punctuation"][i] = unicodedata.category(c).startswith("P")
-    if counts is not None and V > 1:
-        n = math.ceil(RARE_FRACTION * (V - 1))
+    if counts is not None and vocab_size > 1:
+        n = math.ceil(RARE_FRACTION * (vocab_size - 1))
         order = torch.argsort(counts[1:].double(), stable=True)  # least frequent first
         out["rare"][order[:n] + 1] = True
     return {name: m for name, m in out.items() if m.any()}
@@ -59,8 +58,7 @@ def class_members(chars: str | None, vocab_size: int, counts: Tensor | None) -> 
 def relation_masks(x: Tensor, chars: str | None) -> dict[str, Tensor]:
     """{relation: (B, T, T) bool, query i by key j <= i} for the rows x (B, T); line_start and
     word_start only when the vocabulary has a newline / a whitespace character."""
-    B, T = x.shape
-    i = torch.arange(T, device=x.device)
+    i = torch.arange(x.shape[1], device=x.device)
     causal = i[None, :] <= i[:, None]  # (T, T): key j <= query i
     same = x[:, :, None] == x[:, None, :]  # (B, T, T): x_i == x_j
     out = {"duplicate": same & (i[None, :] < i[:, None])}
@@ -86,27 +84,15 @@ def pattern_sums(
 ) -> dict[str, Tensor]:
     """One layer's attention att (B, H, T, T) on rows x (B, T), real queries (B, T) -> per pattern
     p, summed over rows and queries: `p` (H,) the weight on its keys, `p_chance` uniform's and
-    `p_n` the queries that could see one; likewise `offsets` (H, OFFSETS), `spread`, `entropy`."""
+    `p_n` the queries that could see one; likewise `offsets` (H, OFFSETS) on a character key
+    (j >= 1) k = 0..OFFSETS-1 back, and `start` from queries i >= 2. `entropy`: the attention's
+    entropy in nats summed over the real queries, `spread`: it over log(i + 1) (1 = uniform) over
+    those i >= 1, and their query counts `entropy_n`, `spread_n`. members: class_members'."""
     att = att.double()
     i = torch.arange(att.shape[2], device=att.device)
     q = (real & (i >= 1)).to(att.dtype)  # (B, T): the queries that count
     inv = 1.0 / (i + 1.0)  # (T,): uniform weight per visible key
-    out = _positional_sums(att, q, inv)
-    if members:
-        out.update(_class_sums(att, x, q, inv, members))
-    for name, rel in relation_masks(x, chars).items():
-        r = rel.to(att.dtype)  # (B, T, T)
-        out[name] = torch.einsum("bhij,bij,bi->h", att, r, q)
-        keys = r.sum(dim=-1)  # (B, T)
-        out[name + "_chance"] = (keys * inv * q).sum()
-        out[name + "_n"] = ((keys > 0).to(att.dtype) * q).sum()
-    out.update(entropy_sums(att, real))
-    return out
-
-
-def _positional_sums(att: Tensor, q: Tensor, inv: Tensor) -> dict[str, Tensor]:
-    """Offsets k = 0..OFFSETS-1 on a character key (j >= 1), and `start` from queries i >= 2."""
-    i = torch.arange(att.shape[2], device=att.device)
+    # positions: offsets and start
     k = torch.arange(OFFSETS, device=att.device)
     w = torch.einsum("bhij,bi->hij", att, q)  # (H, T, T): weight summed over counted queries
     per_query = q.sum(dim=0)  # (T,)
@@ -123,45 +109,31 @@ def _positional_sums(att: Tensor, q: Tensor, inv: Tensor) -> dict[str, Tensor]:
     for k, name in enumerate(POSITIONAL[:4]):
         for part in ("", "_n", "_chance"):
             out[name + part] = out["offsets" + part][..., k]
-    return out
-
-
-def _class_sums(att, x, q, inv, members: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The key classes: the weight on keys of each class, its chance and counts."""
+    # the key classes (`boundary` always has a member, the boundary token)
     names = list(members)
     table = torch.stack([members[n] for n in names], dim=1).to(x.device)  # (V, C)
     keys = table[x].to(att.dtype)  # (B, T, C): each key's classes
-    if "boundary" in members:
-        # position 0 is `start`, not a class
-        keys[:, 0, names.index("boundary")] = 0.0
+    keys[:, 0, names.index("boundary")] = 0.0  # position 0 is `start`, not a class
     mass = torch.einsum("bhij,bjc,bi->hc", att, keys, q)  # (H, C)
     seen = keys.cumsum(dim=1)  # (B, T, C): class keys among 0..i
     chance = torch.einsum("btc,t,bt->c", seen, inv, q)  # (C,)
     n = torch.einsum("btc,bt->c", (seen > 0).to(att.dtype), q)  # (C,)
-    out = {}
     for c, name in enumerate(names):
         out[name], out[name + "_chance"], out[name + "_n"] = mass[:, c], chance[c], n[c]
+    # the relations between query and key
+    for name, rel in relation_masks(x, chars).items():
+        r = rel.to(att.dtype)  # (B, T, T)
+        out[name] = torch.einsum("bhij,bij,bi->h", att, r, q)
+        related = r.sum(dim=-1)  # (B, T): the keys related to each query
+        out[name + "_chance"] = (related * inv * q).sum()
+        out[name + "_n"] = ((related > 0).to(att.dtype) * q).sum()
+    entropy = -torch.special.xlogy(att, att).sum(dim=-1)  # (B, H, T)
+    spread = entropy[..., 1:] / torch.log(i[1:] + 1.0)  # (B, H, T-1)
+    real = real.to(att.dtype)
+    out["spread"] = torch.einsum("bht,bt->h", spread, real[:, 1:])
+    out["entropy"] = torch.einsum("bht,bt->h", entropy, real)
+    out["spread_n"], out["entropy_n"] = real[:, 1:].sum(), real.sum()
     return out
-
-
-def entropy_sums(att: Tensor, real: Tensor) -> dict[str, Tensor]:
-    """`entropy`: the attention's entropy in nats summed over the real queries (B, T), `spread`:
-    it over log(i + 1) (1 = uniform) over those i >= 1, and their query counts `{name}_n`."""
-    i = torch.arange(att.shape[2], device=att.device)
-    ent = -torch.special.xlogy(att, att).sum(dim=-1)  # (B, H, T)
-    spread = ent[..., 1:] / torch.log(i[1:] + 1.0)  # (B, H, T-1)
-    qr = real.to(att.dtype)
-    return {
-        "spread": torch.einsum("bht,bt->h", spread, qr[:, 1:]),
-        "spread_n": qr[:, 1:].sum(),
-        "entropy": torch.einsum("bht,bt->h", ent, qr),
-        "entropy_n": qr.sum(),
-    }
-
-
-def add_sums(total: dict[str, Tensor], more: dict[str, Tensor]) -> None:
-    for key, value in more.items():
-        total[key] = total.get(key, 0) + value.detach().cpu()
 
 
 def patterns_of(sums: list[dict[str, Tensor]]) -> dict:

@@ -37,13 +37,14 @@ def text_size(text: str, fnt) -> tuple[int, int]:
     return right - left, bottom - top
 
 
-def draw_text(draw, xy, text: str, fnt, anchor: str = "mm", fill=TEXT) -> None:
-    """Text placed by a Pillow anchor: "mm" centred, "rm" right-middle, "ma" top-centre."""
-    draw.text(xy, text, fill=fill, font=fnt, anchor=anchor)
+def draw_text(draw, xy, text: str, fnt, fill=TEXT) -> None:
+    """Text centred on xy."""
+    draw.text(xy, text, fill=fill, font=fnt, anchor="mm")
 
 
 def _heatmap(values, row_labels, col_labels, title, cell_w, cell_h, mask=None, annotate=False):
     """(R, C) values in [0, 1] -> labelled cells, grey where `mask` is False, values written."""
+    values = np.asarray(values, dtype=np.float64)
     R, C = values.shape
     fnt = ImageFont.load_default(size=min(FONT_SIZE, max(8, cell_w - 1)))
     pad = 4
@@ -87,20 +88,13 @@ def _heatmap(values, row_labels, col_labels, title, cell_w, cell_h, mask=None, a
 
 def render_attention(weights, query_labels, key_labels, title=None, cell=18, mask=None):
     """One head's weights (T, Tk) -> a map, rows = queries; grey where `mask` hides the key."""
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 2 or (len(query_labels), len(key_labels)) != w.shape:
-        raise ValueError(
-            f"weights of shape {w.shape} need (T, Tk) with T query and Tk key labels, got "
-            f"{len(query_labels)} query and {len(key_labels)} key labels"
-        )
-    return _heatmap(w, query_labels, key_labels, title, cell, cell, mask)
+    return _heatmap(weights, query_labels, key_labels, title, cell, cell, mask)
 
 
 def colorbar(length: int = 80, thickness: int = 10) -> np.ndarray:
     """A small "0 [dark .. bright] 1" legend."""
     fnt = ImageFont.load_default(size=FONT_SIZE)
-    w0, _ = text_size("0", fnt)
-    w1, th = text_size("1", fnt)
+    (w0, _), (w1, th) = text_size("0", fnt), text_size("1", fnt)
     height = max(thickness, th) + 4
     out = np.full((height, w0 + 4 + length + 4 + w1 + 2, 3), BACKGROUND, np.uint8)
     y0 = (height - thickness) // 2
@@ -145,4 +139,4 @@ def render_offset_profile(profile, start, title: str = "layer 0", cell=(36, 20))
 def render_table(values, labels: Sequence[str], title: str | None = None, cell: int = 14):
     """A (V, V) table in [0, 1] over the vocabulary (a QK or OV circuit) -> a labelled heatmap."""
     names = [char_label(c) for c in labels]
-    return _heatmap(np.asarray(values, dtype=np.float64), names, names, title, cell, cell)
+    return _heatmap(values, names, names, title, cell, cell)

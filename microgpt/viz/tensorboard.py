@@ -33,23 +33,17 @@ from microgpt.viz.draw import compose_layer, render_attention, render_offset_pro
 METRICS_FILE = "metrics.jsonl"
 
 
-def _numpy(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().float().cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
 def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
     """Dotted keys -> numbers, "true"/"false" (not torch's 1/0), "none", or else str(value)."""
-    out = {}
-    for k, v in flatten(hparams).items():
+
+    def value(v) -> int | float | str:
         if v is None or isinstance(v, bool):
-            out[str(k)] = {None: "none", True: "true", False: "false"}[v]
-        elif isinstance(v, numbers.Real):
-            out[str(k)] = int(v) if isinstance(v, numbers.Integral) else float(v)
-        else:
-            out[str(k)] = str(v)
-    return out
+            return {None: "none", True: "true", False: "false"}[v]
+        if isinstance(v, numbers.Real):
+            return int(v) if isinstance(v, numbers.Integral) else float(v)
+        return str(v)
+
+    return {str(k): value(v) for k, v in flatten(hparams).items()}
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -66,12 +60,10 @@ class TensorBoardLogger:
 
     def __init__(self, log_dir: str | Path, purge_step: int | None = None):
         # purge_step (a resume): points at steps >= purge_step are dropped, to be written again
-        self.log_dir = Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)  # makes the folder
         # every scalar also goes, one JSON object per call, to metrics.jsonl: written as it goes,
         # so a crash loses at most the last line; a resume drops the lines it will write again
-        metrics = self.log_dir / METRICS_FILE
+        metrics = Path(log_dir) / METRICS_FILE
         if purge_step is not None and metrics.exists():
             kept = [line for line in read_metrics(metrics) if line["step"] < purge_step]
             write_text(metrics, "".join(json.dumps(line) + "\n" for line in kept))
@@ -92,7 +84,7 @@ class TensorBoardLogger:
     def attention_maps(self, step: int, attention: Sequence, labels: Sequence[str]) -> None:
         """Each layer's (H, T, Tk) maps: `attention/layer{l}[/head{h}]`."""
         for layer, att in enumerate(attention):
-            w = _numpy(att)
+            w = np.asarray(att, dtype=np.float64)  # (H, T, Tk), on the CPU
             T, Tk = w.shape[1:]
             # True where query i sees key j; with Tk > T (a cached prefix) queries are the last keys
             mask = np.tri(T, Tk, k=Tk - T, dtype=bool)
@@ -117,13 +109,13 @@ class TensorBoardLogger:
         per_head = {
             f"per_head/layer{a}/head{b}/{name}": float(v)
             for name, values in report.per_head().items()
-            for (a, b), v in np.ndenumerate(_numpy(values))
+            for (a, b), v in np.ndenumerate(np.asarray(values))
         }
         for h, c in enumerate(report.copying if report.copying is not None else []):
             per_head[f"per_head/layer0/head{h}/copying"] = float(c)
         self.scalars(step, per_head)
         for layer, (profile, start) in enumerate(zip(report.offsets, report.start)):
-            img = render_offset_profile(_numpy(profile), _numpy(start), f"layer {layer}")
+            img = render_offset_profile(profile, start, f"layer {layer}")
             self._image(f"heads/offsets/layer{layer}", img, step)
         # the layer-0 heads' QK and OV tables, one panel per head, each row softmaxed
         for name, table, title in (
@@ -131,10 +123,9 @@ class TensorBoardLogger:
             ("ov", report.ov, "key token raises output token"),
         ):
             if table is not None:
-                probs = _numpy(torch.softmax(table.float(), dim=-1))
+                rows = torch.softmax(table.float(), dim=-1)  # (H, V, V)
                 panels = [
-                    render_table(p, report.labels, f"head {h}: {title}")
-                    for h, p in enumerate(probs)
+                    render_table(p, report.labels, f"head {h}: {title}") for h, p in enumerate(rows)
                 ]
                 self._image(f"heads/{name}/layer0", compose_layer(panels, 0), step)
         self._text("heads/table", report.markdown(), step)

@@ -181,7 +181,7 @@ def induction_circuit(V: int, T: int = 16, beta: float = 30.0, heads: int = 1) -
 
 def test_a_hand_wired_induction_circuit_scores_high_and_its_previous_head_not():
     model = induction_circuit(V=12)
-    test = induction_test(model, "cpu")
+    test = induction_test(model)
     assert test.span == 7
     assert test.prefix[1, 0] > 0.9, test.prefix  # the induction head
     assert test.prefix[0, 0] < 0.05  # the previous-character head
@@ -195,7 +195,7 @@ def test_a_hand_wired_induction_circuit_scores_high_and_its_previous_head_not():
 def test_zeroing_the_induction_heads_together_undoes_the_repeat():
     # two induction heads that share the work: either one alone still predicts the repeat
     model = induction_circuit(V=12, heads=2)
-    test = induction_test(model, "cpu")
+    test = induction_test(model)
     assert test.induction_heads.nonzero().tolist() == [[1, 0], [1, 1]]
     single = float((test.ablated[1] - test.loss_repeat).max())
     together = test.induction_zeroed - test.loss_repeat
@@ -203,9 +203,7 @@ def test_zeroing_the_induction_heads_together_undoes_the_repeat():
     # the same loss from the model with layer 1's W_O zeroed: the heads' writes removed by hand
     with torch.no_grad():
         model.blocks[1].attn.proj.weight.zero_()
-    assert induction_test(model, "cpu").loss_repeat == pytest.approx(
-        test.induction_zeroed, rel=1e-5
-    )
+    assert induction_test(model).loss_repeat == pytest.approx(test.induction_zeroed, rel=1e-5)
     x = repeated_spans(64, 12, 7, torch.Generator().manual_seed(5)).x
     y = torch.cat([x[:, 1:], torch.full((64, 1), -1)], dim=1)
     report = analyse(induction_circuit(V=12, heads=2), x, y)
@@ -214,6 +212,6 @@ def test_zeroing_the_induction_heads_together_undoes_the_repeat():
     # no head of prefix matching >= 0.5 (layer 1 attends uniformly): nothing to zero, nan
     with torch.no_grad():
         model.blocks[1].attn.qkv.weight.zero_()
-    none = induction_test(model, "cpu")
+    none = induction_test(model)
     assert not none.induction_heads.any() and math.isnan(none.induction_zeroed)
     assert none.to_dict()["loss_induction_zeroed"] is None

@@ -61,7 +61,7 @@ def test_a_text_runs_induction_test_repeats_passages_of_its_own_text(rows):
     assert test.text and (test.rows, test.span) == (TEXT_INDUCTION_ROWS, 8)
     assert test.loss_first < 0.01 and test.loss_repeat < 0.01
     # ... and not random spans' first copy
-    assert induction_test(cycle_model(), "cpu").loss_first > 5
+    assert induction_test(cycle_model()).loss_first > 5
     # the hand-wired induction circuit predicts the repeat from the first copy: zeroing its
     # induction head undoes it
     model = induction_circuit(V=12, T=16)
