@@ -246,18 +246,14 @@ class Checkpoint:
 
 def _model_settings(values: dict, name: str) -> dict:
     """A checkpoint's model settings, checked as GPTConfig checks them (a setting added since
-    takes its default); n_kv_head (null or n_head, from before grouped-query attention was
-    dropped) left out."""
+    takes its default; one dropped since is refused: n_kv_head other than n_head was grouped-query
+    attention)."""
     values = dict(values)
-    kv = values.pop("n_kv_head", None)
-    if kv not in (None, values.get("n_head")):
-        raise ValueError(
-            f"{name}.n_kv_head={kv!r}: grouped-query attention (n_kv_head other than "
-            f"n_head={values.get('n_head')!r}) is no longer supported; retrain the model"
-        )
+    if values.get("n_kv_head") in (None, values.get("n_head")):  # plain multi-head attention
+        values.pop("n_kv_head", None)
     defaults = asdict(GPTConfig())
     if unknown := sorted(values.keys() - defaults.keys()):
-        raise ValueError(f"{name} holds settings GPTConfig does not have: {unknown}")
+        raise ValueError(f"{name} holds settings this microgpt does not have: {unknown}; retrain")
     for size in ("vocab_size", "block_size") if name == "model_config" else ():
         if values.get(size) is None:  # None in a run's settings: from the data
             raise ValueError(f"{name}.{size} must be a positive integer, found None")

@@ -118,11 +118,10 @@ def latest_checkpoint(roots=RUN_ROOTS) -> Path | None:
 
 def parse_resume(value) -> bool | str:
     """resume as typed (false, true, "True", None, a path) -> False, True or the path."""
-    if value is None or value is False or str(value).lower() in ("false", "none", "null", ""):
+    word = str(value).lower()  # None and False read "none" and "false", True "true"
+    if word in ("false", "none", "null", ""):
         return False
-    if value is True or str(value).lower() == "true":
-        return True
-    return str(value)
+    return True if word == "true" else str(value)
 
 
 def resolve_resume(resume, out_dir=None) -> tuple[RunFolder | None, Path | None]:
@@ -303,7 +302,7 @@ def release(folder: str | os.PathLike, forget: bool = True) -> None:
         owned.lock_fd = None
 
 
-def discard(before_removing=None, made_for=None) -> str | None:
+def discard(before_removing=lambda folder: None, made_for=None) -> str | None:
     """After an error, remove the folders this process claimed that hold no checkpoint, and
     `made_for` (Hydra's) if it holds only an empty train.log; returns the last one removed."""
     doomed = [Path(key) for key, owned in _OWNED.items() if owned.made]
@@ -314,8 +313,7 @@ def discard(before_removing=None, made_for=None) -> str | None:
     if made_for and made_for.is_dir() and not _foreign(made_for, claims=True):
         doomed.append(made_for)
     for folder in doomed:
-        if before_removing is not None:
-            before_removing(folder)
+        before_removing(folder)
         shutil.rmtree(folder, ignore_errors=True)
         # outputs/<date>/ and outputs/, when they held this run only
         for parent in (folder.parent, folder.parent.parent):
