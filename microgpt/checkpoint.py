@@ -154,10 +154,19 @@ class Checkpoint:
         """Load with torch.load(weights_only=True), check its checksum and every field against
         the schema (`validated`), else CheckpointError."""
         path = Path(path)
-        raw = _read(path, map_location)
-        required = {"model", "model_config", "tokenizer"}
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT or not required <= raw.keys():
-            problem = f"is not a microgpt checkpoint (no {FORMAT!r} format marker or model)"
+        # a FIFO would block the read forever; a device never ends
+        if not path.exists():
+            problem = "does not exist"
+        elif path.is_dir():
+            problem = "is a folder, not a file (use run=FOLDER to pick a run)"
+        elif not path.is_file():
+            problem = "is not a regular file (a device, FIFO or socket); name a .pt file"
+        elif path.stat().st_size == 0:
+            problem = "is empty (0 bytes): it was never written completely"
+        elif not isinstance(raw := _read(path, map_location), dict) or raw.get("format") != FORMAT:
+            problem = f"is not a microgpt checkpoint (no {FORMAT!r} format marker)"
+        elif not {"model", "model_config", "tokenizer"} <= raw.keys():
+            problem = "is not a microgpt checkpoint (no model, model_config or tokenizer)"
         elif not isinstance(version := raw.get("version", 0), int) or version > VERSION:
             problem = f"was written by a newer microgpt (version {version!r} > {VERSION}); upgrade"
         elif "checksum" in raw and raw["checksum"] != checksum(raw):
@@ -308,21 +317,8 @@ def checksum(checkpoint: dict) -> str:
 
 
 def _read(path: Path, map_location):
-    """torch.load(weights_only=True) of a non-empty regular file that starts as a zip does (a FIFO
-    would block the read forever; a device never ends); an unreadable one is an OSError, one
-    line at the front door."""
-    if not path.exists():
-        problem = "does not exist"
-    elif path.is_dir():
-        problem = "is a folder, not a file (use run=FOLDER to pick a run)"
-    elif not path.is_file():
-        problem = "is not a regular file (a device, FIFO or socket); name a .pt file"
-    elif path.stat().st_size == 0:
-        problem = "is empty (0 bytes): it was never written completely"
-    else:
-        problem = None
-    if problem:
-        raise CheckpointError(f"checkpoint {path} {problem}")
+    """torch.load(weights_only=True) of a regular file that starts as a zip does; an unreadable
+    one is an OSError, one line at the front door."""
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != ZIP_MAGIC:
