@@ -77,8 +77,8 @@ def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
     if not p.is_dir():
         return run_of(p), p
     run = RunFolder(p.parent if p.name == files.CHECKPOINTS else p)
-    if run.default_checkpoint() is not None:
-        return run, run.default_checkpoint()
+    if (checkpoint := run.default_checkpoint()) is not None:
+        return run, checkpoint
     inside = [str(c.parent.parent) for c in find_checkpoints((p,), "best.pt")]
     hint = f"; it holds these runs: {', '.join(inside[:5])}" if inside else ""
     raise RunFolderError(
@@ -112,18 +112,16 @@ def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
 
 def latest_checkpoint(roots=RUN_ROOTS) -> Path | None:
     """The default checkpoint of the run written to most recently (what sample.py reads)."""
-    found = find_checkpoints(roots, "best.pt") + find_checkpoints(roots, "last.pt")
-    newest = max(found, key=lambda p: p.stat().st_mtime, default=None)
-    return run_of(newest).default_checkpoint() if newest else None
+    newest = find_checkpoints(roots, "*.pt")  # best.pt, last.pt or a snapshot
+    return run_of(newest[0]).default_checkpoint() if newest else None
 
 
 def parse_resume(value) -> bool | str:
     """resume as typed (false, true, "True", None, a path) -> False, True or the path."""
-    if value is None or value is False or str(value).lower() in ("false", "none", "null", ""):
+    word = str(value).lower()  # None and False read "none" and "false", True "true"
+    if word in ("false", "none", "null", ""):
         return False
-    if value is True or str(value).lower() == "true":
-        return True
-    return str(value)
+    return True if word == "true" else str(value)
 
 
 def resolve_resume(resume, out_dir=None) -> tuple[RunFolder | None, Path | None]:
@@ -137,15 +135,14 @@ def resolve_resume(resume, out_dir=None) -> tuple[RunFolder | None, Path | None]
         return None, None
     if resume is True:
         run = RunFolder(out_dir) if out_dir is not None else None
-        if out_dir is None and (newest := find_checkpoints(RUN_ROOTS, "last.pt")):
-            run = run_of(newest[0])
-        if run is None or not run.last.exists():
-            where = f"{run.last} does not exist" if run else f"no last.pt under {RUN_ROOTS}"
+        lasts = [run.last] if run else find_checkpoints(RUN_ROOTS, "last.pt")
+        if not lasts or not lasts[0].exists():
+            where = f"{lasts[0]} does not exist" if lasts else f"no last.pt under {RUN_ROOTS}"
             raise RunFolderError(
                 f"resume=true but there is no run to resume ({where}); pass resume=PATH, or "
                 f"start a new run"
             )
-        return run, run.last
+        return run_of(lasts[0]), lasts[0]
     p = Path(resume).expanduser()
     if not p.is_dir():
         return (run_of(p) if p.parent.name == files.CHECKPOINTS else None), p
@@ -153,25 +150,6 @@ def resolve_resume(resume, out_dir=None) -> tuple[RunFolder | None, Path | None]
         if run.checkpoints == p or run.checkpoints.is_dir():
             return run, run.last
     raise RunFolderError(f"resume={resume}: {p} is a folder that holds no run; pass a run folder")
-
-
-def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int = 0) -> str:
-    """Claim `folder` for a new run, or for the resume of run `run_id` from the checkpoint
-    `resumed_from` at `step` (its own folder or a new one); lock it until `release`; write its
-    config (a resume: config.resume-stepN.yaml beside the run's config.yaml); remove the .tmp
-    files of saves killed mid-write. Returns the run id."""
-    folder = Path(folder).expanduser()
-    if resumed_from is None:  # one exclusive create: a run started alongside stops here
-        run_id = claim_new(folder)
-    else:
-        run_id = claim_resume(folder, resumed_from, run_id)
-    lock(folder)  # until the run ends: one process per folder
-    checkpoints = RunFolder(folder).checkpoints
-    checkpoints.mkdir(exist_ok=True)
-    files.remove_leftovers(checkpoints)
-    name = "config.yaml" if resumed_from is None else f"config.resume-step{step}.yaml"
-    files.write_text(folder / name, config_yaml)
-    return run_id
 
 
 @dataclass
@@ -208,14 +186,10 @@ def check_new(
     not use: a system path, a file, a read-only or full disk, a run or a folder inside one, other
     files (ours: Hydra's train.log there is this process's). A folder this process claimed
     passes."""
-    owned = _OWNED.get(_key(folder))
-    if owned is not None and owned.run_id:
+    if getattr(_OWNED.get(_key(folder)), "run_id", None):
         return
     path = Path(_key(folder))
     existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
-    free = MIN_FREE
-    with contextlib.suppress(OSError):
-        free = shutil.disk_usage(existing).free
     if files.is_system_path(path):
         why = f" is under /{path.parts[1]}, not on a disk; name a folder on a disk"
     elif not existing.is_dir():
@@ -223,7 +197,7 @@ def check_new(
         why = f" is {where}, not a folder; name a new folder"
     elif not os.access(existing, os.W_OK | os.X_OK):
         why = f": cannot write in {existing} (read-only or no permission); name another folder"
-    elif free < MIN_FREE:
+    elif (free := shutil.disk_usage(existing).free) < MIN_FREE:
         why = f": the disk of {existing} is full ({free // 2**20} MiB free); free some space"
     elif what and (inside := next(filter(files.is_run_folder, path.parents), None)):
         why = f" is inside the run folder {inside}: a run's folder is never inside another's"
@@ -266,28 +240,37 @@ def claim_new(folder: str | os.PathLike, run_id: str | None = None, what: str = 
     return owned.run_id
 
 
-def claim_resume(
-    folder: str | os.PathLike, checkpoint: str | os.PathLike, run_id: str | None
-) -> str:
-    """Claim `folder`, holding the same run or new or empty, for a resume from `checkpoint` (run
-    `run_id`, None before run ids) and return the run id it carries; else RunFolderError."""
+def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int = 0) -> str:
+    """Claim `folder` for a new run, or for the resume of run `run_id` (None: written before run
+    ids) from the checkpoint `resumed_from` at `step`: its own folder (holding the same run) or a
+    new or empty one; lock it until `release`; write its config (a resume:
+    config.resume-stepN.yaml beside the run's config.yaml); remove the .tmp files of saves
+    killed mid-write. Returns the run id."""
+    folder = Path(folder).expanduser()
     run, owned = RunFolder(folder), _OWNED.setdefault(_key(folder), _Owned())
-    here = run.run_id()
-    own_checkpoint = run_of(checkpoint).path.resolve() == run.path.resolve()
-    if owned.run_id is None and files.is_run_folder(run.path):
+    if resumed_from is not None and owned.run_id is None and files.is_run_folder(folder):
+        here = run.run_id()
+        own_checkpoint = run_of(resumed_from).path.resolve() == folder.resolve()
         if here is not None and (here == run_id or (run_id is None and own_checkpoint)):
             owned.run_id = here
         elif here is None and run.checkpoints.is_dir() and own_checkpoint:
             # a run from before run.json: claimed now, under the checkpoint's id
             owned.run_id = run_id or new_run_id()
-            _write_claim(run.path, owned.run_id)
+            _write_claim(folder, owned.run_id)
         else:
             raise RunFolderError(
-                f"cannot resume {checkpoint} (run {run_id or 'without an id'}) in {run}: that "
+                f"cannot resume {resumed_from} (run {run_id or 'without an id'}) in {run}: that "
                 f"folder holds another run ({here or 'without an id'}); resume in the run's own "
-                f"folder (resume={run_of(checkpoint)}) or a new one (hydra.run.dir=NEW_FOLDER)"
+                f"folder (resume={run_of(resumed_from)}) or a new one (hydra.run.dir=NEW_FOLDER)"
             )
-    return owned.run_id or claim_new(folder, run_id, "a resumed run")
+    what = "a run" if resumed_from is None else "a resumed run"
+    run_id = owned.run_id or claim_new(folder, run_id, what)  # a run started alongside stops here
+    lock(folder)  # until the run ends: one process per folder
+    run.checkpoints.mkdir(exist_ok=True)
+    files.remove_leftovers(run.checkpoints)
+    name = "config.yaml" if resumed_from is None else f"config.resume-step{step}.yaml"
+    files.write_text(folder / name, config_yaml)
+    return run_id
 
 
 def lock(folder: str | os.PathLike) -> None:
@@ -319,7 +302,7 @@ def release(folder: str | os.PathLike, forget: bool = True) -> None:
         owned.lock_fd = None
 
 
-def discard(before_removing=None, made_for=None) -> str | None:
+def discard(before_removing=lambda folder: None, made_for=None) -> str | None:
     """After an error, remove the folders this process claimed that hold no checkpoint, and
     `made_for` (Hydra's) if it holds only an empty train.log; returns the last one removed."""
     doomed = [Path(key) for key, owned in _OWNED.items() if owned.made]
@@ -327,11 +310,10 @@ def discard(before_removing=None, made_for=None) -> str | None:
         release(key)
     doomed = [f for f in doomed if f.is_dir() and not list(RunFolder(f).checkpoints.glob("*.pt"))]
     made_for = Path(made_for) if made_for is not None else None
-    if made_for is not None and made_for.is_dir() and not _foreign(made_for, claims=True):
+    if made_for and made_for.is_dir() and not _foreign(made_for, claims=True):
         doomed.append(made_for)
     for folder in doomed:
-        if before_removing is not None:
-            before_removing(folder)
+        before_removing(folder)
         shutil.rmtree(folder, ignore_errors=True)
         # outputs/<date>/ and outputs/, when they held this run only
         for parent in (folder.parent, folder.parent.parent):

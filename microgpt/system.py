@@ -67,9 +67,8 @@ def setup(device: torch.device) -> tuple[DistInfo, torch.device]:
     info = dist_info_from_env()
     if info.enabled and device.type == "cuda":
         device = torch.device("cuda", info.local_rank % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
     if info.enabled and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=10))
     return info, device
@@ -116,7 +115,8 @@ def gather_objects(obj, info: DistInfo) -> list:
 
 def run_on_main(fn, info: DistInfo):
     """fn() on rank 0 alone, returning its result there (None elsewhere); its exception is raised
-    on every rank, so that none waits for rank 0 in the next collective until a timeout."""
+    on every rank (elsewhere: its type with its message, or a RuntimeError where the type takes
+    other arguments), so that none waits for rank 0 in the next collective until a timeout."""
     if not info.enabled:
         return fn()
     result, error = None, None
@@ -128,10 +128,9 @@ def run_on_main(fn, info: DistInfo):
     failed = broadcast_from_main(None if error is None else (type(error), str(error)), info)
     if failed is not None and error is None:
         cls, message = failed
-        try:
+        with contextlib.suppress(TypeError):  # else a class that takes other arguments
             error = cls(message)
-        except TypeError:  # a class that takes other arguments
-            error = RuntimeError(message)
+        raise error or RuntimeError(message)
     if error is not None:
         raise error
     return result
@@ -172,10 +171,6 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
-def gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
 # what holding one generated or sampled item costs at its peak: the Python string and its place
 # in lists, and per character the int64 ids and masks it is made from (about 60 bytes measured)
 ITEM_BYTES, CHAR_BYTES = 200, 100
@@ -208,7 +203,8 @@ def check_memory(need: int, device: torch.device, what: str, fix: str, error=Use
     is refused, naming `fix`, where `device` has less free; unknown free memory passes."""
     free = available_memory(device)
     if free is not None and need > free:
-        raise error(f"{what} needs about {gib(need)}, but {device} has {gib(free)} free; {fix}")
+        need_gib, free_gib = f"{need / 2**30:.1f} GiB", f"{free / 2**30:.1f} GiB"
+        raise error(f"{what} needs about {need_gib}, but {device} has {free_gib} free; {fix}")
 
 
 def decoding_seconds(items: int, chars: int) -> float:

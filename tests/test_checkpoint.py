@@ -47,16 +47,15 @@ def test_settings_renamed_or_dropped_since_a_checkpoint_was_written_read_as_they
     [
         ("train_config", [1, 2], "train_config must be a mapping with the groups"),
         ("split", {"train": [1], "val": [], "test": []}, "split must be"),
-        ("step", "abc", "step must be a non-negative integer, found the string 'abc'"),
-        ("step", -1, "step must be a non-negative integer, found the number -1"),
+        ("step", "abc", "step must be a non-negative integer, found 'abc'"),
+        ("step", -1, "step must be a non-negative integer, found -1"),
         ("tokenizer", {"chars": ["a"]}, "tokenizer must be a mapping whose vocabulary"),
-        ("metrics", [], "metrics must be a mapping of names to numbers, found a list"),
+        ("metrics", [], "metrics must be a mapping of names to numbers, found []"),
         ("resume", {"optimizer": 1}, "resume must be a mapping of the optimizer, sampler"),
         ("model", {"w": 1}, "model must be a mapping of parameter names to tensors"),
         ("model_config", {**MODEL, "n_head": "x"}, "model_config.n_head='x' must be a positive"),
-        ("model_config", {**MODEL, "n_kv_head": 1}, "model_config.n_kv_head=1: grouped-query"),
+        ("model_config", {**MODEL, "n_kv_head": 1}, "model_config holds settings this microgpt"),
         ("model_config", {**MODEL, "block_size": None}, "model_config.block_size must be"),
-        ("model_config", {**MODEL, "wings": 2}, "model_config holds settings GPTConfig does"),
     ],
 )
 def test_a_field_of_the_wrong_type_or_range_is_refused_by_name(tmp_path, field, value, says):
