@@ -53,6 +53,10 @@ class RunFolder:
         """heads-<checkpoint name><suffix>: where the head analysis of `checkpoint` goes."""
         return self.path / f"heads-{Path(checkpoint).stem}{suffix}"
 
+    def name_under(self, root: Path) -> str:
+        """The run's path from `root`, a folder above it ("heads=2"); its own name if it is root."""
+        return self.path.relative_to(root).as_posix() if self.path != root else self.path.name
+
     def run_id(self) -> str | None:
         try:
             return str(json.loads((self.path / files.RUN_FILE).read_text())["run_id"])

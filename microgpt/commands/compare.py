@@ -92,7 +92,7 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
     heads = OmegaConf.load(run / "config.yaml").model.n_head  # none: an OmegaConf error
     scalars = _scalars(run)
-    r, step = RunSummary(_name(run, root), run, heads), None
+    r, step = RunSummary(folder.name_under(root), run, heads), None
     checkpoint = folder.default_checkpoint()  # best.pt, else last.pt
     if checkpoint is not None:  # a CheckpointError makes the run unreadable (read_sweep)
         ckpt = Checkpoint.load(checkpoint)
@@ -113,10 +113,6 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
         checkpoint and folder.analysis(checkpoint), scalars, step
     )
     return r
-
-
-def _name(run: Path, root: Path) -> str:
-    return str(run.relative_to(root)) if run != root else run.name
 
 
 def _heads_summary(analysis: Path | None, scalars: dict, checkpoint_step):
@@ -150,7 +146,7 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
                 why = f"config.yaml: {why}"
             elif isinstance(e, UnicodeDecodeError):
                 why = f"{METRICS_FILE} is not UTF-8 text"
-            unreadable.append((_name(run.path, root), why))
+            unreadable.append((run.name_under(root), why))
     found.sort(key=lambda r: (r.heads, r.name))
     return found, unreadable
 

@@ -179,13 +179,12 @@ class HeadReport:
         row["patterns"] = {
             k: {"mass": float(m[at]), "lift": float(self.lift[k][at])} for k, m in self.mass.items()
         }
-        names = ("entropy", "spread", "start", "offsets", "zero_importance", "mean_importance")
-        values = {"score": self.scores} | {name: getattr(self, name) for name in names}
-        values["position_mean_importance"] = self.position_importance
-        values["gradient_importance"] = self.gradient
+        # per_head's numbers (its "importance", TensorBoard's tag, is zero_importance here)
+        values = {name: v for name, v in self.per_head().items() if name != "importance"}
+        names = ("spread", "start", "offsets", "zero_importance", "mean_importance")
+        values |= {name: getattr(self, name) for name in names}
         if self.induction is not None:
-            p = self.induction
-            values.update(induction=p.prefix, duplicate=p.duplicate, repeat_loss_ablated=p.ablated)
+            values["repeat_loss_ablated"] = self.induction.ablated
         row |= {name: v[at].tolist() for name, v in values.items()}
         if layer == 0 and self.copying is not None:
             row["copying"] = float(self.copying[h])

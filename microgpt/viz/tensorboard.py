@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import numbers
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,9 +38,7 @@ def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
     def value(v) -> int | float | str:
         if v is None or isinstance(v, bool):
             return {None: "none", True: "true", False: "false"}[v]
-        if isinstance(v, numbers.Real):
-            return int(v) if isinstance(v, numbers.Integral) else float(v)
-        return str(v)
+        return v if isinstance(v, (int, float)) else str(v)
 
     return {str(k): value(v) for k, v in flatten(hparams).items()}
 
@@ -151,7 +148,7 @@ class TensorBoardLogger:
         body = "\n".join("    " + line for line in lines) if lines else "(no samples)"
         self._text("samples", body, step)
 
-    def hparams(self, hparams: Mapping, metrics: Mapping, step: int | None = None) -> None:
+    def hparams(self, hparams: Mapping, metrics: Mapping, step: int) -> None:
         """One HParams row in the run's own folder (not add_hparams's subfolder): `metrics`, also
         written as scalars (where the tab reads them), and the last head summaries."""
         values = {str(k): float("nan") if v is None else float(v) for k, v in metrics.items()}
@@ -159,7 +156,7 @@ class TensorBoardLogger:
         # the experiment, session start and session end
         for summary in hparams_summaries(sanitize_hparams(hparams), all_metrics):
             self.writer.file_writer.add_summary(summary)
-        self.scalars(step or 0, values)
+        self.scalars(step, values)
         self.writer.flush()
 
     def flush(self) -> None:

@@ -157,23 +157,15 @@ def test_a_model_is_loaded_once_and_again_once_its_checkpoint_is_rewritten(lab, 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def tensorboard(lab):
     """A real TensorBoard on the sweep (--logdir_spec: the tab reads it too), its URL."""
-    port = free_port()
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     command = [sys.executable, "-m", "tensorboard.main", "--logdir_spec", str(lab / "sweep")]
-    server = subprocess.Popen(
-        [*command, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

@@ -38,7 +38,7 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
             tb.scalars(step, {"loss/train": 2.1 - step / 100, "lr": torch.tensor(1e-3)})
         tb.attention_maps(10, attention, labels)
         tb.samples(10, ["emma", "olivia (in train)", "zoe *new*"])
-        tb.hparams({"n_head": H, "lr": 1e-3, "dropout": None}, {"result/best_val_loss": 1.9})
+        tb.hparams({"n_head": H, "lr": 1e-3, "dropout": None}, {"result/best_val_loss": 1.9}, 10)
 
     files = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
     assert len(files) == len(list(tmp_path.iterdir())) == 2  # no subfolder
@@ -107,13 +107,8 @@ def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
     }
     names = ("entropy_min", "entropy_mean", "entropy_max", "importance_max", "importance_sum")
     expected = {f"heads/layer{layer}/{name}" for layer in range(2) for name in names}
-    expected |= {
-        "heads/prunable",
-        "heads/prunable_fraction",
-        "heads/named",
-        "heads/gradient_vs_zero",
-    }
-    expected |= {f"heads/role/{role}" for role in ROLES} | {"heads/induction_ablation_all"}
+    names = ("prunable", "prunable_fraction", "named", "gradient_vs_zero", "induction_ablation_all")
+    expected |= {f"heads/{name}" for name in names} | {f"heads/role/{role}" for role in ROLES}
     names = ("induction", "duplicate", "copying", "induction_ablation")
     expected |= {f"heads/{name}_max" for name in names}
     expected |= {f"heads/repeat_loss{end}" for end in ("", "_first", "_gain")}
@@ -137,27 +132,21 @@ def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
         assert table.startswith("| layer | head | role |") and f"| 1 | {heads - 1} |" in table
 
 
-def test_head_summaries_are_hparams_metrics(head_runs):
+def test_head_summaries_are_hparams_metrics_and_charted_by_a_layout_of_the_runs_tags(head_runs):
+    from tensorboard.plugins.custom_scalar import layout_pb2
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    for _, acc in head_runs.values():
+    for heads, (_, acc) in head_runs.items():
+        scalars = acc.Tags()["scalars"]
         content = acc.PluginTagToContent("hparams")["_hparams_/experiment"]
         data = plugin_data_pb2.HParamsPluginData.FromString(content)
         metrics = {m.name.tag for m in data.experiment.metric_infos}
         assert "result/best_val_loss" in metrics
         assert {"heads/prunable", "heads/layer1/importance_max", "heads/role/previous"} <= metrics
-        scalars = set(acc.Tags()["scalars"])
-        assert metrics <= scalars  # the HParams tab reads each metric's value from a scalar
-
-
-def test_custom_scalars_layout_names_only_tags_the_run_writes(head_runs):
-    from tensorboard.plugins.custom_scalar import layout_pb2
-
-    for heads, (_, acc) in head_runs.items():
+        assert metrics <= set(scalars)  # the HParams tab reads each metric's value from a scalar
         events = acc.Tensors("custom_scalars__config__")
         assert len(events) == 1  # written once per run
         layout = layout_pb2.Layout.FromString(events[0].tensor_proto.string_val[0])
-        scalars = acc.Tags()["scalars"]
         charts = {c.title: c for cat in layout.category for c in cat.chart}
         assert len(charts) == 3 * 2 + 6  # three per layer, and six summary charts
         for title, chart in charts.items():

@@ -56,8 +56,7 @@ def runs_under(roots: dict[str, Path]) -> dict[str, RunFolder]:
     for group, root in roots.items():
         with contextlib.suppress(RunFolderError, OSError):  # no runs there, or unreadable
             for run in find_runs(root):
-                name = run.path.relative_to(root).as_posix() if run.path != root else root.name
-                found["/".join(filter(None, (group, name)))] = run
+                found["/".join(filter(None, (group, run.name_under(root))))] = run
     return found
 
 
@@ -92,19 +91,6 @@ def cached_model(path: Path) -> Loaded:
     except OSError:
         raise InputError(f"checkpoint {path} does not exist") from None
     return load_model(path, stat.st_size, stat.st_mtime_ns)
-
-
-def encode_input(loaded: Loaded, text: str, run: str) -> list[int]:
-    """The ids the model reads for `text` (the format's input_ids: after the boundary token as it
-    was trained, `<s>emma`, but for a text run); an InputError for an empty input, unknown
-    characters, or too many."""
-    if not text:
-        raise InputError(f"type {loaded.format.user_input} to see {run}'s heads at work")
-    block = loaded.model.config.block_size
-    try:
-        return loaded.format.input_ids(loaded.tokenizer, text, block, "input")
-    except DataError as e:
-        raise InputError(f"{run}: {e}") from None
 
 
 def read_analysis(path: Path) -> tuple[dict | None, str | None]:
@@ -195,10 +181,15 @@ class RunStore:
             loaded = cached_model(run.checkpoints / checkpoint)
         except InputError as e:
             raise InputError(f"{name}: {e}") from None
-        ids = encode_input(loaded, text, name)
+        config = loaded.model.config
+        if not text:
+            raise InputError(f"type {loaded.format.user_input} to see {name}'s heads at work")
+        try:  # the format's input ids: after the boundary token as trained (<s>emma), but for text
+            ids = loaded.format.input_ids(loaded.tokenizer, text, config.block_size, "input")
+        except DataError as e:  # unknown characters, or too many
+            raise InputError(f"{name}: {e}") from None
         # the head analysis (python -m microgpt.heads), where there is one that can be read
         analysis, unreadable = read_analysis(run.analysis(checkpoint))
-        config = loaded.model.config
         _, _, attention = loaded.model.forward_with_attention(torch.tensor([ids]))
         return {
             "run": name,

@@ -53,11 +53,9 @@ class MicrogptPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _attention(self, request):
-        args = request.args
+        run, checkpoint = request.args.get("run", ""), request.args.get("checkpoint") or None
         try:
-            body = self.store.attention(
-                args.get("run", ""), args.get("checkpoint") or None, args.get("input", "")
-            )
+            body = self.store.attention(run, checkpoint, request.args.get("input", ""))
         except InputError as e:
             return _json(request, {"error": str(e)}, code=400)
         return _json(request, body)
