@@ -9,22 +9,20 @@ import torch
 
 
 class KVCache:
-    def __init__(
-        self, batch_size, n_layer, n_head, block_size, head_dim, device=None, dtype=torch.float32
-    ):
+    def __init__(self, batch_size, n_layer, n_head, block_size, head_dim, device=None, dtype=None):
+        """dtype None: torch's default (float32)."""
         shape = (batch_size, n_head, block_size, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.batch_size, self.block_size = batch_size, block_size
-        # how many positions are filled, the same for every layer
-        self.pos = 0
+        # pos: how many positions are filled, the same for every layer
+        self.batch_size, self.block_size, self.pos = batch_size, block_size, 0
 
     @classmethod
-    def for_model(cls, model, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
-        """A cache sized for `model` (a GPT), on the model's device."""
+    def for_model(cls, model, batch_size: int) -> KVCache:
+        """A cache sized for `model` (a GPT), on the model's device, in its dtype."""
         c, p = model.config, next(model.parameters())
         sizes = (batch_size, c.n_layer, c.n_head, c.block_size, c.head_dim)
-        return cls(*sizes, p.device, dtype or p.dtype)
+        return cls(*sizes, p.device, p.dtype)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, n_head, T, hd) at the current position; return all keys and values so
@@ -40,10 +38,6 @@ class KVCache:
     def advance(self, t: int) -> None:
         """After every layer has written its keys and values."""
         self.pos += t
-
-    def reset(self) -> None:
-        """Back to position 0, the buffers reused."""
-        self.pos = 0
 
     @property
     def nbytes(self) -> int:

@@ -33,7 +33,6 @@ class CharTokenizer:
         self.chars: list[str] = sorted(set(chars))
         self.stoi: dict[str, int] = {c: i + 1 for i, c in enumerate(self.chars)}
         self.itos: dict[int, str] = {i: c for c, i in self.stoi.items()}
-        self.boundary_id = BOUNDARY_ID
 
     @classmethod
     def from_items(cls, items: Iterable[str]) -> CharTokenizer:
@@ -43,14 +42,11 @@ class CharTokenizer:
     def vocab_size(self) -> int:
         return len(self.chars) + 1  # + the boundary token
 
-    def unknown_chars(self, text: str) -> list[str]:
-        """The characters of `text` not in the vocabulary, in order of first appearance."""
-        return list(dict.fromkeys(c for c in text if c not in self.stoi))
-
     def check(self, text: str, what: str = "text") -> None:
         """The one unknown-characters error: a DataError naming every character of `text` the
-        vocabulary lacks, and the ones it has. `what` names the text (prefix, log.probe)."""
-        if unknown := self.unknown_chars(text):
+        vocabulary lacks (in order of first appearance), and the ones it has. `what` names the
+        text (prefix, log.probe)."""
+        if unknown := list(dict.fromkeys(c for c in text if c not in self.stoi)):
             raise DataError(
                 f"{what}={quoted(text)} has characters the vocabulary does not know: "
                 f"{', '.join(map(repr, unknown))}; use characters of the training data: "
@@ -60,7 +56,7 @@ class CharTokenizer:
     def labels(self, ids: Iterable[int]) -> list[str]:
         """The labels of token ids in a map: BOUNDARY_LABEL, or the character's label."""
         return [
-            BOUNDARY_LABEL if int(i) == self.boundary_id else char_label(self.itos.get(int(i), "?"))
+            BOUNDARY_LABEL if int(i) == BOUNDARY_ID else char_label(self.itos.get(int(i), "?"))
             for i in ids
         ]
 
@@ -72,16 +68,14 @@ class CharTokenizer:
         """The text of `ids`, up to the first boundary token (which ends an item)."""
         out = []
         for i in map(int, ids):
-            if i == self.boundary_id:
+            if i == BOUNDARY_ID:
                 break
-            if i not in self.itos:
-                raise ValueError(f"id {i} is outside the vocabulary (0..{self.vocab_size - 1})")
             out.append(self.itos[i])
         return "".join(out)
 
     def to_dict(self) -> dict:
         """Plain types: safe for torch.load(weights_only=True) and JSON."""
-        return {"chars": "".join(self.chars), "boundary_id": self.boundary_id}
+        return {"chars": "".join(self.chars), "boundary_id": BOUNDARY_ID}
 
     @classmethod
     def from_dict(cls, d: dict) -> CharTokenizer:

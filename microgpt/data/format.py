@@ -14,7 +14,7 @@ from torch import Tensor
 
 from microgpt.errors import DataError, decode_utf8
 from microgpt.files import sha256_file
-from microgpt.tokenizer import CharTokenizer, quoted
+from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer, quoted
 
 # the repository: microgpt/data/format.py -> microgpt/data -> microgpt -> the root
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +100,7 @@ class Data:
         """The ids the model reads for a user's `text` (log.probe, the tab's input): after the
         boundary token where items carry one; a DataError if it does not fit or is unknown."""
         tokenizer.check(text, what)
-        start = [tokenizer.boundary_id] if cls.boundary else []
+        start = [BOUNDARY_ID] if cls.boundary else []
         if len(start) + len(text) > block_size:
             after = " after the boundary token" if start else ""
             raise DataError(

@@ -120,10 +120,6 @@ class CharDataset(Rows):
         # item lengths stay on the CPU so trimming needs no device sync
         self.lengths = (Y >= 0).sum(dim=1).cpu() - 1  # (N,) characters per item
 
-    @classmethod
-    def from_items(cls, items, tokenizer, block_size, device="cpu", trim=True) -> CharDataset:
-        return cls(*encode_items(items, tokenizer, block_size), device, trim)
-
     @property
     def block_size(self) -> int:
         return self.X.shape[1]
@@ -227,7 +223,7 @@ class ItemBatches:
 def rows_of(split: Split, names, tokenizer, block_size, device, trim=True) -> dict:
     """{name: CharDataset} of the splits `names`."""
     return {
-        n: CharDataset.from_items(getattr(split, n), tokenizer, block_size, device, trim)
+        n: CharDataset(*encode_items(getattr(split, n), tokenizer, block_size), device, trim)
         for n in names
     }
 

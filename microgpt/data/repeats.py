@@ -74,15 +74,11 @@ def repeated_spans(n, vocab_size, span, generator=None, block_size=None, fill=Fa
     # rest is padding (boundary) or, with fill, random characters
     k = (rel.clamp(min=0) % L).clamp(max=hi - 1)  # (N, T) index into the span
     copies = (rel >= 0) & (rel < 2 * L)  # (N, T)
+    x = torch.where(copies, spans.gather(1, k), BOUNDARY_ID)  # (N, T)
     if fill:
-        other = torch.randint(1, chars + 1, (n, T), generator=g)
-        other[:, 0] = BOUNDARY_ID
-        real = pos[None, :] >= 1
-    else:
-        other = torch.full((n, T), BOUNDARY_ID)
-        real = copies
-    x = torch.where(copies, spans.gather(1, k), other)  # (N, T)
-    return _repeats(x, rel, L, real)
+        noise = torch.randint(1, chars + 1, (n, T), generator=g)  # (N, T)
+        x = torch.where(copies | (pos == 0), x, noise)
+    return _repeats(x, rel, L, pos[None, :] >= 1 if fill else copies)
 
 
 def repeated_passages(ids: Tensor, n: int, span: int, generator: torch.Generator) -> Repeats:

@@ -70,11 +70,6 @@ class TextSplit:
         a, b, n = self.bounds
         return a, b - a, n - b
 
-    def parts(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The ids of train, val and test: views, no copy."""
-        a, b, n = self.bounds
-        return ids[:a], ids[a:b], ids[b:n]
-
     def describe(self) -> str:
         return "{:,} train / {:,} val / {:,} test characters".format(*self.sizes())
 
@@ -93,13 +88,12 @@ class WindowBatches:
         # window starts are drawn in [0, n)
         self.n, self.batch_size, self.seed = len(ids) - block_size, global_batch, seed
         self.generator = torch.Generator().manual_seed(seed)
-        self.offsets = torch.arange(block_size + 1)  # (T + 1,)
 
     def next(self, rank: int, batch_size: int) -> tuple[Tensor, Tensor, int, int]:
         # (global batch,) starts, the same on every rank
         starts = torch.randint(self.n, (self.batch_size,), generator=self.generator)
         mine = starts[rank * batch_size : (rank + 1) * batch_size]
-        windows = self.ids[mine[:, None] + self.offsets].long()  # (B, T + 1)
+        windows = self.ids[mine[:, None] + torch.arange(self.block_size + 1)].long()  # (B, T + 1)
         windows = windows.to(self.device, non_blocking=True)
         x, y = windows[:, :-1], windows[:, 1:]  # (B, T) each
         return x, y, len(mine) * self.block_size, len(starts) * self.block_size
@@ -215,9 +209,11 @@ class TextData(Data):
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
         split = TextSplit.of(len(text), digest, block_size, str(found))
         tokenizer = CharTokenizer.from_items([text])
-        train, val, test = split.parts(encode_text(text, tokenizer))
-        val, test = (TextWindows(ids, block_size, device) for ids in (val, test))
-        return cls(found, tokenizer, split, block_size, {"val": val, "test": test}, train_ids=train)
+        ids, (a, b, n) = encode_text(text, tokenizer), split.bounds
+        val, test = (TextWindows(part, block_size, device) for part in (ids[a:b], ids[b:n]))
+        return cls(
+            found, tokenizer, split, block_size, {"val": val, "test": test}, train_ids=ids[:a]
+        )
 
     @classmethod
     def from_checkpoint(cls, ckpt, device="cpu") -> TextData:
@@ -233,8 +229,8 @@ class TextData(Data):
             data = cls.load(where, 0, int(ckpt.model_config["block_size"]), device)
         except DataError:
             data = None
-        from_ckpt = CharTokenizer.from_dict(ckpt.tokenizer)
-        if data is None or (data.record(), data.tokenizer) != (ckpt.split, from_ckpt):
+        # the digest covers the text, and so the vocabulary built from it
+        if data is None or data.record() != ckpt.split:
             raise DataError(
                 f"{where} no longer holds the text this run was trained on (its content differs); "
                 f"restore the file the run used"
@@ -269,8 +265,7 @@ class TextData(Data):
 
     def training_counts(self) -> Tensor:
         """(V,) how often each token occurs in the training text."""
-        V = self.tokenizer.vocab_size
-        return torch.bincount(self.train_ids.flatten().cpu(), minlength=V)[:V]
+        return torch.bincount(self.train_ids, minlength=self.tokenizer.vocab_size)
 
     @cached_property
     def verbatim_index(self) -> VerbatimIndex | None:

@@ -157,13 +157,9 @@ def sample_items(
     device = next(model.parameters()).device
     batch_size = min(batch_size or default_batch(model, n), n)
     if sampling.get("use_cache", True):
-        check_memory(
-            batch_size * cache_bytes_per_row(model),
-            device,
-            f"batch_size={batch_size} with the KV cache",
-            "lower batch_size (or leave it null)",
-            SamplingError,
-        )
+        need = batch_size * cache_bytes_per_row(model)
+        what = f"batch_size={batch_size} with the KV cache"
+        check_memory(need, device, what, "lower batch_size (or leave it null)", SamplingError)
     max_new = None if max_len is None else max_len - len(prefix)
     sampling["generator"] = seeded(device, seed)  # one stream across the batches
     items: list[str] = []

@@ -113,11 +113,11 @@ def test_items_are_encoded_as_makemore_rows_and_a_long_one_is_named():
 def test_a_batch_keeps_the_columns_its_longest_item_needs():
     items = ["a", "bb", "ccccccc", "dd"]
     tok = CharTokenizer.from_items(items)
-    data = CharDataset.from_items(items, tok, block_size=10)
+    data = CharDataset(*encode_items(items, tok, 10))
     x, y = data.batch(torch.tensor([1, 0, 3]))  # lengths 2, 1, 2 -> 3 columns
     assert x.shape == (3, 3) and tok.decode(x[0, 1:]) == "bb" and y[1].tolist() == [1, 0, -1]
     assert data.batch(torch.tensor([2]))[1][0, -1] == 0  # the end token is never cut
-    whole = CharDataset.from_items(items, tok, block_size=10, trim=False)
+    whole = CharDataset(*encode_items(items, tok, 10), trim=False)
     assert whole.batch(torch.tensor([0, 1]))[0].shape == (2, 10)
     batches = list(data.iter_batches(3))
     assert [x.shape for x, _ in batches] == [(3, 8), (1, 3)]
@@ -130,7 +130,7 @@ def test_a_batch_keeps_the_columns_its_longest_item_needs():
 def batches(n: int, batch_size: int, seed: int) -> ItemBatches:
     """Batches of n one-character items."""
     items = [chr(0x4E00 + i) for i in range(n)]
-    return ItemBatches(CharDataset.from_items(items, CharTokenizer(items), 2), batch_size, seed)
+    return ItemBatches(CharDataset(*encode_items(items, CharTokenizer(items), 2)), batch_size, seed)
 
 
 def test_every_epoch_is_a_fresh_permutation_and_batches_run_on():
@@ -160,7 +160,7 @@ TOK = CharTokenizer.from_items(NAMES)
 
 
 def test_packed_rows_hold_each_name_whole_with_its_targets():
-    x, y = CharDataset.from_items(NAMES, TOK, 10).packed(torch.arange(len(NAMES)), 12)
+    x, y = CharDataset(*encode_items(NAMES, TOK, 10)).packed(torch.arange(len(NAMES)), 12)
     # greedy in order: emma(5) olivia(7) | ava(4) x(2) | isabella(9) | mia(4) | charlotte(10) |...
     expected = [".emma.olivia", ".ava.x", ".isabella", ".mia", ".charlotte", ".abigail"]
     assert x.shape == (6, 12)
@@ -175,7 +175,7 @@ def test_packed_rows_hold_each_name_whole_with_its_targets():
 
 
 def test_packing_draws_the_same_names_and_rows_grow_to_the_longest():
-    ds = CharDataset.from_items(NAMES, TOK, 10)
+    ds = CharDataset(*encode_items(NAMES, TOK, 10))
     padded, packed = ItemBatches(ds, 4, seed=3), ItemBatches(ds, 4, seed=3, pack=16)
     for _ in range(5):
         _, yp, n, n_all = padded.next(0, 4)
