@@ -25,15 +25,11 @@ USER_ERROR = 2  # bad input, or the OS refused (exit 128 + N: stopped by signal 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class UsageError(UserError):
-    """A command line argparse cannot read."""
-
-
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose usage errors are UserErrors: one `microgpt: error:` line, exit 2."""
 
     def error(self, message: str):
-        raise UsageError(f"{message}; see {self.prog} --help")
+        raise UserError(f"{message}; see {self.prog} --help")
 
 
 @contextlib.contextmanager
