@@ -21,10 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint, CheckpointError
 from microgpt.config import Config, SampleConfig
-from microgpt.errors import UserError
 from microgpt.startup_checks import SWEPT_KEYS_ENV, check_command_line, sweep_jobs
-from microgpt.system import THREADS_ENV, env_threads, jobs_at_once, share, usable_cores
-from microgpt.train.trainer import Interrupted, TrainingError
+from microgpt.system import THREADS_ENV, env_threads, share, usable_cores
+from microgpt.train.trainer import Interrupted
 
 # what Hydra's override lexer reads in a bare value; any other character needs quotes
 BARE_VALUE = re.compile(r"[\w\-/\\+.$%*@?|:,()\[\]{} \t]*", re.ASCII)
@@ -105,10 +104,9 @@ class ShareCores(Callback):
         launcher = config.hydra.launcher
         if "joblib" not in str(launcher.get("_target_", "")) or env_threads(os.environ):
             return
-        cores = usable_cores()
         jobs = len(sweep_jobs([str(o) for o in config.hydra.overrides.task]))
-        at_once = jobs_at_once(int(launcher.get("n_jobs") or -1), jobs, cores)
-        os.environ[THREADS_ENV] = str(share(cores, at_once))
+        n_jobs = int(launcher.get("n_jobs") or -1)
+        os.environ[THREADS_ENV] = str(share(usable_cores(), jobs, n_jobs))
 
 
 def quiet_other_ranks(argv: list[str]) -> None:
@@ -130,8 +128,6 @@ def user_errors():
             resume = shlex.join(["python", Path(sys.argv[0]).name, f"resume={e.checkpoint}"])
             print(f"microgpt: {e}\nmicrogpt: resume with: {resume}", file=sys.stderr, flush=True)
             raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
-        except TrainingError as e:
-            raise UserError(str(e)) from None
 
 
 def remove_debris() -> str | None:

@@ -25,15 +25,11 @@ USER_ERROR = 2  # bad input, or the OS refused (exit 128 + N: stopped by signal 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class UsageError(UserError):
-    """A command line argparse cannot read."""
-
-
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose usage errors are UserErrors: one `microgpt: error:` line, exit 2."""
 
     def error(self, message: str):
-        raise UsageError(f"{message}; see {self.prog} --help")
+        raise UserError(f"{message}; see {self.prog} --help")
 
 
 @contextlib.contextmanager
@@ -56,24 +52,24 @@ def loading(module: str):
               file=sys.stderr, flush=True)  # fmt: skip
         os._exit(128 + signum)
 
-    previous = _set_handlers(stop)
+    previous = set_handlers(stop)
     try:
         yield
     finally:
-        _set_handlers(previous)
+        set_handlers(previous)
 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _set_handlers(handler) -> dict:
-    """Set `handler` (one for all, or {signal: handler}) for SIGINT and SIGTERM; the previous."""
-    previous = {}
-    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours to take
-        for s in SIGNALS:
-            previous[s] = signal.signal(s, handler[s] if isinstance(handler, dict) else handler)
-    return previous
+def set_handlers(handler) -> dict:
+    """Set `handler` (one for both, or {signal: handler} as returned) for SIGINT and SIGTERM;
+    returns the previous ones ({} outside the main thread: signals are not ours to take there)."""
+    handlers = handler if isinstance(handler, dict) else dict.fromkeys(SIGNALS, handler)
+    with contextlib.suppress(ValueError):
+        return {s: signal.signal(s, h) for s, h in handlers.items()}
+    return {}
 
 
 @contextlib.contextmanager
@@ -82,11 +78,11 @@ def front_door(interrupted: str = "nothing was written", cleanup=None):
     Ctrl-C or SIGTERM (KeyboardInterrupt(signal name[, what happened])) in one `microgpt:
     interrupted (SIGNAL): ...` line and exit 128 + its number (SystemExit). `interrupted`: what a
     stop leaves; `cleanup()`: removes what a failed command made, returns it (a folder) or None."""
-    previous = _set_handlers(_raise_interrupt)
+    previous = set_handlers(_raise_interrupt)
     try:
         yield
     except (KeyboardInterrupt, UserError, OSError) as e:
-        _set_handlers(signal.SIG_IGN)  # a second signal cannot cut the line or the clean-up
+        set_handlers(signal.SIG_IGN)  # a second signal cannot cut the line or the clean-up
         removed = cleanup() if cleanup else None
         if not isinstance(e, KeyboardInterrupt):
             print_error(e, f" (removed the unused run folder {removed})" if removed else "")
@@ -98,7 +94,7 @@ def front_door(interrupted: str = "nothing was written", cleanup=None):
         print(f"microgpt: interrupted ({name}): {what}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.Signals[name].value) from None
     finally:
-        _set_handlers(previous)
+        set_handlers(previous)
 
 
 def run(work, interrupted: str = "nothing was written") -> int:

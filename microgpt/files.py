@@ -15,7 +15,6 @@ from microgpt.errors import UserError
 
 RUN_FILE, CHECKPOINTS = "run.json", "checkpoints"  # a run's claim and checkpoints (microgpt.runs)
 STDOUT = "-"  # out=- : standard output, asked for by name (never /dev/stdout, which may be a file)
-SYSTEM_ROOTS = ("/dev", "/proc", "/sys")  # devices and the kernel's files: never an output
 
 
 @contextlib.contextmanager
@@ -64,11 +63,10 @@ def _link_new(tmp: str, path: Path) -> None:
         os.unlink(tmp)
 
 
-def write_text(path: str | os.PathLike, text: str, replace: bool = True) -> Path:
+def write_text(path: str | os.PathLike, text: str, replace: bool = True) -> None:
     """Write `text` to `path` atomically; replace=False: as a new file, or FileExistsError."""
     with atomic_write(Path(path).expanduser(), "w", replace=replace) as f:
         f.write(text)
-    return Path(path)
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -97,8 +95,9 @@ def is_run_folder(folder: str | os.PathLike) -> bool:
 
 
 def is_system_path(path: str | os.PathLike) -> bool:
-    """Whether `path` (absolute) lies under /dev, /proc or /sys."""
-    return any(str(path) == r or str(path).startswith(r + os.sep) for r in SYSTEM_ROOTS)
+    """Whether `path` (absolute) lies under /dev, /proc or /sys (devices and the kernel's files:
+    never an output)."""
+    return any((str(path) + os.sep).startswith(r + os.sep) for r in ("/dev", "/proc", "/sys"))
 
 
 def check_new_file(

@@ -285,15 +285,11 @@ def choose_threads(setting, cores: int, environ: Mapping[str, str]) -> int:
     return env_threads(environ) or max(1, cores)
 
 
-def jobs_at_once(n_jobs: int, jobs: int, cores: int) -> int:
-    """How many of a sweep's `jobs` joblib runs at once with `n_jobs` (-1: every core) workers."""
-    workers = n_jobs if n_jobs > 0 else cores + 1 + n_jobs
-    return max(1, min(workers, jobs))
-
-
-def share(cores: int, jobs: int) -> int:
-    """Each of `jobs` processes' share of `cores`, at least one thread."""
-    return max(1, cores // max(1, jobs))
+def share(cores: int, jobs: int, n_jobs: int = -1) -> int:
+    """Each job's share of `cores` (at least one thread) when `jobs` processes run, at most
+    `n_jobs` at once (joblib's n_jobs; -1: one per core, -2: one fewer, ...: cores + 1 + n_jobs)."""
+    at_once = min(jobs, n_jobs if n_jobs > 0 else cores + 1 + n_jobs)
+    return max(1, cores // max(1, at_once))
 
 
 def set_threads(setting) -> int:

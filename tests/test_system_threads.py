@@ -105,11 +105,3 @@ def test_a_signal_held_waits_for_the_block_whichever_thread_the_kernel_hands_it_
         signal.signal(signal.SIGTERM, previous)
         other_thread_ends.set()
     assert seen == ["block ended", "handled"]
-
-
-def test_the_heads_command_refuses_a_bad_thread_count(capsys):
-    from microgpt.commands.heads import main
-
-    assert main(["no-such-run", "--threads", "0"]) == 2  # refused before looking for the run
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--threads=0 must be auto" in err

@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 import signal
 import sys
-import threading
 from pathlib import Path
 
+from microgpt import entry
+from microgpt.errors import UserError
 
-class TrainingError(RuntimeError):
-    """The run cannot go on (diverged, interrupted); the message says what to do."""
+
+class TrainingError(UserError):
+    """The run cannot go on (diverged, interrupted); the message says what to do (the front door
+    prints it in one line, exit 2)."""
 
 
 class Interrupted(TrainingError):
@@ -45,17 +48,14 @@ class StopFlag:
     carrying the signal's name."""
 
     def __init__(self):
-        self.requested, self.signal_name, self.at_once, self._previous = False, "", False, {}
+        self.requested, self.signal_name, self.at_once = False, "", False
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
+        self._previous = entry.set_handlers(self._handle)
         return self
 
     def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        entry.set_handlers(self._previous)
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
@@ -63,9 +63,5 @@ class StopFlag:
         if self.requested or self.at_once:
             raise KeyboardInterrupt(name)
         self.requested, self.signal_name = True, name
-        print(
-            f"\n{name}: stopping after this step and writing checkpoints/last.pt "
-            f"(press Ctrl-C again to stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"\n{name}: stopping after this step and writing checkpoints/last.pt (press Ctrl-C "
+              "again to stop at once)", file=sys.stderr, flush=True)  # fmt: skip
