@@ -51,7 +51,7 @@ def _is_count(value) -> bool:
 
 
 def _is_tokenizer(value) -> bool:
-    return _mapping()(value) and _is(str, value.get("chars"))
+    return _mapping()(value) and _is(str, value.get("chars")) and value.get("boundary_id", 0) == 0
 
 
 def _mapping(values=object):
@@ -95,7 +95,7 @@ class Checkpoint:
     # each field with what it must be and the check `validated` makes at load: the schema
     model: dict = _checked("a mapping of parameter names to tensors", _mapping(torch.Tensor))
     model_config: dict = _checked("a mapping of the model's settings", _mapping())
-    tokenizer: dict = _checked("a mapping whose vocabulary (chars) is a string", _is_tokenizer)
+    tokenizer: dict = _checked("a mapping: chars a string, boundary_id 0", _is_tokenizer)
     train_config: dict | None = _checked(
         f"a mapping with the groups {', '.join(TRAIN_GROUPS)} (each a mapping)",
         lambda v: _mapping()(v) and all(_mapping()(v.get(group)) for group in TRAIN_GROUPS),

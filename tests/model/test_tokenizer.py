@@ -44,8 +44,6 @@ def test_a_dict_of_plain_types_round_trips_through_torch_save(tok, tmp_path):
     back = CharTokenizer.from_dict(torch.load(tmp_path / "t.pt", weights_only=True)["tokenizer"])
     assert back == tok and back.stoi == tok.stoi
     assert CharTokenizer.from_dict(json.loads(json.dumps(d))) == tok
-    with pytest.raises(ValueError, match="unsupported boundary_id 3"):
-        CharTokenizer.from_dict({"chars": "ab", "boundary_id": 3})
 
 
 def test_every_special_character_has_one_label():
