@@ -137,23 +137,15 @@ def seeded(device: torch.device, seed: int | None) -> torch.Generator:
 
 
 def sample_items(
-    model,
-    tokenizer,
-    n,
-    prefix="",
-    seed=None,
-    batch_size=None,
-    max_len=None,
-    progress=None,
-    **sampling,
+    model, tok, n, prefix="", seed=None, batch_size=None, max_len=None, progress=None, **sampling
 ) -> list[str]:
-    """`n` items (strings) sampled `batch_size` at a time, each starting with `prefix` and at most
-    `max_len` characters long (default: what the block size allows); sampling: decode's
-    (use_cache, temperature, top_k, top_p). The same seed gives the same items, with or without
-    the cache. `progress(done, total)` follows each batch."""
+    """`n` items (strings, decoded by the tokenizer `tok`) sampled `batch_size` at a time, each
+    starting with `prefix` and at most `max_len` characters long (default: what the block size
+    allows); sampling: decode's (use_cache, temperature, top_k, top_p). The same seed gives the
+    same items, with or without the cache. `progress(done, total)` follows each batch."""
     if max_len is not None and max_len <= len(prefix):
         raise SamplingError(f"max_len={max_len} must be longer than the prefix ({len(prefix)})")
-    prefix_ids = tokenizer.encode(prefix)
+    prefix_ids = tok.encode(prefix)
     device = next(model.parameters()).device
     batch_size = min(batch_size or default_batch(model, n), n)
     if sampling.get("use_cache", True):
@@ -166,7 +158,7 @@ def sample_items(
     with decoding_threads(model, batch_size):
         while len(items) < n:
             rows = generate(model, min(batch_size, n - len(items)), prefix_ids, max_new, **sampling)
-            items.extend(tokenizer.decode(row) for row in rows.tolist())
+            items.extend(tok.decode(row) for row in rows.tolist())
             if progress is not None:
                 progress(len(items), n)
     return items
