@@ -1,0 +1,126 @@
+"""The figures README.md and docs/ quote, each made by the command it names.
+
+    python bench/figures.py [RECIPE ...] [--quick] [--out FILE]
+
+Runs each recipe's README command (`python train.py ...`, then `python -m microgpt.heads RUN` where
+the docs quote the analysis) in a fresh folder, on the threads the recipe names, reads what the run
+wrote (metrics.jsonl's result line, heads-best.json) and writes every figure, with its command,
+seed, threads, machine, date and wall time, to a new JSON file (default:
+bench/figures-DATE-TIME.json), or into the file --update names (the recipes run replace theirs).
+docs/figures.json is the file the docs quote (`--update docs/figures.json` refreshes it);
+tests/test_docs.py checks each quote against it. --quick: a few steps each (a smoke test).
+Time one recipe at a time on a quiet machine (`cpu-slot --all`): the wall times are figures too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if __name__ == "__main__":  # `python bench/figures.py` puts bench/, not the repository, on the path
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
+    sys.path.insert(0, str(REPO))
+
+from microgpt import entry  # noqa: E402
+from microgpt.errors import UserError  # noqa: E402
+from microgpt.files import check_new_file, read_regular, write_text  # noqa: E402
+
+# name: (the README's train.py settings, threads, whether the docs quote its head analysis)
+RECIPES = {
+    "names": (["heads=4"], 1, True),
+    "names-2-threads": (["heads=4"], 2, False),
+    "adamw": (["heads=4", "optim=adamw", "train.ema=0", "train.pack=0"], 1, False),
+    "shakespeare": (["experiment=shakespeare"], 1, True),
+}
+QUICK = ["train.max_steps=6", "train.eval_every=3", "log.attn_every=6", "log.head_items=8"]
+SEED = 1337
+
+
+def run_recipe(name: str, folder: Path, quick: bool) -> dict:
+    """One recipe's run (and analysis) in `folder`: its figures, each with how it was made."""
+    settings, threads, analysed = RECIPES[name]
+    command = ["python", "train.py", *settings]
+    run = folder / name
+    extra = [*(QUICK if quick else []), f"threads={threads}", f"seed={SEED}", f"out_dir={run}"]
+    t0 = time.perf_counter()
+    _call([*command, *extra, "train.progress=false"])
+    seconds = time.perf_counter() - t0
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    result = next(line for line in reversed(lines) if "result/test_loss" in line)
+    figures = {
+        "test_loss": _figure(result["result/test_loss"], 4),
+        "best_val_loss": _figure(result["result/best_val_loss"], 4),
+        "seconds": _figure(seconds, 0),
+    }
+    made = {"command": " ".join(command), "seed": SEED, "threads": threads}
+    if analysed:
+        _call(["python", "-m", "microgpt.heads", str(run), "--threads", str(threads)])
+        analysis = json.loads((run / "heads-best.json").read_text())
+        figures["heads_loss"] = _figure(analysis["loss"], 4)
+        figures["prunable"] = _figure(analysis["pruning"]["prunable"], 0)
+        for row in analysis["heads"]:
+            if row["role"] != "mixed":  # a named head: its role, score and importance
+                head = f"L{row['layer']}H{row['head']}"
+                figures[f"{head}_{row['role']}"] = _figure(row["score"], 2)
+                figures[f"{head}_importance"] = _figure(row["zero_importance"], 2)
+        made["analysis"] = f"python -m microgpt.heads RUN --threads {threads}"
+    return {"made_by": made, "figures": figures}
+
+
+def _figure(value: float, digits: int) -> dict:
+    """A value and the text the docs quote it as (`digits` decimals, thousands with commas)."""
+    return {"value": value, "text": f"{value:,.{digits}f}"}
+
+
+def _call(command: list[str]) -> None:
+    """Run a README command from the repository; its error, if any, as this command's one line."""
+    python = [sys.executable, *command[1:]]
+    done = subprocess.run(python, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if done.returncode:
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+        raise UserError(f"{' '.join(command)} failed (exit {done.returncode}): {last}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = entry.ArgumentParser(prog="bench/figures.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipes", nargs="*", metavar="RECIPE", help=f"of {', '.join(RECIPES)}")
+    parser.add_argument("--quick", action="store_true", help="a few steps each: a smoke test")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", help="the JSON file to write (a new file)")
+    where.add_argument("--update", help="a figures file of this command: the recipes run replaced")
+    args = parser.parse_args(argv)
+    if unknown := sorted(set(args.recipes) - set(RECIPES)):
+        parser.error(f"unknown recipe {', '.join(unknown)}: choose among {', '.join(RECIPES)}")
+    results, now = {}, datetime.now(timezone.utc)
+    if args.update:  # a file of figures: every entry a recipe's, made by this command
+        try:
+            results = json.loads(read_regular(args.update))
+        except ValueError:  # not JSON (OSError: the front door's one line)
+            results = None
+        if not isinstance(results, dict) or not set(results) <= set(RECIPES):
+            raise UserError(f"--update={args.update} is not a figures file of bench/figures.py")
+    out = args.update or args.out or REPO / "bench" / f"figures-{now:%Y-%m-%d-%H%M%S}.json"
+    setting = "--update" if args.update else "--out"
+    hint = "--update in place of --out"
+    out = check_new_file(out, setting, own=bool(args.update), overwrite_hint=hint)
+    from bench.common import git_commit, machine_info  # torch loads here, after the arguments
+
+    made = {"date": f"{now:%Y-%m-%d}", "machine": machine_info(), "commit": git_commit()}
+    with tempfile.TemporaryDirectory(prefix="microgpt-figures-") as tmp:
+        for name in args.recipes or RECIPES:
+            results[name] = run_recipe(name, Path(tmp), args.quick)
+            results[name]["made_by"] |= made | ({"quick": True} if args.quick else {})
+            shown = (f"{key} {figure['text']}" for key, figure in results[name]["figures"].items())
+            print(f"{name}: {', '.join(shown)}", flush=True)
+    write_text(out, json.dumps(results, indent=1) + "\n", replace=bool(args.update))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(entry.run(main))
