@@ -161,6 +161,17 @@ def pick_precision(name: str, device: torch.device, error: type[Exception] = Val
     return name
 
 
+def native_bf16(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether `device` multiplies bf16 in hardware: a CUDA GPU with bf16, or a CPU with
+    AVX512-BF16 or AMX (its flags in Linux's `cpuinfo`; elsewhere False)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    flags: list[str] = []
+    with contextlib.suppress(OSError, StopIteration), open(cpuinfo) as f:
+        flags = next(line.split(":", 1)[1].split() for line in f if line.startswith("flags"))
+    return device.type == "cpu" and bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
 def available_memory(device: torch.device) -> int | None:
     """Bytes free on `device`: the GPU's free memory, or MemAvailable on Linux; else None."""
     if device.type == "cuda":
