@@ -1,8 +1,10 @@
 """Where a step goes: microgpt's recipe (Muon, weight averaging) against the same model and batch
-trained with AdamW alone, on the names default and the text recipe at nanoGPT's batch (12 x 64),
-alternated in one process. The optimizer's step and the weight average are timed apart (their
-calls wrapped in a clock; the step itself is Trainer.train_step), the rest is the forward and
-backward passes, the batch and clipping. Newton-Schulz's FLOPs are counted against the model's."""
+trained with AdamW alone, and against the plain GPT (bench.common.PLAIN: AdamW, padded rows, no
+averaging; on text the same as AdamW's), on the names default and the text recipe at nanoGPT's
+batch (12 x 64), alternated in one process. The optimizer's step and the weight average are timed
+apart (their calls wrapped in a clock; the step itself is Trainer.train_step), the rest is the
+forward and backward passes, the batch and clipping. Newton-Schulz's FLOPs are counted against
+the model's."""
 
 from __future__ import annotations
 
@@ -12,18 +14,19 @@ from pathlib import Path
 
 from torch import nn
 
-from bench.common import alternate, error_figure, figure, make_trainer
+from bench.common import PLAIN, alternate, error_figure, figure, make_trainer
 from bench.targets import NANOGPT_ROW, QUICK
+from bench.throughput import SPEED_TARGET
 
 CASES = {  # case: (the recipe's overrides, its target: the step at most this times AdamW's)
     "names": (("heads=4",), 1.1),
     "text 12x64": (NANOGPT_ROW, 1.2),
 }
 ADAMW = ("optim=adamw", "train.ema=0")  # the same model and batch, AdamW alone
-VARIANTS = {  # each case's steps, alternated with AdamW's, which they are divided by
+VARIANTS = {  # each case's steps, alternated with AdamW's and the plain GPT's
     "recipe": (),
-    "recipe, fp32 Newton-Schulz": ("optim.muon_precision=fp32",),  # the recipe before issue 36
-    "recipe, bf16 autocast": ("train.precision=bf16",),
+    "recipe, no autocast": ("train.precision=fp32",),  # Newton-Schulz still in bf16
+    "recipe before issue 36": ("train.precision=fp32", "optim.muon_precision=fp32"),
 }
 NS_STEPS = 5  # Newton-Schulz iterations a step (microgpt.train.optim.orthogonalise)
 
@@ -71,35 +74,41 @@ def run_step(args, device, tmp: Path) -> dict:
     figures, info = {}, {"overrides": args.row_override}
     shrink = QUICK if args.quick else ()
     compiled = {"recipe, compiled": ("train.compile=true",)} if args.compile else {}
-    variants = {**VARIANTS, **compiled, "AdamW": ADAMW}
+    variants = {**VARIANTS, **compiled, "AdamW": ADAMW, "plain": PLAIN}
     for case, (overrides, target) in CASES.items():
         try:
-            trainers = [
-                make_trainer([*overrides, *extra, *args.row_override, *shrink], args, tmp)
-                for extra in variants.values()
-            ]
-            clocks = [Clock(tr.optimizer, "step") for tr in trainers]
-            averages = [Clock(tr.ema, "update") if tr.ema is not None else None for tr in trainers]
-            per = alternate(trainers, args.rounds, args.block_s, 1 if args.quick else 5)
+            trainers = {
+                name: make_trainer([*overrides, *extra, *args.row_override, *shrink], args, tmp)
+                for name, extra in variants.items()
+            }
+            clocks = {name: Clock(tr.optimizer, "step") for name, tr in trainers.items()}
+            averages = {name: Clock(tr.ema, "update") for name, tr in trainers.items() if tr.ema}
+            per = alternate(
+                list(trainers.values()), args.rounds, args.block_s, 1 + 4 * (not shrink)
+            )
         except Exception as e:  # noqa: BLE001 -- a case that cannot run (no text file) is told
             figures[f"{case}: recipe / AdamW"] = error_figure(e, "x")
             continue
-        adamw = per[-1]
-        for name, tr, rounds, clock, average in zip(variants, trainers, per, clocks, averages):
-            ms = [1e3 * s for s, _ in rounds]
-            opt, avg = 1e3 * clock.seconds / tr.step, 1e3 * (average.seconds if average else 0)
-            avg /= tr.step
+        rounds = dict(zip(trainers, per))
+        for name, tr in trainers.items():
+            ms = [1e3 * s for s, _ in rounds[name]]
             figures[f"{case}: {name} step"] = figure(ms, "ms")
-            if tr is not trainers[-1]:
+            if name not in ("AdamW", "plain"):
                 judged = None if args.quick or name != "recipe" else ("<=", target)
-                ratio = [a / b for (a, _), (b, _) in zip(rounds, adamw)]
+                ratio = [a / b for (a, _), (b, _) in zip(rounds[name], rounds["AdamW"])]
                 figures[f"{case}: {name} / AdamW"] = figure(ratio, "x", judged)
+            if name != "plain":
+                judged = None if args.quick or name != "recipe" else (">=", SPEED_TARGET)
+                speed = [a / b for (_, a), (_, b) in zip(rounds[name], rounds["plain"])]
+                figures[f"{case}: {name} chars/s / plain's"] = figure(speed, "x", judged)
+            opt = 1e3 * clocks[name].seconds / tr.step  # over every step taken, warm-up included
+            avg = 1e3 * averages[name].seconds / tr.step if name in averages else 0.0
             figures[f"{case}: {name}: optimizer"] = figure([opt], "ms")
-            if average:
+            if name in averages:
                 figures[f"{case}: {name}: weight average"] = figure([avg], "ms")
             rest = statistics.median(ms) - opt - avg
             figures[f"{case}: {name}: forward, backward, batch, clip"] = figure([rest], "ms")
-        ns, model = ns_flops(trainers[0]), model_flops(trainers[0])
+        ns, model = ns_flops(trainers["recipe"]), model_flops(trainers["recipe"])
         figures[f"{case}: Newton-Schulz FLOPs / model's"] = figure([ns / model], "x")
         info[case] = {"overrides": overrides, "ns_gflop": ns / 1e9, "model_gflop": model / 1e9}
     info["variants"] = {name: " ".join(extra) for name, extra in variants.items()}
