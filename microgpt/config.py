@@ -133,7 +133,8 @@ class TrainConfig:
     num_samples: int = 20  # names printed (and written to samples.txt) at the end
     ema: float = 0.0  # >0: evaluate, sample and keep best.pt with a moving average of the weights
     compile: bool = False  # torch.compile the model for training
-    # auto (bf16 on GPUs with it, else fp16; fp32 on CPU) | fp32 | bf16 | fp16
+    # auto (bf16 where the device has it natively: a GPU, a CPU with AVX512-BF16 or AMX; else
+    # fp16 on CUDA, fp32) | fp32 | bf16 | fp16
     precision: str = "auto"
     progress: bool | None = None  # tqdm bar; null = only when stderr is a terminal
 
