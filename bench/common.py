@@ -23,8 +23,9 @@ from microgpt.train.trainer import StepResult, Trainer
 REPO = Path(__file__).resolve().parent.parent
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 # the plain reference GPT: microgpt's model trained as a plain GPT is (AdamW, every row padded to
-# the longest, no weight averaging); `heads=4` plus these is the default run before issue 27
-PLAIN = ("optim=adamw", "train.pack=0", "train.ema=0")
+# the longest, no weight averaging, float32); `heads=4` plus these is the default run before
+# issue 27
+PLAIN = ("optim=adamw", "train.pack=0", "train.ema=0", "train.precision=fp32")
 
 
 def figure(values, unit: str, target: tuple[str, float] | None = None, **extra) -> dict:

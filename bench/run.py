@@ -37,6 +37,7 @@ with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C mean
     from bench.heads import run_heads
     from bench.memory import memory_child, run_memory
     from bench.sampling import run_sampling
+    from bench.step import run_step
     from bench.targets import ROWS, format_targets, run_targets
     from bench.throughput import run_throughput
     from bench.time_to_loss import run_time_to_loss
@@ -48,6 +49,7 @@ with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C mean
 
 SECTIONS = {
     "throughput": run_throughput,
+    "step": run_step,
     "time_to_loss": run_time_to_loss,
     "sampling": run_sampling,
     "memory": run_memory,

@@ -27,11 +27,11 @@ NANOGPT = (*NANOGPT, "model.block_size=64")
 NANOGPT_ROW = (*NANOGPT, "optim.muon_lr=0.01", "train.ema=0.995")  # microgpt's recipe for it
 # the plain reference: nanoGPT's documented CPU recipe on microgpt's model, the same characters
 # (AdamW, lr 1e-3 cosine to 1e-4, beta2 0.99, warmup 100, weight decay 0.1, clipping 1.0,
-# dropout 0, tied embeddings, no averaging)
+# dropout 0, tied embeddings, no averaging, float32 as nanoGPT on a CPU)
 REFERENCE = (*NANOGPT, "optim=adamw", "optim.lr=1e-3", "optim.min_lr_ratio=0.1")
 REFERENCE = (*REFERENCE, "optim.betas=[0.9,0.99]", "optim.warmup_steps=100")
 REFERENCE = (*REFERENCE, "optim.weight_decay=0.1", "optim.grad_clip=1.0", "model.dropout=0")
-REFERENCE = (*REFERENCE, "model.tie_weights=true", "train.ema=0")
+REFERENCE = (*REFERENCE, "model.tie_weights=true", "train.ema=0", "train.precision=fp32")
 UNIT = ("heads=4", *PLAIN)  # the unit of cost: the default run before issue 27
 # --quick: every recipe shrunk to a few steps of a tiny model (a smoke test, not a result)
 QUICK = ("model.n_layer=1", "model.n_embd=16", "train.max_steps=4", "optim.warmup_steps=1")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.common import PLAIN, alternate, error_figure, figure, make_trainer
 
-SPEED_TARGET = 2.0  # issue 27: the default's real characters/s against the plain GPT's
+SPEED_TARGET = 1.5  # the default's real characters/s against the plain GPT's (issue 36; 27: 2)
 
 
 def run_throughput(args, device, tmp: Path) -> dict:

@@ -1,16 +1,19 @@
-"""Time to a loss: the plain reference (nanoGPT's documented CPU recipe on microgpt's model and
-nanoGPT's budget of characters) trained whole, then microgpt's recipe at the same budget; the
-wall time each takes to reach the reference's final loss."""
+"""Time to a loss: for names and text, a plain reference trained whole (names: the default run
+before issue 27, bench.targets.UNIT; text: nanoGPT's documented CPU recipe on microgpt's model
+and nanoGPT's budget, REFERENCE), then microgpt's recipe at the same budget (the default run;
+NANOGPT_ROW); the wall time each takes to reach the reference's final loss."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from bench.common import compose, figure, run_overrides
-from bench.targets import NANOGPT_ROW, QUICK, REFERENCE
+from bench.common import compose, error_figure, figure, run_overrides
+from bench.targets import NANOGPT_ROW, QUICK, REFERENCE, UNIT
 from microgpt.train.trainer import train
 from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
+
+CASES = {"names": (UNIT, ("heads=4",)), "text": (REFERENCE, NANOGPT_ROW)}  # (reference, ours)
 
 
 def val_curve(overrides, args, tmp: Path) -> list[tuple[float, float]]:
@@ -24,25 +27,31 @@ def val_curve(overrides, args, tmp: Path) -> list[tuple[float, float]]:
 
 
 def run_time_to_loss(args, device, tmp: Path) -> dict:
-    shrink = QUICK if args.quick else ()
-    reference = val_curve([*REFERENCE, *shrink], args, tmp)
-    ours = val_curve([*NANOGPT_ROW, *shrink], args, tmp)
-    ref_s, ref_loss = reference[-1]
-    reached = next((s for s, loss in ours if loss <= ref_loss), None)
-    speed, target = ref_s / reached if reached else None, None if args.quick else (">=", 1.0)
-    figures = {
-        "reference: final val loss": figure([ref_loss], "nats"),
-        "reference: wall time to it": figure([ref_s], "s"),
-        "microgpt: final val loss": figure([ours[-1][1]], "nats"),
-        "microgpt: wall time to the reference's": figure([reached], "s"),
-        "reference's time / microgpt's": figure([speed], "x", target),
-    }
-    info = {
-        "reference": " ".join(REFERENCE),
-        "microgpt": " ".join(NANOGPT_ROW),
-        "timing": "wall time from train()'s call (start-up and evaluations included) to the first "
+    shrink, figures, info = QUICK if args.quick else (), {}, {}
+    for case, (plain, recipe) in CASES.items():
+        try:
+            reference = val_curve([*plain, *args.row_override, *shrink], args, tmp)
+            ours = val_curve([*recipe, *args.row_override, *shrink], args, tmp)
+        except Exception as e:  # noqa: BLE001 -- a case that cannot run (no text file) is told
+            figures[f"{case}: reference's time / microgpt's"] = error_figure(e, "x")
+            continue
+        ref_s, ref_loss = reference[-1]
+        reached = next((s for s, loss in ours if loss <= ref_loss), None)
+        speed, target = ref_s / reached if reached else None, None if args.quick else (">=", 1.0)
+        figures.update(
+            {
+                f"{case}: reference's final val loss": figure([ref_loss], "nats"),
+                f"{case}: reference's wall time to it": figure([ref_s], "s"),
+                f"{case}: microgpt's final val loss": figure([ours[-1][1]], "nats"),
+                f"{case}: microgpt's wall time to the reference's": figure([reached], "s"),
+                f"{case}: reference's time / microgpt's": figure([speed], "x", target),
+            }
+        )
+        curves = {"reference": reference, "microgpt": ours}
+        info[case] = {"reference": " ".join(plain), "microgpt": " ".join(recipe), "curves": curves}
+    info["timing"] = (
+        "wall time from train()'s call (start-up and evaluations included) to the first "
         "validation at or below the reference's final loss (a large split is estimated on fixed "
-        "rows while a run trains, read whole at its end)",
-        "curves": {"reference": reference, "microgpt": ours},
-    }
+        "rows while a run trains, read whole at its end)"
+    )
     return {"figures": figures, "info": info}

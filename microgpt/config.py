@@ -24,6 +24,7 @@ from microgpt.system import DEVICES, PRECISIONS, check_threads
 
 DECAYS = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")
+MUON_PRECISIONS = ("auto", "fp32", "bf16")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
 MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
 
@@ -90,6 +91,9 @@ class OptimConfig:
     decay: str = "cosine"  # cosine | linear | constant, after the warmup
     min_lr_ratio: float = 0.1  # where the decay ends, at max_steps, as a fraction of lr
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    # Muon's Newton-Schulz iteration: auto (bf16 where the device multiplies it natively: a GPU
+    # with bf16, a CPU with AVX512-BF16 or AMX; else fp32) | fp32 | bf16
+    muon_precision: str = "auto"
 
     def __post_init__(self):
         require_choice("optim.name", self.name, OPTIMIZERS)
@@ -112,6 +116,7 @@ class OptimConfig:
         )
         require_at_least(self, "optim.", 0, ("weight_decay", "warmup_steps", "grad_clip"))
         require_choice("optim.decay", self.decay, DECAYS)
+        require_choice("optim.muon_precision", self.muon_precision, MUON_PRECISIONS)
         ratio = self.min_lr_ratio
         require(0 <= ratio <= 1, f"optim.min_lr_ratio={ratio} must be in [0, 1]")
 
@@ -128,7 +133,8 @@ class TrainConfig:
     num_samples: int = 20  # names printed (and written to samples.txt) at the end
     ema: float = 0.0  # >0: evaluate, sample and keep best.pt with a moving average of the weights
     compile: bool = False  # torch.compile the model for training
-    # auto (bf16 on GPUs with it, else fp16; fp32 on CPU) | fp32 | bf16 | fp16
+    # auto (bf16 where the device has it natively: a GPU, a CPU with AVX512-BF16 or AMX; else
+    # fp16 on CUDA, fp32) | fp32 | bf16 | fp16
     precision: str = "auto"
     progress: bool | None = None  # tqdm bar; null = only when stderr is a terminal
 

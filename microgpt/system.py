@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from microgpt.errors import UserError
 
@@ -148,17 +149,40 @@ def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
 
 
 def pick_precision(name: str, device: torch.device, error: type[Exception] = ValueError) -> str:
-    """train.precision -> "fp32", "bf16" or "fp16"; auto: bf16 on a GPU that has it, else fp16 on
-    CUDA, fp32 elsewhere."""
-    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False)
+    """train.precision -> "fp32", "bf16" or "fp16"; auto: bf16 where the device multiplies it in
+    hardware (native_bf16), else fp16 on CUDA, fp32 elsewhere."""
     if name == "auto":
-        return ("bf16" if bf16_ok else "fp16") if device.type == "cuda" else "fp32"
-    if name == "bf16" and not bf16_ok:
+        return "bf16" if native_bf16(device) else "fp16" if device.type == "cuda" else "fp32"
+    if name == "bf16" and device.type == "cuda" and not native_bf16(device):
         raise error(
             f"train.precision=bf16 but {torch.cuda.get_device_name(device)} has no bf16 support; "
             f"use train.precision=fp16 (or auto, which picks it)"
         )
     return name
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The precision's autocast on the device (nothing for fp32). On the CPU, attention then runs
+    PyTorch's math kernel: its bf16 flash-attention backward is about 10x slower than fp32's
+    (torch 2.13), which cost more than bf16 saved everywhere else (docs/benchmarks.md)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    stack = contextlib.ExitStack()
+    if dtype is not None:
+        stack.enter_context(torch.autocast(device.type, dtype))
+        if device.type == "cpu":
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+    return stack
+
+
+def native_bf16(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether `device` multiplies bf16 in hardware: a CUDA GPU with bf16, or a CPU with
+    AVX512-BF16 or AMX (its flags in Linux's `cpuinfo`; elsewhere False)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    flags: list[str] = []
+    with contextlib.suppress(OSError, StopIteration), open(cpuinfo) as f:
+        flags = next(line.split(":", 1)[1].split() for line in f if line.startswith("flags"))
+    return device.type == "cpu" and bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
 def available_memory(device: torch.device) -> int | None:

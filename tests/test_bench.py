@@ -79,3 +79,14 @@ def test_a_tiny_run_prints_the_table_and_replaces_the_named_file(tmp_path, capsy
             assert "error" not in fig, (case, fig)
             assert 0 < fig["min"] <= fig["median"] <= fig["max"], (case, fig)
             assert any(line.startswith(section) and case in line for line in table), case
+
+
+def test_the_step_section_times_the_optimizer_and_the_average_apart(tmp_path):
+    out = tmp_path / "r.json"
+    assert bench("--quick", "--only", "step", "--threads", "1", "--out", str(out)) == 0
+    figures = json.loads(out.read_text())["sections"]["step"]["figures"]
+    names = {k.removeprefix("names: "): f for k, f in figures.items() if k.startswith("names: ")}
+    for part in ("recipe: optimizer", "recipe: weight average", "AdamW: optimizer"):
+        assert names[part]["median"] > 0, part
+    assert "AdamW: weight average" not in names  # AdamW's variant averages nothing
+    assert names["Newton-Schulz FLOPs / model's"]["median"] > 0

@@ -10,6 +10,7 @@ import math
 import torch
 from torch import nn
 
+from microgpt import system
 from microgpt.config import Config
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -19,7 +20,9 @@ def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> to
     """AdamW (or Muon), with weight decay on matrices only, never biases or gains."""
     o = config.optim
     if o.name == "muon":
-        return Muon(model, o)
+        bf16 = o.muon_precision == "bf16"
+        bf16 |= o.muon_precision == "auto" and system.native_bf16(device)
+        return Muon(model, o, torch.bfloat16 if bf16 else torch.float32)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
@@ -34,9 +37,11 @@ class Muon(torch.optim.Optimizer):
     """Muon (K. Jordan, 2024) for the 2-D weights in the blocks: SGD with Nesterov momentum whose
     update is replaced by the nearest semi-orthogonal matrix (5 Newton-Schulz iterations), scaled
     by sqrt(max(1, rows / cols)); AdamW for everything else. The trainer sets each group's lr as
-    the schedule's lr times the group's `lr_ratio` (muon_lr / lr for Muon's group)."""
+    the schedule's lr times the group's `lr_ratio` (muon_lr / lr for Muon's group). The iteration
+    runs in `ns_dtype` (bf16, as the reference does, where the device multiplies it natively)."""
 
-    def __init__(self, model: nn.Module, o):
+    def __init__(self, model: nn.Module, o, ns_dtype: torch.dtype = torch.float32):
+        self.ns_dtype = ns_dtype
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         # named_parameters() names a tied weight once
         hidden = [p for n, p in named if p.dim() == 2 and n.startswith("blocks.")]
@@ -71,7 +76,7 @@ class Muon(torch.optim.Optimizer):
         # one batched orthogonalisation per shape: (n, rows, cols)
         for shape in dict.fromkeys(p.shape for p in params):
             same = [i for i, p in enumerate(params) if p.shape == shape]
-            ortho = orthogonalise(torch.stack([updates[i] for i in same]))
+            ortho = orthogonalise(torch.stack([updates[i] for i in same]), dtype=self.ns_dtype)
             scale = max(1.0, shape[0] / shape[1]) ** 0.5
             step = fp32(-group["lr"] * scale)
             torch._foreach_add_([params[i] for i in same], list(ortho), alpha=step)
@@ -101,20 +106,23 @@ def fp32(x: float) -> float:
     return max(-FLOAT32_MAX, min(FLOAT32_MAX, x))
 
 
-def orthogonalise(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+def orthogonalise(
+    g: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """The semi-orthogonal matrix nearest g (singular values pushed towards 1), by the quintic
-    Newton-Schulz iteration of Muon; (n, rows, cols) -> (n, rows, cols)."""
+    Newton-Schulz iteration of Muon, computed in `dtype` (None: g's), returned in g's;
+    (n, rows, cols) -> (n, rows, cols)."""
     a, b, c = 3.4445, -4.7750, 2.0315
     tall = g.size(-2) > g.size(-1)
     # work on the wide orientation: X X^T is the smaller Gram matrix
     x = g.mT if tall else g
-    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    x = (x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)).to(dtype or g.dtype)
     for _ in range(steps):
         gram = x @ x.mT
         # x <- a x + (b gram + c gram gram) x, the scaled sums inside the matmuls (baddbmm)
         poly = torch.baddbmm(gram, c * gram, gram, beta=b)
         x = torch.baddbmm(x, poly, x, beta=a)
-    return x.mT if tall else x
+    return (x.mT if tall else x).to(g.dtype)
 
 
 def fit_warmup(config: Config) -> tuple[Config, str | None]:

@@ -131,10 +131,11 @@ class Trainer:
         grad_ok = self.scaler.is_enabled() or math.isfinite(float(grad_norm))
         return grad_ok and (self.dist.enabled or math.isfinite(float(loss.detach())))
 
-    def autocast(self):
-        """The precision's autocast on the device; nothing for fp32."""
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        return torch.autocast(self.device.type, dtype) if dtype else contextlib.nullcontext()
+    def autocast(self, training: bool = False):
+        """The precision's autocast (system.autocast); evaluation on a CPU runs in float32, so
+        that the losses reported are the weights' own on a CPU with bf16 or without."""
+        evaluating_on_cpu = not training and self.device.type == "cpu"
+        return system.autocast(self.device, "fp32" if evaluating_on_cpu else self.precision)
 
     # ---- one step
 
@@ -152,7 +153,7 @@ class Trainer:
         weight = n_mine * self.dist.world_size / targets
         # packed rows: each item starts at a boundary token
         starts = x == BOUNDARY_ID if c.train.pack else None
-        with self.autocast():
+        with self.autocast(training=True):
             _, loss = self.train_model(x, y, doc_starts=starts)
         self.scaler.scale(loss * weight).backward()
         self.scaler.unscale_(self.optimizer)  # clip the true gradients (no-op unless fp16)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from microgpt import runs
+from microgpt import runs, system
 from microgpt.config import ConfigError, load_config
 from microgpt.model import GPT, GPTConfig
 from microgpt.train.optim import Muon, make_optimizer, orthogonalise
@@ -25,6 +25,34 @@ def test_orthogonalise_is_the_quintic_newton_schulz_iteration(shape):
         x = 3.4445 * x + (-4.7750 * gram + 2.0315 * gram @ gram) @ x
     expected = x.mT if shape[0] > shape[1] else x
     torch.testing.assert_close(orthogonalise(g), expected, rtol=0, atol=1e-5)
+
+
+def test_orthogonalise_in_bf16_rounds_the_iteration_not_the_update():
+    g = torch.randn(4, 64, 256, generator=torch.Generator().manual_seed(0))
+    exact, bf16 = orthogonalise(g), orthogonalise(g, dtype=torch.bfloat16)
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, exact)  # it ran in bf16
+    # the same semi-orthogonal matrix to bf16's precision: singular values near 1 alike
+    torch.testing.assert_close(bf16, exact, rtol=0, atol=0.03)
+    sv = torch.linalg.svdvals(bf16)
+    assert 0.5 < sv.min() and sv.max() < 1.3
+
+
+@pytest.mark.parametrize(
+    "setting, native, dtype",
+    [
+        ("auto", True, torch.bfloat16),
+        ("auto", False, torch.float32),
+        ("fp32", True, torch.float32),
+        ("bf16", False, torch.bfloat16),
+    ],
+)
+def test_muon_iterates_in_bf16_where_the_device_multiplies_it(
+    tiny_cfg, monkeypatch, setting, native, dtype
+):
+    monkeypatch.setattr(system, "native_bf16", lambda device: native)
+    config = load_config(tiny_cfg("optim=muon", f"optim.muon_precision={setting}"))
+    model = GPT(GPTConfig(vocab_size=27, block_size=16, n_layer=1))
+    assert make_optimizer(model, config, torch.device("cpu")).ns_dtype == dtype
 
 
 @pytest.mark.parametrize("optim", ["adamw", "muon"])

@@ -1,0 +1,115 @@
+"""Where a step goes: microgpt's recipe (Muon, weight averaging) against the same model and batch
+trained with AdamW alone, and against the plain GPT (bench.common.PLAIN: AdamW, padded rows, no
+averaging; on text the same as AdamW's), on the names default and the text recipe at nanoGPT's
+batch (12 x 64), alternated in one process. The optimizer's step and the weight average are timed
+apart (their calls wrapped in a clock; the step itself is Trainer.train_step), the rest is the
+forward and backward passes, the batch and clipping. Newton-Schulz's FLOPs are counted against
+the model's."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+from torch import nn
+
+from bench.common import PLAIN, alternate, error_figure, figure, make_trainer
+from bench.targets import NANOGPT_ROW, QUICK
+from bench.throughput import SPEED_TARGET
+
+CASES = {  # case: (the recipe's overrides, its target: the step at most this times AdamW's)
+    "names": (("heads=4",), 1.1),
+    "text 12x64": (NANOGPT_ROW, 1.2),
+}
+ADAMW = ("optim=adamw", "train.ema=0")  # the same model and batch, AdamW alone
+VARIANTS = {  # each case's steps, alternated with AdamW's and the plain GPT's
+    "recipe": (),
+    "recipe, no autocast": ("train.precision=fp32",),  # Newton-Schulz still in bf16
+    "recipe before issue 36": ("train.precision=fp32", "optim.muon_precision=fp32"),
+}
+NS_STEPS = 5  # Newton-Schulz iterations a step (microgpt.train.optim.orthogonalise)
+
+
+class Clock:
+    """Wraps obj.name in a timer: the seconds its calls took, summed, in `seconds`."""
+
+    def __init__(self, obj, name: str):
+        self.seconds, call = 0.0, getattr(obj, name)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return call(*a, **k)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        setattr(obj, name, timed)
+
+
+def ns_flops(tr) -> float:
+    """Newton-Schulz's FLOPs a step: per matrix of Muon's, wide side n and short side m, each
+    iteration's three matmuls (x x^T: 2m^2n, the polynomial's gram^2: 2m^3, its product with x:
+    2m^2n)."""
+    flops = 0.0
+    for group in tr.optimizer.param_groups:
+        for p in group["params"] if group.get("muon") else []:
+            m, n = sorted(p.shape)
+            flops += NS_STEPS * (4 * m * m * n + 2 * m**3)
+    return flops
+
+
+def model_flops(tr) -> float:
+    """The model's forward and backward FLOPs a step (nanoGPT's count: 6 per weight of the
+    matmuls per position, 12 n_layer n_embd T per position for attention), on every position of
+    the batch, padding included."""
+    x, _, _, _ = tr.batches.next(0, tr.config.train.batch_size)  # one batch's shape (B, T)
+    linear = [mod for mod in tr.model.modules() if isinstance(mod, nn.Linear)]
+    m, matmul = tr.model_config, sum(mod.weight.numel() for mod in linear)
+    positions, T = x.numel(), x.size(1)
+    return positions * (6 * matmul + 12 * m.n_layer * m.n_embd * T)
+
+
+def run_step(args, device, tmp: Path) -> dict:
+    figures, info = {}, {"overrides": args.row_override}
+    shrink = QUICK if args.quick else ()
+    compiled = {"recipe, compiled": ("train.compile=true",)} if args.compile else {}
+    variants = {**VARIANTS, **compiled, "AdamW": ADAMW, "plain": PLAIN}
+    for case, (overrides, target) in CASES.items():
+        try:
+            trainers = {
+                name: make_trainer([*overrides, *extra, *args.row_override, *shrink], args, tmp)
+                for name, extra in variants.items()
+            }
+            clocks = {name: Clock(tr.optimizer, "step") for name, tr in trainers.items()}
+            averages = {name: Clock(tr.ema, "update") for name, tr in trainers.items() if tr.ema}
+            per = alternate(
+                list(trainers.values()), args.rounds, args.block_s, 1 + 4 * (not shrink)
+            )
+        except Exception as e:  # noqa: BLE001 -- a case that cannot run (no text file) is told
+            figures[f"{case}: recipe / AdamW"] = error_figure(e, "x")
+            continue
+        rounds = dict(zip(trainers, per))
+        for name, tr in trainers.items():
+            ms = [1e3 * s for s, _ in rounds[name]]
+            figures[f"{case}: {name} step"] = figure(ms, "ms")
+            if name not in ("AdamW", "plain"):
+                judged = None if args.quick or name != "recipe" else ("<=", target)
+                ratio = [a / b for (a, _), (b, _) in zip(rounds[name], rounds["AdamW"])]
+                figures[f"{case}: {name} / AdamW"] = figure(ratio, "x", judged)
+            if name != "plain":
+                judged = None if args.quick or name != "recipe" else (">=", SPEED_TARGET)
+                speed = [a / b for (_, a), (_, b) in zip(rounds[name], rounds["plain"])]
+                figures[f"{case}: {name} chars/s / plain's"] = figure(speed, "x", judged)
+            opt = 1e3 * clocks[name].seconds / tr.step  # over every step taken, warm-up included
+            avg = 1e3 * averages[name].seconds / tr.step if name in averages else 0.0
+            figures[f"{case}: {name}: optimizer"] = figure([opt], "ms")
+            if name in averages:
+                figures[f"{case}: {name}: weight average"] = figure([avg], "ms")
+            rest = statistics.median(ms) - opt - avg
+            figures[f"{case}: {name}: forward, backward, batch, clip"] = figure([rest], "ms")
+        ns, model = ns_flops(trainers["recipe"]), model_flops(trainers["recipe"])
+        figures[f"{case}: Newton-Schulz FLOPs / model's"] = figure([ns / model], "x")
+        info[case] = {"overrides": overrides, "ns_gflop": ns / 1e9, "model_gflop": model / 1e9}
+    info["variants"] = {name: " ".join(extra) for name, extra in variants.items()}
+    return {"figures": figures, "info": info}

@@ -1,0 +1,54 @@
+"""The machine's precision: which CPUs multiply bf16 in hardware, what `auto` picks there, and
+the autocast that training and evaluation run under."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from microgpt import system
+from microgpt.system import native_bf16
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "flags, native",
+    [
+        ("fpu sse avx2 avx512f avx512_bf16 avx512_vnni", True),  # AMD Zen 4/5, Intel Cooper Lake
+        ("fpu sse avx2 avx512f amx_bf16 amx_tile", True),  # Intel Sapphire Rapids
+        ("fpu sse avx2 avx512f avx512bw", False),  # AVX-512 without bf16: emulated, slow
+        ("fpu sse avx2 fma", False),
+    ],
+)
+def test_native_bf16_reads_the_cpus_flags(tmp_path, flags, native):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: a CPU\nflags\t\t: {flags}\n\n")
+    assert native_bf16(CPU, str(cpuinfo)) is native
+    assert native_bf16(torch.device("mps"), str(cpuinfo)) is False
+
+
+def test_no_cpuinfo_means_no_bf16(tmp_path):
+    assert native_bf16(CPU, str(tmp_path / "none")) is False
+    (tmp_path / "no-flags").write_text("processor\t: 0\n")
+    assert native_bf16(CPU, str(tmp_path / "no-flags")) is False
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "fp32")])
+def test_auto_precision_on_the_cpu_is_bf16_where_it_multiplies_it(monkeypatch, native, expected):
+    monkeypatch.setattr(system, "native_bf16", lambda device: native)
+    assert system.pick_precision("auto", CPU) == expected
+    assert system.pick_precision("fp32", CPU) == "fp32"
+
+
+def test_cpu_bf16_autocast_leaves_attention_to_the_math_kernel():
+    """PyTorch's CPU flash-attention backward is ~10x slower in bf16: attention takes the math
+    kernel while bf16 autocast is on, and the flash kernel again after it."""
+    a = torch.randn(4, 4)
+    with system.autocast(CPU, "bf16"):
+        assert (a @ a).dtype == torch.bfloat16
+        assert not torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled()
+    with system.autocast(CPU, "fp32"):
+        assert (a @ a).dtype == torch.float32 and torch.backends.cuda.flash_sdp_enabled()
