@@ -67,7 +67,6 @@ def test_set_rng_state_takes_states_of_any_dtype_and_device_type_kept_as_bytes()
 @pytest.mark.parametrize(
     "device,bf16,setting,expected",
     [
-        ("cpu", True, "auto", "fp32"),
         ("cuda", True, "auto", "bf16"),
         ("cuda", False, "auto", "fp16"),  # T4, V100
         ("cuda", True, "fp16", "fp16"),
