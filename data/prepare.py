@@ -142,7 +142,10 @@ def prepare(argv: list[str]) -> None:
             ) from None
         return
     parser = entry.ArgumentParser(
-        prog="python data/prepare.py", description=__doc__.splitlines()[0]
+        prog="python data/prepare.py",
+        description=" ".join(__doc__.split("\n\n")[0].split()),  # the first paragraph, whole
+        epilog="python data/prepare.py shakespeare builds data/shakespeare.txt instead, "
+        "Shakespeare's works as one text (python data/prepare.py shakespeare --help: its options)",
     )
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--year", type=int, default=None, help="default: latest year in the data")

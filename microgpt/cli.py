@@ -98,7 +98,9 @@ def job_dir(task_overrides, job_num) -> str:
 
 
 class ShareCores(Callback):
-    """Before a joblib sweep, each job's share of the cores in OMP_NUM_THREADS, unless set."""
+    """A joblib sweep: before it, each job's share of the cores in OMP_NUM_THREADS, unless set;
+    in each job, its name (`[heads=4]`) before each line it logs to the console, as the jobs'
+    lines interleave."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         launcher = config.hydra.launcher
@@ -107,6 +109,25 @@ class ShareCores(Callback):
         jobs = len(sweep_jobs([str(o) for o in config.hydra.overrides.task]))
         n_jobs = int(launcher.get("n_jobs") or -1)
         os.environ[THREADS_ENV] = str(share(usable_cores(), jobs, n_jobs))
+
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        if "joblib" not in str(config.hydra.launcher.get("_target_", "")):
+            return
+        label = f"[{Path(config.hydra.runtime.output_dir).name}] "
+        for handler in logging.getLogger().handlers:
+            if type(handler) is logging.StreamHandler:  # the console, not the job's train.log
+                handler.setFormatter(Labelled(label, handler.formatter or logging.Formatter()))
+
+
+class Labelled(logging.Formatter):
+    """Another formatter's lines, each after `label`."""
+
+    def __init__(self, label: str, inner: logging.Formatter):
+        super().__init__()
+        self.label, self.inner = label, inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(self.label + line for line in self.inner.format(record).split("\n"))
 
 
 def quiet_other_ranks(argv: list[str]) -> None:
@@ -126,7 +147,10 @@ def user_errors():
             yield
         except Interrupted as e:
             resume = shlex.join(["python", Path(sys.argv[0]).name, f"resume={e.checkpoint}"])
-            print(f"microgpt: {e}\nmicrogpt: resume with: {resume}", file=sys.stderr, flush=True)
+            # the command once, quoted: the line below, not the message's own "to continue"
+            stopped = str(e).split("; to continue:")[0]
+            said = f"microgpt: {stopped}\nmicrogpt: resume with: {resume}"
+            print(said, file=sys.stderr, flush=True)
             raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
 
 

@@ -185,6 +185,39 @@ def test_a_sigterm_stop_says_so_and_exits_143(world, tmp_path, monkeypatch):
                     "train.max_steps=6", cwd=tmp_path)  # fmt: skip
     assert r.code == 143 and "SIGTERM received: stopped at step" in r.stderr, r.text
     assert r.stderr.strip().splitlines()[-1].startswith("microgpt: resume with: python ")
+    assert r.stderr.count("resume=") == 1, r.stderr  # the command once
+
+
+def test_a_joblib_jobs_console_lines_carry_its_name(monkeypatch):
+    """Parallel jobs interleave their lines: each line a job logs to the console starts with its
+    name; its train.log (a file handler) stays as it was."""
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from microgpt.cli import ShareCores
+
+    console, log_file = logging.StreamHandler(), logging.FileHandler(os.devnull)
+    console.setFormatter(logging.Formatter("[%(levelname)s] - %(message)s"))
+    monkeypatch.setattr(logging.getLogger(), "handlers", [console, log_file])
+    job = {"runtime": {"output_dir": "/sweep/heads=4"}}
+    joblib = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
+    for launcher, label in (
+        ("hydra._internal.core_plugins.BasicLauncher", ""),
+        (joblib, "[heads=4] "),
+    ):
+        hydra = {**job, "launcher": {"_target_": launcher}}
+        ShareCores().on_job_start(OmegaConf.create({"hydra": hydra}))
+        record = logging.makeLogRecord({"msg": "model ...\ndata ...", "levelname": "INFO"})
+        assert console.format(record) == f"{label}[INFO] - model ...\n{label}data ..."
+        assert log_file.format(record) == "model ...\ndata ..."
+    log_file.close()
+
+
+def test_prepare_help_is_whole_and_names_shakespeare(tmp_path):
+    r = run("data/prepare.py", "--help", cwd=tmp_path)
+    assert r.code == 0 and "most common first." in " ".join(r.stdout.split())
+    assert "python data/prepare.py shakespeare" in " ".join(r.stdout.split())
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])

@@ -1,20 +1,23 @@
 """How many heads? A sweep's runs side by side, without opening TensorBoard.
 
-    python -m microgpt.compare multirun/2026-05-01/12-00-00
+    python -m microgpt.compare multirun/2026-05-01/12-00-00 [--wide | --csv | --json]
 
-One row per run under the folder, by head count: best val, test, tok/s (the median), each layer's
-mean attention entropy at the last step, then the head summaries of `python -m microgpt.heads`'s
-analysis of its checkpoint, else the last logged `heads/...` scalars (`*` where they are of an
-older step). It writes nothing (TensorBoard draws the curves: tensorboard --logdir FOLDER).
+One row per run under the folder, by head count: best val, test, tok/s (the median), then the head
+summaries of `python -m microgpt.heads`'s analysis of its checkpoint, else the last logged
+`heads/...` scalars (`*` where they are of an older step); the `analysis` column says which. Under
+100 columns with a legend; --wide adds each layer's entropy and importance and the roles; --csv
+and --json print every column for scripts. It writes nothing (TensorBoard draws the curves).
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import math
 import re
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,17 +29,30 @@ from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint
 from microgpt.errors import UserError, first_line
 from microgpt.files import read_regular
-from microgpt.heads.report import ROLES
+from microgpt.heads.report import PRUNE_TOLERANCE, ROLES
 from microgpt.runs import RunFolder
 from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)
 SUMMARY_COLUMNS = {
-    "induction max": ("induction_max", ".2f"),
-    "repeat gain": ("repeat_loss_gain", ".3f"),
-    "copying max": ("copying_max", ".2f"),
     "named": ("named", ".0f"),
+    "induction": ("induction_max", ".2f"),
+    "repeat gain": ("repeat_loss_gain", ".3f"),
+    "copying": ("copying_max", ".2f"),
 }
+# the columns without --wide: under 100 characters for a sweep's runs
+NARROW = ("run", "heads", "params", "best val", "test", "tok/s", "prunable", "named", "induction",
+          "analysis")  # fmt: skip
+LEGEND = f"""\
+best val: lowest validation loss; test: best.pt's test loss (nats per character); tok/s: median
+  training speed; prunable: heads that can go together for a loss rise < {PRUNE_TOLERANCE} nats;
+  named: heads with a role (docs/heads.md); induction: best prefix matching on repeated spans (0-1)
+analysis: where the head columns come from: "best.pt 3500": python -m microgpt.heads on best.pt
+  (step 3500); "log 3500": the analysis the run logged at step 3500 (on log.head_items items)"""
+WIDE_LEGEND = """\
+entropy: each layer's mean attention entropy (nats); importance: each layer's largest loss rise
+  with one head zeroed; repeat gain: a span's loss on its first copy minus on its repeat; copying:
+  the most copying layer-0 head (-1 to 1); then the heads of each role"""
 
 
 @dataclass
@@ -53,6 +69,7 @@ class RunSummary:
     data: str = "?"  # the data it was trained on: path and a hash of its split's items
     heads_step: int | None = None  # the step the head columns were measured at
     latest_step: int | None = None  # the step they should be of (the checkpoint's, else last)
+    heads_from: str = "log"  # "best.pt" (python -m microgpt.heads on it), or "log" (training's)
 
     def summary(self, name: str) -> float:
         """A head summary (`heads/<name>`), nan when the run has none."""
@@ -93,15 +110,16 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
     heads = OmegaConf.load(run / "config.yaml").model.n_head  # none: an OmegaConf error
     scalars = _scalars(run)
     r, step = RunSummary(folder.name_under(root), run, heads), None
-    checkpoint = folder.default_checkpoint()  # best.pt, else last.pt
+    checkpoint, kept = folder.default_checkpoint(), {}  # best.pt, else last.pt
     if checkpoint is not None:  # a CheckpointError makes the run unreadable (read_sweep)
         ckpt = Checkpoint.load(checkpoint)
+        kept = ckpt.metrics  # best.pt's: its exact validation loss and its test loss
         r.params, step = ckpt.build_model()[0].num_params(), ckpt.step  # as training counts them
         split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
         r.data = f"{ckpt.data.get('path', '?')} #{split}"  # the data: its path and split's hash
     values = {tag: [value for _, value in points] for tag, points in scalars.items()}
-    r.best_val_loss = min(values.get("loss/val", []), default=math.nan)
-    r.test_loss = values.get("loss/test", [math.nan])[-1]
+    r.best_val_loss = kept.get("best_val_loss", min(values.get("Loss/val", []), default=math.nan))
+    r.test_loss = kept.get("test_loss", math.nan)
     r.tokens_per_sec = statistics.median(values.get("tokens_per_sec", [math.nan]))
     layers: dict[int, list[float]] = {}
     for tag, points in scalars.items():  # each tag has a point (_scalars)
@@ -109,26 +127,27 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
         if layer:  # the last step's value
             layers.setdefault(int(layer[1]), []).append(max(points)[1])
     r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
-    r.heads_summary, r.heads_step, r.latest_step = _heads_summary(
-        checkpoint and folder.analysis(checkpoint), scalars, step
+    r.heads_summary, r.heads_step, r.latest_step, r.heads_from = _heads_summary(
+        checkpoint, folder, scalars, step
     )
     return r
 
 
-def _heads_summary(analysis: Path | None, scalars: dict, checkpoint_step):
-    """(summaries, the step they are of, the step they should be of): the analysis of the row's
-    checkpoint (best.pt, else last.pt), else each logged summary's last value (of the last step)."""
-    if analysis is not None:
+def _heads_summary(checkpoint: Path | None, folder: RunFolder, scalars: dict, checkpoint_step):
+    """(summaries, the step they are of, the step they should be of, where they come from): the
+    analysis of the row's checkpoint (best.pt, else last.pt), else each logged summary's last
+    value (of the last step)."""
+    if checkpoint is not None:
         # the JSON python -m microgpt.heads wrote (HeadReport.to_dict, with the checkpoint's step)
         try:
-            data = json.loads(read_regular(analysis))
-            return dict(data["summaries"]), data.get("step"), checkpoint_step
+            data = json.loads(read_regular(folder.analysis(checkpoint)))
+            return dict(data["summaries"]), data.get("step"), checkpoint_step, checkpoint.name
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # none, or unreadable: the logged scalars below
     logged = {t: max(points) for t, points in scalars.items() if t.startswith("heads/") and points}
     step = max((s for s, _ in logged.values()), default=None)
     last = max((s for points in scalars.values() for s, _ in points), default=None)
-    return {tag: value for tag, (_, value) in logged.items()}, step, last
+    return {tag: value for tag, (_, value) in logged.items()}, step, last, "log"
 
 
 def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
@@ -161,42 +180,74 @@ def _rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
-def _layer_header(name: str, n: int) -> list[str]:
-    return [f"{name} L{i}" if i == 0 else f"L{i}" for i in range(n)]
-
-
 def _per_layer(values: list[float], n: int, fmt: str) -> list[str]:
     """A cell per layer of the widest run, "-" where this run has fewer layers."""
     return [_num(x, fmt) for x in values + [None] * (n - len(values))]
 
 
-def format_table(runs: list[RunSummary]) -> str:
-    """One row per run, columns aligned; then the lowest validation loss (per data set)."""
+def table(runs: list[RunSummary], plain: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Every column: the header ("entropy L0", "entropy L1", ...) and a row of cells per run;
+    plain: params and tok/s as plain numbers (CSV)."""
     n_layers = max((len(r.entropy) for r in runs), default=0)
     n_imp = max((len(r.importance_max) for r in runs), default=0)
     # the roles some run has (mixed always; nan > 0 is False), not 18 columns mostly of zeros
     roles = [x for x in ROLES if x == "mixed" or any(r.role_counts[x] > 0 for r in runs)]
     header = ["run", "heads", "params", "best val", "test", "tok/s"]
-    header += [*_layer_header("entropy", n_layers), "heads step", "prunable"]
-    header += [*_layer_header("importance", n_imp), *SUMMARY_COLUMNS, *roles]
-    rows = [_row(r, n_layers, n_imp, roles) for r in runs]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    header += [f"entropy L{n}" for n in range(n_layers)] + ["prunable"]
+    header += [f"importance L{n}" for n in range(n_imp)] + [*SUMMARY_COLUMNS, *roles, "analysis"]
+    return header, [_row(r, n_layers, n_imp, roles, plain) for r in runs]
+
+
+def format_table(runs: list[RunSummary], wide: bool = False) -> str:
+    """One row per run, columns aligned (NARROW, or every one), the legend; then the lowest
+    validation loss (per data set)."""
+    header, rows = table(runs)
+    keep = [i for i, name in enumerate(header) if wide or name in NARROW]
+    # a layer's columns after the first: "L1", "L2", ... under "entropy L0"
+    shown = [
+        h.split()[-1] if i > 0 and h[:-1] == header[i - 1][:-1] else h for i, h in enumerate(header)
+    ]
+    columns = [[shown[i], *(row[i] for row in rows)] for i in keep]
+    widths = [max(map(len, col)) for col in columns]
     lines = []
-    for first, *rest in [header, *rows]:
-        cells = [str(first).ljust(widths[0]), *(str(c).rjust(w) for c, w in zip(rest, widths[1:]))]
+    for first, *rest in zip(*columns):
+        cells = [first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:]))]
         lines.append("  ".join(cells).rstrip())
     stale = [line for line in map(_stale, runs) if line]
-    return "\n".join(lines + stale + _lowest_val_loss(runs))
+    legend = (
+        [LEGEND, WIDE_LEGEND]
+        if wide
+        else [LEGEND, "--wide: every column; --csv, --json: for scripts"]
+    )
+    return "\n".join(lines + stale + legend + _lowest_val_loss(runs))
 
 
-def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str]) -> list[str]:
-    params = "-" if r.params is None else f"{r.params:,}"
-    step = "-" if r.heads_step is None else f"{r.heads_step}{'*' if _stale(r) else ''}"
+def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str], plain=False) -> list[str]:
+    params = "-" if r.params is None else f"{r.params:{'' if plain else ','}}"
+    rate = _num(r.tokens_per_sec, ".0f") if plain else _rate(r.tokens_per_sec)
+    stale = "*" if _stale(r) else ""
+    analysis = "-" if r.heads_step is None else f"{r.heads_from} {r.heads_step}{stale}"
     row = [r.name, str(r.heads), params, _num(r.best_val_loss), _num(r.test_loss)]
-    row += [_rate(r.tokens_per_sec), *_per_layer(r.entropy, n_layers, ".3f"), step]
+    row += [rate, *_per_layer(r.entropy, n_layers, ".3f")]
     row += [_num(r.summary("prunable"), ".0f"), *_per_layer(r.importance_max, n_imp, ".4f")]
     row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
-    return row + [_num(r.role_counts[role], ".0f") for role in roles]
+    return row + [_num(r.role_counts[role], ".0f") for role in roles] + [analysis]
+
+
+def to_json(runs: list[RunSummary]) -> str:
+    """Every run's figures as JSON (nan: null)."""
+    keys = ("name", "heads", "params", "best_val_loss", "test_loss", "tokens_per_sec", "entropy")
+    keys += ("heads_summary", "heads_from", "heads_step", "latest_step", "data")
+    records = [{k: getattr(r, k) for k in keys} for r in runs]
+    return json.dumps(_no_nan(records), indent=1)
+
+
+def _no_nan(x):
+    if isinstance(x, dict):
+        return {k: _no_nan(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_no_nan(v) for v in x]
+    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def _stale(r: RunSummary) -> str:
@@ -238,11 +289,21 @@ def _main(argv: list[str] | None) -> None:
         prog="python -m microgpt.compare", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("folder", help="a sweep folder (multirun/<date>/<time>) or runs")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--wide", action="store_true", help="every column, wider than 100")
+    how.add_argument("--csv", action="store_true", help="every column as CSV, no legend")
+    how.add_argument("--json", action="store_true", help="every run's figures as JSON")
     args = parser.parse_args(argv)
     runs, unreadable = read_sweep(args.folder)
     if not runs:
         why = "; ".join(f"{name}: {reason}" for name, reason in unreadable)
         raise UserError(f"no run under {args.folder} can be read ({why})")
-    print(format_table(runs))
-    for name, why in unreadable:
-        print(f"unreadable: {name} ({why})")
+    if args.csv:
+        header, rows = table(runs, plain=True)
+        csv.writer(sys.stdout, lineterminator="\n").writerows([header, *rows])
+    else:
+        print(to_json(runs) if args.json else format_table(runs, args.wide))
+    for name, why in unreadable:  # on stderr where stdout is for a script
+        print(
+            f"unreadable: {name} ({why})", file=sys.stderr if args.csv or args.json else sys.stdout
+        )

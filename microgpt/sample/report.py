@@ -22,7 +22,7 @@ class Samples:
 
     items: list[str]  # names, or passages (prompt + continuation)
     lines: list[str]
-    written: list[str]  # what out= writes: the names, or the passages' lines
+    written: list[str]  # what out= writes: the names (not the empty ones), or the passages' lines
     marked: list[tuple[str, str]] | None = None  # names: (name, "new" | "train" | ...)
     note: str = ""  # passages: what was done to the prompt, if anything
 
@@ -33,7 +33,8 @@ def sample_names(model, data: Data, n: int, seed: int | None, prefix="", **setti
     data.prompt(prefix)  # the format's rules for a user's input
     names = sample_items(model, data.tokenizer, n, prefix, seed=seed, **settings)
     marked = mark_items(names, data.split)
-    return Samples(names, format_marked(marked), names, marked=marked)
+    # out= lists the names: an empty one (the model ended at once) is counted, not written
+    return Samples(names, format_marked(marked), [n for n in names if n], marked=marked)
 
 
 def mark_items(items: list[str], split) -> list[tuple[str, str]]:

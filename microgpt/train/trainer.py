@@ -349,7 +349,7 @@ class Trainer:
         self.best_val_loss = min(self.best_val_loss, score)
         best = val_loss if final and improved else self.best_val_loss
         out = {"val_loss": val_loss, "best_val_loss": best, "step": self.step}
-        self.writer.scalars(self.step, {"loss/val": val_loss})
+        self.writer.scalars(self.step, {"Loss/val": val_loss})
         shown = sample_for_run(self.eval_model, self.data, None, seed=c.seed + self.step)
         self.writer.samples(self.step, shown.lines)
         if improved:
@@ -369,7 +369,7 @@ class Trainer:
         loss = system.over_ranks(float(w.loss), "sum", self.dist) / w.steps / self.dist.world_size
         tps = w.tokens_per_sec(time.perf_counter())  # after float(): the device has caught up
         if self.is_main:
-            scalars = {"loss/train": loss, "lr": out.lr, "train/grad_norm": float(out.grad_norm)}
+            scalars = {"Loss/train": loss, "lr": out.lr, "train/grad_norm": float(out.grad_norm)}
             self.writer.scalars(self.step, {**scalars, "tokens_per_sec": tps})
             shown = f"loss {loss:.4f} lr {out.lr:.2e} {tps / 1000:.1f}k tok/s"
             bar.set_postfix_str(shown, refresh=False)
@@ -377,18 +377,20 @@ class Trainer:
         return {"train_loss": loss, "tokens_per_sec": tps}
 
     def describe(self) -> str:
-        """One line: the model, the data, the recipe, the device."""
+        """Three short lines: the model, the data, the recipe and the machine."""
         c, m, threads, world = self.config, self.model_config, self.threads, self.dist.world_size
         precision = "" if self.precision == "fp32" else f" {self.precision}"
         ranks = f" ({c.train.batch_size} x {world} ranks)" if self.dist.enabled else ""
+        compiled = " compiled" if c.train.compile else ""
         return (
-            f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads, attn "
-            f"{m.attn_impl}, {self.model.num_params():,} parameters | data {self.data.source} "
-            f"({c.data.format}): {self.data.split.describe()}, vocab {self.tokenizer.vocab_size}, "
-            f"block {m.block_size} | {c.train.max_steps} steps x batch {self.global_batch}"
-            f"{ranks}, lr {c.optim.lr:g} ({c.optim.warmup_steps} warmup, {c.optim.decay}) | "
-            f"device {self.device}{precision}{' compiled' if c.train.compile else ''}, "
-            f"{threads} thread{'s' if threads > 1 else ''} | seed {c.seed}"
+            f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads "
+            f"({m.attn_impl}), {self.model.num_params():,} parameters\n"
+            f"data {self.data.source} ({c.data.format}): {self.data.split.describe()}, vocab "
+            f"{self.tokenizer.vocab_size}, block {m.block_size}\n"
+            f"train {c.train.max_steps} steps x batch {self.global_batch}{ranks}, lr "
+            f"{c.optim.lr:g} ({c.optim.warmup_steps} warmup, {c.optim.decay}), seed {c.seed} | "
+            f"{self.device}"
+            f"{precision}{compiled}, {threads} thread{'s' if threads > 1 else ''}"
         )
 
     def _test_best_checkpoint(self, metrics: dict) -> nn.Module:
@@ -398,8 +400,7 @@ class Trainer:
         best = Checkpoint.load(best_path, map_location="cpu") if best_path.exists() else None
         model = best.build_model(self.device)[0] if best is not None else self.eval_model
         test = evaluate(model, self.datasets["test"], c.train.eval_batch_size, self.autocast)
-        metrics["test_loss"] = test
-        self.writer.scalars(self.step, {"loss/test": test})
+        metrics["test_loss"] = test  # a single figure: the Text and HParams tabs (_finish)
         val = self.datasets["val"]
         if best is not None and best.step < self.step and len(eval_rows(val, True)) < len(val):
             # best.pt was chosen on an estimate (_evaluate): its exact loss
@@ -414,14 +415,12 @@ class Trainer:
     def _finish(self, metrics: dict) -> None:
         """After the last step (rank 0): best.pt tested, the HParams row, the test loss line,
         samples.txt."""
-        c, m = self.config, self.model_config
+        c = self.config
         model = self._test_best_checkpoint(metrics)
-        hparams = dict(heads=m.n_head, n_layer=m.n_layer, n_embd=m.n_embd, params=metrics["params"])
-        hparams.update(model=m.name, attn_impl=m.attn_impl, batch_size=self.global_batch)
-        hparams.update(lr=c.optim.lr, max_steps=c.train.max_steps, dropout=m.dropout, seed=c.seed)
-        keys = ("best_val_loss", "val_loss", "test_loss")
-        scores = {f"result/{k}": metrics[k] for k in keys if k in metrics}
-        self.writer.hparams(hparams, scores, step=self.step)
+        # two columns, so that the HParams tab shows the metrics beside them (config.yaml: the rest)
+        hparams = dict(heads=self.model_config.n_head, params=metrics["params"])
+        results = {k: metrics[k] for k in ("best_val_loss", "test_loss") if k in metrics}
+        self.writer.hparams(hparams, results, step=self.step)
         self.writer.close()
         test, best_val = metrics["test_loss"], metrics.get("best_val_loss", math.nan)
         log.info(

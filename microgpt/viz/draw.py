@@ -20,7 +20,7 @@ TEXT = (20, 20, 20)
 LIGHT_TEXT = (250, 250, 250)  # values written on dark cells
 MASKED = (222, 222, 222)  # cells a query may not attend to (the causal mask)
 FONT_SIZE = 12
-HEADS_PER_ROW = 4  # a layer's head maps: at most this many side by side, then a new row
+HEADS_PER_ROW = 2  # a layer's maps side by side: two read at card size in TensorBoard, four do not
 
 
 def colormap(values) -> np.ndarray:

@@ -1,17 +1,21 @@
 """The TensorBoard logger of a training run: scalars (also to metrics.jsonl), per-head attention
-maps, samples, one HParams row and head analyses, all in the run's own folder, under the same tags
-in every run (`attention/layer0/head1`, ...) so that runs line up side by side.
+maps, samples, the final figures (Text and one HParams row) and head analyses, all in the run's own
+folder, under the same tags in every run (`attention/layer0/head1`, ...) so that runs line up side
+by side.
 
-The Scalars tab groups tags by their prefix before the first '/', sorts the groups by name and
-opens the first two: `heads/` (the summaries, alike for any head count) and `loss/`. The rest
-sort after them: `lr`, `per_head/layer{l}/head{h}/...`, `result/` (the HParams metrics),
-`tokens_per_sec`, `train/grad_norm`."""
+TensorBoard groups tags by their prefix before the first '/' and sorts the groups by their ASCII
+codes, capitals first; the Scalars tab opens the first two. So the losses are `Loss/train` and
+`Loss/val` (a capital: first in Scalars and Time Series), then `heads/` (the summaries, alike for
+any head count), `lr`, `per_head/layer{l}/head{h}/...`, `result/` (one point each: the HParams
+tab reads its metrics from scalars), `tokens_per_sec`, `train/grad_norm`. An undefined value (nan)
+is not logged: no chart of nothing."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +34,8 @@ from microgpt.heads.report import ROLES, HeadReport
 from microgpt.viz.draw import compose_layer, render_attention, render_offset_profile, render_table
 
 METRICS_FILE = "metrics.jsonl"
+# the head summaries beside the losses in the HParams tab (all of them: the Scalars tab, compare)
+HPARAMS_SUMMARIES = ("heads/prunable", "heads/named", "heads/induction_max")
 
 
 def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
@@ -69,10 +75,10 @@ class TensorBoardLogger:
         self.last_head_summary: dict[str, float] = {}
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        """{tag: value}, None skipped: to TensorBoard and a line of metrics.jsonl (every scalar)."""
+        """{tag: value}, None and nan skipped: to TensorBoard and a line of metrics.jsonl."""
         line = {"step": step, "time": time.time()}
         for tag, value in values.items():
-            if value is not None:
+            if value is not None and not math.isnan(value):
                 line[tag] = float(value)
                 self.writer.add_scalar(tag, line[tag], step)
         self.metrics_file.write(json.dumps(line) + "\n")
@@ -148,15 +154,23 @@ class TensorBoardLogger:
         body = "\n".join("    " + line for line in lines) if lines else "(no samples)"
         self._text("samples", body, step)
 
-    def hparams(self, hparams: Mapping, metrics: Mapping, step: int) -> None:
-        """One HParams row in the run's own folder (not add_hparams's subfolder): `metrics`, also
-        written as scalars (where the tab reads them), and the last head summaries."""
-        values = {str(k): float("nan") if v is None else float(v) for k, v in metrics.items()}
-        all_metrics = {**values, **self.last_head_summary}
-        # the experiment, session start and session end
-        for summary in hparams_summaries(sanitize_hparams(hparams), all_metrics):
-            self.writer.file_writer.add_summary(summary)
+    def hparams(self, hparams: Mapping, results: Mapping[str, float], step: int) -> None:
+        """The final figures ({name: nats}): the Text `result` (a table) and one HParams row in the
+        run's own folder (not add_hparams's subfolder), whose metrics are scalars: `result/{name}`
+        and the last HPARAMS_SUMMARIES."""
+        values = {f"result/{k}": v for k, v in results.items() if v is not None}
         self.scalars(step, values)
+        heads = {t: self.last_head_summary.get(t, math.nan) for t in HPARAMS_SUMMARIES}
+        metrics = {t: v for t, v in {**values, **heads}.items() if not math.isnan(v)}
+        # the experiment, session start and session end
+        for summary in hparams_summaries(sanitize_hparams(hparams), metrics):
+            self.writer.file_writer.add_summary(summary)
+        table = ["| | nats/char | bits/char |", "|---|---|---|"]
+        table += [
+            f"| {k.replace('_', ' ')} | {v:.4f} | {v / math.log(2):.4f} |"
+            for k, v in results.items()
+        ]
+        self._text("result", "\n".join(table), step)
         self.writer.flush()
 
     def flush(self) -> None:

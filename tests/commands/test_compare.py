@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import shutil
 
 import pytest
 
 from microgpt.checkpoint import Checkpoint
-from microgpt.commands.compare import main, read_sweep
+from microgpt.commands.compare import RunSummary, main, read_sweep, table, to_json
 from microgpt.commands.heads import main as heads_main
 from microgpt.heads.report import ROLES
 from microgpt.train.trainer import train
@@ -35,16 +37,25 @@ def sweep(tmp_path_factory):
     return root, metrics
 
 
-def test_compare_prints_a_row_per_run_and_writes_nothing(sweep, capsys):
+def columns(runs, wide_run: str) -> dict[str, str]:
+    """The cells of one run's row, by column (every column, as --wide and --csv show them)."""
+    header, rows = table(runs)
+    return dict(zip(header, next(row for row in rows if row[0] == wide_run)))
+
+
+def test_compare_prints_a_row_per_run_in_100_columns_with_a_legend_and_writes_nothing(
+    sweep, capsys
+):
     root, metrics = sweep
     before = fingerprint(root)
     assert main([str(root)]) == 0
     assert changes(before, fingerprint(root)) == ([], [], [])
     out = capsys.readouterr().out
     lines = out.splitlines()
+    assert max(map(len, lines)) <= 100
     header = lines[0].split()
     assert header[:6] == ["run", "heads", "params", "best", "val", "test"]
-    assert "entropy" in header and "tok/s" in header
+    assert "entropy" not in header and header[-1] == "analysis"  # each layer's: --wide
     row = {line.split()[0]: line.split() for line in lines[1:3]}
     assert set(row) == {"heads=1", "heads=2"}
     for heads in (1, 2):
@@ -53,39 +64,55 @@ def test_compare_prints_a_row_per_run_and_writes_nothing(sweep, capsys):
         assert cells[2] == f"{metrics[heads]['params']:,}"  # counted from the checkpoint
         assert float(cells[3]) == pytest.approx(metrics[heads]["best_val_loss"], abs=1e-4)
         assert float(cells[4]) == pytest.approx(metrics[heads]["test_loss"], abs=1e-4)
-        assert float(cells[6]) > 0  # layer 0's mean attention entropy
+    # a legend for every column a newcomer could not guess
+    for name in ("best val:", "tok/s:", "prunable:", "named:", "induction:", "analysis:"):
+        assert name in out, name
     assert out.count("lowest validation loss: heads=") == 1 and "different data" not in out
     assert [r.label for r in read_sweep(root)[0]] == ["1 head", "2 heads"]
+    assert main([str(root), "--wide"]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    assert "entropy" in wide[0] and "importance" in wide[0] and "entropy:" in "\n".join(wide)
 
 
-def test_head_columns_from_the_logged_summaries(sweep, capsys):
+def test_csv_and_json_hold_every_column_for_scripts(sweep, capsys):
+    root, metrics = sweep
+    runs = read_sweep(root)[0]
+    assert main([str(root), "--csv"]) == 0
+    rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
+    assert rows[0] == table(runs)[0] and [r[0] for r in rows[1:]] == ["heads=1", "heads=2"]
+    assert rows[1][rows[0].index("params")] == str(metrics[1]["params"])  # a plain number
+    assert main([str(root), "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in records] == ["heads=1", "heads=2"]
+    assert records[1]["test_loss"] == pytest.approx(metrics[2]["test_loss"])
+    assert records[0]["heads_from"] == "log" and records[0]["heads_step"] == 12
+    # a figure a run lacks is null, not NaN (which is not JSON)
+    assert json.loads(to_json([RunSummary("new", root, 4)]))[0]["best_val_loss"] is None
+
+
+def test_head_columns_from_the_logged_summaries(sweep):
     root, _ = sweep
     runs = read_sweep(root)[0]
     for r in runs:  # no heads-best.json: each summary's last logged value
         last = {}
         for line in read_metrics(r.path / "metrics.jsonl"):
             last |= {tag: value for tag, value in line.items() if tag.startswith("heads/")}
-        assert r.heads_summary == pytest.approx(last, nan_ok=True)
+        assert r.heads_summary == pytest.approx(last)
         assert r.importance_max == [last["heads/layer0/importance_max"]]
         assert r.role_counts == {role: last[f"heads/role/{role}"] for role in ROLES}
-    assert main([str(root)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    header = lines[0].replace(" max", "_max").replace(" gain", "_gain").replace(" L0", "_L0")
-    tail = header.split()[header.split().index("prunable") :]  # one word per column from here
-    col = dict(zip(tail, lines[1].split()[-len(tail) :]))  # heads=1
-    assert set(tail) - set(ROLES) == {"prunable", "importance_L0", "induction_max",
-                                      "repeat_gain", "copying_max", "named"}  # fmt: skip
-    assert float(col["induction_max"]) == pytest.approx(runs[0].summary("induction_max"), abs=0.01)
-    assert float(col["repeat_gain"]) == pytest.approx(runs[0].summary("repeat_loss_gain"), abs=1e-3)
+    col = columns(runs, "heads=1")
+    assert float(col["induction"]) == pytest.approx(runs[0].summary("induction_max"), abs=0.01)
+    assert float(col["repeat gain"]) == pytest.approx(runs[0].summary("repeat_loss_gain"), abs=1e-3)
     assert int(col["prunable"]) == runs[0].summary("prunable")
-    assert float(col["importance_L0"]) == pytest.approx(runs[0].importance_max[0], abs=1e-4)
+    assert float(col["importance L0"]) == pytest.approx(runs[0].importance_max[0], abs=1e-4)
     assert int(col["named"]) + int(col["mixed"]) == 1  # its one head: named, or mixed
+    assert col["analysis"] == "log 12"  # the analysis the run logged at its last step
 
 
 def test_the_analysis_of_best_pt_wins_with_its_step_and_a_stale_one_is_flagged(sweep, capsys):
-    """heads-best.json (the whole validation split) wins over the logged summaries. The
-    resumed-sweep case: an analysis of best.pt made before the run went on (its step is not the
-    checkpoint's) gets a `*` and a line saying so; logged summaries are of the last step."""
+    """heads-best.json (the whole validation split) wins over the logged summaries, and the
+    analysis column says so. The resumed-sweep case: an analysis of best.pt made before the run
+    went on (its step is not the checkpoint's) gets a `*` and a line saying so."""
     root, _ = sweep
     analysis = root / "heads=2" / "heads-best.json"
     assert heads_main([str(root / "heads=2")]) == 0
@@ -95,25 +122,22 @@ def test_the_analysis_of_best_pt_wins_with_its_step_and_a_stale_one_is_flagged(s
     data["summaries"] |= {"heads/prunable": 2.0, "heads/layer0/importance_max": 0.125}
     analysis.write_text(json.dumps(data))
     try:
-        two = read_sweep(root)[0][1]
-        assert two.summary("prunable") == 2 and two.importance_max == [0.125]
+        runs = read_sweep(root)[0]
+        assert runs[1].summary("prunable") == 2 and runs[1].importance_max == [0.125]
+        assert columns(runs, "heads=2")["analysis"] == f"best.pt {best_step}"
+        assert columns(runs, "heads=1")["analysis"] == f"log {last_logged}"
         capsys.readouterr()
         assert main([str(root)]) == 0
-        lines = capsys.readouterr().out.splitlines()
-        # the column's cell: "best val", "entropy L0" and "heads step" are two words each
-        at = lines[0].split().index("step") - 3
-        rows = {line.split()[0]: line.split() for line in lines[1:3]}
-        assert rows["heads=2"][at] == str(best_step)
-        assert rows["heads=1"][at] == str(last_logged)
-        assert not any(line.startswith("* ") for line in lines)
+        out = capsys.readouterr().out
+        assert f"best.pt {best_step}\n" in out and not any(
+            line.startswith("* ") for line in out.splitlines()
+        )
         data["step"] = best_step - 1
         analysis.write_text(json.dumps(data))
+        assert columns(read_sweep(root)[0], "heads=2")["analysis"] == f"best.pt {best_step - 1}*"
         assert main([str(root)]) == 0
-        lines = capsys.readouterr().out.splitlines()
-        assert lines[2].split()[at] == f"{best_step - 1}*"
-        assert f"* heads=2: its head columns are of step {best_step - 1}, not {best_step} " in (
-            "\n".join(lines)
-        )
+        out = capsys.readouterr().out
+        assert f"* heads=2: its head columns are of step {best_step - 1}, not {best_step} " in out
     finally:
         analysis.unlink()
 

@@ -22,6 +22,7 @@ from microgpt.checkpoint import Checkpoint
 from microgpt.commands.sample import find_checkpoint, run_sampling
 from microgpt.config import SampleConfig, load_config
 from microgpt.errors import SamplingError, UserError
+from microgpt.sample import report
 from microgpt.train.trainer import train
 from tests.conftest import REPO, TINY, compose_config, make_names
 
@@ -191,6 +192,14 @@ def test_out_file_is_written_and_an_error_leaves_it_alone(best, tmp_path):
         sample(best, num_samples=5, prefix="Q", out=str(out), overwrite=True)
     assert out.read_text() == "".join(n + "\n" for n in r.names)
     assert [p.name for p in tmp_path.iterdir()] == ["names.txt"]  # no temporary files left
+
+
+def test_an_empty_sample_is_counted_and_writes_no_blank_line(best, tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "sample_items", lambda *args, **kwargs: ["ana", "", "bo"])
+    out = tmp_path / "names.txt"
+    r = sample(best, num_samples=3, seed=0, out=str(out))
+    assert out.read_text() == "ana\nbo\n"
+    assert r.lines[-1].endswith(", 1 empty")
 
 
 def test_latest_run_is_the_newest_and_falls_back_to_last_pt(tmp_path, monkeypatch):

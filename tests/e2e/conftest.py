@@ -140,3 +140,15 @@ def sandbox(tmp_path_factory) -> Path:
     (broken / "binary-metrics" / "metrics.jsonl").write_bytes(b"\xff\xfe\x00garbage")
     (broken / "bad-ckpt" / "checkpoints" / "best.pt").write_bytes(b"PK\x03\x04" + bytes(50))
     return root
+
+
+@pytest.fixture
+def project(sandbox, monkeypatch) -> Path:
+    """The sandbox as the project's root: a relative data path falls back to its data/, never to
+    the checkout's, whatever that holds (a built shakespeare.txt, or no names.txt)."""
+    from microgpt.commands import sample
+    from microgpt.data import format
+
+    for module in (format, sample):
+        monkeypatch.setattr(module, "REPO_ROOT", sandbox)
+    return sandbox

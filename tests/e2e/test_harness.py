@@ -147,6 +147,10 @@ SETTINGS = [
 
 DATA = [
     train("data-missing", "data.path=data/missing.txt", message=r"no data file"),
+    # a user's own missing book: how to fix that, not the names' prepare command
+    train("data-my-book-missing", "data.path=my_book.txt",
+          message=r"no data file at .*my_book\.txt .*point data\.path=\.\.\. at a UTF-8 text file",
+          absent=r"prepare"),
     # a preset's missing file names the command that builds it (the README promises it)
     train("data-shakespeare-missing", "data=shakespeare", "data.path={root}/data/shakespeare.txt",
           message=r"no data file at .*shakespeare\.txt .*build it first: python data/prepare\.py "
@@ -455,6 +459,7 @@ BESIDE = [
     C("compare-one-run", "compare", ["runs/a"], r"runs/a|\ba\b", code=0, stdout=True),
     C("compare-plot-is-gone", "compare", ["runs", "--plot", "x.png"], r"unrecognized arguments"),
     C("compare-unknown-flag", "compare", ["runs", "--frobnicate"], r"unrecognized arguments"),
+    C("compare-csv-and-json", "compare", ["runs", "--csv", "--json"], r"not allowed with"),
     # every setting that sizes a tensor is bounded before anything is written
     train("pack-huge", "train.pack=1000000", message=r"train\.pack=1000000 .*needs about .*GiB"),
     train("muon-lr-inf", "optim=muon", "optim.muon_lr=inf",
@@ -489,7 +494,7 @@ FAST = {
     "resume-a-sweep", "list-without-m", "remove-heads", "lr-huge", "threads-huge", "omp-zero",
     "sample-progress", "sample-text-prefix-unknown", "sample-text-file-changed",
     "sigint-sampling-names", "sigterm-sampling-into-out", "sigint-compare-reading",
-    "sigterm-generating-repeats",
+    "sigterm-generating-repeats", "data-my-book-missing", "compare-csv-and-json",
 }  # fmt: skip
 
 
@@ -506,8 +511,8 @@ PARAMS = [pytest.param(c, id=c.id, marks=() if c.id in FAST else pytest.mark.slo
 
 
 @pytest.mark.parametrize("case", PARAMS)
-def test_a_bad_command_is_one_line_and_loses_nothing(sandbox, case):
-    root = sandbox
+def test_a_bad_command_is_one_line_and_loses_nothing(project, case):
+    root = project
     before = fingerprint(root)
     saved = {p: (root / p).read_bytes() for p in case.changed}
     args = [str(a).replace("{root}", str(root)) for a in case.args]

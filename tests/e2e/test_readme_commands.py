@@ -41,7 +41,7 @@ from typing import Callable
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, make_names
 from tests.e2e.harness import Result
 from tests.e2e.harness import run as run_in_process
 
@@ -111,9 +111,9 @@ class Sandbox:
         self.folders: dict[str, Path] = {}  # "names", "text", "induction": runs; "heads": a sweep
         self.started = 0  # the runs started
         (root / "data").mkdir(parents=True)
-        for name in ("names.txt", "names-1980s.txt"):  # 2,000 names of each: enough to train
-            names = (REPO / "data" / name).read_text().splitlines()[:2000]
-            (root / "data" / name).write_text("\n".join(names) + "\n")
+        # 2,000 names of each, whatever the checkout's data/ holds: enough to train
+        for seed, name in enumerate(("names.txt", "names-1980s.txt")):
+            (root / "data" / name).write_text("\n".join(make_names(2000, seed)) + "\n")
         (root / "data" / "shakespeare.txt").write_text(fake_play(12_000, seed=0))
 
     def folder(self, key: str) -> Path:
@@ -201,7 +201,10 @@ def _sampled(s: Sandbox, r: Result) -> None:
 
 def _names_file(s: Sandbox, r: Result) -> None:
     _sampled(s, r)
-    assert len((s.root / "names.txt").read_text().splitlines()) == 1000
+    # a name per line, none for an empty sample (the summary counts them)
+    empty = re.search(r"of 1000 new, \d+ unique(?:, (\d+) empty)?$", r.stdout.strip())
+    lines = (s.root / "names.txt").read_text().splitlines()
+    assert len(lines) == 1000 - int(empty[1] or 0) and all(lines), r.stdout[-500:]
 
 
 def _prefixed(s: Sandbox, r: Result) -> None:

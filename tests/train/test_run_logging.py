@@ -82,7 +82,7 @@ def test_a_text_run_estimates_while_it_trains_and_reports_whole_split_figures(
     assert kept["best_val_loss"] == kept["val_loss"] == metrics["best_val_loss"]
     acc = EventAccumulator(str(tmp_path / "est"), size_guidance={"scalars": 0})
     acc.Reload()
-    assert [e.step for e in acc.Scalars("loss/val")] == [6, 12]
+    assert [e.step for e in acc.Scalars("Loss/val")] == [6, 12]
 
 
 def test_the_head_analyses_are_light_while_the_run_trains_and_whole_at_its_end(tiny_cfg, tmp_path):

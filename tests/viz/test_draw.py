@@ -65,18 +65,18 @@ def test_render_attention_greys_masked_cells():
     assert not (img == colormap(0.0)).all(axis=-1).any()  # the upper triangle is not "weight 0"
 
 
-def test_a_layer_puts_up_to_four_heads_in_a_row_then_the_rest_below():
+def test_a_layer_puts_two_heads_in_a_row_then_the_rest_below():
     labels = list(".emma")
     w = torch.softmax(torch.randn(16, 5, 5), dim=-1)
     layers = {n: render_layer(w[:n], labels, layer=0) for n in (1, 2, 3, 4, 8, 16)}
     head = render_attention(w[0], labels, labels, "head 0")
-    # one head of a short item may be narrower than the heading and legend; from then on each
-    # head adds its width, up to four
-    assert layers[1].shape[1] <= layers[2].shape[1] < layers[3].shape[1] < layers[4].shape[1]
-    assert layers[4].shape[1] >= 4 * head.shape[1] and layers[4].shape[0] == layers[1].shape[0]
-    for n in (8, 16):  # at most 4 to a row, and the rest below
-        assert layers[n].shape[1] == layers[4].shape[1] and layers[n].dtype == np.uint8
-        assert layers[n].shape[0] >= (n // 4) * head.shape[0]
+    # one head of a short item may be narrower than the heading and legend; the second head adds
+    # its width: two to a row read at TensorBoard's card size, four do not
+    assert layers[1].shape[1] <= layers[2].shape[1] and layers[2].shape[1] >= 2 * head.shape[1]
+    assert layers[2].shape[0] == layers[1].shape[0]
+    for n in (3, 4, 8, 16):  # at most 2 to a row, and the rest below
+        assert layers[n].shape[1] == layers[2].shape[1] and layers[n].dtype == np.uint8
+        assert layers[n].shape[0] >= (n // 2) * head.shape[0]
 
 
 # ----------------------------------------------------------------------------- offset profiles

@@ -9,7 +9,12 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.heads.report import ROLES
-from microgpt.viz.tensorboard import TensorBoardLogger, read_metrics, sanitize_hparams
+from microgpt.viz.tensorboard import (
+    HPARAMS_SUMMARIES,
+    TensorBoardLogger,
+    read_metrics,
+    sanitize_hparams,
+)
 
 
 def load(path) -> EventAccumulator:
@@ -35,24 +40,29 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
     attention = [torch.softmax(torch.randn(H, T, T), dim=-1) for _ in range(L)]
     with closing(TensorBoardLogger(tmp_path)) as tb:
         for step in (0, 10):
-            tb.scalars(step, {"loss/train": 2.1 - step / 100, "lr": torch.tensor(1e-3)})
+            tb.scalars(step, {"Loss/train": 2.1 - step / 100, "lr": torch.tensor(1e-3)})
+        tb.scalars(10, {"heads/induction_ablation_all": float("nan")})  # undefined: no chart
         tb.attention_maps(10, attention, labels)
         tb.samples(10, ["emma", "olivia (in train)", "zoe *new*"])
-        tb.hparams({"n_head": H, "lr": 1e-3, "dropout": None}, {"result/best_val_loss": 1.9}, 10)
+        tb.hparams({"n_head": H, "lr": 1e-3, "dropout": None}, {"best_val_loss": 1.9}, 10)
 
     files = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
     assert len(files) == len(list(tmp_path.iterdir())) == 2  # no subfolder
     assert files[0].startswith("events.out.tfevents.") and files[1] == "metrics.jsonl"
     acc = load(tmp_path)
     tags = acc.Tags()
-    assert {"loss/train", "lr", "result/best_val_loss"} <= set(tags["scalars"])
-    assert [e.step for e in acc.Scalars("loss/train")] == [0, 10]
+    assert set(tags["scalars"]) == {"Loss/train", "lr", "result/best_val_loss"}
+    assert [e.step for e in acc.Scalars("Loss/train")] == [0, 10]
     assert acc.Scalars("result/best_val_loss")[0].value == pytest.approx(1.9)
+    assert "heads/induction_ablation_all" not in read_metrics(tmp_path / "metrics.jsonl")[2]
+    # the final figures also as a table in the Text tab, in nats and bits
+    result = acc.Tensors("result")[0].tensor_proto.string_val[0].decode()
+    assert "| best val loss | 1.9000 | 2.7411 |" in result
     expected_images = {f"attention/layer{n}/head{h}" for n in range(L) for h in range(H)}
     expected_images |= {f"attention/layer{n}" for n in range(L)}
     assert set(tags["images"]) == expected_images
     head, layer = acc.Images("attention/layer0/head0")[0], acc.Images("attention/layer0")[0]
-    assert head.step == 10 and layer.width > H * head.width * 0.9
+    assert head.step == 10 and 2 * head.width < layer.width < 3 * head.width  # two heads a row
     text = acc.Tensors("samples")[0].tensor_proto.string_val[0].decode()
     assert "emma" in text and "olivia (in train)" in text and len(text.splitlines()) == 3
     hp = acc.PluginTagToContent("hparams")
@@ -62,7 +72,7 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
 def test_logger_purge_step_on_an_existing_folder(tmp_path):
     with closing(TensorBoardLogger(tmp_path)) as tb:
         for step in range(10):
-            tb.scalars(step, {"loss/train": 1.0})
+            tb.scalars(step, {"Loss/train": 1.0})
     # the first run's events a second older, as a resume in a later process finds them (within
     # one second TensorBoard orders the files by a process-wide counter, not by their age)
     (first,) = tmp_path.glob("events.out.tfevents.*")
@@ -71,8 +81,8 @@ def test_logger_purge_step_on_an_existing_folder(tmp_path):
     first.rename(first.with_name(".".join(parts)))
     with closing(TensorBoardLogger(tmp_path, purge_step=5)) as tb:  # resumed from step 5
         for step in range(5, 8):
-            tb.scalars(step, {"loss/train": 2.0})
-    points = [(e.step, e.value) for e in load(tmp_path).Scalars("loss/train")]
+            tb.scalars(step, {"Loss/train": 2.0})
+    points = [(e.step, e.value) for e in load(tmp_path).Scalars("Loss/train")]
     assert points == [(s, 1.0) for s in range(5)] + [(s, 2.0) for s in range(5, 8)]
 
 
@@ -101,13 +111,15 @@ def head_runs(tmp_path_factory):
 
 
 def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
+    # but the undefined: the rise with every induction head zeroed, where there is none
+    undefined = {"heads/induction_ablation_all"}
     tags = {
-        heads: {t for t in acc.Tags()["scalars"] if t.startswith("heads/")}
+        heads: {t for t in acc.Tags()["scalars"] if t.startswith("heads/")} - undefined
         for heads, (_, acc) in head_runs.items()
     }
     names = ("entropy_min", "entropy_mean", "entropy_max", "importance_max", "importance_sum")
     expected = {f"heads/layer{layer}/{name}" for layer in range(2) for name in names}
-    names = ("prunable", "prunable_fraction", "named", "gradient_vs_zero", "induction_ablation_all")
+    names = ("prunable", "prunable_fraction", "named", "gradient_vs_zero")
     expected |= {f"heads/{name}" for name in names} | {f"heads/role/{role}" for role in ROLES}
     names = ("induction", "duplicate", "copying", "induction_ablation")
     expected |= {f"heads/{name}_max" for name in names}
@@ -141,8 +153,10 @@ def test_head_summaries_are_hparams_metrics_and_charted_by_a_layout_of_the_runs_
         content = acc.PluginTagToContent("hparams")["_hparams_/experiment"]
         data = plugin_data_pb2.HParamsPluginData.FromString(content)
         metrics = {m.name.tag for m in data.experiment.metric_infos}
-        assert "result/best_val_loss" in metrics
-        assert {"heads/prunable", "heads/layer1/importance_max", "heads/role/previous"} <= metrics
+        # few columns, the losses first: on screen beside the two hparams
+        hparams = {h.name for h in data.experiment.hparam_infos}
+        assert hparams == {"heads", "params"}
+        assert metrics == {"result/best_val_loss", "result/test_loss", *HPARAMS_SUMMARIES}
         assert metrics <= set(scalars)  # the HParams tab reads each metric's value from a scalar
         events = acc.Tensors("custom_scalars__config__")
         assert len(events) == 1  # written once per run
@@ -169,8 +183,7 @@ def test_every_scalar_also_goes_to_metrics_jsonl(head_runs, tmp_path):
     lines = read_metrics(metrics)
     jsonl = {(t, d["step"]): v for d in lines for t, v in d.items() if t not in ("step", "time")}
     assert set(jsonl) == set(events) and len(events) > 50
-    # nan where a measure does not apply (heads/induction_ablation_all: no induction head)
-    assert all(jsonl[k] == pytest.approx(events[k], rel=1e-6, nan_ok=True) for k in events)
+    assert all(jsonl[k] == pytest.approx(events[k], rel=1e-6) for k in events)
     with open(metrics, "a") as f:
         f.write('{"step": 99, "loss/tra')  # killed mid-line
     assert read_metrics(metrics) == lines
