@@ -1,5 +1,6 @@
 """The microgpt tab of TensorBoard (microgpt/commands/tab): its routes called directly on a tiny
-sweep trained here, and the real page in headless Chromium against a real TensorBoard."""
+sweep trained here (the `lab` fixture, tests/commands/conftest.py); the page in a browser:
+test_tab_page.py."""
 
 from __future__ import annotations
 
@@ -7,12 +8,7 @@ import json
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from argparse import Namespace
 from pathlib import Path
 
@@ -22,31 +18,10 @@ from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
 from microgpt.checkpoint import checksum
-from microgpt.commands.heads import main as heads_main
 from microgpt.commands.tab import MicrogptPlugin
 from microgpt.commands.tab.attention import cached_model
-from microgpt.train.trainer import train
-from tests.conftest import REPO, TINY, compose_config, make_names
+from tests.conftest import REPO, make_names
 from tests.e2e.harness import changes, fingerprint
-
-PLAY = "ROMEO:\nThou art my lord and the king.\n\nJULIET:\nSo fair a night of love.\n" * 40
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory) -> Path:
-    """lab/sweep/heads=1 and heads=2 (names; heads=2 keeps step-N.pt and is analysed) and
-    lab/text/run (a text run): tiny runs, a few seconds in all."""
-    root = tmp_path_factory.mktemp("lab")
-    (root / "names.txt").write_text("\n".join(make_names()) + "\n")
-    (root / "play.txt").write_text(PLAY)
-    names = [*TINY, f"data.path={root / 'names.txt'}", "train.num_samples=0"]
-    train(compose_config([*names, "heads=1", f"out_dir='{root / 'sweep' / 'heads=1'}'"]))
-    heads2 = root / "sweep" / "heads=2"
-    train(compose_config([*names, "heads=2", "train.save_every=6", f"out_dir='{heads2}'"]))
-    assert heads_main([str(heads2), "--threads", "1"]) == 0
-    text = ["data.format=text", "model.block_size=16", f"data.path={root / 'play.txt'}"]
-    train(compose_config([*TINY, *text, "train.num_samples=0", f"out_dir={root / 'text' / 'run'}"]))
-    return root
 
 
 def routes(logdir: Path | str, spec: str | None = None) -> dict[str, Client]:
@@ -150,78 +125,6 @@ def test_a_model_is_loaded_once_and_again_once_its_checkpoint_is_rewritten(lab, 
     assert cached_model(best) is first
     os.utime(best, ns=(0, best.stat().st_mtime_ns + 10**9))  # rewritten: another time
     assert cached_model(best) is not first
-
-
-# ----------------------------------------------------------------------------- in a browser
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.fixture
-def tensorboard(lab):
-    """A real TensorBoard on the sweep (--logdir_spec: the tab reads it too), its URL."""
-    with socket.socket() as s:  # a free port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "tensorboard.main", "--logdir_spec", str(lab / "sweep")]
-    command += ["--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/data/plugins_listing", timeout=2) as r:
-                    listing = json.load(r)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"TensorBoard did not start: {server.stderr.read()}")
-                time.sleep(0.3)
-        if "microgpt" not in listing:
-            pytest.skip("the microgpt tab is not registered with TensorBoard: pip install -e .")
-        yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-
-
-def chromium(url: str, *args: str) -> str:
-    """Load `url` in headless Chromium; its stdout (the DOM with --dump-dom)."""
-    command = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    command += ["--virtual-time-budget=15000", "--window-size=1400,900", *args, url]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
-
-
-def panels(dom: str) -> dict[str, str]:
-    """{run: the HTML of its panel} from a dumped page."""
-    parts = re.split(r'<section class="mg-panel" data-run="', dom)[1:]
-    return {part.split('"', 1)[0]: part for part in parts}
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-def test_the_tab_in_a_browser_shows_one_panel_per_run_with_every_head(tensorboard):
-    page = f"{tensorboard}/data/plugin_entry.html?name=microgpt"
-    dom = chromium(f"{page}#input=kalo&q=1", "--dump-dom")
-    shown = panels(dom)
-    assert list(shown) == ["heads=1", "heads=2"], dom[-3000:]
-    for run, html in shown.items():
-        heads = int(run.split("=")[1])
-        assert f'data-heads="{heads}"' in html
-        assert html.count('<figure class="mg-head"') == heads  # 1 layer
-        queries = re.findall(
-            r'class="mg-label mg-query[^"]*" data-char="-?\d+"[^>]*>([^<]+)<', html
-        )
-        assert queries == ["&lt;s&gt;", "k", "a", "l", "o"] * heads
-        # q=1 pins the query "a": its row is highlighted and each head says where it looks
-        assert html.count('class="mg-label mg-query mg-on" data-char="1"') == heads
-        assert len(re.findall(r'<div class="mg-looks">a→', html)) == heads
-    unanalysed = '<div class="mg-role mg-unanalysed">not analysed</div>'
-    assert shown["heads=1"].count(unanalysed) == 1 and unanalysed not in shown["heads=2"]
-    errors = panels(chromium(f"{page}#input=Kalo!", "--dump-dom"))
-    assert all(f"{run}: {UNKNOWN}" in html for run, html in errors.items())
 
 
 # ----------------------------------------------------------------------------- one bad run
