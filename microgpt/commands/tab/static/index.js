@@ -218,10 +218,9 @@ function emptyPanel(run) {
   } else if (run.checkpoints.length === 1) {
     header.appendChild(el("span", "mg-checkpoint-name", run.checkpoints[0]));
   }
-  panel.appendChild(header);
+  panel.append(header, el("div", "mg-meta"));
   const steps = stepCheckpoints(run);
   if (steps.length > 1) panel.appendChild(slider(run, steps, choose));
-  panel.appendChild(el("div", "mg-meta"));
   panel.appendChild(el("div", "mg-loss"));
   panel.appendChild(el("div", "mg-body", "loading..."));
   return panel;
@@ -558,6 +557,8 @@ function closeLarge() {
 // that follows with its probability and loss. A click pins the position.
 function predictions(result) {
   const strip = el("div", "mg-predictions");
+  // a long input scrolls inside the panel, as wide as its heads
+  strip.classList.toggle("mg-scrolls", result.tokens.length > 10);
   const names = el("div", "mg-position mg-row-names");
   for (const text of ["", "top 5", "", "", "", "", "next", "p", "loss"]) {
     names.appendChild(el("span", null, text));
