@@ -62,7 +62,8 @@ class Browser:
     def __init__(self, width: int = 1600, height: int = 1000):
         to_chrome, from_chrome = os.pipe(), os.pipe()
         # Chromium reads commands on fd 3 and writes on fd 4; high copies first, so dup2 is safe
-        theirs = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (to_chrome[0], from_chrome[1])]
+        ends = (to_chrome[0], from_chrome[1])
+        theirs = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in ends]
         self.profile = tempfile.mkdtemp(prefix="chromium-")
         command = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
         command += ["--remote-debugging-pipe", f"--user-data-dir={self.profile}", "about:blank"]
@@ -73,12 +74,13 @@ class Browser:
             close_fds=False,  # only fds 3 and 4 are inheritable (PEP 446)
             preexec_fn=lambda: (os.dup2(theirs[0], 3), os.dup2(theirs[1], 4)),
         )
-        for fd in (*theirs, to_chrome[0], from_chrome[1]):
+        for fd in (*theirs, *ends):
             os.close(fd)
         self.writer, self.reader = os.fdopen(to_chrome[1], "wb"), os.fdopen(from_chrome[0], "rb")
         self.buffer, self.last_id, self.session = b"", 0, None
         target = self.send("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        attached = self.send("Target.attachToTarget", targetId=target, flatten=True)
+        self.session = attached["sessionId"]
         self.size(width, height)
 
     def send(self, method: str, **params) -> dict:
@@ -168,7 +170,7 @@ def tensorboard(logdir_spec: str) -> Iterator[str]:
                     raise RuntimeError(f"TensorBoard did not start: {server.stderr.read()}")
                 time.sleep(0.3)
         if "microgpt" not in listing:
-            raise RuntimeError("the microgpt tab is not registered with TensorBoard: pip install -e .")
+            raise RuntimeError("the microgpt tab is not registered in TensorBoard: pip install -e .")
         yield url
     finally:
         server.terminate()

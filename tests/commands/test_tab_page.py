@@ -21,9 +21,9 @@ from tests.conftest import REPO, TINY, compose_config
 
 REGISTERED = any(e.name == "microgpt" for e in entry_points(group="tensorboard_plugins"))
 pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)"),
     pytest.mark.skipif(not REGISTERED, reason="the microgpt tab is not registered: pip install -e ."),
-]  # fmt: skip
+]
 UNKNOWN = "input='Kalo!' has characters the vocabulary does not know: 'K', '!'"
 HEADS2 = "sweep/heads=2"
 
@@ -145,8 +145,9 @@ def test_the_attribution_bars_sum_to_the_logit_shown(server, browser):
     show(browser, server, "document.querySelector('.mg-part')", input="kalo", q="1", runs=HEADS2)
     waterfall = """(() => {
       const rows = [...document.querySelectorAll('.mg-part')];
-      const edge = (row, end) => { const box = row.querySelector('.mg-up, .mg-down')
-        .getBoundingClientRect(); return (end === (+row.dataset.value >= 0)) ? box.right : box.left; };
+      const edge = (row, end) => {
+        const box = row.querySelector('.mg-up, .mg-down').getBoundingClientRect();
+        return (end === (+row.dataset.value >= 0)) ? box.right : box.left; };
       const total = rows.pop();
       return {names: rows.map((r) => r.querySelector('.mg-part-name').textContent),
               values: rows.map((r) => +r.dataset.value),
