@@ -170,7 +170,7 @@ def tensorboard(logdir_spec: str) -> Iterator[str]:
                     raise RuntimeError(f"TensorBoard did not start: {server.stderr.read()}")
                 time.sleep(0.3)
         if "microgpt" not in listing:
-            raise RuntimeError("the microgpt tab is not registered in TensorBoard: pip install -e .")
+            raise RuntimeError("no microgpt tab in TensorBoard: pip install -e .")
         yield url
     finally:
         server.terminate()

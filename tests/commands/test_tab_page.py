@@ -22,7 +22,7 @@ from tests.conftest import REPO, TINY, compose_config
 REGISTERED = any(e.name == "microgpt" for e in entry_points(group="tensorboard_plugins"))
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)"),
-    pytest.mark.skipif(not REGISTERED, reason="the microgpt tab is not registered: pip install -e ."),
+    pytest.mark.skipif(not REGISTERED, reason="no microgpt tab: pip install -e ."),
 ]
 UNKNOWN = "input='Kalo!' has characters the vocabulary does not know: 'K', '!'"
 HEADS2 = "sweep/heads=2"
