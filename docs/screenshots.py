@@ -38,6 +38,7 @@ NAMES = {  # what each PNG shows
     "tensorboard_microgpt_text.png": "a text run on a line of a play, one head opened large",
     "tensorboard_microgpt_scalars.png": "the Scalars tab of the same sweep",
 }
+LINE = "Shall I compare thee to a summer's day?\nThou art more lovely"
 SONNET = """Shall I compare thee to a summer's day?
 Thou art more lovely and more temperate:
 Rough winds do shake the darling buds of May,
@@ -110,6 +111,8 @@ class Browser:
                   deviceScaleFactor=1, mobile=False)  # fmt: skip
 
     def open(self, url: str) -> None:
+        """Load `url` afresh (a URL that differs from the last in its "#..." alone too)."""
+        self.send("Page.navigate", url="about:blank")
         self.send("Page.navigate", url=url)
 
     def eval(self, expression: str):
@@ -120,15 +123,14 @@ class Browser:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def wait(self, condition: str, timeout: float = 30):
-        """The first truthy value of `condition`, evaluated every 50 ms; a TimeoutError after
+    def wait(self, condition: str, timeout: float = 30) -> None:
+        """Until the JavaScript `condition` holds (tried every 50 ms); a TimeoutError after
         `timeout` seconds."""
         deadline = time.monotonic() + timeout
-        while not (value := self.eval(condition)):
+        while not self.eval(f"!!({condition})"):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {timeout} s for {condition}")
             time.sleep(0.05)
-        return value
 
     def screenshot(self, path: Path) -> None:
         data = self.send("Page.captureScreenshot", format="png")["data"]
@@ -212,8 +214,8 @@ def train_sweep(root: Path, steps: int) -> str:
 # ----------------------------------------------------------------------------- the shots
 
 
-def shoot(url: str, out: Path) -> list[Path]:
-    """Every PNG of NAMES into `out`; their paths."""
+def shoot(url: str, out: Path, line: str) -> list[Path]:
+    """Every PNG of NAMES into `out` (`line`: the text run's input); their paths."""
     made = []
     with Browser(1600, 1000) as browser:
         # the tab as it opens, inside TensorBoard (its page is in an iframe)
@@ -230,13 +232,12 @@ def shoot(url: str, out: Path) -> list[Path]:
         browser.open(page(url, runs=run, q="2", **{f"off:{run}": "0.1"}))
         browser.wait(in_panels("true"))
         made.append(_shot(browser, out, "tensorboard_microgpt_hover.png"))
-        # a text run on a line of the sonnet, one head opened large
+        # a text run on a line, one head opened large
         text = [n for n in names if "heads=" not in n]
         if text:
-            line = "Shall I compare thee to a summer's day?\nThou art more lovely"
-            browser.open(page(url, runs=text[0], input=line, q="20"))
-            browser.wait(in_panels("true"))
-            browser.eval("document.querySelectorAll('.mg-open')[1].click()")
+            browser.open(page(url, runs=text[0], input=line, q=str(len(line) // 2)))
+            browser.wait(in_panels("document.querySelector('.mg-open')"), 60)
+            browser.eval("document.querySelector('.mg-open').click()")
             browser.wait("document.querySelector('.mg-large canvas')")
             made.append(_shot(browser, out, "tensorboard_microgpt_text.png"))
         browser.open(f"{url}/#scalars")
@@ -256,6 +257,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", help="a log dir (or spec) to shoot; else a sweep trained here")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="where the PNGs go")
     parser.add_argument("--steps", type=int, default=400, help="training steps of the runs")
+    parser.add_argument("--line", default=LINE, help="the text run's input")
     args = parser.parse_args(argv)
     if CHROMIUM is None:
         parser.error("chromium is not installed (apt-get install chromium)")
@@ -265,7 +267,7 @@ def main(argv=None) -> int:
         spec = args.sweep or train_sweep(Path(scratch), args.steps)
         trained = time.monotonic() - start
         with tensorboard(spec) as url:
-            for path in shoot(url, args.out):
+            for path in shoot(url, args.out, args.line):
                 print(f"{path}: {NAMES[path.name]}")
     print(f"trained in {trained:.0f} s, shot in {time.monotonic() - start - trained:.0f} s")
     return 0

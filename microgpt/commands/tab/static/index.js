@@ -608,7 +608,8 @@ function attribution(result) {
   }
   const at = result.tokens[parts.position];
   const title = el("div", "mg-attribution-title");
-  title.append(`logit of '${parts.target}' after '${at}' = `);
+  const target = parts.target === "<s>" ? "the end" : `'${parts.target}'`;
+  title.append(`logit of ${target} after '${at}' = `);
   title.appendChild(el("b", "mg-logit", parts.logit.toFixed(2)));
   const sort = el("button", "mg-sort", state.sort === "size" ? "in layer order" : "by size");
   sort.addEventListener("click", () => {
@@ -648,7 +649,7 @@ function attribution(result) {
     const track = el("span", "mg-track");
     const fill = track.appendChild(el("span", v >= 0 ? "mg-up" : "mg-down"));
     const [a, b] = [x(Math.min(start, start + v)), x(Math.max(start, start + v))];
-    Object.assign(fill.style, { left: `${a}%`, width: `${Math.max(b - a, 0.5)}%` });
+    Object.assign(fill.style, { left: `${a}%`, width: `${b - a}%` });
     track.appendChild(el("span", "mg-zero")).style.left = `${x(0)}%`;
     row.append(el("span", "mg-part-name", name), track, el("span", "mg-part-value", signed(v)));
     list.appendChild(row);
