@@ -3,10 +3,11 @@ Chromium (Debian's `chromium`) at 1600 px wide.
 
     python docs/screenshots.py                       # trains a small sweep first (~2 min, 1 core)
     python docs/screenshots.py --sweep multirun/DATE/TIME --out /tmp/shots
+    python docs/screenshots.py --keep /tmp/lab      # trains into /tmp/lab (a new folder), kept
 
 Without --sweep it trains, in a new temporary folder, names runs heads=1,2,4,8 (the small preset,
 a few hundred steps, step checkpoints, each analysed; heads=4 at every step checkpoint) and a text
-run on a short public-domain passage. It writes only the PNGs it owns (NAMES) into --out, and
+run (text, on a sonnet) in one log dir. It writes only the PNGs it owns (NAMES) into --out, and
 replaces only those: nothing else there is touched. The tests drive the page with `Browser` and
 `tensorboard` below.
 """
@@ -194,21 +195,19 @@ def in_panels(condition: str) -> str:
 # ----------------------------------------------------------------------------- the sweep
 
 
-def train_sweep(root: Path, steps: int) -> str:
-    """Names runs heads=1,2,4,8 and a text run under `root`, each analysed; the logdir spec."""
+def train_sweep(sweep: Path, steps: int) -> None:
+    """Names runs heads=1,2,4,8 (each analysed) and a text run (text) in the new folder `sweep`."""
     python = [sys.executable]
     common = [f"train.max_steps={steps}", f"train.eval_every={steps // 4}", "train.num_samples=0",
               f"train.save_every={steps // 8}", f"log.attn_every={steps // 2}"]  # fmt: skip
-    sweep = root / "sweep"
     run = lambda *args: subprocess.run([*python, *args], cwd=REPO, check=True)  # noqa: E731
     run("train.py", "-m", "heads=1,2,4,8", *common, f"hydra.sweep.dir={sweep}")
     for heads in (1, 2, 4, 8):
         more = ["--all-checkpoints"] if heads == 4 else []
         run("-m", "microgpt.heads", str(sweep / f"heads={heads}"), *more)
-    (root / "sonnet.txt").write_text(SONNET * 30)
-    text = ["data.format=text", f"data.path={root / 'sonnet.txt'}", "model.block_size=64"]
-    run("train.py", *text, *common, f"out_dir={root / 'text' / 'sonnet'}")
-    return f"{sweep},{root / 'text'}"
+    (sweep / "sonnet.txt").write_text(SONNET * 30)
+    text = ["data.format=text", f"data.path={sweep / 'sonnet.txt'}", "model.block_size=64"]
+    run("train.py", *text, *common, f"out_dir={sweep / 'text'}")
 
 
 # ----------------------------------------------------------------------------- the shots
@@ -222,6 +221,10 @@ def shoot(url: str, out: Path, line: str) -> list[Path]:
         browser.open(f"{url}/#microgpt")
         frame = "document.querySelector('iframe')?.contentDocument"
         browser.wait(f"{frame}?.querySelectorAll('.mg-panel .mg-head').length > 0", 60)
+        # the names runs alone: a text run would show that it cannot read a name
+        choices = f"[...{frame}.querySelectorAll('.mg-run-choice')]"
+        browser.eval(f"{choices}.filter((c) => !c.textContent.includes('heads='))"
+                     ".forEach((c) => c.firstChild.click())")  # fmt: skip
         time.sleep(1)
         made.append(_shot(browser, out, "tensorboard_microgpt_tab.png"))
         # a head switched off and a character pinned, on the page alone
@@ -255,16 +258,21 @@ def _shot(browser: Browser, out: Path, name: str) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", help="a log dir (or spec) to shoot; else a sweep trained here")
+    parser.add_argument("--keep", type=Path, help="a new folder to train the sweep into, kept")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="where the PNGs go")
     parser.add_argument("--steps", type=int, default=400, help="training steps of the runs")
     parser.add_argument("--line", default=LINE, help="the text run's input")
     args = parser.parse_args(argv)
     if CHROMIUM is None:
         parser.error("chromium is not installed (apt-get install chromium)")
+    if args.keep and args.keep.exists():
+        parser.error(f"--keep {args.keep} exists: give a new folder")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="microgpt-shots-") as scratch:
         start = time.monotonic()
-        spec = args.sweep or train_sweep(Path(scratch), args.steps)
+        spec = args.sweep or str(args.keep or Path(scratch) / "sweep")
+        if not args.sweep:
+            train_sweep(Path(spec), args.steps)
         trained = time.monotonic() - start
         with tensorboard(spec) as url:
             for path in shoot(url, args.out, args.line):

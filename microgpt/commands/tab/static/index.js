@@ -314,7 +314,11 @@ function showResult(run, panel, result) {
   if (panel.mapsKey !== key) {
     panel.mapsKey = key;
     const layers = result.layers.map((heads, layer) => layerRow(run, result, heads, layer));
-    body.replaceChildren(...layers, predictions(result), el("div", "mg-attribution"));
+    const side = el("div", "mg-side");
+    side.append(predictions(result), el("div", "mg-attribution"));
+    const maps = el("div", "mg-maps");
+    maps.append(...layers);
+    body.replaceChildren(maps, side);
   }
   for (const figure of body.querySelectorAll(".mg-head")) updateHead(figure, result);
   body.querySelectorAll(".mg-position").forEach((column) => {
@@ -354,7 +358,8 @@ function headFigure(run, result, weights, layer, head) {
   figure.dataset.layer = layer;
   figure.dataset.head = head;
   const caption = el("figcaption", "mg-caption");
-  const name = el("div", "mg-head-name", `L${layer} H${head}`);
+  const name = el("div", "mg-head-name");
+  name.appendChild(el("span", "mg-head-id", `L${layer} H${head}`));
   const large = el("button", "mg-open", "⤢");
   large.title = "open this head large";
   large.addEventListener("click", (event) => {
@@ -420,8 +425,9 @@ function charOf(result, token) {
   return result.boundary ? token - 1 : token;
 }
 
+// A map's cell: labels while they stay readable (cell >= 10 px), a thumbnail beyond
 function cellSize(T) {
-  return T <= 10 ? 12 : Math.max(1, Math.floor(130 / T));
+  return T <= 12 ? 12 : T <= 20 ? 10 : Math.max(1, Math.floor(200 / T));
 }
 
 // A head's map: the key characters across the top, the query characters down the side (labels
@@ -429,7 +435,7 @@ function cellSize(T) {
 // a long input stays quick to draw).
 function heatmap(result, weights, cell) {
   const T = result.tokens.length;
-  const labelled = cell >= 7;
+  const labelled = cell >= 10;
   const map = el("div", "mg-map");
   map.style.setProperty("--cell", `${cell}px`);
   map.style.gridTemplateColumns = `${labelled ? cell : 0}px repeat(${T}, ${cell}px)`;
@@ -570,13 +576,12 @@ function predictions(result) {
     column.appendChild(el("span", "mg-at", result.tokens[t]));
     for (let i = 0; i < 5; i++) {
       const [label, p] = guess.top[i] || ["", 0];
-      const cell = el("span", "mg-top", `${label} ${p.toFixed(2).replace(/^0/, "")}`);
+      const cell = el("span", "mg-top", `${shown(label)} ${p.toFixed(2).replace(/^0/, "")}`);
       cell.style.setProperty("--p", `${100 * p}%`);
       cell.classList.toggle("mg-hit", label === guess.next);
       column.appendChild(cell);
     }
-    const next = guess.next === "<s>" ? "end" : guess.next;
-    column.appendChild(el("span", "mg-next", next ?? "–"));
+    column.appendChild(el("span", "mg-next", guess.next === null ? "–" : shown(guess.next)));
     column.appendChild(el("span", "mg-p", guess.p == null ? "" : guess.p.toFixed(2)));
     const loss = column.appendChild(el("span", "mg-token-loss"));
     if (guess.loss != null) {
@@ -588,6 +593,11 @@ function predictions(result) {
     strip.appendChild(column);
   });
   return strip;
+}
+
+// The boundary token, where a name's next character is predicted: the end of the name.
+function shown(label) {
+  return label === "<s>" ? "end" : label;
 }
 
 // ------------------------------------------------------------------------------ attribution
@@ -608,7 +618,7 @@ function attribution(result) {
   }
   const at = result.tokens[parts.position];
   const title = el("div", "mg-attribution-title");
-  const target = parts.target === "<s>" ? "the end" : `'${parts.target}'`;
+  const target = parts.target === "<s>" ? "the end" : `'${parts.target}'`; // of the name
   title.append(`logit of ${target} after '${at}' = `);
   title.appendChild(el("b", "mg-logit", parts.logit.toFixed(2)));
   const sort = el("button", "mg-sort", state.sort === "size" ? "in layer order" : "by size");
