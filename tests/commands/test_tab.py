@@ -62,7 +62,8 @@ def test_runs_lists_each_job_by_its_folder_with_its_checkpoints(lab):
     assert runs["heads=1"]["checkpoints"] == ["best.pt", "last.pt"]
     steps = ["step-000006.pt", "step-000012.pt"]
     assert runs["heads=2"]["checkpoints"] == ["best.pt", "last.pt", *steps]
-    assert runs["heads=1"]["analysed"] == [] and runs["heads=2"]["analysed"] == ["best.pt"]
+    assert runs["heads=1"]["analysed"] == []
+    assert runs["heads=2"]["analysed"] == ["best.pt", "step-000006.pt"]
     assert body["example"] in make_names()  # the first validation name: an input to start with
 
 
@@ -81,9 +82,11 @@ def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
     assert two["analysis"] == "heads-best.json"
     for row, weights in enumerate(two["layers"][0][1]):  # causal rows that sum to 1
         assert all(w == 0 for w in weights[row + 1 :]) and abs(sum(weights) - 1) < 0.01
+    status, late = attention(client, run="heads=2", checkpoint="step-000012.pt", input="kalo")
+    assert status == 200 and late["step"] == 12 and late["heads"] == [[None, None]]
     status, early = attention(client, run="heads=2", checkpoint="step-000006.pt", input="kalo")
-    assert status == 200 and early["step"] == 6 and early["heads"] == [[None, None]]
-    assert early["layers"] != two["layers"]
+    assert status == 200 and early["step"] == 6 and early["analysis"] == "heads-step-000006.json"
+    assert early["layers"] != late["layers"]
 
 
 def test_names_and_text_runs_side_by_side_each_get_their_own_boundary(lab):
