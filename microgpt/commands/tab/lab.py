@@ -39,9 +39,10 @@ def parse_off(text: str, n_layer: int, n_head: int) -> list[tuple[int, int]]:
         layer, _, head = part.partition(".")
         ok = layer.isdigit() and head.isdigit()
         if not ok or int(layer) >= n_layer or int(head) >= n_head:
+            span = lambda n: "0" if n == 1 else f"0 to {n - 1}"  # noqa: E731
             raise LabError(
                 f"off={text!r}: {part!r} is not a head of this run; give layer.head, "
-                f"comma-separated, layer 0 to {n_layer - 1} and head 0 to {n_head - 1} (as 0.1)"
+                f"comma-separated (as 0.1,0.0), layer {span(n_layer)} and head {span(n_head)}"
             )
         if (int(layer), int(head)) not in heads:
             heads.append((int(layer), int(head)))
