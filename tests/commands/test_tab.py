@@ -22,7 +22,7 @@ from microgpt.checkpoint import Checkpoint, checksum
 from microgpt.commands.heads import analysis_rows
 from microgpt.commands.tab import MicrogptPlugin
 from microgpt.commands.tab import attention as tab_models
-from microgpt.commands.tab.attention import ModelCache, cached_model
+from microgpt.commands.tab.attention import ModelCache
 from microgpt.data.dataset import data_of_checkpoint
 from microgpt.heads.analyse import _first_pass, length_batches
 from microgpt.heads.circuits import ablated_losses, single_heads
@@ -63,7 +63,8 @@ def test_the_plugin_is_registered_shipped_and_active_only_where_runs_are(lab, tm
 
 
 def test_runs_lists_each_job_by_its_folder_with_its_checkpoints(lab):
-    body = json.loads(routes(lab / "sweep")["/runs"].get("/runs").get_data(as_text=True))
+    apps = routes(lab / "sweep")
+    body = json.loads(apps["/runs"].get("/runs").get_data(as_text=True))
     runs = {r["name"]: r for r in body["runs"]}
     assert list(runs) == ["heads=1", "heads=2"]
     assert runs["heads=1"]["checkpoints"] == ["best.pt", "last.pt"]
@@ -72,6 +73,10 @@ def test_runs_lists_each_job_by_its_folder_with_its_checkpoints(lab):
     assert runs["heads=1"]["analysed"] == []
     assert runs["heads=2"]["analysed"] == ["best.pt", "step-000006.pt"]
     assert body["example"] in make_names()  # the first validation name: an input to start with
+    assert runs["heads=2"]["steps"] == [None, None, 6, 12]  # best.pt, last.pt: not loaded yet
+    attention(apps["/attention"], run="heads=2", checkpoint="last.pt", input="ka")
+    runs = {r["name"]: r for r in json.loads(apps["/runs"].get("/runs").get_data())["runs"]}
+    assert runs["heads=2"]["steps"] == [None, 12, 6, 12]
 
 
 def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
@@ -141,10 +146,11 @@ def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
 def test_a_model_is_loaded_once_and_again_once_its_checkpoint_is_rewritten(lab, tmp_path):
     best = tmp_path / "best.pt"
     shutil.copyfile(lab / "sweep" / "heads=2" / "checkpoints" / "best.pt", best)
-    first = cached_model(best)
-    assert cached_model(best) is first
+    models = ModelCache()
+    first = models.get(best)
+    assert models.get(best) is first
     os.utime(best, ns=(0, best.stat().st_mtime_ns + 10**9))  # rewritten: another time
-    assert cached_model(best) is not first
+    assert models.get(best) is not first
 
 
 # ----------------------------------------------------------------------------- the head lab

@@ -1,6 +1,6 @@
 """What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory, and every
 head's attention of one run's checkpoint on a typed input, loaded lazily and safely onto the CPU
-into a bounded cache (cached_model). A user's mistake is an `InputError`, which the page shows."""
+into a bounded cache (ModelCache). A user's mistake is an `InputError`, which the page shows."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
 from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
-MAX_MODELS = 8  # models kept loaded at once
+MAX_MODELS = 32  # models kept loaded at once: the slider's checkpoints of a sweep
 MAX_BYTES = 512 * 2**20  # and their parameters' bytes at most (the last one loaded is kept)
 STEP = re.compile(r"step-(\d+)\.pt")
 
@@ -149,14 +149,6 @@ class ModelCache:
             return loaded
 
 
-MODELS = ModelCache()
-
-
-def cached_model(path: Path) -> Loaded:
-    """The model of checkpoint `path`, through the tab's cache (MODELS)."""
-    return MODELS.get(path)
-
-
 def read_analysis(path: Path) -> tuple[dict | None, str | None]:
     """(the head analysis at `path`, None) if it can be read; (None, why not) if it is there but
     is not one (a FIFO, not JSON, another shape); (None, None) if there is none."""
@@ -202,6 +194,7 @@ class RunStore:
 
     def __init__(self, roots: dict[str, Path]):
         self.roots = roots  # {} when TensorBoard was started without --logdir: no runs
+        self.models = ModelCache()
 
     def runs(self) -> list[dict]:
         """Every run: its name, its checkpoints (the default first), their steps (None: a best.pt
@@ -211,7 +204,7 @@ class RunStore:
         for name, run in runs_under(self.roots).items():
             try:
                 checkpoints = checkpoints_of(run)
-                loaded = [MODELS.get(run.checkpoints / c, load=False) for c in checkpoints]
+                loaded = [self.models.get(run.checkpoints / c, load=False) for c in checkpoints]
                 steps = [step_of(c, model) for c, model in zip(checkpoints, loaded)]
                 analysed = [c for c in checkpoints if run.analysis(c).is_file()]
                 out.append({"name": name, "checkpoints": checkpoints, "steps": steps,
@@ -228,7 +221,7 @@ class RunStore:
             with contextlib.suppress(InputError, OSError):  # an unreadable folder: the next run
                 default = run.default_checkpoint()  # None: no checkpoint yet
                 if default is not None and inside(run.path, default):
-                    if example := cached_model(default).example:
+                    if example := self.models.get(default).example:
                         return example
         return None
 
@@ -266,7 +259,7 @@ class RunStore:
         if not inside(run.path, run.checkpoints / checkpoint):
             raise InputError(f"{name}: {checkpoint} leads out of the run's folder; not read")
         try:
-            loaded = cached_model(run.checkpoints / checkpoint)
+            loaded = self.models.get(run.checkpoints / checkpoint)
         except InputError as e:
             raise InputError(f"{name}: {e}") from None
         config = loaded.model.config
