@@ -671,8 +671,9 @@ function attribution(result) {
 
 // ------------------------------------------------------------------------------ the timeline
 
-// The validation loss over steps (a line), under it each head's score at each step checkpoint
-// (one row per head, darker = higher), and a line at the step shown; a click picks that step.
+// The validation loss over steps (a line; and the largest induction score, where the checkpoints
+// are analysed), under it each head's score at each step checkpoint (one row per head, darker =
+// higher), and a line at the step shown; a click picks that step.
 function drawTimeline(box, timeline, choose) {
   const svgNS = "http://www.w3.org/2000/svg";
   const svg = (tag, attrs) => {
@@ -698,6 +699,17 @@ function drawTimeline(box, timeline, choose) {
     chart.appendChild(svg("path", { d: path, class: "mg-val-line" }));
     const text = svg("text", { x: W - 4, y: 12, class: "mg-chart-label", "text-anchor": "end" });
     text.textContent = `val loss ${v0.toFixed(2)}–${v1.toFixed(2)}`;
+    chart.appendChild(text);
+  }
+  // the largest induction score of any head at each analysed checkpoint, on a 0-1 scale
+  const induction = points.filter((c) => c.induction);
+  if (induction.length) {
+    const top = (c) => Math.max(0, ...c.induction.flat().filter(Number.isFinite));
+    const y = (v) => lossH - 4 - (lossH - 8) * Math.min(1, v);
+    const path = induction.map((c, i) => `${i ? "L" : "M"}${x(c.step)},${y(top(c))}`).join("");
+    chart.appendChild(svg("path", { d: path, class: "mg-induction-line" }));
+    const text = svg("text", { x: W - 4, y: 24, class: "mg-chart-label mg-induction-label", "text-anchor": "end" });
+    text.textContent = `induction max ${top(induction[induction.length - 1]).toFixed(2)}`;
     chart.appendChild(text);
   }
   const width = Math.max(2, (W - 8) / Math.max(points.length, 1) - 1);
