@@ -30,10 +30,11 @@ HEADS2 = "sweep/heads=2"
 
 @pytest.fixture(scope="module")
 def server(lab, tmp_path_factory):
-    """A real TensorBoard on the lab's sweep, its text run and a heads=8 run (wide/heads=8)."""
+    """A real TensorBoard on the lab's sweep, its text run and a text run of 8 heads reading 32
+    characters (wide/heads=8)."""
     wide = tmp_path_factory.mktemp("wide")
-    names = [*TINY, f"data.path={lab / 'names.txt'}", "train.num_samples=0", "heads=8"]
-    train(compose_config([*names, f"out_dir='{wide / 'heads=8'}'"]))
+    text = ["data.format=text", "model.block_size=32", f"data.path={lab / 'play.txt'}", "heads=8"]
+    train(compose_config([*TINY, *text, "train.num_samples=0", f"out_dir='{wide / 'heads=8'}'"]))
     with tensorboard(f"sweep:{lab / 'sweep'},text:{lab / 'text'},wide:{wide}") as url:
         yield url
 
@@ -179,13 +180,14 @@ def test_the_attribution_bars_sum_to_the_logit_shown(server, browser):
 
 
 def test_a_heads_8_run_and_a_text_run_fit_1600_px_and_a_head_opens_large(server, browser):
-    show(browser, server, input="kalokalo")  # every run: names, heads=8, and the text run
+    show(browser, server, input="kalo")  # every run: names, text, and 8 heads
     assert "wide/heads=8" in panels(browser)
     assert browser.eval("document.documentElement.scrollWidth") <= 1600
-    line = "Thou art my lord"  # a text run reads its whole context (16)
-    show(browser, server, input=line, runs="text/run,wide/heads=8")
+    line = "Thou art my lord and the king.\n\n"  # the whole context of the 8 heads' run (32)
+    show(browser, server, input=line, runs="wide/heads=8")
+    assert not panels(browser)["wide/heads=8"].get("error")
     assert browser.eval("document.documentElement.scrollWidth") <= 1600
-    strip = "document.querySelector('[data-run=\"text/run\"] .mg-predictions')"
+    strip = "document.querySelector('.mg-predictions')"
     assert browser.eval(f"{strip}.scrollWidth > {strip}.clientWidth")  # it scrolls inside
     browser.eval("document.querySelector('.mg-open').click()")
     browser.wait("document.querySelector('.mg-large .mg-query')")  # labelled, large
