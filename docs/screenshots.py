@@ -36,7 +36,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NAMES = {  # what each PNG shows
     "tensorboard_microgpt_tab.png": "the tab on a names sweep, as it opens",
     "tensorboard_microgpt_hover.png": "a head switched off, a character pinned: its attribution",
-    "tensorboard_microgpt_text.png": "a text run on a line of a play, one head opened large",
+    "tensorboard_microgpt_text.png": "a text run on a line of text, one head opened large",
     "tensorboard_microgpt_scalars.png": "the Scalars tab of the same sweep",
 }
 LINE = "Shall I compare thee to a summer's day?\nThou art more lovely"
@@ -208,6 +208,7 @@ def train_sweep(sweep: Path, steps: int) -> None:
     (sweep / "sonnet.txt").write_text(SONNET * 30)
     text = ["data.format=text", f"data.path={sweep / 'sonnet.txt'}", "model.block_size=64"]
     run("train.py", *text, *common, f"out_dir={sweep / 'text'}")
+    run("-m", "microgpt.heads", str(sweep / "text"))
 
 
 # ----------------------------------------------------------------------------- the shots
@@ -216,7 +217,7 @@ def train_sweep(sweep: Path, steps: int) -> None:
 def shoot(url: str, out: Path, line: str) -> list[Path]:
     """Every PNG of NAMES into `out` (`line`: the text run's input); their paths."""
     made = []
-    with Browser(1600, 1000) as browser:
+    with Browser(1600, 1100) as browser:
         # the tab as it opens, inside TensorBoard (its page is in an iframe)
         browser.open(f"{url}/#microgpt")
         frame = "document.querySelector('iframe')?.contentDocument"

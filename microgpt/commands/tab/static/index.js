@@ -319,6 +319,10 @@ function showResult(run, panel, result) {
     const maps = el("div", "mg-maps");
     maps.append(...layers);
     body.replaceChildren(maps, side);
+    // the panel starts as wide as a row of its heads and grows into the room left on its line
+    // (the predictions and attribution beside the maps, or under them)
+    const figures = [...maps.querySelector(".mg-heads").children];
+    panel.style.flexBasis = `${figures.reduce((w, f) => w + parseFloat(f.style.width) + 8, 48)}px`;
   }
   for (const figure of body.querySelectorAll(".mg-head")) updateHead(figure, result);
   body.querySelectorAll(".mg-position").forEach((column) => {
@@ -562,9 +566,7 @@ function closeLarge() {
 // Per position: the character there, the model's 5 likeliest next characters, the character
 // that follows with its probability and loss. A click pins the position.
 function predictions(result) {
-  const strip = el("div", "mg-predictions");
-  // a long input scrolls inside the panel, as wide as its heads
-  strip.classList.toggle("mg-scrolls", result.tokens.length > 10);
+  const strip = el("div", "mg-predictions"); // as wide as the room it has, scrolling inside
   const names = el("div", "mg-position mg-row-names");
   for (const text of ["", "top 5", "", "", "", "", "next", "p", "loss"]) {
     names.appendChild(el("span", null, text));
