@@ -2,26 +2,44 @@
 
     python -m microgpt.heads outputs/<date>/<time>                     # its best.pt, else last.pt
     python -m microgpt.heads outputs/<date>/<time>/checkpoints/step-000500.pt
+    python -m microgpt.heads outputs/<date>/<time> --all-checkpoints   # each, one line each
 
 Prints a row per head on the checkpoint's validation split and writes the analysis beside it,
 named after the checkpoint (heads-best.json and .md, heads-step-000500.json, ...: runs.RunFolder).
+--all-checkpoints skips a checkpoint whose analysis was written after it.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import torch
 
 from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint
-from microgpt.data.dataset import data_of_checkpoint
+from microgpt.data.dataset import Data, data_of_checkpoint
 from microgpt.errors import UserError
 from microgpt.files import check_new_file, write_text
 from microgpt.heads.analyse import analyse
 from microgpt.heads.report import HeadReport
 from microgpt.system import DEVICES, check_threads, pick_device, set_threads
+
+
+def run_checkpoints(run: runs.RunFolder) -> list[Path]:
+    """`run`'s checkpoints: best.pt (the default), last.pt, then step-N.pt in step order."""
+    found = [p for p in (run.best, run.last) if p.is_file()]
+    return found + sorted(p for p in run.checkpoints.glob("step-*.pt") if p.is_file())
+
+
+def analysis_rows(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) (N, T): the first validation rows of `data` (a run's, data_of_checkpoint) holding
+    the format's number of targets, the rows its head analysis reads."""
+    val = data.datasets["val"]  # names, or windows of a text run
+    x, y = val.batch(torch.arange(len(val)))  # (N, T) each
+    keep = int(((y >= 0).sum(dim=1).cumsum(0) <= data.analysis_targets).sum().clamp(min=1))
+    return x[:keep], y[:keep]
 
 
 def analyse_checkpoint(
@@ -33,11 +51,7 @@ def analyse_checkpoint(
     ckpt = Checkpoint.load(ckpt_path)
     model, tokenizer = ckpt.build_model(device)
     data = data_of_checkpoint(ckpt, device)
-    val = data.datasets["val"]  # names, or windows of a text run
-    x, y = val.batch(torch.arange(len(val)))  # (N, T) each
-    # the first validation rows holding the format's number of targets
-    keep = int(((y >= 0).sum(dim=1).cumsum(0) <= data.analysis_targets).sum().clamp(min=1))
-    x, y = x[:keep], y[:keep]
+    x, y = analysis_rows(data)
     report = analyse(model, x, y, tokenizer, data.training_counts(), boundary=data.boundary)
     report.extra = {"checkpoint": str(ckpt_path), "step": ckpt.step}
     return report, run, ckpt_path
@@ -57,21 +71,39 @@ def _main(argv: list[str] | None) -> None:
     add("run", help="a run folder (outputs/<date>/<time>) or a checkpoint file")
     add("--device", default="cpu", choices=DEVICES, help="where to run the model (default: cpu)")
     add("--threads", default="auto", help="threads: auto (usable cores, or OMP_NUM_THREADS) or N")
+    add("--all-checkpoints", action="store_true", help="every checkpoint of the run, a line each")
     args = parser.parse_args(argv)
     threads = int(args.threads) if args.threads.isdigit() else args.threads
     check_threads(threads, "--threads")
     set_threads(threads)
     device = str(pick_device(args.device, UserError))
-    report, run, ckpt_path = analyse_checkpoint(args.run, device)
-    text = report.markdown()
-    print(text)
+    if not args.all_checkpoints:
+        report, run, ckpt_path = analyse_checkpoint(args.run, device)
+        print(report.markdown())
+        written = _write(report, run, ckpt_path)
+        return print(f"wrote {' and '.join(map(str, written))} ({report.seconds:.1f} s)")
+    run = runs.resolve(args.run)[0]
+    for ckpt_path in run_checkpoints(run):
+        done = run.analysis(ckpt_path)
+        if done.is_file() and done.stat().st_mtime_ns >= ckpt_path.stat().st_mtime_ns:
+            print(f"{ckpt_path.name}: {done.name} is up to date")
+            continue
+        report, _, _ = analyse_checkpoint(ckpt_path, device)
+        step, roles = report.extra["step"], Counter(r for row in report.roles for r in row)
+        heads = ", ".join(f"{n} {role}" for role, n in roles.most_common())
+        _write(report, run, ckpt_path)
+        print(f"{ckpt_path.name}: step {step}, loss {report.loss:.4f}, {heads} -> {done.name}")
+
+
+def _write(report: HeadReport, run: runs.RunFolder, ckpt_path: Path) -> tuple[Path, Path]:
+    """The analysis of `ckpt_path` into its run's folder, as JSON and markdown: their paths."""
     json_path, md_path = run.analysis(ckpt_path, ".json"), run.analysis(ckpt_path, ".md")
     for path, content in (
         (json_path, json.dumps(report.to_dict(), indent=1) + "\n"),
-        (md_path, f"# Heads of {ckpt_path}\n\n{text}\n"),
+        (md_path, f"# Heads of {ckpt_path}\n\n{report.markdown()}\n"),
     ):
         try:  # its own file in the run folder, replaced; never through a link out of the folder
             write_text(check_new_file(path, "the analysis", own=True), content)
         except OSError as e:  # a read-only run: the analysis above stands, its file is not written
             raise UserError(f"cannot write {path}: {e.strerror or e}") from None
-    print(f"wrote {json_path} and {md_path} ({report.seconds:.1f} s)")
+    return json_path, md_path

@@ -59,18 +59,38 @@ def scaled_heads(model, head_mask: Tensor):
 
 
 def replaced_heads(model, drop: Tensor, value: Tensor | None = None):
-    """While open, the heads drop (L, H) bool output `value` instead of their own: (L, H, hd) at
-    every position, or (L, H, T, hd) one per position (a batch of width T' <= T takes the first
-    T'); None: zero."""
+    """While open, the heads drop (L, H) bool (or (B, L, H): one set per row of the batch) output
+    `value` instead of their own: (L, H, hd) at every position, or (L, H, T, hd) one per position
+    (a batch of width T' <= T takes the first T'); None: zero."""
 
     def hook(layer: int, z: Tensor) -> Tensor:
         # z (B, T', H, hd); v broadcasts over it: 0, (H, hd) or (T', H, hd)
         v = z.new_zeros(()) if value is None else value[layer]
         if v.dim() == 3:  # (H, T, hd) -> (T', H, hd): the first T' positions
             v = v[:, : z.shape[1]].transpose(0, 1)
-        return torch.where(drop[layer, :, None].to(z.device), v.to(z), z)
+        # (H,) -> (H, 1), or (B, H) -> (B, 1, H, 1): over z's positions and channels
+        where = drop[layer, :, None] if drop.dim() == 2 else drop[:, layer, None, :, None]
+        return torch.where(where.to(z.device), v.to(z), z)
 
     return hooked_heads(model, hook)
+
+
+@torch.no_grad()
+def mean_outputs(model, batches) -> Tensor:
+    """(L, H, hd) each head's mean output z over every real position (y >= 0) of the batches: the
+    value of mean ablation, as the analysis computes it (float64 sums over batches)."""
+    c = model.config
+    sums, count, outputs = torch.zeros(c.n_layer, c.n_embd, dtype=torch.float64), 0, []
+    with hooked_heads(model, lambda layer, z: outputs.append(z)):
+        for x, y in batches:
+            outputs.clear()
+            model(x)
+            real = (y >= 0).to(outputs[0].dtype)[..., None]  # (B, T, 1)
+            for layer, z in enumerate(outputs):  # (B, T, H, hd) -> (B, T, C), real positions
+                z = z.reshape(*z.shape[:2], c.n_embd) * real
+                sums[layer] += z.sum(dim=0).double().sum(dim=0)  # over rows, then positions
+            count += int((y >= 0).sum())
+    return (sums / max(count, 1)).view(c.n_layer, c.n_head, c.head_dim).float()
 
 
 # ----------------------------------------------------------------------------- importance

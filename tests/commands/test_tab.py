@@ -1,18 +1,15 @@
 """The microgpt tab of TensorBoard (microgpt/commands/tab): its routes called directly on a tiny
-sweep trained here, and the real page in headless Chromium against a real TensorBoard."""
+sweep trained here (the `lab` fixture, tests/commands/conftest.py); the page in a browser:
+test_tab_page.py."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from argparse import Namespace
 from pathlib import Path
 
@@ -21,32 +18,17 @@ import torch
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
-from microgpt.checkpoint import checksum
-from microgpt.commands.heads import main as heads_main
+from microgpt.checkpoint import Checkpoint, checksum
+from microgpt.commands.heads import analysis_rows
 from microgpt.commands.tab import MicrogptPlugin
-from microgpt.commands.tab.attention import cached_model
-from microgpt.train.trainer import train
-from tests.conftest import REPO, TINY, compose_config, make_names
+from microgpt.commands.tab import attention as tab_models
+from microgpt.commands.tab.attention import ModelCache
+from microgpt.data.dataset import data_of_checkpoint
+from microgpt.heads.analyse import _first_pass, length_batches
+from microgpt.heads.circuits import ablated_losses, single_heads
+from microgpt.heads.roles import class_members
+from tests.conftest import REPO, make_names
 from tests.e2e.harness import changes, fingerprint
-
-PLAY = "ROMEO:\nThou art my lord and the king.\n\nJULIET:\nSo fair a night of love.\n" * 40
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory) -> Path:
-    """lab/sweep/heads=1 and heads=2 (names; heads=2 keeps step-N.pt and is analysed) and
-    lab/text/run (a text run): tiny runs, a few seconds in all."""
-    root = tmp_path_factory.mktemp("lab")
-    (root / "names.txt").write_text("\n".join(make_names()) + "\n")
-    (root / "play.txt").write_text(PLAY)
-    names = [*TINY, f"data.path={root / 'names.txt'}", "train.num_samples=0"]
-    train(compose_config([*names, "heads=1", f"out_dir='{root / 'sweep' / 'heads=1'}'"]))
-    heads2 = root / "sweep" / "heads=2"
-    train(compose_config([*names, "heads=2", "train.save_every=6", f"out_dir='{heads2}'"]))
-    assert heads_main([str(heads2), "--threads", "1"]) == 0
-    text = ["data.format=text", "model.block_size=16", f"data.path={root / 'play.txt'}"]
-    train(compose_config([*TINY, *text, "train.num_samples=0", f"out_dir={root / 'text' / 'run'}"]))
-    return root
 
 
 def routes(logdir: Path | str, spec: str | None = None) -> dict[str, Client]:
@@ -81,14 +63,20 @@ def test_the_plugin_is_registered_shipped_and_active_only_where_runs_are(lab, tm
 
 
 def test_runs_lists_each_job_by_its_folder_with_its_checkpoints(lab):
-    body = json.loads(routes(lab / "sweep")["/runs"].get("/runs").get_data(as_text=True))
+    apps = routes(lab / "sweep")
+    body = json.loads(apps["/runs"].get("/runs").get_data(as_text=True))
     runs = {r["name"]: r for r in body["runs"]}
     assert list(runs) == ["heads=1", "heads=2"]
     assert runs["heads=1"]["checkpoints"] == ["best.pt", "last.pt"]
     steps = ["step-000006.pt", "step-000012.pt"]
     assert runs["heads=2"]["checkpoints"] == ["best.pt", "last.pt", *steps]
-    assert runs["heads=1"]["analysed"] == [] and runs["heads=2"]["analysed"] == ["best.pt"]
+    assert runs["heads=1"]["analysed"] == []
+    assert runs["heads=2"]["analysed"] == ["best.pt", "step-000006.pt"]
     assert body["example"] in make_names()  # the first validation name: an input to start with
+    assert runs["heads=2"]["steps"] == [None, None, 6, 12]  # best.pt, last.pt: not loaded yet
+    attention(apps["/attention"], run="heads=2", checkpoint="last.pt", input="ka")
+    runs = {r["name"]: r for r in json.loads(apps["/runs"].get("/runs").get_data())["runs"]}
+    assert runs["heads=2"]["steps"] == [None, 12, 6, 12]
 
 
 def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
@@ -106,9 +94,11 @@ def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
     assert two["analysis"] == "heads-best.json"
     for row, weights in enumerate(two["layers"][0][1]):  # causal rows that sum to 1
         assert all(w == 0 for w in weights[row + 1 :]) and abs(sum(weights) - 1) < 0.01
+    status, late = attention(client, run="heads=2", checkpoint="step-000012.pt", input="kalo")
+    assert status == 200 and late["step"] == 12 and late["heads"] == [[None, None]]
     status, early = attention(client, run="heads=2", checkpoint="step-000006.pt", input="kalo")
-    assert status == 200 and early["step"] == 6 and early["heads"] == [[None, None]]
-    assert early["layers"] != two["layers"]
+    assert status == 200 and early["step"] == 6 and early["analysis"] == "heads-step-000006.json"
+    assert early["layers"] != late["layers"]
 
 
 def test_names_and_text_runs_side_by_side_each_get_their_own_boundary(lab):
@@ -127,6 +117,8 @@ def test_names_and_text_runs_side_by_side_each_get_their_own_boundary(lab):
 
 
 UNKNOWN = "input='Kalo!' has characters the vocabulary does not know: 'K', '!'"
+NO_HEAD = "%r is not a head of this run; give layer.head, comma-separated (as 0.1,0.0), layer 0 "
+NO_HEAD += "and head 0 to 1"
 LONG = f"input={'ka' * 20!r} has 40 characters but the model reads at most 8 after the boundary"
 
 
@@ -136,7 +128,15 @@ LONG = f"input={'ka' * 20!r} has 40 characters but the model reads at most 8 aft
      ({"run": "heads=1", "input": ""}, "type a name"),
      ({"run": "heads=9", "input": "ka"}, "no run 'heads=9'"),
      ({"run": "heads=1", "checkpoint": "../x.pt", "input": "ka"}, "no checkpoint '../x.pt'"),
-     ({"run": "heads=1", "input": "ka" * 20}, f"heads=1: {LONG} token; shorten it")],
+     ({"run": "heads=1", "input": "ka" * 20}, f"heads=1: {LONG} token; shorten it"),
+     ({"run": "heads=2", "input": "ka", "off": "9.9"}, f"heads=2: off='9.9': {NO_HEAD % '9.9'}"),
+     ({"run": "heads=2", "input": "ka", "off": "0.1,x"}, f"heads=2: off='0.1,x': {NO_HEAD % 'x'}"),
+     ({"run": "heads=2", "input": "ka", "off": "0.1,0.1,0.1"}, "off names 3 heads; the run has 2"),
+     ({"run": "heads=2", "input": "ka", "ablation": "max"},
+      "heads=2: ablation='max' is unknown; give zero or mean"),
+     ({"run": "heads=2", "input": "ka", "pin": "3"},
+      "heads=2: pin='3' is not a position of the input; give 0 to 2"),
+     ({"run": "heads=2", "input": "ka", "pin": "-1"}, "pin='-1' is not a position")],
 )  # fmt: skip
 def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
     status, body = attention(routes(lab / "sweep")["/attention"], **args)
@@ -146,82 +146,154 @@ def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
 def test_a_model_is_loaded_once_and_again_once_its_checkpoint_is_rewritten(lab, tmp_path):
     best = tmp_path / "best.pt"
     shutil.copyfile(lab / "sweep" / "heads=2" / "checkpoints" / "best.pt", best)
-    first = cached_model(best)
-    assert cached_model(best) is first
+    models = ModelCache()
+    first = models.get(best)
+    assert models.get(best) is first
     os.utime(best, ns=(0, best.stat().st_mtime_ns + 10**9))  # rewritten: another time
-    assert cached_model(best) is not first
+    assert models.get(best) is not first
 
 
-# ----------------------------------------------------------------------------- in a browser
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# ----------------------------------------------------------------------------- the head lab
 
 
-@pytest.fixture
-def tensorboard(lab):
-    """A real TensorBoard on the sweep (--logdir_spec: the tab reads it too), its URL."""
-    with socket.socket() as s:  # a free port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "tensorboard.main", "--logdir_spec", str(lab / "sweep")]
-    command += ["--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/data/plugins_listing", timeout=2) as r:
-                    listing = json.load(r)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"TensorBoard did not start: {server.stderr.read()}")
-                time.sleep(0.3)
-        if "microgpt" not in listing:
-            pytest.skip("the microgpt tab is not registered with TensorBoard: pip install -e .")
-        yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+def model_of(lab: Path, run: str = "heads=2", checkpoint: str = "best.pt"):
+    """The checkpoint's model, its tokenizer and its run's data, loaded here."""
+    ckpt = Checkpoint.load(lab / "sweep" / run / "checkpoints" / checkpoint)
+    model, tokenizer = ckpt.build_model()
+    return model.requires_grad_(False), tokenizer, data_of_checkpoint(ckpt)
 
 
-def chromium(url: str, *args: str) -> str:
-    """Load `url` in headless Chromium; its stdout (the DOM with --dump-dom)."""
-    command = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    command += ["--virtual-time-budget=15000", "--window-size=1400,900", *args, url]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
+def test_the_lab_gives_what_the_model_predicts_at_each_position(lab):
+    client = routes(lab)["/attention"]
+    status, body = attention(client, run="sweep/heads=2", input="kalo")
+    assert status == 200 and (body["off"], body["ablation"], body["pin"]) == ([], "zero", 4)
+    model, tokenizer, _ = model_of(lab)
+    probs = model(torch.tensor([[0, *tokenizer.encode("kalo")]]))[0][0].softmax(-1)  # (T, V)
+    shown = body["predictions"]
+    assert [p["next"] for p in shown] == ["k", "a", "l", "o", "<s>"]  # a name's end is predicted
+    for t, (p, target) in enumerate(zip(shown, tokenizer.encode("kalo") + [0])):
+        assert p["p"] == pytest.approx(float(probs[t, target]), abs=1e-4)
+        assert p["loss"] == pytest.approx(-math.log(probs[t, target]), abs=1e-3)
+        best = probs[t].topk(5)
+        assert p["top"] == [[tokenizer.labels([i])[0], pytest.approx(float(v), abs=1e-4)]
+                            for i, v in zip(best.indices, best.values)]  # fmt: skip
+    loss = -sum(math.log(probs[t, c]) for t, c in enumerate(tokenizer.encode("kalo") + [0])) / 5
+    assert body["loss"] == body["base_loss"] == pytest.approx(loss, abs=1e-4)
+    assert body["off_loss"] == []
+    assert attention(client, run="sweep/heads=2", input="kalo", off="0.1,0.1")[1]["off"] == [[0, 1]]
+    status, text = attention(client, run="text/run", input="Thou")  # its next is not known
+    assert status == 200 and [p["next"] for p in text["predictions"]] == ["h", "o", "u", None]
+    assert text["predictions"][-1]["p"] is None and text["attribution"] is None
+    mean = sum(p["loss"] for p in text["predictions"][:3]) / 3
+    assert text["loss"] == pytest.approx(mean, abs=1e-3)
 
 
-def panels(dom: str) -> dict[str, str]:
-    """{run: the HTML of its panel} from a dumped page."""
-    parts = re.split(r'<section class="mg-panel" data-run="', dom)[1:]
-    return {part.split('"', 1)[0]: part for part in parts}
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+def test_switching_heads_off_changes_the_loss_by_what_the_head_analysis_computes(lab, ablation):
+    """On a validation name: the route's losses are microgpt.heads' ablation losses (circuits),
+    a head replaced by its mean output as the analysis computes it."""
+    model, tokenizer, data = model_of(lab)
+    name, (x, y) = data.split.val[3], data.datasets["val"].batch(torch.tensor([3]))
+    means = None
+    if ablation == "mean":  # the analysis' own mean outputs, over the rows it reads
+        chars, counts = "".join(tokenizer.chars), data.training_counts()
+        rows = analysis_rows(data)
+        members = class_members(chars, model.config.vocab_size, counts)
+        means = _first_pass(model, length_batches(*rows), members, chars, rows[0].shape[1])[0]
+    drops = single_heads(model)  # (0, 0), (0, 1)
+    both = drops.any(dim=0)
+    expected = ablated_losses(model, [(x, y)], [(both, means), *((d, means) for d in drops)])
+    client = routes(lab / "sweep")["/attention"]
+    status, body = attention(client, run="heads=2", input=name, off="0.1,0.0", ablation=ablation)
+    assert status == 200 and body["off"] == [[0, 1], [0, 0]] and body["ablation"] == ablation
+    assert body["base_loss"] == pytest.approx(float(expected[0]), abs=1e-4)
+    assert body["loss"] == pytest.approx(float(expected[1]), abs=1e-4)
+    (h1, h1_rise), (h0, h0_rise) = ((r[:2], r[2]) for r in body["off_loss"])
+    assert h1 == [0, 1] and h1_rise == pytest.approx(float(expected[3] - expected[0]), abs=1e-4)
+    assert h0 == [0, 0] and h0_rise == pytest.approx(float(expected[2] - expected[0]), abs=1e-4)
+    assert body["loss"] != body["base_loss"]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-def test_the_tab_in_a_browser_shows_one_panel_per_run_with_every_head(tensorboard):
-    page = f"{tensorboard}/data/plugin_entry.html?name=microgpt"
-    dom = chromium(f"{page}#input=kalo&q=1", "--dump-dom")
-    shown = panels(dom)
-    assert list(shown) == ["heads=1", "heads=2"], dom[-3000:]
-    for run, html in shown.items():
-        heads = int(run.split("=")[1])
-        assert f'data-heads="{heads}"' in html
-        assert html.count('<figure class="mg-head"') == heads  # 1 layer
-        queries = re.findall(
-            r'class="mg-label mg-query[^"]*" data-char="-?\d+"[^>]*>([^<]+)<', html
-        )
-        assert queries == ["&lt;s&gt;", "k", "a", "l", "o"] * heads
-        # q=1 pins the query "a": its row is highlighted and each head says where it looks
-        assert html.count('class="mg-label mg-query mg-on" data-char="1"') == heads
-        assert len(re.findall(r'<div class="mg-looks">a→', html)) == heads
-    unanalysed = '<div class="mg-role mg-unanalysed">not analysed</div>'
-    assert shown["heads=1"].count(unanalysed) == 1 and unanalysed not in shown["heads=2"]
-    errors = panels(chromium(f"{page}#input=Kalo!", "--dump-dom"))
-    assert all(f"{run}: {UNKNOWN}" in html for run, html in errors.items())
+def test_the_attribution_adds_up_to_the_logit_and_each_head_gets_a_reading(lab):
+    client = routes(lab / "sweep")["/attention"]
+    model, tokenizer, _ = model_of(lab)
+    logits = model(torch.tensor([[0, *tokenizer.encode("kalo")]]))[0][0]  # (T, V)
+    for pin, off in [(None, ""), ("2", "0.1")]:
+        status, body = attention(client, run="heads=2", input="kalo", pin=pin, off=off)
+        parts, where = body["attribution"], body["pin"]
+        assert status == 200 and parts["position"] == where == (4 if pin is None else 2)
+        assert parts["target"] == body["predictions"][where]["next"]
+        total = parts["embed"] + sum(map(sum, parts["heads"])) + sum(parts["mlps"]) + parts["rest"]
+        assert total == pytest.approx(parts["logit"], abs=1e-4)
+        if not off:  # the logit of the model's own pass
+            target = tokenizer.encode(parts["target"])[0] if parts["target"] != "<s>" else 0
+            assert parts["logit"] == pytest.approx(float(logits[where, target]), abs=1e-4)
+    assert parts["heads"][0][1] == 0  # switched off
+    line = re.compile(
+        r"L0H0 looks (at its own|\d back at) '(<s>|[a-z])' and adds [+-]\d+\.\d\d to 'l'"
+    )
+    assert line.fullmatch(body["reading"][0][0]) and body["reading"][0][1] == "L0H1 is off"
+    assert body["layers"] == attention(client, run="heads=2", input="kalo")[1]["layers"]
+
+
+def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
+    client = routes(lab / "sweep")["/timeline"]
+    body = json.loads(client.get("/timeline", query_string={"run": "heads=2"}).get_data())
+    metrics = [json.loads(line) for line in (lab / "sweep" / "heads=2" / "metrics.jsonl").open()]
+    assert body["val"] == [[m["step"], m["loss/val"]] for m in metrics if "loss/val" in m]
+    assert [step for step, _ in body["val"]] == [6, 12]
+    early, late = body["checkpoints"]
+    assert (early["checkpoint"], early["step"], late["step"]) == ("step-000006.pt", 6, 12)
+    report = json.loads((lab / "sweep" / "heads=2" / "heads-step-000006.json").read_text())
+    assert early["roles"] == [[row["role"] for row in report["heads"]]]
+    assert early["scores"] == [[row["score"] for row in report["heads"]]]
+    assert early["induction"] == [[row["induction"] for row in report["heads"]]]
+    assert late["scores"] is late["roles"] is late["induction"] is None  # not analysed
+    response = client.get("/timeline", query_string={"run": "heads=7"})
+    assert response.status_code == 400 and "no run 'heads=7'" in response.get_data(as_text=True)
+
+
+def test_a_run_or_checkpoint_reached_through_a_link_leading_out_is_refused(lab, tmp_path):
+    logdir, outside = tmp_path / "logdir", tmp_path / "outside"
+    shutil.copytree(lab / "sweep" / "heads=1", outside / "heads=1")
+    shutil.copytree(lab / "sweep" / "heads=2", logdir / "heads=2")
+    (logdir / "linked").symlink_to(outside / "heads=1")  # a whole run out of the log dir
+    best = logdir / "heads=2" / "checkpoints" / "best.pt"
+    best.unlink()
+    best.symlink_to(outside / "heads=1" / "checkpoints" / "best.pt")
+    (logdir / "heads=2" / "heads-step-000006.json").unlink()
+    (logdir / "heads=2" / "heads-step-000006.json").symlink_to(outside / "x.json")
+    apps = routes(logdir)
+    body = json.loads(apps["/runs"].get("/runs").get_data())
+    assert [r["name"] for r in body["runs"]] == ["heads=2"]
+    assert "no run 'linked'" in attention(apps["/attention"], run="linked", input="ka")[1]["error"]
+    status, body = attention(apps["/attention"], run="heads=2", input="ka")
+    assert status == 400 and body["error"] == (
+        "heads=2: best.pt leads out of the run's folder; not read"
+    )
+    args = {"run": "heads=2", "checkpoint": "step-000006.pt", "input": "ka"}
+    status, body = attention(apps["/attention"], **args)
+    assert status == 200 and "leads out of the run's folder" in body["analysis"]
+
+
+def test_the_model_cache_is_bounded_by_count_and_by_bytes(lab, tmp_path, monkeypatch):
+    best = lab / "sweep" / "heads=2" / "checkpoints" / "best.pt"
+    size = sum(t.numel() * t.element_size() for t in Checkpoint.load(best).model.values())
+    paths = [tmp_path / f"{n}.pt" for n in range(5)]
+    for path in paths:
+        shutil.copyfile(best, path)
+    cache = ModelCache()
+    kept = lambda: [n for n, p in enumerate(paths) if cache.get(p, load=False)]  # noqa: E731
+    monkeypatch.setattr(tab_models, "MAX_MODELS", 3)
+    for path in paths[:4]:
+        cache.get(path)
+    assert kept() == [1, 2, 3]  # the one used longest ago went
+    monkeypatch.setattr(tab_models, "MAX_BYTES", 2 * size)
+    cache.get(paths[4])
+    assert kept() == [3, 4]
+    monkeypatch.setattr(tab_models, "MAX_BYTES", size - 1)  # one model over the limit alone
+    cache.get(paths[0])
+    assert kept() == [0]  # served, and kept until the next
 
 
 # ----------------------------------------------------------------------------- one bad run

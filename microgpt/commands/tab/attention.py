@@ -1,28 +1,36 @@
 """What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory, and every
 head's attention of one run's checkpoint on a typed input, loaded lazily and safely onto the CPU
-into a bounded cache (cached_model). A user's mistake is an `InputError`, which the page shows."""
+into a bounded cache (ModelCache). A user's mistake is an `InputError`, which the page shows."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
-from dataclasses import dataclass
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
 
 from microgpt.checkpoint import Checkpoint, CheckpointError
-from microgpt.data.dataset import Data, DataError, checkpoint_format
+from microgpt.commands.heads import analysis_rows, run_checkpoints
+from microgpt.commands.tab.lab import LabError, lab, parse_ablation, parse_off, parse_pin
+from microgpt.data.dataset import Data, DataError, checkpoint_format, data_of_checkpoint
 from microgpt.files import read_regular
+from microgpt.heads.analyse import length_batches
+from microgpt.heads.circuits import mean_outputs
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
+from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
 
-MAX_MODELS = 8  # models kept loaded at once
-DIGITS = 3  # attention weights are sent rounded to this many decimals
+MAX_MODELS = 32  # models kept loaded at once: the slider's checkpoints of a sweep
+MAX_BYTES = 512 * 2**20  # and their parameters' bytes at most (the last one loaded is kept)
+STEP = re.compile(r"step-(\d+)\.pt")
 
 
 class InputError(ValueError):
@@ -38,6 +46,22 @@ class Loaded:
     format: type[Data]
     step: int
     example: str | None  # the first validation item, for a names run
+    checkpoint: Checkpoint  # its settings and split (the weights are in `model`), for `means`
+    lock: threading.RLock = field(default_factory=threading.RLock)  # one request at a time
+    _means: torch.Tensor | None = None
+
+    def means(self) -> torch.Tensor:
+        """(L, H, hd) each head's mean output over the run's validation split, computed once, as
+        the head analysis computes it (its rows, circuits.mean_outputs). A text run reads its text
+        file again, at the path its checkpoint holds (a request names no path)."""
+        with self.lock:
+            if self._means is None:
+                try:
+                    rows = analysis_rows(data_of_checkpoint(self.checkpoint))
+                except DataError as e:
+                    raise InputError(f"ablation=mean needs the validation split: {e}") from None
+                self._means = mean_outputs(self.model, length_batches(*rows))
+            return self._means
 
 
 def log_dirs(logdir: str | None, logdir_spec: str | None = None) -> dict[str, Path]:
@@ -51,46 +75,78 @@ def log_dirs(logdir: str | None, logdir_spec: str | None = None) -> dict[str, Pa
 
 def runs_under(roots: dict[str, Path]) -> dict[str, RunFolder]:
     """{name: run} for every run (runs.find_runs) under the log dirs, named by its path from its
-    log dir ("heads=2"; the run's own name when the log dir is the run), after the dir's group."""
+    log dir ("heads=2"; the run's own name when the log dir is the run), after the dir's group;
+    not a folder reached through a link leading out of its log dir."""
     found = {}
     for group, root in roots.items():
         with contextlib.suppress(RunFolderError, OSError):  # no runs there, or unreadable
             for run in find_runs(root):
-                found["/".join(filter(None, (group, run.name_under(root))))] = run
+                if inside(root, run.path):
+                    found["/".join(filter(None, (group, run.name_under(root))))] = run
     return found
+
+
+def inside(folder: Path, path: Path) -> bool:
+    """Whether `path`, its links followed, lies in `folder` (its links followed too)."""
+    return path.resolve().is_relative_to(folder.resolve())
 
 
 def checkpoints_of(run: RunFolder) -> list[str]:
     """`run`'s checkpoints: best.pt (the default), last.pt, then step-N.pt in step order."""
-    names = [p.name for p in (run.best, run.last) if p.is_file()]
-    names += sorted(p.name for p in run.checkpoints.glob("step-*.pt") if p.is_file())
-    return names
+    return [p.name for p in run_checkpoints(run)]
 
 
-@functools.lru_cache(maxsize=MAX_MODELS)  # thread-safe; the file's size and time in the key
-def load_model(path: Path, size: int, mtime_ns: int) -> Loaded:
-    """Load a checkpoint safely onto the CPU (cached_model: once per size and time); an InputError
-    saying what is wrong with it."""
+def step_of(name: str, loaded: Loaded | None) -> int | None:
+    """A checkpoint's step: from its name (step-000100.pt), else its model's, if loaded."""
+    match = STEP.fullmatch(name)
+    return int(match.group(1)) if match else loaded.step if loaded else None
+
+
+def load_model(path: Path) -> Loaded:
+    """Load a checkpoint safely onto the CPU; an InputError saying what is wrong with it."""
     try:
         ckpt = Checkpoint.load(path, map_location="cpu")
         model, tokenizer = ckpt.build_model("cpu")
+        ckpt.model = {}  # the weights live in the model now
         # the schema's split: lists of items (names), or a text's bounds (no "val")
         example = next(iter((ckpt.split or {}).get("val") or []), None)
-        return Loaded(model, tokenizer, checkpoint_format(ckpt), ckpt.step or 0, example)
+        return Loaded(model, tokenizer, checkpoint_format(ckpt), ckpt.step or 0, example, ckpt)
     except (CheckpointError, DataError) as e:
         raise InputError(str(e)) from None
     except Exception as e:  # anything else (a model that cannot be built): this run only
         raise InputError(f"{path} cannot be read ({type(e).__name__}: {e})") from None
 
 
-def cached_model(path: Path) -> Loaded:
-    """load_model, through a cache of the MAX_MODELS checkpoints used last; a checkpoint rewritten
-    since (another size or time) is loaded again."""
-    try:
-        stat = path.stat()
-    except OSError:
-        raise InputError(f"checkpoint {path} does not exist") from None
-    return load_model(path, stat.st_size, stat.st_mtime_ns)
+class ModelCache:
+    """The models of the checkpoints used last, at most MAX_MODELS of them and MAX_BYTES of
+    parameters (the one loaded last is kept whatever its size); a checkpoint rewritten since
+    (another size or time) is loaded again. Thread-safe: one load at a time."""
+
+    def __init__(self):
+        self.models: OrderedDict[tuple, tuple[Loaded, int]] = OrderedDict()  # key: (loaded, bytes)
+        self.lock = threading.Lock()
+
+    def get(self, path: Path, load: bool = True) -> Loaded | None:
+        """The model of checkpoint `path`, loaded if it is not here and `load` (else None)."""
+        try:
+            stat = path.stat()
+        except OSError:
+            raise InputError(f"checkpoint {path} does not exist") from None
+        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        with self.lock:
+            if key in self.models:
+                self.models.move_to_end(key)
+                return self.models[key][0]
+            if not load:
+                return None
+            loaded = load_model(path)
+            size = sum(t.numel() * t.element_size() for t in loaded.model.state_dict().values())
+            self.models[key] = (loaded, size)
+            while len(self.models) > 1 and (
+                len(self.models) > MAX_MODELS or sum(n for _, n in self.models.values()) > MAX_BYTES
+            ):
+                self.models.popitem(last=False)  # the one used longest ago
+            return loaded
 
 
 def read_analysis(path: Path) -> tuple[dict | None, str | None]:
@@ -109,19 +165,21 @@ def read_analysis(path: Path) -> tuple[dict | None, str | None]:
 
 
 def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[dict | None]]:
-    """[layer][head] -> {"role", "score", "importance"} (a field of another type: None); None
-    without this model's analysis."""
+    """[layer][head] -> {"role", "score", "importance", "induction"} (a field of another type:
+    None); None without this model's analysis."""
     labels = [[None] * n_head for _ in range(n_layer)]
     if not analysis or (analysis.get("n_layer"), analysis.get("n_head")) != (n_layer, n_head):
         return labels
     for row in analysis["heads"]:
         layer, head = row.get("layer"), row.get("head")
-        if isinstance(layer, int) and isinstance(head, int) and layer < n_layer and head < n_head:
+        ints = isinstance(layer, int) and isinstance(head, int)
+        if ints and 0 <= layer < n_layer and 0 <= head < n_head:
             role = row.get("role")
             labels[layer][head] = {
                 "role": role if isinstance(role, str) else "?",
                 "score": _number(row.get("score")),
                 "importance": _number(row.get("zero_importance")),
+                "induction": _number(row.get("induction")),  # prefix matching on repeats
             }
     return labels
 
@@ -136,19 +194,25 @@ class RunStore:
 
     def __init__(self, roots: dict[str, Path]):
         self.roots = roots  # {} when TensorBoard was started without --logdir: no runs
+        self.models = ModelCache()
 
     def runs(self) -> list[dict]:
-        """Every run: its name, its checkpoints (the default first) and those analysed; a run
-        whose folder cannot be listed, with why."""
+        """Every run: its name, its checkpoints (the default first), their steps (None: a best.pt
+        or last.pt not loaded yet) and those analysed; a run whose folder cannot be listed, with
+        why."""
         out = []
         for name, run in runs_under(self.roots).items():
             try:
                 checkpoints = checkpoints_of(run)
+                loaded = [self.models.get(run.checkpoints / c, load=False) for c in checkpoints]
+                steps = [step_of(c, model) for c, model in zip(checkpoints, loaded)]
                 analysed = [c for c in checkpoints if run.analysis(c).is_file()]
-                out.append({"name": name, "checkpoints": checkpoints, "analysed": analysed})
-            except OSError as e:
-                error = f"{name} cannot be read: {e.strerror or e}"
-                out.append({"name": name, "checkpoints": [], "analysed": [], "error": error})
+                out.append({"name": name, "checkpoints": checkpoints, "steps": steps,
+                            "analysed": analysed})  # fmt: skip
+            except (OSError, InputError) as e:  # InputError: a checkpoint gone meanwhile
+                error = f"{name} cannot be read: {getattr(e, 'strerror', None) or e}"
+                out.append({"name": name, "checkpoints": [], "steps": [], "analysed": [],
+                            "error": error})  # fmt: skip
         return out
 
     def example(self) -> str | None:
@@ -156,18 +220,33 @@ class RunStore:
         for run in runs_under(self.roots).values():
             with contextlib.suppress(InputError, OSError):  # an unreadable folder: the next run
                 default = run.default_checkpoint()  # None: no checkpoint yet
-                if default is not None and (example := cached_model(default).example):
-                    return example
+                if default is not None and inside(run.path, default):
+                    if example := self.models.get(default).example:
+                        return example
         return None
 
-    @torch.no_grad()
-    def attention(self, name: str, checkpoint: str | None, text: str) -> dict:
-        """What one run's panel shows for `text`; an InputError the page shows instead."""
+    def run(self, name: str) -> RunFolder:
+        """The run called `name` (one of runs_under's); an InputError if there is none."""
         if not self.roots:
             raise InputError("TensorBoard was started without --logdir")
         run = runs_under(self.roots).get(name)
         if run is None:
             raise InputError(f"no run {name!r} under {', '.join(map(str, self.roots.values()))}")
+        return run
+
+    def attention(
+        self,
+        name: str,
+        checkpoint: str | None,
+        text: str,
+        off: str = "",
+        ablation: str | None = None,
+        pin: str | None = None,
+    ) -> dict:
+        """What one run's panel shows for `text` with the heads `off` ("0.1,1.3") switched off
+        by `ablation` (zero, mean), the attribution at position `pin` (default: the last); an
+        InputError the page shows instead."""
+        run = self.run(name)
         checkpoints = checkpoints_of(run)
         if not checkpoints:
             raise InputError(
@@ -177,8 +256,10 @@ class RunStore:
         checkpoint = checkpoint or checkpoints[0]
         if checkpoint not in checkpoints:
             raise InputError(f"{name} has no checkpoint {checkpoint!r}; it has {checkpoints}")
+        if not inside(run.path, run.checkpoints / checkpoint):
+            raise InputError(f"{name}: {checkpoint} leads out of the run's folder; not read")
         try:
-            loaded = cached_model(run.checkpoints / checkpoint)
+            loaded = self.models.get(run.checkpoints / checkpoint)
         except InputError as e:
             raise InputError(f"{name}: {e}") from None
         config = loaded.model.config
@@ -186,11 +267,16 @@ class RunStore:
             raise InputError(f"type {loaded.format.user_input} to see {name}'s heads at work")
         try:  # the format's input ids: after the boundary token as trained (<s>emma), but for text
             ids = loaded.format.input_ids(loaded.tokenizer, text, config.block_size, "input")
-        except DataError as e:  # unknown characters, or too many
+            heads = parse_off(off or "", config.n_layer, config.n_head)
+            ablation, pin = parse_ablation(ablation), parse_pin(pin, len(ids))
+        except (DataError, LabError) as e:  # unknown characters, or too many; a bad parameter
             raise InputError(f"{name}: {e}") from None
         # the head analysis (python -m microgpt.heads), where there is one that can be read
-        analysis, unreadable = read_analysis(run.analysis(checkpoint))
-        _, _, attention = loaded.model.forward_with_attention(torch.tensor([ids]))
+        analysis, unreadable = self._analysis(run, checkpoint)
+        with loaded.lock:  # the model's hooks are its own while a request runs
+            means = loaded.means() if ablation == "mean" and heads else None
+            labels, boundary = loaded.tokenizer.labels, loaded.format.boundary
+            shown = lab(loaded.model, labels, ids, boundary, heads, means, pin)
         return {
             "run": name,
             "checkpoint": checkpoint,
@@ -200,8 +286,49 @@ class RunStore:
             "n_layer": config.n_layer,
             "n_head": config.n_head,
             "tokens": loaded.tokenizer.labels(ids),
-            # [layer][head] -> (T, T) rows of weights, query by key
-            "layers": [att[0].double().round(decimals=DIGITS).tolist() for att in attention],
+            # "layers": [layer][head] -> (T, T) rows of weights, query by key (with `off`)
             "analysis": run.analysis(checkpoint).name if analysis else unreadable,
             "heads": head_labels(analysis, config.n_layer, config.n_head),
+            "off": [list(head) for head in heads],
+            "ablation": ablation,
+            "pin": pin,
+            **shown,
         }
+
+    def timeline(self, name: str) -> dict:
+        """The run's validation loss over training, and each step checkpoint with its heads'
+        scores and roles where it has been analysed (python -m microgpt.heads --all-checkpoints)."""
+        run = self.run(name)
+        val = []
+        metrics = run.path / METRICS_FILE
+        if metrics.is_file() and inside(run.path, metrics):
+            lines = read_metrics(metrics)
+            val = [[line["step"], line["loss/val"]] for line in lines if "loss/val" in line]
+        checkpoints = []
+        for checkpoint in checkpoints_of(run):
+            if (step := step_of(checkpoint, None)) is None:
+                continue  # best.pt, last.pt: the slider runs over the steps
+            analysis, _ = self._analysis(run, checkpoint)
+            checkpoints.append({"checkpoint": checkpoint, "step": step, **scores_of(analysis)})
+        return {"run": name, "val": val, "checkpoints": checkpoints}
+
+    @staticmethod
+    def _analysis(run: RunFolder, checkpoint: str) -> tuple[dict | None, str | None]:
+        """read_analysis of the checkpoint's analysis, unless it leads out of the run's folder."""
+        path = run.analysis(checkpoint)
+        if os.path.lexists(path) and not inside(run.path, path):
+            return None, f"{path.name} leads out of the run's folder; not read"
+        return read_analysis(path)
+
+
+def scores_of(analysis: dict | None) -> dict:
+    """{"scores", "roles", "induction" (the repeat test's prefix matching, where it ran)}: each
+    [layer][head] from a head analysis, None without one (or one of another shape)."""
+    shape = (analysis or {}).get("n_layer"), (analysis or {}).get("n_head")
+    if not all(isinstance(n, int) and 0 < n <= 4096 for n in shape):
+        return dict.fromkeys(("scores", "roles", "induction"))
+    labels = head_labels(analysis, *shape)
+    out = {k: [[label and label[k] for label in row] for row in labels] for k in ("score", "role")}
+    induction = [[label and label["induction"] for label in row] for row in labels]
+    ran = any(v is not None for row in induction for v in row)
+    return {"scores": out["score"], "roles": out["role"], "induction": induction if ran else None}

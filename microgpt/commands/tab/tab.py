@@ -1,9 +1,35 @@
 """The microgpt tab of TensorBoard (pyproject.toml's `tensorboard_plugins` entry point), shown when
-the log directory holds microgpt runs. Its routes, under http://HOST:PORT/data/plugin/microgpt/:
+the log directory holds microgpt runs. Its routes, under http://HOST:PORT/data/plugin/microgpt/,
+answer JSON, or 400 and {"error": message} (a message naming the parameter and the fix):
 
-    /index.js, /style.css                the page (static/: plain JavaScript and CSS, no build)
-    /runs                                {"runs": [{"name", "checkpoints", "analysed"}], "example"}
-    /attention?run=&checkpoint=&input=   RunStore.attention, or 400 and {"error": message}
+    /index.js, /style.css          the page (static/: plain JavaScript and CSS, no build)
+    /runs                          {"runs": [{"name", "checkpoints", "steps", "analysed"}],
+                                    "example"}: steps, one per checkpoint (null: a best.pt or
+                                    last.pt whose model is not loaded yet)
+    /attention?run=&checkpoint=&input=&off=&ablation=&pin=       RunStore.attention: one run's
+        model on the input, the heads `off` ("0.1,1.3": layer.head) switched off by `ablation`
+        ("zero", the default, or "mean": the head's mean output over the validation split), the
+        position `pin` (default: the last) attributed:
+        {"run", "checkpoint", "step", "format", "boundary", "n_layer", "n_head", "tokens",
+         "layers": [layer][head] (T, T) attention weights with the heads off,
+         "analysis", "heads": [layer][head] {"role", "score", "importance", "induction"} | null,
+         "off": [[L, H], ...], "ablation", "pin",
+         "predictions": per position {"top": [[label, p], ...5], "next": label | null,
+                                      "p": p of next | null, "loss": -ln p | null},
+         "loss": the mean over positions with a next character, with `off`; "base_loss": with no
+         head off; "off_loss": [[L, H, loss change with that head alone off], ...],
+         "attribution": null (no next character at pin) | {"position", "target", "logit",
+             "embed", "heads": [layer][head], "mlps": [layer], "rest"}: the parts add up to the
+             logit (microgpt/heads/attribution.py says how),
+         "reading": [layer][head] "L0H2 looks 1 back at 'h' and adds +1.30 to 'i'"}
+    /timeline?run=                 {"run", "val": [[step, validation loss], ...],
+                                    "checkpoints": [{"checkpoint", "step", "scores", "roles",
+                                    "induction"}]}: each step-N.pt in step order, its heads'
+                                    [layer][head] from its analysis (null: not analysed)
+
+Labels of tokens are the tokenizer's: "·" a space, "<s>" the boundary (a name's end). Only what
+lies under the log dirs is read: a run folder, checkpoint or analysis reached through a link
+leading out is refused.
 """
 
 from __future__ import annotations
@@ -39,7 +65,7 @@ class MicrogptPlugin(base_plugin.TBPlugin):
         )
 
     def get_plugin_apps(self) -> dict:
-        routes = {"/runs": self._runs, "/attention": self._attention}
+        routes = {"/runs": self._runs, "/attention": self._attention, "/timeline": self._timeline}
         return {**dict.fromkeys(FILES, self._static), **routes}
 
     @wrappers.Request.application
@@ -53,12 +79,26 @@ class MicrogptPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _attention(self, request):
-        run, checkpoint = request.args.get("run", ""), request.args.get("checkpoint") or None
-        try:
-            body = self.store.attention(run, checkpoint, request.args.get("input", ""))
-        except InputError as e:
-            return _json(request, {"error": str(e)}, code=400)
-        return _json(request, body)
+        a = request.args
+        run, checkpoint, text = a.get("run", ""), a.get("checkpoint") or None, a.get("input", "")
+        return _answer(
+            request,
+            lambda: self.store.attention(
+                run, checkpoint, text, a.get("off", ""), a.get("ablation"), a.get("pin")
+            ),
+        )
+
+    @wrappers.Request.application
+    def _timeline(self, request):
+        return _answer(request, lambda: self.store.timeline(request.args.get("run", "")))
+
+
+def _answer(request, body):
+    """body() as JSON, or its InputError as 400 and {"error": message}."""
+    try:
+        return _json(request, body())
+    except InputError as e:
+        return _json(request, {"error": str(e)}, code=400)
 
 
 def _json(request, body: dict, code: int = 200):

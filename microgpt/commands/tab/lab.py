@@ -1,0 +1,155 @@
+"""The head lab of the microgpt tab: one run's model on a typed input with some heads switched
+off, as JSON: what it predicts at each position and the loss, what each head adds to the pinned
+position's next character (microgpt.heads.attribution) and a line per head saying so.
+
+One batched forward pass answers a request: row 0 with the heads `off`, row 1 with none, then
+one row per head of `off` with that head alone off (its own loss change). Heads are switched off
+through the model's one hook point (circuits.replaced_heads): zeroed, or replaced by their mean
+output over the run's validation split (circuits.mean_outputs, on the head analysis' rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from microgpt.heads.attribution import attribute, traced
+from microgpt.heads.circuits import replaced_heads, token_losses
+from microgpt.tokenizer import BOUNDARY_ID
+
+ABLATIONS = ("zero", "mean")
+TOP = 5  # predictions shown per position
+DIGITS = 4  # probabilities and losses are sent rounded to this many decimals
+LOGIT_DIGITS = 6  # and the attribution's logits: their parts add up to 1e-4
+
+
+class LabError(ValueError):
+    """A parameter of the request that cannot be used; its message names it and the fix."""
+
+
+def parse_off(text: str, n_layer: int, n_head: int) -> list[tuple[int, int]]:
+    """ "0.1,1.3" -> [(0, 1), (1, 3)]: the heads to switch off, in order, each once."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if len(parts) > n_layer * n_head:
+        raise LabError(f"off names {len(parts)} heads; the run has {n_layer * n_head}")
+    heads = []
+    for part in parts:
+        layer, _, head = part.partition(".")
+        ok = layer.isdigit() and head.isdigit()
+        if not ok or int(layer) >= n_layer or int(head) >= n_head:
+            span = lambda n: "0" if n == 1 else f"0 to {n - 1}"  # noqa: E731
+            raise LabError(
+                f"off={text!r}: {part!r} is not a head of this run; give layer.head, "
+                f"comma-separated (as 0.1,0.0), layer {span(n_layer)} and head {span(n_head)}"
+            )
+        if (int(layer), int(head)) not in heads:
+            heads.append((int(layer), int(head)))
+    return heads
+
+
+def parse_pin(text: str | None, length: int) -> int:
+    """The pinned position: the last by default."""
+    if text is None or text == "":
+        return length - 1
+    if not text.lstrip("-").isdigit() or not 0 <= int(text) < length:
+        raise LabError(f"pin={text!r} is not a position of the input; give 0 to {length - 1}")
+    return int(text)
+
+
+def parse_ablation(text: str | None) -> str:
+    ablation = text or "zero"
+    if ablation not in ABLATIONS:
+        raise LabError(f"ablation={ablation!r} is unknown; give {' or '.join(ABLATIONS)}")
+    return ablation
+
+
+def next_ids(ids: list[int], boundary: bool) -> list[int]:
+    """The character that follows each position, -1 where none does: a name's last position is
+    followed by the end of the name (the boundary token), a text's by nothing known."""
+    return ids[1:] + [BOUNDARY_ID if boundary else -1]
+
+
+@torch.no_grad()
+def lab(model, labels, ids, boundary, off, means: Tensor | None, pin: int) -> dict:
+    """The lab's fields for input `ids` (attention "layers" included): `labels` turns ids into
+    the page's labels, `boundary`: the input is a name (its end is predicted), `off`: heads
+    (layer, head), `means` (L, H, hd): their value, None: zero."""
+    L, H = model.config.n_layer, model.config.n_head
+    rows = [off, []] + [[head] for head in off] if off else [[]]
+    drop = torch.zeros(len(rows), L, H, dtype=torch.bool)  # (B, L, H): each row's heads off
+    for row, heads in enumerate(rows):
+        for layer, head in heads:
+            drop[row, layer, head] = True
+    idx = torch.tensor([ids]).expand(len(rows), -1)  # (1, T) -> (B, T)
+    targets = torch.tensor([next_ids(ids, boundary)])  # (1, T)
+    with replaced_heads(model, drop, means):
+        run = traced(model, idx)
+    count = int((targets >= 0).sum())  # positions with a next character
+    sums = token_losses(run.logits, targets.expand_as(idx)).sum(dim=1).tolist()  # (B, T) -> (B,)
+
+    def mean(total: float) -> float | None:
+        return round(total / count, DIGITS) if count else None
+
+    shown = {
+        "layers": [att[0].double().round(decimals=3).tolist() for att in run.attention],
+        "predictions": predictions(run.logits[0], targets[0], labels),
+        "loss": mean(sums[0]),
+        "base_loss": mean(sums[1 if off else 0]),
+        # each head of `off` alone: its row's loss over row 1's (no head off)
+        "off_loss": [[layer, head, mean(x - sums[1])] for (layer, head), x in zip(off, sums[2:])],
+    }
+    target = int(targets[0, pin])
+    parts = attribute(model, run, 0, pin, target) if target >= 0 else None
+    shown["attribution"] = parts and {
+        "position": pin,
+        "target": labels([target])[0],
+        "logit": round(parts.logit, LOGIT_DIGITS),
+        "embed": round(parts.embed, LOGIT_DIGITS),
+        "heads": parts.heads.round(decimals=LOGIT_DIGITS).tolist(),
+        "mlps": parts.mlps.round(decimals=LOGIT_DIGITS).tolist(),
+        "rest": round(parts.rest, LOGIT_DIGITS),
+    }
+    shown["reading"] = readings(run.attention, ids, pin, labels, off, shown["attribution"])
+    return shown
+
+
+def predictions(logits: Tensor, targets: Tensor, labels) -> list[dict]:
+    """Per position of logits (T, V): the TOP likeliest next tokens, and the true next one's
+    probability and loss (None where there is none)."""
+    probs = logits.double().softmax(dim=-1)  # (T, V)
+    best = probs.topk(min(TOP, probs.shape[-1]), dim=-1)  # (T, TOP) each
+    out = []
+    for t, target in enumerate(targets.tolist()):
+        top = zip(labels(best.indices[t]), best.values[t].tolist())
+        p = float(probs[t, target]) if target >= 0 else None
+        out.append(
+            {
+                "top": [[label, round(p, DIGITS)] for label, p in top],
+                "next": labels([target])[0] if target >= 0 else None,
+                "p": round(p, DIGITS) if p is not None else None,
+                "loss": round(-math.log(p), DIGITS) if p else None,
+            }
+        )
+    return out
+
+
+def readings(attention, ids, pin, labels, off, parts) -> list[list[str]]:
+    """Per head, a line on the pinned position: where it looks most, what it adds to the next
+    character ("L0H2 looks 1 back at 'h' and adds +1.3 to 'i'")."""
+    out = []
+    for layer, att in enumerate(attention):
+        line = []
+        for head in range(att.shape[1]):
+            name = f"L{layer}H{head}"
+            key = int(att[0, head, pin].argmax())  # the key it weighs most, <= pin
+            where = "at its own" if key == pin else f"{pin - key} back at"
+            text = f"{name} looks {where} {labels([ids[key]])[0]!r}"
+            if (layer, head) in off:
+                text = f"{name} is off"
+            elif parts is not None:
+                text += f" and adds {parts['heads'][layer][head]:+.2f} to {parts['target']!r}"
+            line.append(text)
+        out.append(line)
+    return out

@@ -1,0 +1,30 @@
+"""`python -m microgpt.heads RUN --all-checkpoints`: every checkpoint of a run, a line each."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+from microgpt.commands.heads import main
+
+
+def test_all_checkpoints_analyses_each_one_not_analysed_since_it_was_written(lab, tmp_path, capsys):
+    run = tmp_path / "heads=2"
+    shutil.copytree(lab / "sweep" / "heads=2", run)  # best.pt and step-000006.pt analysed
+    assert main([str(run), "--all-checkpoints", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "best.pt: heads-best.json is up to date"
+    assert lines[2] == "step-000006.pt: heads-step-000006.json is up to date"
+    assert lines[1].startswith("last.pt: step 12, loss ") and len(lines) == 4
+    assert lines[3].startswith("step-000012.pt: step 12, loss ")
+    assert re.search(r", \d \w+(, \d \w+)? -> heads-step-000012.json$", lines[3])  # 2 heads' roles
+    for name in ("last", "step-000012"):
+        analysis = json.loads((run / f"heads-{name}.json").read_text())
+        assert analysis["step"] == 12 and analysis["checkpoint"].endswith(f"{name}.pt")
+        assert (run / f"heads-{name}.md").is_file()
+    (run / "checkpoints" / "step-000006.pt").touch()  # written again since its analysis
+    assert main([str(run / "checkpoints"), "--all-checkpoints", "--threads", "1"]) == 0
+    again = capsys.readouterr().out.splitlines()
+    assert again[2].startswith("step-000006.pt: step 6, loss ")
+    assert [line.endswith(" is up to date") for line in again] == [True, True, False, True]
