@@ -23,7 +23,7 @@ def val_curve(overrides, args, tmp: Path) -> list[tuple[float, float]]:
     t0 = time.time()
     train(cfg)
     lines = read_metrics(Path(cfg.out_dir) / METRICS_FILE)
-    return [(line["time"] - t0, line["loss/val"]) for line in lines if "loss/val" in line]
+    return [(line["time"] - t0, line["Loss/val"]) for line in lines if "Loss/val" in line]
 
 
 def run_time_to_loss(args, device, tmp: Path) -> dict:

@@ -147,9 +147,7 @@ def user_errors():
             yield
         except Interrupted as e:
             resume = shlex.join(["python", Path(sys.argv[0]).name, f"resume={e.checkpoint}"])
-            # the command once, quoted: the line below, not the message's own "to continue"
-            stopped = str(e).split("; to continue:")[0]
-            said = f"microgpt: {stopped}\nmicrogpt: resume with: {resume}"
+            said = f"microgpt: {e}\nmicrogpt: resume with: {resume}"
             print(said, file=sys.stderr, flush=True)
             raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
 

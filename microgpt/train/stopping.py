@@ -22,7 +22,7 @@ class Interrupted(TrainingError):
     def __init__(self, signal_name: str, step: int, max_steps: int, checkpoint: Path):
         super().__init__(
             f"{signal_name or 'signal'} received: stopped at step {step} of {max_steps} and wrote "
-            f"{checkpoint}; to continue: python train.py resume={checkpoint}"
+            f"{checkpoint}"
         )
         # the front door's exit code: 128 + the signal's number (130 SIGINT, 143 SIGTERM)
         self.checkpoint, self.signal_name = checkpoint, signal_name or "SIGINT"

@@ -90,22 +90,23 @@ def fingerprint(path: Path) -> tuple[str, int]:
 
 def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tmp_path):
     """Stopped by SIGINT after step 5 of 8, then resumed: the same loss at every step and the same
-    final weights, bit for bit, as one uninterrupted run; TensorBoard's loss/train has each step
+    final weights, bit for bit, as one uninterrupted run; TensorBoard's Loss/train has each step
     once."""
     whole, whole_losses, stopped = run_trainer(tiny_cfg(*EXACT, out=tmp_path / "whole"))
     assert stopped is None and len(whole_losses) == 8
 
     run = tmp_path / "split"
     first, first_losses, stopped = run_trainer(tiny_cfg(*EXACT, out=run), on_step=sigint_at(5))
-    assert isinstance(stopped, Interrupted) and "resume=" in str(stopped)
+    assert isinstance(stopped, Interrupted)
+    assert stopped.checkpoint == run / "checkpoints" / "last.pt"
     assert first.step == 5 and Checkpoint.load(run / "checkpoints" / "last.pt").step == 5
     # a run killed after its last checkpoint leaves points past it; the resumed run must replace
     # them
     with SummaryWriter(str(run)) as stale:
         for step in (6, 7):
-            stale.add_scalar("loss/train", 99.0, step)
+            stale.add_scalar("Loss/train", 99.0, step)
     with open(run / "metrics.jsonl", "a") as f:  # and the same points in metrics.jsonl
-        f.writelines(f'{{"step": {step}, "loss/train": 99.0}}\n' for step in (6, 7))
+        f.writelines(f'{{"step": {step}, "Loss/train": 99.0}}\n' for step in (6, 7))
     # event files are read in name order: <seconds>.<host>.<pid>.<writer number>, and within one
     # second writer 10 sorts before writer 9; a new second keeps the resumed run's file last
     time.sleep(1.1)
@@ -117,22 +118,22 @@ def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tm
     saved = Checkpoint.load(run / "checkpoints" / "last.pt").model
     assert saved["lm_head.weight"].equal(a["lm_head.weight"])
 
-    points = scalar_steps(run, "loss/train")
+    points = scalar_steps(run, "Loss/train")
     assert [s for s, _ in points] == [3, 6, 8]  # strictly increasing, none twice, none missing
     # the window of steps 4-6 was cut by the stop: its mean is still the uninterrupted run's
-    assert [v for _, v in points] == [v for _, v in scalar_steps(tmp_path / "whole", "loss/train")]
+    assert [v for _, v in points] == [v for _, v in scalar_steps(tmp_path / "whole", "Loss/train")]
     assert points[1][1] == pytest.approx(sum(whole_losses[3:6]) / 3, rel=1e-6)
 
     # metrics.jsonl, like TensorBoard, holds each step once and the uninterrupted run's values
     def train_lines(folder):
         lines = read_metrics(folder / "metrics.jsonl")
-        return [(d["step"], d["loss/train"]) for d in lines if "loss/train" in d]
+        return [(d["step"], d["Loss/train"]) for d in lines if "Loss/train" in d]
 
     assert train_lines(run) == train_lines(tmp_path / "whole")
     # TensorBoard keeps float32; metrics.jsonl the mean as computed (a double)
     as_float32 = [(s, struct.unpack("f", struct.pack("f", v))[0]) for s, v in train_lines(run)]
     assert as_float32 == [(s, v) for s, v in points]
-    assert [s for s, _ in scalar_steps(run, "loss/val")] == [3, 6, 8]
+    assert [s for s, _ in scalar_steps(run, "Loss/val")] == [3, 6, 8]
 
 
 def test_sigterm_finishes_the_step_and_writes_a_resumable_last_pt(tiny_cfg, tmp_path):
@@ -343,7 +344,7 @@ def test_cli_sigint_writes_last_pt_then_resume_true_continues_the_same_run_folde
     assert r.code == 0, r.stderr[-2000:]
     assert list(tmp_path.glob("outputs/*/*")) == [folder]  # the same folder, no new one
     assert Checkpoint.load(last).step == stopped_at + 3
-    assert [s for s, _ in scalar_steps(folder, "loss/train")] == list(range(1, stopped_at + 4))
+    assert [s for s, _ in scalar_steps(folder, "Loss/train")] == list(range(1, stopped_at + 4))
 
 
 def test_resume_with_other_model_settings_names_the_differing_keys(tiny_cfg, tmp_path):

@@ -38,18 +38,18 @@ def test_a_tiny_run_writes_events_samples_and_self_describing_checkpoints(tiny_c
     acc = EventAccumulator(str(run), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
     acc.Reload()
     tags = acc.Tags()
-    scalars = {"loss/train", "loss/val", "loss/test", "lr", "train/grad_norm", "tokens_per_sec"}
+    scalars = {"Loss/train", "Loss/val", "lr", "train/grad_norm", "tokens_per_sec"}
     assert scalars <= set(tags["scalars"])
     # TensorBoard's Scalars tab: groups are the prefixes before '/', sorted, the first two open
     groups = sorted({tag.split("/")[0] for tag in tags["scalars"]})
-    assert groups[:2] == ["heads", "loss"], groups
+    assert groups[:2] == ["Loss", "heads"], groups
     assert {"attention/layer0", "attention/layer0/head0", "attention/layer0/head1"} <= set(
         tags["images"]
     )
     assert "per_head/layer0/head1/entropy" in tags["scalars"]
     # step 0, every log.attn_every, and the end
     assert [e.step for e in acc.Images("attention/layer0/head1")] == [0, 6, 12]
-    assert [e.step for e in acc.Scalars("loss/val")] == [6, 12]
+    assert [e.step for e in acc.Scalars("Loss/val")] == [6, 12]
     assert "samples" in tags["tensors"]
     assert acc.PluginTagToContent("hparams")  # one HParams row, in the run's own folder
     assert [p.name for p in run.iterdir() if p.is_dir()] == ["checkpoints"]
