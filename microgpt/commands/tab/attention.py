@@ -1,6 +1,8 @@
-"""What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory, and every
-head's attention of one run's checkpoint on a typed input, loaded lazily and safely onto the CPU
-into a bounded cache (ModelCache). A user's mistake is an `InputError`, which the page shows."""
+"""What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory; every
+head's attention of one run's checkpoint on a typed input, with the head lab's fields
+(microgpt/commands/tab/lab.py); a run's timeline. Checkpoints load lazily and safely onto the
+CPU (Checkpoint.load) into a bounded cache (ModelCache); only what lies under the log dirs is
+read (`inside`). A user's mistake is an `InputError`, which the page shows."""
 
 from __future__ import annotations
 
