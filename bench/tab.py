@@ -13,6 +13,8 @@ checkpoints, each best.pt analysed (the time of a request does not depend on tra
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import time
 from argparse import Namespace
@@ -38,7 +40,8 @@ def make_sweep(args, root: Path) -> None:
         overrides += ["train.max_steps=4", "train.eval_every=2", "train.save_every=2"]
         overrides += ["train.num_samples=0", "train.progress=false", f"device={args.device}"]
         train(compose([*overrides, f"threads={args.threads or 'auto'}", f"out_dir='{out}'"]))
-        analyse_run([str(out), "--threads", str(args.threads or "auto")])
+        with contextlib.redirect_stdout(io.StringIO()):  # its table: not the bench's
+            analyse_run([str(out), "--threads", str(args.threads or "auto")])
 
 
 def plugin_routes(root: Path) -> tuple[dict[str, Client], MicrogptPlugin]:
