@@ -137,7 +137,9 @@ LONG = f"input={'ka' * 20!r} has 40 characters but the model reads at most 8 aft
       "heads=2: ablation='max' is unknown; give zero or mean"),
      ({"run": "heads=2", "input": "ka", "pin": "3"},
       "heads=2: pin='3' is not a position of the input; give 0 to 2"),
-     ({"run": "heads=2", "input": "ka", "pin": "-1"}, "pin='-1' is not a position")],
+     ({"run": "heads=2", "input": "ka", "pin": "-1"}, "pin='-1' is not a position"),
+     ({"run": "heads=2", "input": "ka", "pin": "9" * 5000}, "is not a position"),
+     ({"run": "heads=2", "input": "ka", "off": "\u00b2.0"}, "'\u00b2.0' is not a head")],
 )  # fmt: skip
 def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
     status, body = attention(routes(lab / "sweep")["/attention"], **args)
