@@ -38,6 +38,7 @@ with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C mean
     from bench.memory import memory_child, run_memory
     from bench.sampling import run_sampling
     from bench.step import run_step
+    from bench.tab import run_tab
     from bench.targets import ROWS, format_targets, run_targets
     from bench.throughput import run_throughput
     from bench.time_to_loss import run_time_to_loss
@@ -54,6 +55,7 @@ SECTIONS = {
     "sampling": run_sampling,
     "memory": run_memory,
     "heads": run_heads,
+    "tab": run_tab,
     "targets": run_targets,
 }
 HEADER = ["section", "case", "median", "min", "max", "unit", "target", "pass/miss"]

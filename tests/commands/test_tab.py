@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -136,7 +137,9 @@ LONG = f"input={'ka' * 20!r} has 40 characters but the model reads at most 8 aft
       "heads=2: ablation='max' is unknown; give zero or mean"),
      ({"run": "heads=2", "input": "ka", "pin": "3"},
       "heads=2: pin='3' is not a position of the input; give 0 to 2"),
-     ({"run": "heads=2", "input": "ka", "pin": "-1"}, "pin='-1' is not a position")],
+     ({"run": "heads=2", "input": "ka", "pin": "-1"}, "pin='-1' is not a position"),
+     ({"run": "heads=2", "input": "ka", "pin": "9" * 5000}, "is not a position"),
+     ({"run": "heads=2", "input": "ka", "off": "\u00b2.0"}, "'\u00b2.0' is not a head")],
 )  # fmt: skip
 def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
     status, body = attention(routes(lab / "sweep")["/attention"], **args)
@@ -276,6 +279,14 @@ def test_a_run_or_checkpoint_reached_through_a_link_leading_out_is_refused(lab, 
     assert status == 200 and "leads out of the run's folder" in body["analysis"]
 
 
+def settled(cache: ModelCache) -> None:
+    """Wait for the cache's prefetching to end."""
+    deadline = time.monotonic() + 60
+    while cache.worker is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cache.worker is None, "the prefetching did not end"
+
+
 def test_the_model_cache_is_bounded_by_count_and_by_bytes(lab, tmp_path, monkeypatch):
     best = lab / "sweep" / "heads=2" / "checkpoints" / "best.pt"
     size = sum(t.numel() * t.element_size() for t in Checkpoint.load(best).model.values())
@@ -294,6 +305,19 @@ def test_the_model_cache_is_bounded_by_count_and_by_bytes(lab, tmp_path, monkeyp
     monkeypatch.setattr(tab_models, "MAX_BYTES", size - 1)  # one model over the limit alone
     cache.get(paths[0])
     assert kept() == [0]  # served, and kept until the next
+    monkeypatch.setattr(tab_models, "MAX_BYTES", 10 * size)
+    cache.prefetch(paths[1:])  # in the background, while they fit: 2 more
+    settled(cache)
+    assert kept() == [0, 1, 2]
+
+
+def test_timeline_loads_the_sliders_checkpoints_ahead(lab):
+    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(lab / "sweep")))
+    Client(plugin.get_plugin_apps()["/timeline"]).get("/timeline?run=heads=2")
+    cache, folder = plugin.store.models, lab / "sweep" / "heads=2" / "checkpoints"
+    settled(cache)
+    assert cache.get(folder / "step-000006.pt", load=False).step == 6
+    assert cache.get(folder / "step-000012.pt", load=False).step == 12
 
 
 # ----------------------------------------------------------------------------- one bad run

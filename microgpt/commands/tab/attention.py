@@ -1,6 +1,8 @@
-"""What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory, and every
-head's attention of one run's checkpoint on a typed input, loaded lazily and safely onto the CPU
-into a bounded cache (ModelCache). A user's mistake is an `InputError`, which the page shows."""
+"""What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory; every
+head's attention of one run's checkpoint on a typed input, with the head lab's fields
+(microgpt/commands/tab/lab.py); a run's timeline. Checkpoints load lazily and safely onto the
+CPU (Checkpoint.load) into a bounded cache (ModelCache); only what lies under the log dirs is
+read (`inside`). A user's mistake is an `InputError`, which the page shows."""
 
 from __future__ import annotations
 
@@ -120,11 +122,15 @@ def load_model(path: Path) -> Loaded:
 class ModelCache:
     """The models of the checkpoints used last, at most MAX_MODELS of them and MAX_BYTES of
     parameters (the one loaded last is kept whatever its size); a checkpoint rewritten since
-    (another size or time) is loaded again. Thread-safe: one load at a time."""
+    (another size or time) is loaded again. Thread-safe; a load holds no lock, so other models
+    are served meanwhile. `prefetch` loads checkpoints ahead in one background thread, only
+    while they fit (it never pushes a model out): a slider's next step is then ready."""
 
     def __init__(self):
         self.models: OrderedDict[tuple, tuple[Loaded, int]] = OrderedDict()  # key: (loaded, bytes)
         self.lock = threading.Lock()
+        self.pending: list[Path] = []  # checkpoints to prefetch, in order
+        self.worker: threading.Thread | None = None  # the prefetching thread, while it runs
 
     def get(self, path: Path, load: bool = True) -> Loaded | None:
         """The model of checkpoint `path`, loaded if it is not here and `load` (else None)."""
@@ -137,16 +143,39 @@ class ModelCache:
             if key in self.models:
                 self.models.move_to_end(key)
                 return self.models[key][0]
-            if not load:
-                return None
-            loaded = load_model(path)
-            size = sum(t.numel() * t.element_size() for t in loaded.model.state_dict().values())
+        if not load:
+            return None
+        loaded = load_model(path)  # (two threads may load one checkpoint at once: the last kept)
+        size = sum(t.numel() * t.element_size() for t in loaded.model.state_dict().values())
+        with self.lock:
             self.models[key] = (loaded, size)
-            while len(self.models) > 1 and (
-                len(self.models) > MAX_MODELS or sum(n for _, n in self.models.values()) > MAX_BYTES
-            ):
+            while len(self.models) > 1 and self._over():
                 self.models.popitem(last=False)  # the one used longest ago
-            return loaded
+        return loaded
+
+    def _over(self, count: int = 0, size: int = 0) -> bool:
+        """Whether the models here, with `count` more of `size` bytes, pass a bound."""
+        total = sum(n for _, n in self.models.values())
+        return len(self.models) + count > MAX_MODELS or total + size > MAX_BYTES
+
+    def prefetch(self, paths: list[Path]) -> None:
+        """Load `paths` in the background, in order, until one would not fit."""
+        with self.lock:
+            self.pending += [p for p in paths if p not in self.pending]
+            if self.worker is None:
+                self.worker = threading.Thread(target=self._prefetching, daemon=True)
+                self.worker.start()
+
+    def _prefetching(self) -> None:
+        while True:
+            with self.lock:
+                last = next(reversed(self.models.values()), (None, 0))[1]  # a model's bytes
+                if not self.pending or self._over(1, last):
+                    self.pending, self.worker = [], None
+                    return
+                path = self.pending.pop(0)
+            with contextlib.suppress(InputError):  # a bad checkpoint: its request will say so
+                self.get(path)
 
 
 def read_analysis(path: Path) -> tuple[dict | None, str | None]:
@@ -304,12 +333,15 @@ class RunStore:
         if metrics.is_file() and inside(run.path, metrics):
             lines = read_metrics(metrics)
             val = [[line["step"], line["loss/val"]] for line in lines if "loss/val" in line]
-        checkpoints = []
+        checkpoints, ahead = [], []
         for checkpoint in checkpoints_of(run):
             if (step := step_of(checkpoint, None)) is None:
                 continue  # best.pt, last.pt: the slider runs over the steps
             analysis, _ = self._analysis(run, checkpoint)
             checkpoints.append({"checkpoint": checkpoint, "step": step, **scores_of(analysis)})
+            if inside(run.path, run.checkpoints / checkpoint):
+                ahead.append(run.checkpoints / checkpoint)
+        self.models.prefetch(ahead)  # the slider's checkpoints, loaded while the page is read
         return {"run": name, "val": val, "checkpoints": checkpoints}
 
     @staticmethod

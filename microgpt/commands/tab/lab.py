@@ -11,6 +11,7 @@ output over the run's validation split (circuits.mean_outputs, on the head analy
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import Tensor
@@ -20,6 +21,7 @@ from microgpt.heads.circuits import replaced_heads, token_losses
 from microgpt.tokenizer import BOUNDARY_ID
 
 ABLATIONS = ("zero", "mean")
+NUMBER = re.compile(r"[0-9]{1,6}")  # a layer, head or position: ASCII digits, a few
 TOP = 5  # predictions shown per position
 DIGITS = 4  # probabilities and losses are sent rounded to this many decimals
 LOGIT_DIGITS = 6  # and the attribution's logits: their parts add up to 1e-4
@@ -37,7 +39,7 @@ def parse_off(text: str, n_layer: int, n_head: int) -> list[tuple[int, int]]:
     heads = []
     for part in parts:
         layer, _, head = part.partition(".")
-        ok = layer.isdigit() and head.isdigit()
+        ok = NUMBER.fullmatch(layer) and NUMBER.fullmatch(head)
         if not ok or int(layer) >= n_layer or int(head) >= n_head:
             span = lambda n: "0" if n == 1 else f"0 to {n - 1}"  # noqa: E731
             raise LabError(
@@ -53,7 +55,7 @@ def parse_pin(text: str | None, length: int) -> int:
     """The pinned position: the last by default."""
     if text is None or text == "":
         return length - 1
-    if not text.lstrip("-").isdigit() or not 0 <= int(text) < length:
+    if not NUMBER.fullmatch(text) or not int(text) < length:
         raise LabError(f"pin={text!r} is not a position of the input; give 0 to {length - 1}")
     return int(text)
 
