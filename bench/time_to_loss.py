@@ -11,7 +11,7 @@ from pathlib import Path
 from bench.common import compose, error_figure, figure, run_overrides
 from bench.targets import NANOGPT_ROW, QUICK, REFERENCE, UNIT
 from microgpt.train.trainer import train
-from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
+from microgpt.viz.tensorboard import METRICS_FILE, VAL_LOSS, read_metrics
 
 CASES = {"names": (UNIT, ("heads=4",)), "text": (REFERENCE, NANOGPT_ROW)}  # (reference, ours)
 
@@ -23,7 +23,7 @@ def val_curve(overrides, args, tmp: Path) -> list[tuple[float, float]]:
     t0 = time.time()
     train(cfg)
     lines = read_metrics(Path(cfg.out_dir) / METRICS_FILE)
-    return [(line["time"] - t0, line["Loss/val"]) for line in lines if "Loss/val" in line]
+    return [(line["time"] - t0, line[VAL_LOSS]) for line in lines if VAL_LOSS in line]
 
 
 def run_time_to_loss(args, device, tmp: Path) -> dict:

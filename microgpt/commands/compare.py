@@ -31,7 +31,7 @@ from microgpt.errors import UserError, first_line
 from microgpt.files import read_regular
 from microgpt.heads.report import PRUNE_TOLERANCE, ROLES
 from microgpt.runs import RunFolder
-from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
+from microgpt.viz.tensorboard import METRICS_FILE, VAL_LOSS, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)
 SUMMARY_COLUMNS = {
@@ -118,7 +118,7 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
         split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
         r.data = f"{ckpt.data.get('path', '?')} #{split}"  # the data: its path and split's hash
     values = {tag: [value for _, value in points] for tag, points in scalars.items()}
-    r.best_val_loss = kept.get("best_val_loss", min(values.get("Loss/val", []), default=math.nan))
+    r.best_val_loss = kept.get("best_val_loss", min(values.get(VAL_LOSS, []), default=math.nan))
     r.test_loss = kept.get("test_loss", math.nan)
     r.tokens_per_sec = statistics.median(values.get("tokens_per_sec", [math.nan]))
     layers: dict[int, list[float]] = {}

@@ -31,7 +31,7 @@ from microgpt.tokenizer import BOUNDARY_ID
 from microgpt.train.loss import LossWindow, StepResult, eval_rows, evaluate
 from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
 from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged
-from microgpt.viz.tensorboard import TensorBoardLogger
+from microgpt.viz.tensorboard import TRAIN_LOSS, VAL_LOSS, TensorBoardLogger
 
 log = logging.getLogger("microgpt")
 HUGE_WEIGHT = 1e4  # a weight beyond it (or not finite) marks the group that diverged
@@ -349,7 +349,7 @@ class Trainer:
         self.best_val_loss = min(self.best_val_loss, score)
         best = val_loss if final and improved else self.best_val_loss
         out = {"val_loss": val_loss, "best_val_loss": best, "step": self.step}
-        self.writer.scalars(self.step, {"Loss/val": val_loss})
+        self.writer.scalars(self.step, {VAL_LOSS: val_loss})
         shown = sample_for_run(self.eval_model, self.data, None, seed=c.seed + self.step)
         self.writer.samples(self.step, shown.lines)
         if improved:
@@ -369,7 +369,7 @@ class Trainer:
         loss = system.over_ranks(float(w.loss), "sum", self.dist) / w.steps / self.dist.world_size
         tps = w.tokens_per_sec(time.perf_counter())  # after float(): the device has caught up
         if self.is_main:
-            scalars = {"Loss/train": loss, "lr": out.lr, "train/grad_norm": float(out.grad_norm)}
+            scalars = {TRAIN_LOSS: loss, "lr": out.lr, "train/grad_norm": float(out.grad_norm)}
             self.writer.scalars(self.step, {**scalars, "tokens_per_sec": tps})
             shown = f"loss {loss:.4f} lr {out.lr:.2e} {tps / 1000:.1f}k tok/s"
             bar.set_postfix_str(shown, refresh=False)

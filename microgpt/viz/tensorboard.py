@@ -34,6 +34,7 @@ from microgpt.heads.report import ROLES, HeadReport
 from microgpt.viz.draw import compose_layer, render_attention, render_offset_profile, render_table
 
 METRICS_FILE = "metrics.jsonl"
+TRAIN_LOSS, VAL_LOSS = "Loss/train", "Loss/val"  # the tags, and the keys in METRICS_FILE
 # the head summaries beside the losses in the HParams tab (all of them: the Scalars tab, compare)
 HPARAMS_SUMMARIES = ("heads/prunable", "heads/named", "heads/induction_max")
 

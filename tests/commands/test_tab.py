@@ -243,7 +243,7 @@ def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
     client = routes(lab / "sweep")["/timeline"]
     body = json.loads(client.get("/timeline", query_string={"run": "heads=2"}).get_data())
     metrics = [json.loads(line) for line in (lab / "sweep" / "heads=2" / "metrics.jsonl").open()]
-    assert body["val"] == [[m["step"], m["loss/val"]] for m in metrics if "loss/val" in m]
+    assert body["val"] == [[m["step"], m["Loss/val"]] for m in metrics if "Loss/val" in m]
     assert [step for step, _ in body["val"]] == [6, 12]
     early, late = body["checkpoints"]
     assert (early["checkpoint"], early["step"], late["step"]) == ("step-000006.pt", 6, 12)

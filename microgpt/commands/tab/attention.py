@@ -28,7 +28,7 @@ from microgpt.heads.analyse import length_batches
 from microgpt.heads.circuits import mean_outputs
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
-from microgpt.viz.tensorboard import METRICS_FILE, read_metrics
+from microgpt.viz.tensorboard import METRICS_FILE, VAL_LOSS, read_metrics
 
 MAX_MODELS = 32  # models kept loaded at once: the slider's checkpoints of a sweep
 MAX_BYTES = 512 * 2**20  # and their parameters' bytes at most (the last one loaded is kept)
@@ -332,7 +332,7 @@ class RunStore:
         metrics = run.path / METRICS_FILE
         if metrics.is_file() and inside(run.path, metrics):
             lines = read_metrics(metrics)
-            val = [[line["step"], line["loss/val"]] for line in lines if "loss/val" in line]
+            val = [[line["step"], line[VAL_LOSS]] for line in lines if VAL_LOSS in line]
         checkpoints, ahead = [], []
         for checkpoint in checkpoints_of(run):
             if (step := step_of(checkpoint, None)) is None:
