@@ -189,6 +189,8 @@ def test_the_lab_gives_what_the_model_predicts_at_each_position(lab):
     assert text["predictions"][-1]["p"] is None and text["attribution"] is None
     mean = sum(p["loss"] for p in text["predictions"][:3]) / 3
     assert text["loss"] == pytest.approx(mean, abs=1e-3)
+    status, text = attention(client, run="text/run", input="Thou", off="0.1", ablation="mean")
+    assert status == 200 and text["loss"] != text["base_loss"]  # the means of its text's windows
 
 
 @pytest.mark.parametrize("ablation", ["zero", "mean"])

@@ -303,7 +303,10 @@ class RunStore:
         # the head analysis (python -m microgpt.heads), where there is one that can be read
         analysis, unreadable = self._analysis(run, checkpoint)
         with loaded.lock:  # the model's hooks are its own while a request runs
-            means = loaded.means() if ablation == "mean" and heads else None
+            try:
+                means = loaded.means() if ablation == "mean" and heads else None
+            except InputError as e:  # a text run's file gone
+                raise InputError(f"{name}: {e}") from None
             labels, boundary = loaded.tokenizer.labels, loaded.format.boundary
             shown = lab(loaded.model, labels, ids, boundary, heads, means, pin)
         return {
