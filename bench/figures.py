@@ -2,18 +2,20 @@
 
     python bench/figures.py [RECIPE ...] [--quick] [--out FILE]
 
-Runs each recipe's README command (`python train.py ...`, then `python -m microgpt.heads RUN` where
-the docs quote the analysis) in a fresh folder, on the threads the recipe names, reads what the run
-wrote (metrics.jsonl's result line, heads-best.json) and writes every figure, with its command,
-seed, threads, machine, date and wall time, to a new JSON file (default:
-bench/figures-DATE-TIME.json), or into the file --update names (the recipes run replace theirs).
-docs/figures.json is the file the docs quote (`--update docs/figures.json` refreshes it);
-tests/test_docs.py checks each quote against it. --quick: a few steps each (a smoke test).
+Runs each recipe's README command (`python train.py ...`, then `python -m microgpt.heads RUN`
+where the docs quote the analysis) from the working folder, as the README does, into a fresh
+folder, on the threads the recipe names; reads what the run wrote (metrics.jsonl's result line,
+heads-*.json and .md, compare's table) and writes every figure, with its command, seed, threads,
+machine, date and wall time, to a new JSON file (default: bench/figures-DATE-TIME.json), or into
+the file --update names (the recipes run replace theirs). docs/figures.json is the file the docs
+quote (`--update docs/figures.json` refreshes it); tests/test_docs.py checks each quote against
+it. --quick: a few steps each (a smoke test, not a figure).
 Time one recipe at a time on a quiet machine (`cpu-slot --all`): the wall times are figures too.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -37,6 +39,7 @@ RECIPES = {
     "names-2-threads": (["heads=4"], 2, False),
     "adamw": (["heads=4", "optim=adamw", "train.ema=0", "train.pack=0"], 1, False),
     "shakespeare": (["experiment=shakespeare"], 1, True),
+    "sweep": (["-m", "heads=1,2,4,8"], 1, True),  # each job analysed, then compare's table
 }
 QUICK = ["train.max_steps=6", "train.eval_every=3", "log.attn_every=6", "log.head_items=8"]
 SEED = 1337
@@ -46,11 +49,23 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
     """One recipe's run (and analysis) in `folder`: its figures, each with how it was made."""
     settings, threads, analysed = RECIPES[name]
     command = ["python", "train.py", *settings]
-    run = folder / name
-    extra = [*(QUICK if quick else []), f"threads={threads}", f"seed={SEED}", f"out_dir={run}"]
+    run, sweep = folder / name, "-m" in settings
+    extra = [
+        *(QUICK if quick else []),
+        f"threads={threads}",
+        f"seed={SEED}",
+        "train.progress=false",
+    ]
     t0 = time.perf_counter()
-    _call([*command, *extra, "train.progress=false"])
+    _call([*command, *extra, f"hydra.sweep.dir={run}" if sweep else f"out_dir={run}"])
     seconds = time.perf_counter() - t0
+    made = {"command": " ".join(command), "seed": SEED, "threads": threads}
+    if sweep:  # the README's table: every job analysed, then `compare`
+        for job in sorted(run.glob("heads=*")):
+            _call(["python", "-m", "microgpt.heads", str(job), "--threads", str(threads)])
+        table = _call(["python", "-m", "microgpt.compare", str(run)])
+        made["table"] = "python -m microgpt.heads on each job, then python -m microgpt.compare"
+        return {"made_by": made, "figures": {"table": {"value": None, "text": table}}}
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     result = next(line for line in reversed(lines) if "result/test_loss" in line)
     figures = {
@@ -58,12 +73,15 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
         "best_val_loss": _figure(result["result/best_val_loss"], 4),
         "seconds": _figure(seconds, 0),
     }
-    made = {"command": " ".join(command), "seed": SEED, "threads": threads}
     if analysed:
         _call(["python", "-m", "microgpt.heads", str(run), "--threads", str(threads)])
         analysis = json.loads((run / "heads-best.json").read_text())
         figures["heads_loss"] = _figure(analysis["loss"], 4)
         figures["prunable"] = _figure(analysis["pruning"]["prunable"], 0)
+        lines = (run / "heads-best.md").read_text().splitlines()
+        first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+        table = itertools.takewhile(lambda line: line.startswith("|"), lines[first:])
+        figures["table"] = {"value": None, "text": "\n".join(table)}  # the head table, as written
         for row in analysis["heads"]:
             if row["role"] != "mixed":  # a named head: its role, score and importance
                 head = f"L{row['layer']}H{row['head']}"
@@ -78,13 +96,15 @@ def _figure(value: float, digits: int) -> dict:
     return {"value": value, "text": f"{value:,.{digits}f}"}
 
 
-def _call(command: list[str]) -> None:
-    """Run a README command from the repository; its error, if any, as this command's one line."""
-    python = [sys.executable, *command[1:]]
-    done = subprocess.run(python, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _call(command: list[str]) -> str:
+    """Run a README command in the working folder (its data/ is the runs'), the repository's
+    scripts by path: what it printed; its error as this command's one line."""
+    python = [sys.executable, *(str(REPO / w) if w == "train.py" else w for w in command[1:])]
+    done = subprocess.run(python, capture_output=True)
     if done.returncode:
         last = (done.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
         raise UserError(f"{' '.join(command)} failed (exit {done.returncode}): {last}")
+    return done.stdout.decode()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.recipes or RECIPES:
             results[name] = run_recipe(name, Path(tmp), args.quick)
             results[name]["made_by"] |= made | ({"quick": True} if args.quick else {})
-            shown = (f"{key} {figure['text']}" for key, figure in results[name]["figures"].items())
+            figures = results[name]["figures"].items()
+            shown = (f"{key} {f['text']}" for key, f in figures if f["value"] is not None)
             print(f"{name}: {', '.join(shown)}", flush=True)
     write_text(out, json.dumps(results, indent=1) + "\n", replace=bool(args.update))
     print(f"wrote {out}")

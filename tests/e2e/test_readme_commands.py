@@ -84,9 +84,10 @@ def readme_commands(text: str | None = None) -> list[str]:
 
 
 def fake_play(n_chars: int, seed: int) -> str:
-    """Speeches under speakers' names (ROMEO: ...): text enough for data.format=text."""
+    """Speeches under speakers' names (`Romeo.` on its own line, as the shipped plays write them):
+    text enough for data.format=text."""
     rng = random.Random(seed)
-    speakers = ["ROMEO", "JULIET", "NURSE", "MERCUTIO", "FRIAR LAURENCE"]
+    speakers = ["Romeo", "Juliet", "Nurse", "Mercutio", "Friar Laurence"]
     words = (
         "love night fair sweet death light heart thou thee my the and of to a is in doth hath "
         "swear moon star wherefore art name rose by any other word would smell as"
@@ -98,7 +99,7 @@ def fake_play(n_chars: int, seed: int) -> str:
             + rng.choice(".,;!?")
             for _ in range(rng.randint(1, 4))
         ]
-        parts.append(f"{rng.choice(speakers)}:\n" + "\n".join(lines) + "\n\n")
+        parts.append(f"{rng.choice(speakers)}.\n" + "\n".join(lines) + "\n\n")
         size += len(parts[-1])
     return "".join(parts)
 
@@ -214,7 +215,7 @@ def _prefixed(s: Sandbox, r: Result) -> None:
 
 
 def _passages(s: Sandbox, r: Result) -> None:
-    assert r.stdout.count("ROMEO:") >= 3 and "verbatim" in r.stdout, r.stdout[-3000:]
+    assert r.stdout.count("Romeo.") >= 3 and "verbatim" in r.stdout, r.stdout[-3000:]
 
 
 def _text_run(s: Sandbox, r: Result) -> None:
@@ -254,6 +255,14 @@ def _collected(s: Sandbox, r: Result) -> None:
     assert re.search(r"\d+ tests collected", r.stdout), r.text[-2000:]
 
 
+def _figures(s: Sandbox, r: Result) -> None:
+    made = json.loads((s.root / "figures.json").read_text())["names"]
+    assert made["made_by"]["command"] == "python train.py heads=4" and made["made_by"]["quick"]
+    loss = made["figures"]["test_loss"]
+    assert loss["text"] == f"{loss['value']:.4f}" and 0 < loss["value"] < 5, loss
+    assert made["figures"]["table"]["text"].startswith("| layer | head | role |"), made
+
+
 def _help(s: Sandbox, r: Result) -> None:
     assert r.stdout.startswith("usage:") and "--sdist" in r.stdout, r.stdout
 
@@ -267,6 +276,7 @@ MAKES = {  # the command whose folder a placeholder stands for
 
 COVERED: dict[str, How] = {
     # Set up: pip is not run (a network and minutes); what it names must exist
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu": How("pip"),
     "pip install -e .": How("pip"),
     'pip install -e ".[test]"': How("pip"),
     # collected, not run: this test is part of it
@@ -295,7 +305,7 @@ COVERED: dict[str, How] = {
     # Your own text
     "python data/prepare.py shakespeare": How(append=("--help",), check=_help),  # it downloads
     "python train.py experiment=shakespeare": How(append=SMALL, makes="text", check=_text_run),
-    'python sample.py prefix="ROMEO:"': How(needs="text", check=_passages),
+    'python sample.py prefix="Romeo."': How(needs="text", check=_passages),
     # Heads, explained
     # 2,000 generated items, not 100,000: the run is what the command is about
     "python train.py experiment=induction": How(
@@ -319,6 +329,10 @@ COVERED: dict[str, How] = {
     "python train.py -m heads=1,2,4,8 hydra/launcher=slurm": How("slurm", append=SMALL, slow=True),
     # Benchmarks: minutes; its quick runs are tests/test_bench.py's
     "python bench/run.py --quick": How("bench"),
+    # its figures small, written into the sandbox (the default file is a new one in bench/)
+    "python bench/figures.py --quick names": How(
+        append=("--out", "figures.json"), check=_figures, slow=True
+    ),
     # Tests
     'python -m pytest -m "slow or not slow"': How(
         append=("--collect-only", "-q"), cwd="repo", check=_collected, slow=True
@@ -351,7 +365,7 @@ def resolve(sandbox: Sandbox, command: str, how: How) -> list[str]:
 def argv_for(words: list[str]) -> list[str]:
     """The words as a process runs them: this Python, the repository's scripts by path."""
     program, args = words[0], words[1:]
-    scripts = {"train.py", "sample.py", "data/prepare.py", "bench/run.py"}
+    scripts = {"train.py", "sample.py", "data/prepare.py", "bench/run.py", "bench/figures.py"}
     args = [str(REPO / a) if a in scripts else a for a in args]
     modules = {"python": [], "torchrun": ["-m", "torch.distributed.run"],
                "tensorboard": ["-m", "tensorboard.main"], "ruff": ["-m", "ruff"]}  # fmt: skip

@@ -1,0 +1,75 @@
+"""The figures README.md and docs/ quote are the ones their commands wrote: docs/figures.json
+(bench/figures.py: each README recipe's run, analysis and compare table, with its command, seed,
+threads, machine and date) and the bench JSON that docs/benchmarks.md names."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import REPO
+
+FIGURES = json.loads((REPO / "docs" / "figures.json").read_text())
+BENCH = json.loads((REPO / "docs" / "benchmarks-step-1thread.json").read_text())
+
+# (doc, a passage with {recipe.figure} or {recipe.date} fields): in the doc, whitespace aside
+QUOTES = [
+    ("README.md", "reaches a test loss of **{names.test_loss}** nats per character with one"),
+    ("README.md", "**{names-2-threads.test_loss}** in **{names-2-threads.seconds} s** as typed"),
+    ("README.md", "nothing else running ({names-2-threads.date})"),
+    ("README.md", "train.pack=0`; makemore's transformer of the same size reaches 2.00 on its"
+     " names.txt) reaches {adamw.test_loss}"),
+    ("README.md", "prints (one thread, seed 1337, {sweep.date};"),
+    ("README.md", "{sweep.table}"),
+    ("README.md", "the text recipe: {shakespeare.seconds} s on one core"),
+    ("docs/heads.md", "test loss {names.test_loss}, best validation {names.best_val_loss}"),
+    ("docs/heads.md", "{names.table}"),
+    ("docs/heads.md", "{sweep.table}"),
+    ("docs/heads.md", "{shakespeare.table}"),
+    ("docs/guide.md", "a validation loss of **{shakespeare.best_val_loss}** nats per character"),
+    ("docs/guide.md", "a test loss of **{shakespeare.test_loss}**"),
+]  # fmt: skip
+
+# (doc, a passage with {figure name of docs/benchmarks-step-1thread.json's time_to_loss})
+TIME_TO_LOSS = [
+    ("README.md", "final loss (AdamW, padded rows, float32: {names: reference's final val loss:.3f}"
+     " in {names: reference's wall time to it:.0f} s) in {names: microgpt's wall time to the"
+     " reference's:.0f} s, **{names: reference's time / microgpt's:.1f}x** sooner"),
+    ("README.md", "final loss ({text: reference's final val loss:.3f} in {text: reference's wall"
+     " time to it:.0f} s) in {text: microgpt's wall time to the reference's:.0f} s, **{text:"
+     " reference's time / microgpt's:.1f}x** sooner"),
+]  # fmt: skip
+
+
+def squeezed(text: str) -> str:
+    return " ".join(text.split())
+
+
+def figure(field: str) -> str:
+    """{recipe.figure}: the text bench/figures.py wrote for it; {recipe.date}: when it ran."""
+    recipe, name = field.split(".", 1)
+    entry = FIGURES[recipe]
+    return entry["made_by"]["date"] if name == "date" else entry["figures"][name]["text"]
+
+
+@pytest.mark.parametrize("doc, passage", QUOTES, ids=[f"{d}:{p[:40]}" for d, p in QUOTES])
+def test_a_quoted_figure_is_the_one_its_command_wrote(doc, passage):
+    expected = re.sub(r"\{([\w.-]+)\}", lambda m: figure(m[1]), passage)
+    assert squeezed(expected) in squeezed((REPO / doc).read_text())
+
+
+@pytest.mark.parametrize("doc, passage", TIME_TO_LOSS, ids=[p[:40] for _, p in TIME_TO_LOSS])
+def test_the_time_to_a_loss_is_the_benchs(doc, passage):
+    figures = BENCH["sections"]["time_to_loss"]["figures"]
+    figure_at = lambda m: f"{figures[m[1]]['median']:{m[2]}}"  # noqa: E731 -- {name:format}
+    quoted = re.sub(r"\{([^{}]+):([^:{}]+)\}", figure_at, passage)
+    assert squeezed(quoted) in squeezed((REPO / doc).read_text())
+
+
+def test_every_figure_says_how_it_was_made():
+    for name, entry in FIGURES.items():
+        made = entry["made_by"]
+        assert {"command", "seed", "threads", "date", "machine", "commit"} <= set(made), name
+        assert not made.get("quick"), f"{name}: a --quick run is a smoke test, not a figure"
