@@ -79,9 +79,10 @@ def _main(argv: list[str] | None) -> None:
     device = str(pick_device(args.device, UserError))
     if not args.all_checkpoints:
         report, run, ckpt_path = analyse_checkpoint(args.run, device)
-        print(report.markdown())
+        print(report.markdown(circuits=False))  # the layer-0 letter tables: in the .md only
         written = _write(report, run, ckpt_path)
-        return print(f"wrote {' and '.join(map(str, written))} ({report.seconds:.1f} s)")
+        tables = " (the .md adds layer 0's QK/OV tables)" if report.qk is not None else ""
+        return print(f"wrote {' and '.join(map(str, written))}{tables} ({report.seconds:.1f} s)")
     run = runs.resolve(args.run)[0]
     for ckpt_path in run_checkpoints(run):
         done = run.analysis(ckpt_path)

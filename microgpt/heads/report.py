@@ -190,13 +190,14 @@ class HeadReport:
             row["copying"] = float(self.copying[h])
         return row
 
-    def markdown(self) -> str:
-        """A row per head, lines on importance, induction and pruning, then any layer-0 circuits."""
+    def markdown(self, circuits: bool = True) -> str:
+        """A row per head, lines on importance, induction and pruning, then (`circuits`) any
+        layer-0 circuits: the letter table a file keeps and a terminal leaves out."""
         header = ["layer", "head", "role", "score", "lift", "entropy (nats)", "zero-ablated"]
         header += ["mean-ablated (per position)", "gradient", "prefix match", "copying"]
         rows = [self._head_cells(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
         lines = _table(header, "rrl" + "r" * 8, rows) + self._notes()
-        if self.qk is not None:
+        if self.qk is not None and circuits:
             lines.append("\n" + self.circuits_markdown())
         return "\n".join(lines)
 

@@ -294,6 +294,8 @@ def test_command_on_a_run_and_on_its_checkpoints_names_each_analysis_after_its_c
     assert main([str(run)]) == 0
     out = capsys.readouterr().out
     assert "| layer | head | role |" in out and "Prunable:" in out
+    # the layer-0 letter tables go to the file, not the terminal
+    assert "looks for" not in out and "L0H1 looks for" in (run / "heads-best.md").read_text()
     best = json.loads((run / "heads-best.json").read_text())
     assert best["n_head"] == 2 and len(best["heads"]) == 2
     assert best["checkpoint"].endswith("best.pt")
