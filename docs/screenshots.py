@@ -222,20 +222,20 @@ def shoot(url: str, out: Path, line: str) -> list[Path]:
         browser.open(f"{url}/#microgpt")
         frame = "document.querySelector('iframe')?.contentDocument"
         browser.wait(f"{frame}?.querySelectorAll('.mg-panel .mg-head').length > 0", 60)
-        # the names runs alone: a text run would show that it cannot read a name
-        choices = f"[...{frame}.querySelectorAll('.mg-run-choice')]"
-        browser.eval(f"{choices}.filter((c) => !c.textContent.includes('heads='))"
-                     ".forEach((c) => c.firstChild.click())")  # fmt: skip
-        time.sleep(1)
-        made.append(_shot(browser, out, "tensorboard_microgpt_tab.png"))
-        # a head switched off and a character pinned, on the page alone
         names = [r["name"] for r in browser.eval(f"fetch('{url}/data/plugin/microgpt/runs')"
                                                    ".then((r) => r.json())")["runs"]]  # fmt: skip
-        wide = [n for n in names if "heads=" in n]
-        run = next((n for n in wide if n.endswith("heads=4")), wide[-1])
-        browser.open(page(url, runs=run, q="2", **{f"off:{run}": "0.1"}))
-        browser.wait(in_panels("true"))
-        made.append(_shot(browser, out, "tensorboard_microgpt_hover.png"))
+        wide = [n for n in names if "heads=" in n]  # a sweep's runs, by head count
+        if wide:  # the sweep's runs alone: a text run would show that it cannot read a name
+            choices = f"[...{frame}.querySelectorAll('.mg-run-choice')]"
+            browser.eval(f"{choices}.filter((c) => !c.textContent.includes('heads='))"
+                         ".forEach((c) => c.firstChild.click())")  # fmt: skip
+        time.sleep(1)
+        made.append(_shot(browser, out, "tensorboard_microgpt_tab.png"))
+        if wide:  # a head switched off and a character pinned, on the page alone
+            run = next((n for n in wide if n.endswith("heads=4")), wide[-1])
+            browser.open(page(url, runs=run, q="2", **{f"off:{run}": "0.1"}))
+            browser.wait(in_panels("true"))
+            made.append(_shot(browser, out, "tensorboard_microgpt_hover.png"))
         # a text run on a line, one head opened large
         text = [n for n in names if "heads=" not in n]
         if text:
