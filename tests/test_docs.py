@@ -24,6 +24,7 @@ QUOTES = [
     ("README.md", "prints (one thread, seed 1337, {sweep.date};"),
     ("README.md", "{sweep.table}"),
     ("README.md", "the text recipe: {shakespeare.seconds} s on one core"),
+    ("README.md", "about {names-2-threads.seconds} s, the sweep {sweep.seconds} s on one core"),
     ("docs/heads.md", "test loss {names.test_loss}, best validation {names.best_val_loss}"),
     ("docs/heads.md", "{names.table}"),
     ("docs/heads.md", "{sweep.table}"),
