@@ -45,9 +45,9 @@ class Progress:
 def main(cfg: DictConfig) -> None:
     with cli.user_errors():
         result = sample_from_config(cfg, progress=Progress("sampled"))
-    if result.to_stdout:  # out=-: the items alone on standard output, the report on stderr
+    if result.stdout is not None:  # out=-: the items alone on standard output, the report on stderr
         print("\n".join(result.lines), file=sys.stderr, flush=True)
-        print("\n".join(result.names), flush=True)
+        print("\n".join(result.stdout), flush=True)
     else:
         print("\n".join(result.lines), flush=True)
 

@@ -38,7 +38,7 @@ class SampleResult:
     marked: list[tuple[str, str]]  # (name, "new" | "train" | "val" | "test" | "empty")
     step: int | None  # the checkpoint's
     lines: list[str]  # the header, notes, one line per item, a summary
-    to_stdout: bool = False  # out=-: the items alone go to standard output, the report to stderr
+    stdout: list[str] | None = None  # out=-: what goes to standard output (what out= would write)
 
 
 def find_checkpoint(ckpt: str | None = None, run: str | None = None, roots=RUN_ROOTS) -> Path:
@@ -118,7 +118,8 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
     if out is not None:
         _write_out(out, shown.written, c)
     lines = [header, *notes, *([f"[{shown.note}]"] if shown.note else []), *shown.lines]
-    return SampleResult(shown.items, shown.marked or [], ckpt.step, lines, c.out == STDOUT)
+    stdout = shown.written if c.out == STDOUT else None  # the report then goes to stderr
+    return SampleResult(shown.items, shown.marked or [], ckpt.step, lines, stdout)
 
 
 def _data(ckpt, tokenizer) -> tuple[Data, list[str]]:

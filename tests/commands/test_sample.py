@@ -200,6 +200,7 @@ def test_an_empty_sample_is_counted_and_writes_no_blank_line(best, tmp_path, mon
     r = sample(best, num_samples=3, seed=0, out=str(out))
     assert out.read_text() == "ana\nbo\n"
     assert r.lines[-1].endswith(", 1 empty")
+    assert sample(best, num_samples=3, seed=0, out="-").stdout == ["ana", "bo"]  # out=- alike
 
 
 def test_latest_run_is_the_newest_and_falls_back_to_last_pt(tmp_path, monkeypatch):
