@@ -11,6 +11,17 @@ import torch
 
 from bench.run import command, main
 from microgpt.files import sha256_file
+from tests.conftest import make_names
+
+
+@pytest.fixture(autouse=True)
+def project(tmp_path_factory, monkeypatch):
+    """The bench's runs read data/names.txt from the working folder: generated names there,
+    whatever the checkout's data/ holds."""
+    root = tmp_path_factory.mktemp("project")
+    (root / "data").mkdir()
+    (root / "data" / "names.txt").write_text("\n".join(make_names(2000)) + "\n")
+    monkeypatch.chdir(root)
 
 
 def bench(*argv: str) -> int:

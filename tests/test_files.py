@@ -116,6 +116,8 @@ Case = namedtuple("Case", "command code message lines", defaults=[1])
     ],
 )
 def test_prepare_writes_only_new_files_or_with_overwrite(lab, tmp_path, out, overwrite, message):
+    if "project's" in message and not Path(out).is_file():  # never write into the checkout
+        pytest.skip("the checkout has no data/names.txt to protect")
     (tmp_path / "link.txt").symlink_to(lab / "mine.txt")
     watched = [lab, tmp_path, REPO / "data"]
     before = [fingerprint(p) for p in watched]
