@@ -38,6 +38,7 @@ NAMES = {  # what each PNG shows
     "tensorboard_microgpt_hover.png": "a head switched off, a character pinned: its attribution",
     "tensorboard_microgpt_text.png": "a text run on a line of text, one head opened large",
     "tensorboard_microgpt_scalars.png": "the Scalars tab of the same sweep",
+    "tensorboard_attention.png": "the Images tab: layer 0's attention maps, two heads a row",
 }
 LINE = "Shall I compare thee to a summer's day?\nThou art more lovely"
 SONNET = """Shall I compare thee to a summer's day?
@@ -248,6 +249,9 @@ def shoot(url: str, out: Path, line: str) -> list[Path]:
         browser.wait("document.querySelectorAll('svg, canvas').length > 4", 60)
         time.sleep(3)
         made.append(_shot(browser, out, "tensorboard_microgpt_scalars.png"))
+        browser.open(f"{url}/#images&tagFilter=attention%2Flayer0%24")  # each run's layer-0 maps
+        time.sleep(8)  # the dashboard's images sit in shadow roots: no query waits on them
+        made.append(_shot(browser, out, "tensorboard_attention.png"))
     return made
 
 
