@@ -147,8 +147,7 @@ def user_errors():
             yield
         except Interrupted as e:
             resume = shlex.join(["python", Path(sys.argv[0]).name, f"resume={e.checkpoint}"])
-            said = f"microgpt: {e}\nmicrogpt: resume with: {resume}"
-            print(said, file=sys.stderr, flush=True)
+            print(f"microgpt: {e}\nmicrogpt: resume with: {resume}", file=sys.stderr, flush=True)
             raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
 
 

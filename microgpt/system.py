@@ -177,12 +177,12 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 def native_bf16(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether `device` multiplies bf16 in hardware: a CUDA GPU with bf16, or a CPU with
     AVX512-BF16 or AMX (its flags in Linux's `cpuinfo`; elsewhere False)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type != "cpu":
+        return device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
     flags: list[str] = []
     with contextlib.suppress(OSError, StopIteration), open(cpuinfo) as f:
         flags = next(line.split(":", 1)[1].split() for line in f if line.startswith("flags"))
-    return device.type == "cpu" and bool({"avx512_bf16", "amx_bf16"} & set(flags))
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
 def available_memory(device: torch.device) -> int | None:
