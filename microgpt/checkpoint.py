@@ -118,6 +118,13 @@ class Checkpoint:
     # where it was loaded from (not saved), for its errors
     path: Path = field(default=Path("checkpoint"), compare=False)
 
+    def __post_init__(self):
+        # a run from before data.split_seed split its items by its seed: say so where it is read
+        config = self.train_config or {}
+        data, seed = config.get("data"), config.get("seed")
+        if isinstance(data, dict) and "split_seed" not in data and _is(int, seed):
+            data["split_seed"] = seed
+
     @property
     def data(self) -> dict:
         """The run's data settings (path, format); {} where the checkpoint names none."""

@@ -77,6 +77,9 @@ class DataConfig:
     format: str = "lines"
     prepare: str | None = None  # the command that builds the file (--out PATH): named if missing
     repeats: RepeatsConfig = field(default_factory=RepeatsConfig)  # format=repeats: the generator
+    # the train/val/test shuffle of items (lines, repeats), apart from `seed`: a sweep over seeds
+    # scores every run on the same validation and test items (runs before it split by `seed`)
+    split_seed: int = 1337
 
 
 @dataclass
@@ -188,7 +191,8 @@ class Config:
             f"model.vocab_size={m.vocab_size}: the vocabulary comes from the data (every "
             f"character of data.path), so this setting would be ignored; remove it",
         )
-        require(0 <= self.seed < 2**63, f"seed={self.seed} must be in [0, 2**63)")
+        for name, seed in (("seed", self.seed), ("data.split_seed", self.data.split_seed)):
+            require(0 <= seed < 2**63, f"{name}={seed} must be in [0, 2**63)")
         data_format(self.data.format).check_settings(self.data, m.block_size)  # a DataError
         require_choice("device", self.device, DEVICES)
         check_threads(self.threads)  # a ThreadsError

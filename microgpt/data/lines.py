@@ -47,6 +47,7 @@ class Split:
     train: list[str]
     val: list[str]
     test: list[str]
+    seeded = True  # shuffled by data.split_seed
 
     @cached_property
     def _split_of(self) -> dict[str, str]:

@@ -49,6 +49,7 @@ class TextSplit:
 
     bounds: tuple[int, int, int]
     digest: str
+    seeded = False  # contiguous: no seed moves it
 
     @classmethod
     def of(cls, n: int, digest: str, block_size: int, source: str = "the text") -> TextSplit:

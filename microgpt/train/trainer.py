@@ -91,7 +91,7 @@ class Trainer:
         check_training_memory(c, self.device)  # before the data are encoded: lower bounds
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
         d, trim = c.data, not c.train.compile
-        args = (d.path, c.seed, c.model.block_size, self.device, trim)
+        args = (d.path, d.split_seed, c.model.block_size, self.device, trim)
         self.data = data = load_data(*args, d.format, d.prepare, d.repeats)
         self.tokenizer, self.datasets = data.tokenizer, data.datasets
         # the checkpoint names the data by one absolute path, and its content's hash
@@ -382,11 +382,12 @@ class Trainer:
         precision = "" if self.precision == "fp32" else f" {self.precision}"
         ranks = f" ({c.train.batch_size} x {world} ranks)" if self.dist.enabled else ""
         compiled = " compiled" if c.train.compile else ""
+        split = f", split seed {c.data.split_seed}" if self.data.split.seeded else ""
         return (
             f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads "
             f"({m.attn_impl}), {self.model.num_params():,} parameters\n"
             f"data {self.data.source} ({c.data.format}): {self.data.split.describe()}, vocab "
-            f"{self.tokenizer.vocab_size}, block {m.block_size}\n"
+            f"{self.tokenizer.vocab_size}, block {m.block_size}{split}\n"
             f"train {c.train.max_steps} steps x batch {self.global_batch}{ranks}, lr "
             f"{c.optim.lr:g} ({c.optim.warmup_steps} warmup, {c.optim.decay}), seed {c.seed} | "
             f"{self.device}"
