@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from microgpt import system
 from microgpt.config import load_config
 from microgpt.train.trainer import StepResult, Trainer
 
@@ -124,6 +125,8 @@ def machine_info() -> dict:
                 cpu = line.split(":", 1)[1].strip()
                 break
     info = {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count()}
+    # what decides bf16's kernels, so a bf16 figure's last digits: on another CPU kind they move
+    info["bf16_instructions"] = sorted(set(system.BF16_FLAGS) & system.cpu_flags()) or "none"
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info

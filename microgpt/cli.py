@@ -106,7 +106,9 @@ class ShareCores(Callback):
         launcher = config.hydra.launcher
         if "joblib" not in str(launcher.get("_target_", "")) or env_threads(os.environ):
             return
-        jobs = len(sweep_jobs([str(o) for o in config.hydra.overrides.task]))
+        task = [str(o) for o in config.hydra.overrides.task]
+        params = config.hydra.sweeper.get("params") or {}  # an experiment's own sweep
+        jobs = len(sweep_jobs([f"{k}={v}" for k, v in params.items()] + task))
         n_jobs = int(launcher.get("n_jobs") or -1)
         os.environ[THREADS_ENV] = str(share(usable_cores(), jobs, n_jobs))
 

@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import runs
@@ -75,6 +76,17 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     return BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]  # one batch: every job
 
 
+def experiment_sweep(overrides: list[str], conf_dir: Path) -> list[str]:
+    """The sweep the experiment on the command line declares (hydra.sweeper.params in its file:
+    heads: 1,2,4,8), as overrides; a key the command line gives is left to it, as Hydra does."""
+    given = _settings(overrides)
+    path = conf_dir / "experiment" / f"{given.get('experiment')}.yaml"
+    if "experiment" not in given or not path.is_file():
+        return []  # none, or one Hydra names as missing
+    params = OmegaConf.select(OmegaConf.load(path), "hydra.sweeper.params") or {}
+    return [f"{key}={value}" for key, value in params.items() if key not in given]
+
+
 def _settings(job: list[str]) -> dict[str, str]:
     """key -> value of the key=value overrides (a leading + dropped; the last one given wins)."""
     return {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in job if "=" in o}
@@ -121,6 +133,8 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
     multirun = "-m" in argv or "--multirun" in argv
     try:
         overrides = _overrides(argv)
+        if multirun:  # a named experiment's own sweep (experiment=heads_seeds), as Hydra runs it
+            overrides = experiment_sweep(overrides, conf_dir) + overrides
         swept = [o for o in _parse(overrides) if o.is_sweep_override()]
         if swept and not multirun:
             raise UserError(

@@ -179,10 +179,18 @@ def native_bf16(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> bool:
     AVX512-BF16 or AMX (its flags in Linux's `cpuinfo`; elsewhere False)."""
     if device.type != "cpu":
         return device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
-    flags: list[str] = []
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags(cpuinfo))
+
+
+# the instruction sets that decide a CPU's bf16 kernels (and so a bf16 run's last digits)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's flags in Linux's `cpuinfo` (elsewhere none)."""
     with contextlib.suppress(OSError, StopIteration), open(cpuinfo) as f:
-        flags = next(line.split(":", 1)[1].split() for line in f if line.startswith("flags"))
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+        return set(next(line.split(":", 1)[1].split() for line in f if line.startswith("flags")))
+    return set()
 
 
 def available_memory(device: torch.device) -> int | None:

@@ -3,10 +3,12 @@
     python -m microgpt.heads outputs/<date>/<time>                     # its best.pt, else last.pt
     python -m microgpt.heads outputs/<date>/<time>/checkpoints/step-000500.pt
     python -m microgpt.heads outputs/<date>/<time> --all-checkpoints   # each, one line each
+    python -m microgpt.heads multirun/<date>/<time>                    # each job of a sweep
 
 Prints a row per head on the checkpoint's validation split and writes the analysis beside it,
 named after the checkpoint (heads-best.json and .md, heads-step-000500.json, ...: runs.RunFolder).
---all-checkpoints skips a checkpoint whose analysis was written after it.
+--all-checkpoints and a sweep folder give a line per checkpoint, and skip one whose analysis was
+written after it.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def _main(argv: list[str] | None) -> None:
         description="What each head of a trained run does, and whether it matters.",
     )
     add = parser.add_argument
-    add("run", help="a run folder (outputs/<date>/<time>) or a checkpoint file")
+    add("run", help="a run folder (outputs/<date>/<time>), a checkpoint file, or a sweep's folder")
     add("--device", default="cpu", choices=DEVICES, help="where to run the model (default: cpu)")
     add("--threads", default="auto", help="threads: auto (usable cores, or OMP_NUM_THREADS) or N")
     add("--all-checkpoints", action="store_true", help="every checkpoint of the run, a line each")
@@ -77,6 +79,10 @@ def _main(argv: list[str] | None) -> None:
     check_threads(threads, "--threads")
     set_threads(threads)
     device = str(pick_device(args.device, UserError))
+    jobs = _sweep_jobs(Path(args.run).expanduser())
+    if jobs:  # a sweep's folder: each job's best.pt (else last.pt), a line each
+        root = Path(args.run).expanduser()
+        return _analyse_each([(job, job.default_checkpoint()) for job in jobs], device, root)
     if not args.all_checkpoints:
         report, run, ckpt_path = analyse_checkpoint(args.run, device)
         print(report.markdown(circuits=False))  # the layer-0 letter tables: in the .md only
@@ -84,16 +90,38 @@ def _main(argv: list[str] | None) -> None:
         tables = " (the .md adds layer 0's QK/OV tables)" if report.qk is not None else ""
         return print(f"wrote {' and '.join(map(str, written))}{tables} ({report.seconds:.1f} s)")
     run = runs.resolve(args.run)[0]
-    for ckpt_path in run_checkpoints(run):
+    _analyse_each([(run, ckpt_path) for ckpt_path in run_checkpoints(run)], device)
+
+
+def _sweep_jobs(folder: Path) -> list[runs.RunFolder]:
+    """The runs with a checkpoint under `folder` when it is no run itself (a sweep), else []
+    (runs.resolve then says what `folder` is)."""
+    if not folder.is_dir() or folder.name == "checkpoints":
+        return []
+    if runs.RunFolder(folder).default_checkpoint() is not None:
+        return []
+    try:
+        return [job for job in runs.find_runs(folder) if job.default_checkpoint() is not None]
+    except runs.RunFolderError:
+        return []
+
+
+def _analyse_each(checkpoints: list[tuple[runs.RunFolder, Path]], device: str, root=None) -> None:
+    """Each (run, checkpoint) analysed and written, a line each (`root`: a sweep's folder, the
+    lines name the jobs under it); one whose analysis is newer than it is skipped."""
+    for run, ckpt_path in checkpoints:
         done = run.analysis(ckpt_path)
+        name = f"{run.name_under(root)}: " if root is not None else ""
         if done.is_file() and done.stat().st_mtime_ns >= ckpt_path.stat().st_mtime_ns:
-            print(f"{ckpt_path.name}: {done.name} is up to date")
+            print(f"{name}{ckpt_path.name}: {done.name} is up to date")
             continue
         report, _, _ = analyse_checkpoint(ckpt_path, device)
         step, roles = report.extra["step"], Counter(r for row in report.roles for r in row)
         heads = ", ".join(f"{n} {role}" for role, n in roles.most_common())
         _write(report, run, ckpt_path)
-        print(f"{ckpt_path.name}: step {step}, loss {report.loss:.4f}, {heads} -> {done.name}")
+        print(
+            f"{name}{ckpt_path.name}: step {step}, loss {report.loss:.4f}, {heads} -> {done.name}"
+        )
 
 
 def _write(report: HeadReport, run: runs.RunFolder, ckpt_path: Path) -> tuple[Path, Path]:

@@ -28,3 +28,14 @@ def test_all_checkpoints_analyses_each_one_not_analysed_since_it_was_written(lab
     again = capsys.readouterr().out.splitlines()
     assert again[2].startswith("step-000006.pt: step 6, loss ")
     assert [line.endswith(" is up to date") for line in again] == [True, True, False, True]
+
+
+def test_a_sweep_folder_analyses_each_job_not_analysed_since_its_checkpoint(lab, tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(lab / "sweep", sweep)  # heads=2's best.pt is analysed, heads=1's is not
+    assert main([str(sweep), "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("heads=1: best.pt: step 12, loss ") and len(lines) == 2
+    assert lines[0].endswith(" -> heads-best.json")
+    assert lines[1] == "heads=2: best.pt: heads-best.json is up to date"
+    assert json.loads((sweep / "heads=1" / "heads-best.json").read_text())["step"] == 12

@@ -233,6 +233,34 @@ def test_a_run_saved_before_a_setting_existed_resumes_and_the_data_may_move(
         Trainer(load_config(cfg))
 
 
+def test_seeds_share_the_split_and_a_run_from_before_split_seed_resumes_on_its_own(
+    tiny_cfg, tmp_path
+):
+    """The split has its own seed (data.split_seed): runs of other seeds are scored on the same
+    validation and test items. A run from before it split its items by `seed`: its checkpoint
+    says so (data.split_seed = its seed) and the command line resumes it on that split."""
+    from microgpt.checkpoint import Checkpoint
+    from tests.e2e.harness import run
+
+    splits = {}
+    for seed in (7, 8):
+        cfg = tiny_cfg("train.max_steps=2", "train.num_samples=0", f"seed={seed}",
+                       out=tmp_path / f"seed{seed}")  # fmt: skip
+        Trainer(load_config(cfg)).run()
+        splits[seed] = Checkpoint.load(tmp_path / f"seed{seed}/checkpoints/last.pt").split
+    assert splits[7] == splits[8]
+    cfg = tiny_cfg("train.max_steps=2", "train.num_samples=0", "seed=7", "data.split_seed=7")
+    Trainer(load_config(cfg)).run()
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    old = Checkpoint.load(last)
+    assert old.split != splits[7]  # split_seed moves the split
+    del old.train_config["data"]["split_seed"]  # as written before data.split_seed existed
+    old.save(last)
+    assert Checkpoint.load(last).data["split_seed"] == 7
+    r = run("train.py", f"resume={last}", "train.max_steps=3", cwd=tmp_path)
+    assert r.code == 0 and "split seed 7" in r.stdout, r.text[-2000:]
+
+
 def test_sampling_builds_no_autograd_graph():
     """Bug: sample_items called the decoding loop without no_grad, so every step recorded a
     graph (25% slower one name at a time)."""

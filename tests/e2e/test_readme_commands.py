@@ -192,7 +192,7 @@ def _first_run(s: Sandbox, r: Result) -> None:
 def _sweep(s: Sandbox, r: Result) -> None:
     _trained(s, r)
     jobs = sorted(f.name for f in run_folders(r))
-    assert jobs == ["heads=1", "heads=2", "heads=4", "heads=8"], jobs
+    assert jobs == [f"heads={h},seed={seed}" for h in (1, 2, 4, 8) for seed in (1, 2, 3)], jobs
     assert len({f.parent for f in run_folders(r)}) == 1  # one sweep folder
 
 
@@ -225,6 +225,13 @@ def _text_run(s: Sandbox, r: Result) -> None:
 
 def _heads(s: Sandbox, r: Result) -> None:
     assert (s.folders["names"] / "heads-best.json").is_file(), r.stdout[-2000:]
+
+
+def _sweep_heads(s: Sandbox, r: Result) -> None:
+    jobs = [line.split(":")[0] for line in r.stdout.splitlines()]
+    assert len(jobs) == 12 and all(
+        (s.folders["heads"] / j / "heads-best.json").is_file() for j in jobs
+    )
 
 
 def _short_run(s: Sandbox, r: Result) -> None:
@@ -269,7 +276,7 @@ def _help(s: Sandbox, r: Result) -> None:
 
 MAKES = {  # the command whose folder a placeholder stands for
     "names": "python train.py heads=4",
-    "heads": "python train.py -m heads=1,2,4,8",
+    "heads": "python train.py -m heads=1,2,4,8 seed=1,2,3",
     "text": "python train.py experiment=shakespeare",
     "induction": "python train.py experiment=induction",
 }
@@ -286,12 +293,13 @@ COVERED: dict[str, How] = {
     # Use
     "python train.py heads=4": How(append=SMALL, makes="names", check=_first_run),
     "python sample.py": How(needs="names", check=_sampled),
-    "python train.py -m heads=1,2,4,8": How(append=SMALL, makes="heads", check=_sweep),
+    "python train.py -m heads=1,2,4,8 seed=1,2,3": How(append=SMALL, makes="heads", check=_sweep),
     "tensorboard --logdir multirun/<date>/<time> --samples_per_plugin images=100": How(
         "tensorboard", runs=("heads",)
     ),
     "python -m microgpt.compare multirun/<date>/<time>": How(runs=("heads",), check=_compared),
     "python -m microgpt.heads outputs/<date>/<time>": How(runs=("names",), check=_heads),
+    "python -m microgpt.heads multirun/<date>/<time>": How(runs=("heads",), check=_sweep_heads),
     # as typed but smaller: its 40 steps are what it is about
     "python train.py train.max_steps=40": How(append=SHORT, check=_short_run),
     "python train.py heads=4 optim=adamw train.ema=0 train.pack=0": How(
@@ -322,7 +330,7 @@ COVERED: dict[str, How] = {
     "torchrun --nproc_per_node=4 train.py heads=4": How(
         append=(*SMALL, "device=cpu"), check=_one_run, slow=True
     ),
-    "python train.py -m heads=1,2,4,8 hydra/launcher=joblib": How(
+    "python train.py -m experiment=heads_seeds hydra/launcher=joblib": How(
         append=SMALL, check=_sweep, slow=True
     ),
     # no cluster: it must fail only for want of srun; then submitit's local launcher runs it
