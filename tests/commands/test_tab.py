@@ -29,6 +29,7 @@ from microgpt.heads.analyse import _first_pass, length_batches
 from microgpt.heads.circuits import ablated_losses, single_heads
 from microgpt.heads.roles import class_members
 from microgpt.train.trainer import train
+from tests.commands.conftest import seeded
 from tests.conftest import REPO, TINY, compose_config, make_names
 from tests.e2e.harness import changes, fingerprint
 
@@ -122,24 +123,6 @@ UNKNOWN = "input='Kalo!' has characters the vocabulary does not know: 'K', '!'"
 NO_HEAD = "%r is not a head of this run; give layer.head, comma-separated (as 0.1,0.0), layer 0 "
 NO_HEAD += "and head 0 to 1"
 LONG = f"input={'ka' * 20!r} has 40 characters but the model reads at most 8 after the boundary"
-
-
-def seeded(lab: Path, folder: Path, roles: dict[int, list[str] | None]) -> Path:
-    """`folder`/heads=2,seed=S for each seed S of `roles`: copies of the lab's heads=2 whose
-    config.yaml says seed S, with a best.pt analysis whose heads (layer 0) have those roles (None:
-    not analysed)."""
-    for seed, heads in roles.items():
-        run = folder / f"heads=2,seed={seed}"
-        shutil.copytree(lab / "sweep" / "heads=2", run)
-        config = (run / "config.yaml").read_text()
-        (run / "config.yaml").write_text(re.sub(r"(?m)^seed: .*$", f"seed: {seed}", config))
-        for analysis in run.glob("heads-*.json"):
-            analysis.unlink()
-        if heads is not None:
-            rows = [{"layer": 0, "head": h, "role": role} for h, role in enumerate(heads)]
-            analysis = {"n_layer": 1, "n_head": 2, "heads": rows}
-            (run / "heads-best.json").write_text(json.dumps(analysis))
-    return folder
 
 
 def test_runs_that_differ_only_by_seed_form_a_group_whose_roles_are_counted(lab, tmp_path):
