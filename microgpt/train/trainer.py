@@ -357,8 +357,9 @@ class Trainer:
         train_part = f", train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
         part = ""  # an estimate says what it read: evenly spaced rows, the same every time
         if rows < len(val) and not final:
-            part = f" (estimated on {rows:,} of the {len(val):,} validation rows, evenly spaced)"
-        log.info(f"step {self.step}: val loss {val_loss:.4f}{part} (best {best:.4f}){train_part}")
+            part = (f"; val loss estimated on {rows:,} of the {len(val):,} validation rows, evenly"
+                    f" spaced (the last evaluation reads all)")  # fmt: skip
+        log.info(f"step {self.step}: val loss {val_loss:.4f} (best {best:.4f}){train_part}{part}")
         return out
 
     # ---- what rank 0 tells about the run: the bar, the train loss, the summary, the end
