@@ -450,7 +450,9 @@ function headLabel(label, group) {
   box.appendChild(el("span", "mg-role-name", label.role));
   if (group.runs.length > 1) {
     const [k, n, all] = [group.roles[label.role] || 0, group.analysed, group.runs.length];
-    const seeds = el("span", "mg-role-seeds", `${k} of ${n} seeds${n < all ? " analysed" : ""}`);
+    const count = `${k} of ${n} seeds${n < all ? " analysed" : ""}`;
+    // a mixed head has no role to find again: its line left blank, the maps kept in line
+    const seeds = el("span", "mg-role-seeds", label.role === "mixed" ? "\u00a0" : count);
     seeds.title = `${label.role}: a head of ${k} of the group's ${n} analysed runs has it` +
       (n < all ? ` (${all - n} of its ${all} runs not analysed)` : "");
     box.appendChild(seeds);
