@@ -8,6 +8,7 @@ which the page shows seed by seed. A user's mistake is an `InputError`, which th
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -223,12 +224,19 @@ def _number(x) -> float | None:
 
 def config_of(run: RunFolder) -> dict:
     """The run's config.yaml as trained; one that cannot be read, a config no other run has (the
-    run is a group of its own)."""
+    run is a group of its own). Read again only once rewritten (another size or time)."""
+    path = run.path / "config.yaml"
     try:
-        config = yaml.safe_load(read_regular(run.path / "config.yaml"))
+        stat = path.stat()
+        config = _read_config(str(path), stat.st_size, stat.st_mtime_ns)
     except (OSError, yaml.YAMLError):
         config = None
     return config if isinstance(config, dict) else {"unreadable": str(run.path)}
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_config(path: str, size: int, mtime_ns: int):
+    return yaml.load(read_regular(path), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def groups_of(runs: dict[str, RunFolder]) -> list[Group[str]]:
