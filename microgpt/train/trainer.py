@@ -355,8 +355,11 @@ class Trainer:
         if improved:
             self._checkpoint({**metrics, **out}, self.eval_model).save(self.folder.best)
         train_part = f", train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
-        part = f" on {rows:,} of {len(val):,} rows" if rows < len(val) and not final else ""
-        log.info(f"step {self.step}: val loss {val_loss:.4f}{part} (best {best:.4f}){train_part}")
+        part = ""  # an estimate says what it read: evenly spaced rows, the same every time
+        if rows < len(val) and not final:
+            part = (f"; val loss estimated on {rows:,} of the {len(val):,} validation rows, evenly"
+                    f" spaced (the last evaluation reads all)")  # fmt: skip
+        log.info(f"step {self.step}: val loss {val_loss:.4f} (best {best:.4f}){train_part}{part}")
         return out
 
     # ---- what rank 0 tells about the run: the bar, the train loss, the summary, the end
@@ -384,7 +387,8 @@ class Trainer:
         compiled = " compiled" if c.train.compile else ""
         split = f", split seed {c.data.split_seed}" if self.data.split.seeded else ""
         return (
-            f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, {m.n_head} heads "
+            f"model {m.name}: {m.n_layer} layers, n_embd {m.n_embd}, "
+            f"{m.n_head} head{'s' if m.n_head != 1 else ''} "
             f"({m.attn_impl}), {self.model.num_params():,} parameters\n"
             f"data {self.data.source} ({c.data.format}): {self.data.split.describe()}, vocab "
             f"{self.tokenizer.vocab_size}, block {m.block_size}{split}\n"

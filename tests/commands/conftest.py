@@ -1,7 +1,11 @@
-"""Fixtures of the commands' tests: `lab`, a tiny sweep and a text run for the microgpt tab."""
+"""Fixtures of the commands' tests: `lab`, a tiny sweep and a text run for the microgpt tab;
+`seeded`: a group of its runs that differ only by seed."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,3 +34,21 @@ def lab(tmp_path_factory) -> Path:
     text = ["data.format=text", "model.block_size=16", f"data.path={root / 'play.txt'}"]
     train(compose_config([*TINY, *text, "train.num_samples=0", f"out_dir={root / 'text' / 'run'}"]))
     return root
+
+
+def seeded(lab: Path, folder: Path, roles: dict[int, list[str] | None]) -> Path:
+    """`folder`/heads=2,seed=S for each seed S of `roles`: copies of the lab's heads=2 whose
+    config.yaml says seed S, with a best.pt analysis whose heads (layer 0) have those roles (None:
+    not analysed)."""
+    for seed, heads in roles.items():
+        run = folder / f"heads=2,seed={seed}"
+        shutil.copytree(lab / "sweep" / "heads=2", run)
+        config = (run / "config.yaml").read_text()
+        (run / "config.yaml").write_text(re.sub(r"(?m)^seed: .*$", f"seed: {seed}", config))
+        for analysis in run.glob("heads-*.json"):
+            analysis.unlink()
+        if heads is not None:
+            rows = [{"layer": 0, "head": h, "role": role} for h, role in enumerate(heads)]
+            analysis = {"n_layer": 1, "n_head": 2, "heads": rows}
+            (run / "heads-best.json").write_text(json.dumps(analysis))
+    return folder

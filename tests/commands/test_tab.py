@@ -28,7 +28,9 @@ from microgpt.data.dataset import data_of_checkpoint
 from microgpt.heads.analyse import _first_pass, length_batches
 from microgpt.heads.circuits import ablated_losses, single_heads
 from microgpt.heads.roles import class_members
-from tests.conftest import REPO, make_names
+from microgpt.train.trainer import train
+from tests.commands.conftest import seeded
+from tests.conftest import REPO, TINY, compose_config, make_names
 from tests.e2e.harness import changes, fingerprint
 
 
@@ -123,6 +125,39 @@ NO_HEAD += "and head 0 to 1"
 LONG = f"input={'ka' * 20!r} has 40 characters but the model reads at most 8 after the boundary"
 
 
+def test_runs_that_differ_only_by_seed_form_a_group_whose_roles_are_counted(lab, tmp_path):
+    roles = {3: ["previous", "self"], 1: ["previous", "previous"], 2: None, 10: ["start", "self"]}
+    seeded(lab, tmp_path, roles)
+    shutil.copytree(lab / "sweep" / "heads=1", tmp_path / "heads=1")  # another experiment
+    apps = routes(tmp_path)
+    groups = json.loads(apps["/runs"].get("/runs").get_data())["groups"]
+    runs = [f"heads=2,seed={seed}" for seed in (1, 2, 3, 10)]  # in seed order
+    assert groups == [{"name": "heads=1", "runs": ["heads=1"], "seeds": [1337]},
+                      {"name": "heads=2", "runs": runs, "seeds": [1, 2, 3, 10]}]  # fmt: skip
+    status, body = attention(apps["/attention"], run="heads=2,seed=3", input="ka")
+    # 3 of the 4 runs analysed (seed 2 not): previous in seeds 1 and 3, self in 3 and 10
+    counts = {"previous": 2, "self": 2, "start": 1}
+    assert status == 200 and body["group"] == {"name": "heads=2", "runs": runs,
+        "seeds": [1, 2, 3, 10], "analysed": 3, "roles": counts}  # fmt: skip
+    assert [label["role"] for label in body["heads"][0]] == ["previous", "self"]  # its own
+    status, body = attention(apps["/attention"], run="heads=2,seed=1", input="ka",
+                             checkpoint="step-000006.pt")  # fmt: skip
+    assert status == 200 and (body["group"]["analysed"], body["group"]["roles"]) == (0, {})
+    status, body = attention(apps["/attention"], run="heads=1", input="ka")
+    assert body["group"] == {"name": "heads=1", "runs": ["heads=1"], "seeds": [1337],
+                             "analysed": 0, "roles": {}}  # fmt: skip
+
+
+def test_an_attention_only_model_has_no_mlp_parts(lab, tmp_path):
+    names = [f"data.path={lab / 'names.txt'}", "train.num_samples=0", "model.mlp=false"]
+    train(compose_config([*TINY, *names, f"out_dir='{tmp_path / 'run'}'"]))
+    status, body = attention(routes(tmp_path)["/attention"], run="run", input="kalo", pin="2")
+    assert status == 200 and body["attribution"]["mlps"] == []
+    parts = body["attribution"]
+    total = parts["embed"] + sum(map(sum, parts["heads"])) + parts["rest"]
+    assert total == pytest.approx(parts["logit"], abs=1e-4)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [({"run": "heads=1", "input": "Kalo!"}, f"heads=1: {UNKNOWN}; use characters of the training"),
@@ -169,7 +204,8 @@ def model_of(lab: Path, run: str = "heads=2", checkpoint: str = "best.pt"):
 def test_the_lab_gives_what_the_model_predicts_at_each_position(lab):
     client = routes(lab)["/attention"]
     status, body = attention(client, run="sweep/heads=2", input="kalo")
-    assert status == 200 and (body["off"], body["ablation"], body["pin"]) == ([], "zero", 4)
+    assert status == 200 and (body["off"], body["ablation"], body["pin"]) == ([], "zero", None)
+    assert body["attribution"] is body["reading"] is None  # nothing pinned until asked
     model, tokenizer, _ = model_of(lab)
     probs = model(torch.tensor([[0, *tokenizer.encode("kalo")]]))[0][0].softmax(-1)  # (T, V)
     shown = body["predictions"]
@@ -223,10 +259,10 @@ def test_the_attribution_adds_up_to_the_logit_and_each_head_gets_a_reading(lab):
     client = routes(lab / "sweep")["/attention"]
     model, tokenizer, _ = model_of(lab)
     logits = model(torch.tensor([[0, *tokenizer.encode("kalo")]]))[0][0]  # (T, V)
-    for pin, off in [(None, ""), ("2", "0.1")]:
+    for pin, off in [("4", ""), ("2", "0.1")]:
         status, body = attention(client, run="heads=2", input="kalo", pin=pin, off=off)
         parts, where = body["attribution"], body["pin"]
-        assert status == 200 and parts["position"] == where == (4 if pin is None else 2)
+        assert status == 200 and parts["position"] == where == int(pin)
         assert parts["target"] == body["predictions"][where]["next"]
         total = parts["embed"] + sum(map(sum, parts["heads"])) + sum(parts["mlps"]) + parts["rest"]
         assert total == pytest.approx(parts["logit"], abs=1e-4)

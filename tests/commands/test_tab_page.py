@@ -17,6 +17,7 @@ from docs.screenshots import CHROMIUM, NAMES, Browser, in_panels, page, tensorbo
 from microgpt.checkpoint import Checkpoint
 from microgpt.heads.circuits import replaced_heads
 from microgpt.train.trainer import train
+from tests.commands.conftest import seeded
 from tests.conftest import REPO, TINY, compose_config
 
 REGISTERED = any(e.name == "microgpt" for e in entry_points(group="tensorboard_plugins"))
@@ -28,14 +29,25 @@ UNKNOWN = "input='Kalo!' has characters the vocabulary does not know: 'K', '!'"
 HEADS2 = "sweep/heads=2"
 
 
+GROUP = "seeds/heads=2"
+ROLES = {1: ["previous", "self"], 2: ["previous", "previous"], 3: None}  # seed 3 not analysed
+
+
 @pytest.fixture(scope="module")
 def server(lab, tmp_path_factory):
-    """A real TensorBoard on the lab's sweep, its text run and a text run of 8 heads reading 32
-    characters (wide/heads=8)."""
+    """A real TensorBoard on the lab's sweep, its text run, an attention-only text run of 8 heads
+    reading 32 characters (wide/heads=8) and a group of 3 seeds (seeds/heads=2,seed=1..3:
+    copies of heads=2, whose train.num_samples differs from the sweep's, so that it is not of
+    their group) with the ROLES analysed."""
     wide = tmp_path_factory.mktemp("wide")
     text = ["data.format=text", "model.block_size=32", f"data.path={lab / 'play.txt'}", "heads=8"]
-    train(compose_config([*TINY, *text, "train.num_samples=0", f"out_dir='{wide / 'heads=8'}'"]))
-    with tensorboard(f"sweep:{lab / 'sweep'},text:{lab / 'text'},wide:{wide}") as url:
+    out = [f"out_dir='{wide / 'heads=8'}'", "model.mlp=false"]
+    train(compose_config([*TINY, *text, "train.num_samples=0", *out]))
+    seeds = seeded(lab, tmp_path_factory.mktemp("seeds"), ROLES)
+    for config in seeds.glob("*/config.yaml"):
+        config.write_text(config.read_text().replace("num_samples: 0", "num_samples: 1"))
+    spec = f"sweep:{lab / 'sweep'},text:{lab / 'text'},wide:{wide},seeds:{seeds}"
+    with tensorboard(spec) as url:
         yield url
 
 
@@ -64,6 +76,9 @@ def panels(browser: Browser) -> dict:
         loss: p.querySelector('.mg-loss-value')?.textContent,
         loss_line: p.querySelector('.mg-loss').textContent,
         deltas: [...p.querySelectorAll('.mg-off-delta')].map((d) => d.textContent),
+        roles: [...p.querySelectorAll('.mg-role')].map((r) => r.textContent),
+        pins: p.querySelectorAll('.mg-pinned').length,
+        top: Math.round(p.getBoundingClientRect().top),
         error: p.querySelector('.mg-error')?.textContent,
       }]))""")
 
@@ -98,8 +113,9 @@ def library_loss(lab: Path, name: str, off: list[tuple[int, int]]) -> float:
 
 
 def deltas(panel: dict) -> list[float | None]:
-    """The loss change shown beside each head (" off +0.123"), None where there is none."""
-    return [float(d.removeprefix(" off ")) if d else None for d in panel["deltas"]]
+    """The loss change on the input shown beside each head (" input +0.123"), None where there
+    is none."""
+    return [float(d.removeprefix(" input ")) if d else None for d in panel["deltas"]]
 
 
 def test_clicking_heads_off_changes_the_loss_shown_by_what_the_library_computes(
@@ -147,8 +163,13 @@ def test_the_slider_moves_the_run_over_its_step_checkpoints(server, browser):
     assert browser.eval("document.querySelector('.mg-checkpoint').value") == "step-000006.pt"
 
 
-def test_the_attribution_bars_sum_to_the_logit_shown(server, browser):
-    show(browser, server, "document.querySelector('.mg-part')", input="kalo", q="1", runs=HEADS2)
+def test_no_pin_until_a_click_and_the_attribution_bars_sum_to_the_logit(server, browser):
+    show(browser, server, input="kalo", runs=HEADS2)
+    assert panels(browser)[HEADS2]["pins"] == 0 and not browser.eval("location.hash.includes('q=')")
+    note = browser.eval("document.querySelector('.mg-attribution .mg-note').textContent")
+    assert note.startswith("click a character to pin it")
+    browser.eval("document.querySelector('.mg-position[data-position=\"2\"]').click()")  # 'a'
+    browser.wait("document.querySelector('.mg-part')")
     waterfall = """(() => {
       const rows = [...document.querySelectorAll('.mg-part')];
       const edge = (row, end) => {
@@ -179,10 +200,19 @@ def test_the_attribution_bars_sum_to_the_logit_shown(server, browser):
     assert abs(by_size["last_end"] - by_size["total_end"]) < 1.5
 
 
-def test_a_heads_8_run_and_a_text_run_fit_1600_px_and_a_head_opens_large(server, browser):
-    show(browser, server, input="kalo")  # every run: names, text, and 8 heads
-    assert "wide/heads=8" in panels(browser)
+def test_four_runs_one_of_8_heads_fit_1600_px_and_an_attention_only_run_has_no_mlp_rows(
+    server, browser
+):
+    show(browser, server, "panels.every((p) => p.querySelector('.mg-part'))", input="kalo", q="2")
+    shown = panels(browser)  # every group: names, text, 8 heads (attention-only), 3 seeds
+    assert list(shown)[:4] == ["sweep/heads=1", HEADS2, "text/run", "wide/heads=8"]
+    assert len({panel["top"] for panel in list(shown.values())[:4]}) == 1  # side by side
     assert browser.eval("document.documentElement.scrollWidth") <= 1600
+    rows = """[...document.querySelectorAll('.mg-panel[data-run="RUN"] .mg-part-name')]
+      .map((n) => n.textContent)"""
+    assert "MLP 0" in browser.eval(rows.replace("RUN", HEADS2))
+    names = browser.eval(rows.replace("RUN", "wide/heads=8"))
+    assert "L0 H7" in names and not any(name.startswith("MLP") for name in names)
     line = "Thou art my lord and the king.\n\n"  # the whole context of the 8 heads' run (32)
     show(browser, server, input=line, runs="wide/heads=8")
     assert not panels(browser)["wide/heads=8"].get("error")
@@ -194,6 +224,41 @@ def test_a_heads_8_run_and_a_text_run_fit_1600_px_and_a_head_opens_large(server,
     size = browser.eval("parseFloat(getComputedStyle(document.querySelector('.mg-large .mg-key'))"
                         ".fontSize)")  # fmt: skip
     assert size >= 12  # readable
+
+
+def test_a_group_shows_seed_by_seed_with_its_roles_counted_over_its_seeds(server, browser):
+    show(browser, server, input="kalo", runs=GROUP)
+    ((run, panel),) = panels(browser).items()  # one panel for the group's 3 runs
+    assert run == f"{GROUP},seed=1" and panel["meta"].startswith(f"{GROUP},seed=1 · step 12")
+    # seed 1's heads: previous (in seeds 1 and 2), self (in seed 1); seed 3 is not analysed
+    assert panel["roles"][0].startswith("previous2 of 2 seeds analysed")
+    assert panel["roles"][1].startswith("self1 of 2 seeds analysed")
+    seeds = "[...document.querySelectorAll('.mg-seed')]"
+    assert browser.eval(f"{seeds}.map((b) => b.textContent)") == ["1", "2", "3"]
+    browser.eval(f"{seeds}[2].click()")
+    browser.wait(f"document.querySelector('.mg-panel').result?.run === '{GROUP},seed=3'")
+    ((run, panel),) = panels(browser).items()
+    assert run == f"{GROUP},seed=3" and panel["unanalysed"] == 2
+    assert urllib.parse.parse_qs(browser.eval("location.hash.slice(1)"))[f"seed:{GROUP}"] == ["3"]
+
+
+def test_the_view_is_kept_in_tensorboards_address_bar_and_restored_from_it(server, browser):
+    run = f"{GROUP},seed=2"
+    state = {"input": "kalo", "runs": GROUP, f"seed:{GROUP}": "2", "q": "1", f"off:{run}": "0.1",
+             "ablation": "mean", f"checkpoint:{run}": "step-000006.pt"}  # fmt: skip
+    browser.open(f"{server}/#microgpt&{urllib.parse.urlencode(state)}")
+    frame = "document.querySelector('iframe')?.contentDocument"
+    browser.wait(f"{frame}?.querySelector('.mg-panel')?.result", 60)
+    result = browser.eval(f"{frame}.querySelector('.mg-panel').result")
+    assert (result["run"], result["checkpoint"], result["step"]) == (run, "step-000006.pt", 6)
+    assert (result["off"], result["ablation"], result["pin"]) == ([[0, 1]], "mean", 2)  # <s>ka
+    assert browser.eval(f"{frame}.querySelector('.mg-input').value") == "kalo"
+    browser.eval(f"{frame}.querySelector('.mg-reset').click()")  # all heads on again
+    browser.wait(f"{frame}.querySelector('.mg-panel').result.off.length === 0")
+    top = browser.eval("location.hash")
+    assert top.startswith("#microgpt&")  # TensorBoard's tab, then the page's state
+    assert urllib.parse.parse_qs(top.removeprefix("#microgpt&")) == {
+        k: [v] for k, v in state.items() if not k.startswith("off:")}  # fmt: skip
 
 
 def test_the_screenshot_script_shoots_every_view_into_its_own_names(lab, tmp_path):

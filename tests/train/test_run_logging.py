@@ -2,6 +2,7 @@
 read whole at its end (the figures a run reports stay exact), light head analyses while it trains
 and a whole one at its end."""
 
+import logging
 import re
 
 import pytest
@@ -49,7 +50,7 @@ def whole_val_loss(path, data) -> float:
 
 
 def test_a_text_run_estimates_while_it_trains_and_reports_whole_split_figures(
-    tiny_cfg, tmp_path, monkeypatch
+    tiny_cfg, tmp_path, monkeypatch, caplog
 ):
     text = ("data.format=text", "model.block_size=8", "train.num_samples=1")
     cfg, estimated = tiny_cfg(*text), tiny_cfg(*text, out=tmp_path / "est")
@@ -66,8 +67,13 @@ def test_a_text_run_estimates_while_it_trains_and_reports_whole_split_figures(
         return out - 10 if calls == [True] else out
 
     monkeypatch.setattr(trainer, "evaluate", first_estimate_best)
-    metrics = train(estimated)
-    assert len(eval_rows(data.datasets["val"], True)) < len(data.datasets["val"])
+    with caplog.at_level(logging.INFO, logger="microgpt"):
+        metrics = train(estimated)
+    rows, val = len(eval_rows(data.datasets["val"], True)), len(data.datasets["val"])
+    assert rows < val
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    estimate = f"; val loss estimated on {rows} of the {val} validation rows, evenly spaced (the "
+    assert [estimate in line for line in said] == [True, False]  # step 6; step 12 read them all
     # the training draws are the run's own: the same weights, whatever the evaluation read
     a = Checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt").model
     b = Checkpoint.load(tmp_path / "est" / "checkpoints" / "last.pt").model

@@ -2,11 +2,13 @@
 head's attention of one run's checkpoint on a typed input, with the head lab's fields
 (microgpt/commands/tab/lab.py); a run's timeline. Checkpoints load lazily and safely onto the
 CPU (Checkpoint.load) into a bounded cache (ModelCache); only what lies under the log dirs is
-read (`inside`). A user's mistake is an `InputError`, which the page shows."""
+read (`inside`). Runs whose config.yaml differ only by seed form a group (microgpt.groups),
+which the page shows seed by seed. A user's mistake is an `InputError`, which the page shows."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
 
 from microgpt.checkpoint import Checkpoint, CheckpointError
@@ -24,6 +27,7 @@ from microgpt.commands.heads import analysis_rows, run_checkpoints
 from microgpt.commands.tab.lab import LabError, lab, parse_ablation, parse_off, parse_pin
 from microgpt.data.dataset import Data, DataError, checkpoint_format, data_of_checkpoint
 from microgpt.files import read_regular
+from microgpt.groups import Group, group_name, group_runs
 from microgpt.heads.analyse import length_batches
 from microgpt.heads.circuits import mean_outputs
 from microgpt.runs import RunFolder, RunFolderError, find_runs
@@ -218,6 +222,48 @@ def _number(x) -> float | None:
     return x if ok else None
 
 
+def config_of(run: RunFolder) -> dict:
+    """The run's config.yaml as trained; one that cannot be read, a config no other run has (the
+    run is a group of its own). Read again only once rewritten (another size or time)."""
+    path = run.path / "config.yaml"
+    try:
+        stat = path.stat()
+        config = _read_config(str(path), stat.st_size, stat.st_mtime_ns)
+    except (OSError, yaml.YAMLError):
+        config = None
+    return config if isinstance(config, dict) else {"unreadable": str(run.path)}
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_config(path: str, size: int, mtime_ns: int):
+    return yaml.load(read_regular(path), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def groups_of(runs: dict[str, RunFolder]) -> list[Group[str]]:
+    """The groups (group_runs) of runs_under's run names, each named after its first run without
+    the seed ("sweep/heads=4,seed=2" -> "sweep/heads=4")."""
+
+    def name_of(name: str) -> str:
+        log_dir, slash, run = name.rpartition("/")
+        return log_dir + slash + group_name(run)
+
+    return group_runs(list(runs), lambda name: config_of(runs[name]), name_of)
+
+
+def role_counts(analyses: list[dict | None]) -> dict:
+    """{"analysed": how many of `analyses` are head analyses, "roles": {role: in how many of them
+    some head has it}}."""
+    counts, analysed = {}, 0
+    for analysis in analyses:
+        roles = scores_of(analysis)["roles"]
+        if roles is None:
+            continue
+        analysed += 1
+        for role in {role for row in roles for role in row if role}:
+            counts[role] = counts.get(role, 0) + 1
+    return {"analysed": analysed, "roles": dict(sorted(counts.items()))}
+
+
 class RunStore:
     """The runs under the log dirs (log_dirs) and their models, as the tab asks for them."""
 
@@ -243,6 +289,10 @@ class RunStore:
                 out.append({"name": name, "checkpoints": [], "steps": [], "analysed": [],
                             "error": error})  # fmt: skip
         return out
+
+    def groups(self) -> list[dict]:
+        """Every group of runs: {"name", "runs" (their names), "seeds" (runs[i]'s seed)}."""
+        return [vars(group) for group in groups_of(runs_under(self.roots))]
 
     def example(self) -> str | None:
         """An input to start with: the first validation name of the first run that has one."""
@@ -324,8 +374,17 @@ class RunStore:
             "off": [list(head) for head in heads],
             "ablation": ablation,
             "pin": pin,
+            "group": self._group(name, checkpoint),
             **shown,
         }
+
+    def _group(self, name: str, checkpoint: str) -> dict:
+        """The group of run `name` ({"name", "runs", "seeds"}) and role_counts of its runs'
+        analyses of `checkpoint`."""
+        found = runs_under(self.roots)
+        group = next(group for group in groups_of(found) if name in group.runs)
+        analyses = [self._analysis(found[run], checkpoint)[0] for run in group.runs]
+        return {**vars(group), **role_counts(analyses)}
 
     def timeline(self, name: str) -> dict:
         """The run's validation loss over training, and each step checkpoint with its heads'

@@ -51,10 +51,10 @@ def parse_off(text: str, n_layer: int, n_head: int) -> list[tuple[int, int]]:
     return heads
 
 
-def parse_pin(text: str | None, length: int) -> int:
-    """The pinned position: the last by default."""
+def parse_pin(text: str | None, length: int) -> int | None:
+    """The pinned position; None (nothing pinned) by default."""
     if text is None or text == "":
-        return length - 1
+        return None
     if not NUMBER.fullmatch(text) or not int(text) < length:
         raise LabError(f"pin={text!r} is not a position of the input; give 0 to {length - 1}")
     return int(text)
@@ -77,7 +77,8 @@ def next_ids(ids: list[int], boundary: bool) -> list[int]:
 def lab(model, labels, ids, boundary, off, means: Tensor | None, pin: int) -> dict:
     """The lab's fields for input `ids` (attention "layers" included): `labels` turns ids into
     the page's labels, `boundary`: the input is a name (its end is predicted), `off`: heads
-    (layer, head), `means` (L, H, hd): their value, None: zero."""
+    (layer, head), `means` (L, H, hd): their value, None: zero; `pin`: the position attributed
+    (None: none)."""
     L, H = model.config.n_layer, model.config.n_head
     rows = [off, []] + [[head] for head in off] if off else [[]]
     drop = torch.zeros(len(rows), L, H, dtype=torch.bool)  # (B, L, H): each row's heads off
@@ -102,7 +103,7 @@ def lab(model, labels, ids, boundary, off, means: Tensor | None, pin: int) -> di
         # each head of `off` alone: its row's loss over row 1's (no head off)
         "off_loss": [[layer, head, mean(x - sums[1])] for (layer, head), x in zip(off, sums[2:])],
     }
-    target = int(targets[0, pin])
+    target = int(targets[0, pin]) if pin is not None else -1
     parts = attribute(model, run, 0, pin, target) if target >= 0 else None
     shown["attribution"] = parts and {
         "position": pin,
@@ -110,7 +111,8 @@ def lab(model, labels, ids, boundary, off, means: Tensor | None, pin: int) -> di
         "logit": round(parts.logit, LOGIT_DIGITS),
         "embed": round(parts.embed, LOGIT_DIGITS),
         "heads": parts.heads.round(decimals=LOGIT_DIGITS).tolist(),
-        "mlps": parts.mlps.round(decimals=LOGIT_DIGITS).tolist(),
+        # an attention-only model (model.mlp false) has no MLP to list
+        "mlps": parts.mlps.round(decimals=LOGIT_DIGITS).tolist() if model.config.mlp else [],
         "rest": round(parts.rest, LOGIT_DIGITS),
     }
     shown["reading"] = readings(run.attention, ids, pin, labels, off, shown["attribution"])
@@ -137,9 +139,11 @@ def predictions(logits: Tensor, targets: Tensor, labels) -> list[dict]:
     return out
 
 
-def readings(attention, ids, pin, labels, off, parts) -> list[list[str]]:
+def readings(attention, ids, pin, labels, off, parts) -> list[list[str]] | None:
     """Per head, a line on the pinned position: where it looks most, what it adds to the next
-    character ("L0H2 looks 1 back at 'h' and adds +1.3 to 'i'")."""
+    character ("L0H2 looks 1 back at 'h' and adds +1.3 to 'i'"); None with nothing pinned."""
+    if pin is None:
+        return None
     out = []
     for layer, att in enumerate(attention):
         line = []

@@ -4,32 +4,37 @@ answer JSON, or 400 and {"error": message} (a message naming the parameter and t
 
     /index.js, /style.css          the page (static/: plain JavaScript and CSS, no build)
     /runs                          {"runs": [{"name", "checkpoints", "steps", "analysed"}],
-                                    "example"}: steps, one per checkpoint (null: a best.pt or
-                                    last.pt whose model is not loaded yet)
+                                    "groups", "example"}: steps, one per checkpoint (null: a
+                                    best.pt or last.pt whose model is not loaded yet); groups:
+                                    [{"name", "runs", "seeds"}], runs that differ only by seed
+                                    (microgpt/groups.py), runs[i] trained with seeds[i]
     /attention?run=&checkpoint=&input=&off=&ablation=&pin=       RunStore.attention: one run's
         model on the input, the heads `off` ("0.1,1.3": layer.head) switched off by `ablation`
         ("zero", the default, or "mean": the head's mean output over the validation split), the
-        position `pin` (default: the last) attributed:
+        position `pin` (default: none) attributed:
         {"run", "checkpoint", "step", "format", "boundary", "n_layer", "n_head", "tokens",
          "layers": [layer][head] (T, T) attention weights with the heads off,
-         "analysis", "heads": [layer][head] {"role", "score", "importance", "induction"} | null,
+         "analysis", "heads": [layer][head] {"role", "score", "importance", "induction"} | null:
+             importance: the validation loss's rise with the head alone zeroed (the analysis'),
+         "group": {"name", "runs", "seeds", "analysed": how many of the group's runs have an
+             analysis of this checkpoint, "roles": {role: in how many of those some head has it}},
          "off": [[L, H], ...], "ablation", "pin",
          "predictions": per position {"top": [[label, p], ...5], "next": label | null,
                                       "p": p of next | null, "loss": -ln p | null},
          "loss": the mean over positions with a next character, with `off`; "base_loss": with no
-         head off; "off_loss": [[L, H, loss change with that head alone off], ...],
-         "attribution": null (no next character at pin) | {"position", "target", "logit",
-             "embed", "heads": [layer][head], "mlps": [layer], "rest"}: the parts add up to the
-             logit (microgpt/heads/attribution.py says how),
-         "reading": [layer][head] "L0H2 looks 1 back at 'h' and adds +1.30 to 'i'"}
+         head off; "off_loss": [[L, H, the input's loss change with that head alone off], ...],
+         "attribution": null (no pin, or no next character at pin) | {"position", "target",
+             "logit", "embed", "heads": [layer][head], "mlps": [layer] ([]: an attention-only
+             model), "rest"}: the parts add up to the logit (microgpt/heads/attribution.py),
+         "reading": null (no pin) | [layer][head] "L0H2 looks 1 back at 'h' and adds +1.30 to 'i'"}
     /timeline?run=                 {"run", "val": [[step, validation loss], ...],
                                     "checkpoints": [{"checkpoint", "step", "scores", "roles",
                                     "induction"}]}: each step-N.pt in step order, its heads'
                                     [layer][head] from its analysis (null: not analysed)
 
-Labels of tokens are the tokenizer's: "·" a space, "<s>" the boundary (a name's end). Only what
-lies under the log dirs is read: a run folder, checkpoint or analysis reached through a link
-leading out is refused.
+Labels of tokens are the tokenizer's: "·" a space, "<s>" the boundary (a name's start and end;
+the page names it so everywhere). Only what lies under the log dirs is read: a run folder,
+checkpoint or analysis reached through a link leading out is refused.
 """
 
 from __future__ import annotations
@@ -75,7 +80,8 @@ class MicrogptPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _runs(self, request):
-        return _json(request, {"runs": self.store.runs(), "example": self.store.example()})
+        body = {"runs": self.store.runs(), "groups": self.store.groups()}
+        return _json(request, {**body, "example": self.store.example()})
 
     @wrappers.Request.application
     def _attention(self, request):

@@ -7,14 +7,20 @@
 // "attention" and "timeline" (microgpt/commands/tab/tab.py): one request per run per interaction,
 // and a run's maps are drawn again only when they change. Plain JavaScript, no build step.
 //
-// The page reads its state from its URL, after "?" or "#", so a link (or a test) can set it:
+// Runs that differ only by seed form a group ("groups" of /runs): one panel per group, showing
+// one of its runs at a time (its seed buttons switch), each head's role with the number of the
+// group's analysed seeds that have it.
+//
+// The page keeps its state in the address bar: TensorBoard's, after "#microgpt&", and its own
+// URL's, after "?" or "#" (the page alone, or a test), so a view can be linked and reloaded:
 //   input=emma          the input (else the last one typed here, else the first run's example)
-//   runs=heads=1,heads=4  the runs shown (else all)
+//   runs=heads=1,heads=4  the groups shown (else all); a run's name shows its group at that run
+//   seed:GROUP=2        the seed a group shows (else its first)
 //   checkpoint=step-000500.pt  the checkpoint of each run that has it (else its default)
-//   checkpoint:RUN=...  one run's checkpoint;  off:RUN=0.1,1.3  its heads switched off (L.H)
+//   checkpoint:RUN=...  one run's checkpoint (its step);  off:RUN=0.1,1.3  its heads off (L.H)
 //   ablation=mean       what a head switched off outputs: zero (the default) or its mean
-//   q=2                 the pinned character (0 = the first; -1 the boundary): its attention is
-//                       highlighted and its next character's logit attributed (else the last)
+//   q=2                 the pinned character (0 = the first; -1 the boundary <s>): its attention
+//                       is highlighted and its next character's logit attributed (else none)
 //   sort=size           the attribution's parts by size (else in layer order)
 // Hovering a character highlights where every head looks from it; a click pins it. A click on a
 // head's name switches it off (or on again); its ⤢ opens it large.
@@ -22,12 +28,14 @@
 const STORE = "microgpt.input";
 const state = {
   runs: [],
-  shown: new Set(),
+  groups: [], // {name, runs, seeds}: runs[i] trained with seeds[i]
+  shown: new Set(), // group names
+  seed: {}, // group -> the run it shows
   input: "",
   checkpoint: {}, // run -> checkpoint name
   off: {}, // run -> Set of "L.H"
   ablation: "zero",
-  pinned: null, // a character index, or null: each run's last position
+  pinned: null, // a character index, or null: none
   sort: "layer",
 };
 let panels = null;
@@ -53,9 +61,16 @@ export async function render() {
     root.appendChild(el("p", "mg-error", "no microgpt runs under this log directory"));
     return;
   }
+  state.groups = listing.groups;
+  // names joined by commas (a sweep's run names hold commas too: "heads=4,seed=2")
   const wanted = params.get("runs");
-  const names = state.runs.map((r) => r.name);
-  state.shown = new Set(wanted ? wanted.split(",").filter((n) => names.includes(n)) : names);
+  const listed = (name) => `,${wanted},`.includes(`,${name},`);
+  for (const group of state.groups) {
+    const asked = group.runs[group.seeds.indexOf(parseInt(params.get(`seed:${group.name}`), 10))];
+    const named = group.runs.find(listed); // a run's name: its group at that seed
+    state.seed[group.name] = named || asked || group.runs[0];
+    if (wanted === null || named || listed(group.name)) state.shown.add(group.name);
+  }
   for (const run of state.runs) {
     const asked = params.get(`checkpoint:${run.name}`) ?? params.get("checkpoint");
     state.checkpoint[run.name] = run.checkpoints.includes(asked) ? asked : run.checkpoints[0];
@@ -76,7 +91,22 @@ export async function render() {
 function readParams() {
   const out = new URLSearchParams(location.search);
   for (const [k, v] of new URLSearchParams(location.hash.slice(1))) out.set(k, v);
+  const top = topHash();
+  if (top !== null) for (const [k, v] of new URLSearchParams(top)) out.set(k, v);
   return out;
+}
+
+// TensorBoard's address bar after "#microgpt&" (its tab), where the page keeps its state; null
+// outside TensorBoard (the page alone) or on another tab.
+const TAB = "#microgpt";
+function topHash() {
+  try {
+    if (window.parent === window) return null;
+    const hash = window.parent.location.hash;
+    return hash === TAB || hash.startsWith(`${TAB}&`) ? hash.slice(TAB.length + 1) : null;
+  } catch (err) {
+    return null; // another origin
+  }
 }
 
 function el(tag, cls, text) {
@@ -122,16 +152,17 @@ function controls() {
   label.appendChild(input);
   bar.appendChild(label);
   const picker = el("span", "mg-run-picker", "runs ");
-  for (const run of state.runs) {
+  for (const group of state.groups) {
     const box = el("input");
     box.type = "checkbox";
-    box.checked = state.shown.has(run.name);
+    box.checked = state.shown.has(group.name);
     box.addEventListener("change", () => {
-      box.checked ? state.shown.add(run.name) : state.shown.delete(run.name);
+      box.checked ? state.shown.add(group.name) : state.shown.delete(group.name);
       refresh();
     });
     const item = el("label", "mg-run-choice");
-    item.append(box, run.name);
+    const seeds = group.runs.length > 1 ? ` (${group.runs.length} seeds)` : "";
+    item.append(box, group.name + seeds);
     picker.appendChild(item);
   }
   bar.appendChild(picker);
@@ -158,9 +189,10 @@ function controls() {
     el(
       "span",
       "mg-hint",
-      "each head: its role, score and importance (nats) · click its name to switch it off. " +
-        "Hover a character to see where each head looks from it; click to pin it and see " +
-        "what each head adds to the next character."
+      "each head: its role and score, and its importance on the validation set (val: the " +
+        "loss's rise in nats when it alone is zeroed) · click its name to switch it off: its " +
+        "loss change on the input (input ±nats) · hover a character to see where each head " +
+        "looks from it; click to pin it and see what each head adds to the next character"
     )
   );
   return bar;
@@ -170,7 +202,11 @@ function saveState() {
   localStorage.setItem(STORE, state.input);
   const params = new URLSearchParams();
   params.set("input", state.input);
-  if (state.shown.size !== state.runs.length) params.set("runs", [...state.shown].join(","));
+  if (state.shown.size !== state.groups.length) params.set("runs", [...state.shown].join(","));
+  for (const group of state.groups) {
+    const seed = group.seeds[group.runs.indexOf(state.seed[group.name])];
+    if (state.seed[group.name] !== group.runs[0]) params.set(`seed:${group.name}`, seed);
+  }
   for (const run of state.runs) {
     const checkpoint = state.checkpoint[run.name];
     if (checkpoint !== run.checkpoints[0]) params.set(`checkpoint:${run.name}`, checkpoint);
@@ -180,6 +216,7 @@ function saveState() {
   if (state.pinned !== null) params.set("q", state.pinned);
   if (state.sort !== "layer") params.set("sort", state.sort);
   history.replaceState(null, "", `#${params}`);
+  if (topHash() !== null) window.parent.history.replaceState(null, "", `${TAB}&${params}`);
 }
 
 // ------------------------------------------------------------------------------ the panels
@@ -188,7 +225,8 @@ function saveState() {
 // shown that are not there yet are made, those of runs hidden removed.
 async function refresh(which = () => true) {
   saveState();
-  const shown = state.runs.filter((run) => state.shown.has(run.name));
+  const chosen = state.groups.filter((g) => state.shown.has(g.name)).map((g) => state.seed[g.name]);
+  const shown = chosen.map((name) => state.runs.find((run) => run.name === name));
   const have = new Map([...panels.children].map((panel) => [panel.dataset.run, panel]));
   const order = shown.map((run) => have.get(run.name) || emptyPanel(run));
   panels.replaceChildren(...order);
@@ -200,7 +238,9 @@ function emptyPanel(run) {
   const panel = el("section", "mg-panel");
   panel.dataset.run = run.name;
   const header = el("header", "mg-panel-header");
-  header.appendChild(el("h2", "mg-run-name", run.name));
+  const group = state.groups.find((g) => g.runs.includes(run.name));
+  header.appendChild(el("h2", "mg-run-name", group.runs.length > 1 ? group.name : run.name));
+  if (group.runs.length > 1) header.appendChild(seedButtons(group, run));
   const choose = (name) => {
     state.checkpoint[run.name] = name;
     saveState();
@@ -224,6 +264,24 @@ function emptyPanel(run) {
   panel.appendChild(el("div", "mg-loss"));
   panel.appendChild(el("div", "mg-body", "loading..."));
   return panel;
+}
+
+// A group's seeds, one button each: a click shows that seed's run in the group's panel.
+function seedButtons(group, run) {
+  const box = el("span", "mg-seeds", "seed ");
+  box.title = "the group's runs differ only by their seed";
+  group.runs.forEach((name, i) => {
+    const button = el("button", "mg-seed", String(group.seeds[i]));
+    button.title = name;
+    button.dataset.run = name;
+    button.classList.toggle("mg-chosen", name === run.name);
+    button.addEventListener("click", () => {
+      state.seed[group.name] = name;
+      refresh();
+    });
+    box.appendChild(button);
+  });
+  return box;
 }
 
 // The run's step-N.pt checkpoints in step order: [[name, step], ...] ("steps" of /runs).
@@ -304,7 +362,8 @@ function showResult(run, panel, result) {
   }
   panel.querySelectorAll(".mg-now").forEach((line) => placeNow(line, result.step));
   const analysis = result.analysis || "not analysed";
-  panel.querySelector(".mg-meta").textContent = `step ${result.step} · ${analysis}`;
+  const name = result.group.runs.length > 1 ? `${result.run} · ` : "";
+  panel.querySelector(".mg-meta").textContent = `${name}step ${result.step} · ${analysis}`;
   panel.dataset.heads = result.n_head;
   showLoss(panel.querySelector(".mg-loss"), result);
   // the maps, the predictions and the heads' labels change with these alone, not with the pin
@@ -319,10 +378,6 @@ function showResult(run, panel, result) {
     const maps = el("div", "mg-maps");
     maps.append(...layers);
     body.replaceChildren(maps, side);
-    // the panel starts as wide as a row of its heads and grows into the room left on its line
-    // (the predictions and attribution beside the maps, or under them)
-    const figures = [...maps.querySelector(".mg-heads").children];
-    panel.style.flexBasis = `${figures.reduce((w, f) => w + parseFloat(f.style.width) + 8, 48)}px`;
   }
   for (const figure of body.querySelectorAll(".mg-head")) updateHead(figure, result);
   body.querySelectorAll(".mg-position").forEach((column) => {
@@ -371,7 +426,7 @@ function headFigure(run, result, weights, layer, head) {
     openLarge(run, result, weights, layer, head);
   });
   name.append(el("span", "mg-off-delta"), large);
-  caption.append(name, headLabel(result.heads[layer][head]));
+  caption.append(name, headLabel(result.heads[layer][head], result.group));
   caption.title = "click to switch this head off (or on again)";
   caption.addEventListener("click", () => {
     const off = state.off[run.name];
@@ -382,18 +437,31 @@ function headFigure(run, result, weights, layer, head) {
   });
   figure.appendChild(caption);
   const map = figure.appendChild(heatmap(result, weights, cellSize(result.tokens.length)));
-  figure.style.width = `${Math.max(84, map.width)}px`;
+  figure.style.width = `${Math.max(76, map.width)}px`;
   figure.append(el("div", "mg-looks", "\u00a0"), el("div", "mg-dla"));
   return figure;
 }
 
-function headLabel(label) {
+// A head's label from its run's analysis: its role (and in how many of the group's analysed
+// seeds some head has that role), its score, its importance on the validation set.
+function headLabel(label, group) {
   if (!label) return el("div", "mg-role mg-unanalysed", "not analysed");
   const box = el("div", "mg-role");
   box.appendChild(el("span", "mg-role-name", label.role));
+  if (group.runs.length > 1) {
+    const [k, n, all] = [group.roles[label.role] || 0, group.analysed, group.runs.length];
+    const count = `${k} of ${n} seeds${n < all ? " analysed" : ""}`;
+    // a mixed head has no role to find again: its line left blank, the maps kept in line
+    const seeds = el("span", "mg-role-seeds", label.role === "mixed" ? "\u00a0" : count);
+    seeds.title = `${label.role}: a head of ${k} of the group's ${n} analysed runs has it` +
+      (n < all ? ` (${all - n} of its ${all} runs not analysed)` : "");
+    box.appendChild(seeds);
+  }
   const score = label.score == null ? "" : label.score.toFixed(2);
-  const rise = label.importance == null ? "" : ` · ${signed(label.importance)}`;
-  box.appendChild(el("span", "mg-role-numbers", score + rise));
+  const rise = label.importance == null ? "" : ` · val ${signed(label.importance)}`;
+  const numbers = box.appendChild(el("span", "mg-role-numbers", score + rise));
+  numbers.title = "score: its attention on its role's pattern; val: its importance, the rise " +
+    "of the validation set's loss (nats) when it alone is zeroed (python -m microgpt.heads)";
   return box;
 }
 
@@ -404,10 +472,13 @@ function updateHead(figure, result) {
   const off = result.off.some(([l, h]) => l === layer && h === head);
   figure.classList.toggle("mg-is-off", off);
   const alone = (result.off_loss || []).find(([l, h]) => l === layer && h === head);
-  figure.querySelector(".mg-off-delta").textContent = alone ? ` off ${signed(alone[2], 3)}` : "";
+  const delta = figure.querySelector(".mg-off-delta");
+  delta.textContent = alone ? ` input ${signed(alone[2], 3)}` : "";
+  delta.title = "the loss change on the typed input (nats) when this head alone is off";
   const parts = result.attribution;
   const dla = figure.querySelector(".mg-dla");
   dla.replaceChildren();
+  figure.title = "";
   if (!parts) return;
   const value = parts.heads[layer][head];
   dla.append(bar(value, largestPart(parts)), el("span", "mg-dla-value", signed(value)));
@@ -578,12 +649,12 @@ function predictions(result) {
     column.appendChild(el("span", "mg-at", result.tokens[t]));
     for (let i = 0; i < 5; i++) {
       const [label, p] = guess.top[i] || ["", 0];
-      const cell = el("span", "mg-top", `${shown(label)} ${p.toFixed(2).replace(/^0/, "")}`);
+      const cell = el("span", "mg-top", `${label} ${p.toFixed(2).replace(/^0/, "")}`);
       cell.style.setProperty("--p", `${100 * p}%`);
       cell.classList.toggle("mg-hit", label === guess.next);
       column.appendChild(cell);
     }
-    column.appendChild(el("span", "mg-next", guess.next === null ? "–" : shown(guess.next)));
+    column.appendChild(el("span", "mg-next", guess.next === null ? "–" : guess.next));
     column.appendChild(el("span", "mg-p", guess.p == null ? "" : guess.p.toFixed(2)));
     const loss = column.appendChild(el("span", "mg-token-loss"));
     if (guess.loss != null) {
@@ -595,11 +666,6 @@ function predictions(result) {
     strip.appendChild(column);
   });
   return strip;
-}
-
-// The boundary token, where a name's next character is predicted: the end of the name.
-function shown(label) {
-  return label === "<s>" ? "end" : label;
 }
 
 // ------------------------------------------------------------------------------ attribution
@@ -615,13 +681,13 @@ function attribution(result) {
   const box = el("div", "mg-attribution");
   const parts = result.attribution;
   if (!parts) {
-    box.appendChild(el("p", "mg-note", "pin a position with a next character to see what adds to it"));
+    const why = result.pin === null ? "click a character to pin it" : "nothing follows it";
+    box.appendChild(el("p", "mg-note", `${why}: what each part adds to the next character`));
     return box;
   }
   const at = result.tokens[parts.position];
   const title = el("div", "mg-attribution-title");
-  const target = parts.target === "<s>" ? "the end" : `'${parts.target}'`; // of the name
-  title.append(`logit of ${target} after '${at}' = `);
+  title.append(`logit of '${parts.target}' after '${at}' = `);
   title.appendChild(el("b", "mg-logit", parts.logit.toFixed(2)));
   const sort = el("button", "mg-sort", state.sort === "size" ? "in layer order" : "by size");
   sort.addEventListener("click", () => {
@@ -637,7 +703,8 @@ function attribution(result) {
   let rows = [["embeddings", parts.embed, "the token and position embeddings"]];
   parts.heads.forEach((heads, layer) => {
     heads.forEach((v, head) => rows.push([`L${layer} H${head}`, v, result.reading?.[layer]?.[head]]));
-    rows.push([`MLP ${layer}`, parts.mlps[layer], `layer ${layer}'s MLP`]);
+    const mlp = [`MLP ${layer}`, parts.mlps[layer], `layer ${layer}'s MLP`];
+    if (parts.mlps.length) rows.push(mlp); // none in an attention-only model
   });
   rows.push(["rest", parts.rest, "the biases and what the final norm's centering takes away"]);
   if (state.sort === "size") rows = rows.sort((a, b) => Math.abs(b[1]) - Math.abs(a[1]));
