@@ -32,8 +32,8 @@ RUNS = {
     "heads=2,seed=2": (2, 2, [{"step": 0, "time": 200.0, T: 3.5},
                               {"step": 6, "time": 260.0, T: 2.0, V: 2.25},
                               {"step": 12, "time": 320.0, T: 1.5, V: 2.0}]),
-    "heads=2,seed=3": (2, 3, [{"step": 0, "time": 300.0, T: 4.0},
-                              {"step": 6, "time": 360.0, T: 3.0, V: 3.25}]),
+    "heads=2,seed=3": (2, 3, [{"step": 0, "time": 300.0, T: 4.75},
+                              {"step": 6, "time": 360.0, T: 3.5, V: 3.5}]),
     "heads=4,seed=1": (4, 1, [{"step": 6, "time": 10.0, T: 1.0, V: 2.0}]),
     "heads=4,seed=2": (4, 2, [{"step": 6, "time": 20.0, T: 2.0, V: 2.5}]),
     "heads=8,seed=1": (8, 1, [{"step": 6, "time": 10.0, T: 1.0, V: 2.0}]),
@@ -41,12 +41,14 @@ RUNS = {
 # by hand: {group: {tag: [(step, value), ...]}}
 EXPECTED = {
     "heads=2": {
-        "seeds/Loss/val/mean": [(6, 2.75)],  # (2.75 + 2.25 + 3.25) / 3; step 12: not in seed 3
+        # (2.75 + 2.25 + 3.5) / 3 (not the median, 2.75, nor the middle, 2.875); step 12: not
+        # in seed 3
+        "seeds/Loss/val/mean": [(6, 8.5 / 3)],
         "seeds/Loss/val/min": [(6, 2.25)],
-        "seeds/Loss/val/max": [(6, 3.25)],
-        "seeds/Loss/train/mean": [(0, 3.5), (6, 2.5)],
+        "seeds/Loss/val/max": [(6, 3.5)],
+        "seeds/Loss/train/mean": [(0, 11.25 / 3), (6, 8 / 3)],
         "seeds/Loss/train/min": [(0, 3.0), (6, 2.0)],
-        "seeds/Loss/train/max": [(0, 4.0), (6, 3.0)],
+        "seeds/Loss/train/max": [(0, 4.75), (6, 3.5)],
     },
     "heads=4": {
         "seeds/Loss/val/mean": [(6, 2.25)],
@@ -221,10 +223,27 @@ def test_the_custom_scalars_tab_draws_one_line_with_a_band_per_group(tmp_path):
         # what each run answers to the chart's request (its tags as one regex): the group runs
         runs = ["groups/heads=2", "groups/heads=4", *RUNS]
         regex = "|".join(f"({re.escape(t)})" for t in MARGIN_TAGS[0])
-        drawn = [r for r in runs if get("scalars", run=r, tag=regex)["payload"]]
+        drawn = [r for r in runs if get("scalars", run=r, tag=regex)["tag_to_events"]]
         assert drawn == ["groups/heads=2", "groups/heads=4"]
-        with Browser(1600, 1000) as browser:
+        with Browser(1600, 1000) as browser:  # the tab, as a person opens it
             browser.open(f"{url}/#custom_scalars")
-            cards = "document.querySelectorAll('tf-custom-scalar-margin-chart-card')"
-            browser.wait(f"{cards}.length === 2", 60)
-            browser.screenshot(tmp_path / "custom_scalars.png")
+            drawn = f"{CARDS}.every((card) => {MATCHES}.length >= 2 && {AREAS}.length >= 2)"
+            browser.wait(f"{CARDS}.length === 2 && {drawn}", 60)
+            shown = browser.eval(f"""{CARDS}.map((card) => [card.title, {MATCHES}.map(
+              (e) => e.textContent.replace('\u25fc', '').trim()), {AREAS}.length])""")
+            browser.screenshot(tmp_path / "custom_scalars.png")  # to look at when it fails
+    for title, matches, areas in shown:
+        value = MARGIN[title][0]  # each group's mean (its line) and band (its area), none else
+        assert sorted(matches) == [f"{value} (groups/heads=2)", f"{value} (groups/heads=4)"]
+        assert areas == 2, title
+
+
+# every element under `root`, through shadow roots; the margin cards; what a card lists it draws
+# (a line per run and series: "seeds/Loss/val/mean (groups/heads=2)"); the bands it fills
+EVERYTHING = """((root) => { const out = []; const walk = (n) => { out.push(n);
+  [...n.children, ...(n.shadowRoot ? n.shadowRoot.children : [])].forEach(walk); };
+  if (root) walk(root); return out; })"""
+CARD = "tf-custom-scalar-margin-chart-card"
+CARDS = f"{EVERYTHING}(document.documentElement).filter((n) => n.localName === '{CARD}')"
+MATCHES = "[...card.shadowRoot.querySelectorAll('.match-list-entry')]"
+AREAS = f"{EVERYTHING}(card).filter((n) => n.localName === 'path' && n.classList.contains('area'))"
