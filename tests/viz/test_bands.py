@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -18,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from microgpt.cli import SeedBands
-from microgpt.viz.bands import BandsError, write_bands
+from microgpt.viz.bands import CATEGORY, BandsError, write_bands
 from microgpt.viz.tensorboard import read_metrics
 from tests.e2e.harness import changes, fingerprint
 
@@ -216,7 +217,9 @@ def test_the_custom_scalars_tab_draws_one_line_with_a_band_per_group(tmp_path):
             with urllib.request.urlopen(f"{url}/data/plugin/custom_scalars/{route}?{q}") as r:
                 return json.load(r)
 
-        layout = get("layout")
+        deadline = time.monotonic() + 60  # TensorBoard reads the runs after it starts
+        while CATEGORY not in str(layout := get("layout")) and time.monotonic() < deadline:
+            time.sleep(0.2)
         charts = {c["title"]: c for cat in layout["category"] for c in cat["chart"]}
         for title, tags in MARGIN.items():
             assert [tuple(s.values()) for s in charts[title]["margin"]["series"]] == [tags]
