@@ -136,8 +136,8 @@ class SeedBands(Callback):
         if groups:
             names = ", ".join(f"{g.name} ({g.n} seeds)" for g in groups)
             logging.getLogger(__name__).info(
-                f"TensorBoard: the mean over seeds with a band, min to max, of {names} in "
-                f"{sweep / GROUPS_DIR} (Custom Scalars tab)"
+                f"TensorBoard's Custom Scalars: each group's mean over its seeds in a band from "
+                f"min to max, in {sweep / GROUPS_DIR}: {names}"
             )
 
 
