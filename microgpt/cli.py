@@ -21,9 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint, CheckpointError
 from microgpt.config import Config, SampleConfig
+from microgpt.errors import first_line
 from microgpt.startup_checks import SWEPT_KEYS_ENV, check_command_line, sweep_jobs
 from microgpt.system import THREADS_ENV, env_threads, share, usable_cores
 from microgpt.train.trainer import Interrupted
+from microgpt.viz.bands import GROUPS_DIR, write_bands
 
 # what Hydra's override lexer reads in a bare value; any other character needs quotes
 BARE_VALUE = re.compile(r"[\w\-/\\+.$%*@?|:,()\[\]{} \t]*", re.ASCII)
@@ -119,6 +121,26 @@ class ShareCores(Callback):
         for handler in logging.getLogger().handlers:
             if type(handler) is logging.StreamHandler:  # the console, not the job's train.log
                 handler.setFormatter(Labelled(label, handler.formatter or logging.Formatter()))
+
+
+class SeedBands(Callback):
+    """After a sweep, each group of its runs that differ only by seed as a mean with a band in
+    TensorBoard (microgpt.viz.bands); a problem writing them is one warning line, never the
+    sweep's failure (its runs are done and intact)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep = Path(str(config.hydra.sweep.dir))
+        try:
+            groups = write_bands(sweep)
+        except Exception as e:  # noqa: BLE001 - whatever it is, the sweep stands
+            print(f"microgpt: warning: no seed bands: {first_line(e)}", file=sys.stderr, flush=True)
+            return
+        if groups:
+            names = ", ".join(f"{g.name} ({g.n} seeds)" for g in groups)
+            logging.getLogger(__name__).info(
+                f"TensorBoard's Custom Scalars: each group's mean over its seeds in a band from "
+                f"min to max, in {sweep / GROUPS_DIR}: {names}"
+            )
 
 
 class Labelled(logging.Formatter):

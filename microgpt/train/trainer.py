@@ -422,8 +422,9 @@ class Trainer:
         samples.txt."""
         c = self.config
         model = self._test_best_checkpoint(metrics)
-        # two columns, so that the HParams tab shows the metrics beside them (config.yaml: the rest)
-        hparams = dict(heads=self.model_config.n_head, params=metrics["params"])
+        # three columns, so that the HParams tab shows the metrics beside them (config.yaml: the
+        # rest); the seed: runs that differ only by it sort together, and filter by it
+        hparams = dict(heads=self.model_config.n_head, seed=c.seed, params=metrics["params"])
         results = {k: metrics[k] for k in ("best_val_loss", "test_loss") if k in metrics}
         self.writer.hparams(hparams, results, step=self.step)
         self.writer.close()

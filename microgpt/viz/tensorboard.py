@@ -29,11 +29,12 @@ from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
-from microgpt.files import write_text
+from microgpt.files import read_regular, write_text
 from microgpt.heads.report import ROLES, HeadReport
 from microgpt.viz.draw import compose_layer, render_attention, render_offset_profile, render_table
 
 METRICS_FILE = "metrics.jsonl"
+METRICS_LIMIT = 256 * 2**20  # a run's metrics.jsonl: a few MiB for the longest runs
 TRAIN_LOSS, VAL_LOSS = "Loss/train", "Loss/val"  # the tags, and the keys in METRICS_FILE
 # the head summaries beside the losses in the HParams tab (all of them: the Scalars tab, compare)
 HPARAMS_SUMMARIES = ("heads/prunable", "heads/named", "heads/induction_max")
@@ -51,9 +52,10 @@ def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The objects of a metrics.jsonl, in order; a last line cut short by a crash is skipped."""
+    """The objects of a metrics.jsonl, in order; a last line cut short by a crash is skipped; a
+    FIFO, a device or a file over METRICS_LIMIT is an OSError (never a hang)."""
     lines = []
-    for text in Path(path).read_text(encoding="utf-8").splitlines():
+    for text in read_regular(path, METRICS_LIMIT).decode("utf-8").splitlines():
         with contextlib.suppress(ValueError):
             lines.append(json.loads(text))
     return lines

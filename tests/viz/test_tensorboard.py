@@ -155,7 +155,10 @@ def test_head_summaries_are_hparams_metrics_and_charted_by_a_layout_of_the_runs_
         metrics = {m.name.tag for m in data.experiment.metric_infos}
         # few columns, the losses first: on screen beside the two hparams
         hparams = {h.name for h in data.experiment.hparam_infos}
-        assert hparams == {"heads", "params"}
+        assert hparams == {"heads", "seed", "params"}  # the seed: runs of a group side by side
+        start = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+        row = plugin_data_pb2.HParamsPluginData.FromString(start).session_start_info.hparams
+        assert (row["heads"].number_value, row["seed"].number_value) == (heads, 1337)
         assert metrics == {"result/best_val_loss", "result/test_loss", *HPARAMS_SUMMARIES}
         assert metrics <= set(scalars)  # the HParams tab reads each metric's value from a scalar
         events = acc.Tensors("custom_scalars__config__")
