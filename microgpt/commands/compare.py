@@ -394,17 +394,23 @@ def format_groups(runs: list[RunSummary]) -> str:
     return "\n".join(lines)
 
 
-def _wrapped(text: str) -> list[str]:
-    return textwrap.wrap(text, 100, subsequent_indent="    ", break_on_hyphens=False)
+def _wrapped(text: str, indent: str = "") -> list[str]:
+    """`text` in lines of 100 characters, each after the first indented 2 more."""
+    return textwrap.wrap(text, 100, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
 def _roles_lines(groups: list[Group[RunSummary]]) -> list[str]:
     lines = []
     for g in groups:
         have, analysed = roles_across_seeds(g)
-        of = f"of {analysed} seeds" if analysed == g.n else f"of {analysed} analysed"
+        of = (
+            f"of {analysed} seed{'s' * (analysed > 1)}"
+            if analysed == g.n
+            else f"of {analysed} analysed"
+        )
         if have:
-            lines += _wrapped(f"  {g.name}: " + ", ".join(f"{k} {n} {of}" for k, n in have.items()))
+            roles = ", ".join(f"{k} {n} {of}" for k, n in have.items())
+            lines += _wrapped(f"{g.name}: {roles}", "  ")
     return (
         ["roles across seeds (k of n: the runs whose analysis has a head with the role):", *lines]
         if lines
@@ -490,11 +496,12 @@ def records(runs: list[RunSummary]) -> dict[str, list[dict]]:
         out["groups"].append(record)
     out["comparisons"] = [
         {
+            "name": f"{c.later} - {c.earlier}",
             "earlier": c.earlier,
             "later": c.later,
             "loss": LOSSES[c.loss],
             "difference": c.difference,
-            "test": c.result and c.result.test,
+            "t_test": c.result and c.result.test,
             "seeds": c.seeds,
             "low": c.result and c.result.low,
             "high": c.result and c.result.high,

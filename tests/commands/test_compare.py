@@ -90,7 +90,7 @@ def test_csv_and_json_hold_runs_groups_and_comparisons_for_scripts(sweep, capsys
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [(r["record"], r["name"]) for r in rows] == [
         ("run", "heads=1"), ("run", "heads=2"), ("group", "heads=1"), ("group", "heads=2"),
-        ("comparison", ""), ("comparison", ""),
+        ("comparison", "heads=2 - heads=1"), ("comparison", "heads=2 - heads=1"),
     ]  # fmt: skip
     assert rows[0]["params"] == str(metrics[1]["params"]) and rows[0]["group"] == "heads=1"
     assert float(rows[3]["test_loss.mean"]) == pytest.approx(metrics[2]["test_loss"])
@@ -239,7 +239,7 @@ def test_verdicts_say_which_difference_is_beyond_the_seed_noise(seeded, capsys):
     assert main([str(seeded), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     test = [c for c in data["comparisons"] if c["loss"] == "test_loss"]
-    assert [(c["test"], c["verdict"]) for c in test] == [
+    assert [(c["t_test"], c["verdict"]) for c in test] == [
         ("paired t", "significant"),
         ("paired t", "within noise"),
         ("Welch t", "significant"),
