@@ -244,6 +244,11 @@ def test_verdicts_say_which_difference_is_beyond_the_seed_noise(seeded, capsys):
         ("paired t", "within noise"),
         ("Welch t", "significant"),
     ]
+    # Holm over the 3: the smallest p times 3 (t -74.5 on 2 df: p = 1 - 74.5 / sqrt(74.5^2 + 2)
+    # = 1.801e-4), the next (Welch's) times 2, the largest as it is
+    assert test[0]["p"] == pytest.approx(1.801e-4, rel=1e-3)
+    assert test[0]["p_holm"] == pytest.approx(3 * 1.801e-4, rel=1e-3)
+    assert test[2]["p_holm"] == pytest.approx(2 * test[2]["p"])
     assert test[0]["seeds"] == [1, 2, 3] and test[1]["p_holm"] == pytest.approx(0.9637, abs=1e-4)
     group = data["groups"][0]
     assert (group["n"], group["seeds"], group["test_loss"]["interval"]) == (
