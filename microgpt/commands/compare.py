@@ -300,7 +300,7 @@ class Comparison:
     loss: str  # a key of LOSSES
     difference: float  # of the means (nan: a group has none)
     result: TTest | None = None  # None: why says why
-    why: str = ""
+    why: str = ""  # "under 2 seeds", "different data"
     p_holm: float = math.nan  # p corrected for the comparisons of this loss (holm)
     seeds: list[int] = field(default_factory=list)  # the seeds paired (paired t)
 
@@ -332,25 +332,21 @@ def _compare(a: Group[RunSummary], b: Group[RunSummary], loss: str) -> Compariso
     difference = statistics.fmean(x) - statistics.fmean(y) if x and y else math.nan
     c = Comparison(a.name, b.name, loss, difference)
     if {r.data for r in a.runs} != {r.data for r in b.runs}:
-        c.why = "trained on different data"
+        c.why = "different data"
         return c
     if a.seeds == b.seeds and len(set(a.seeds)) == a.n:  # the same seeds: pairs
-        pairs = [(rb, ra) for ra, rb in zip(a.runs, b.runs)]
         pairs = [
-            (rb, ra)
-            for rb, ra in pairs
-            if not math.isnan(getattr(rb, figure) - getattr(ra, figure))
+            (getattr(rb, figure), getattr(ra, figure), rb.seed) for ra, rb in zip(a.runs, b.runs)
         ]
+        pairs = [pair for pair in pairs if not math.isnan(pair[0] - pair[1])]
         if len(pairs) >= 2:
-            c.result = paired_t(
-                [getattr(rb, figure) for rb, _ in pairs], [getattr(ra, figure) for _, ra in pairs]
-            )
-            c.seeds = [rb.seed for rb, _ in pairs]
+            later, earlier, c.seeds = map(list, zip(*pairs))
+            c.result = paired_t(later, earlier)
             return c
     elif len(x) >= 2 and len(y) >= 2:
         c.result = welch_t(x, y)
         return c
-    c.why = "one seed: cannot tell from noise"
+    c.why = "under 2 seeds"
     return c
 
 
@@ -436,7 +432,7 @@ def _verdict_lines(groups: list[Group[RunSummary]], comparisons: list[Comparison
     for c in comparisons:
         pair = f"{c.later} - {c.earlier}" if c.loss == next(iter(LOSSES)) else ""
         if c.result is None:
-            rows.append([pair, c.loss, _num(c.difference, "+.4f"), "", "", c.why, ""])
+            rows.append([pair, c.loss, _num(c.difference, "+.4f"), "", "", c.verdict, c.why])
             continue
         r = c.result
         half = f"{r.difference:+.4f} ± {(r.high - r.low) / 2:.4f}"
