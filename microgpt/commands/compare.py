@@ -1,12 +1,21 @@
-"""How many heads? A sweep's runs side by side, without opening TensorBoard.
+"""Does the head count matter? A sweep's runs side by side, and how sure each difference is.
 
-    python -m microgpt.compare multirun/2026-05-01/12-00-00 [--wide | --csv | --json]
+    python -m microgpt.compare multirun/2026-05-01/12-00-00 [--runs] [--wide | --csv | --json]
 
-One row per run under the folder, by head count: best val, test, tok/s (the median), then the head
-summaries of `python -m microgpt.heads`'s analysis of its checkpoint, else the last logged
-`heads/...` scalars (`*` where they are of an older step); the `analysis` column says which. Under
-100 columns with a legend; --wide adds each layer's entropy and importance and the roles; --csv
-and --json print every column for scripts. It writes nothing (TensorBoard draws the curves).
+One row per group, by head count: the runs that differ only by seed (microgpt.groups; `python
+train.py -m heads=1,2,4,8 seed=1,2,3` makes four groups of three). Best val and test are the mean
+over the seeds ± half its interval (the t-based 95% CI of the mean for 3 or more seeds, min-max for
+2); tok/s the median; the head summaries of `python -m microgpt.heads`'s analysis of each run's
+checkpoint (else its last logged `heads/...` scalars) as means. Under the table: the roles each
+group's runs have (k of n seeds), then a verdict for each group against the one above it: the
+difference of their losses with its 95% CI and p, paired by seed where both groups have the same
+seeds (else Welch's t-test), significant or within noise after Holm's correction over the
+comparisons. One seed per group cannot tell a difference from noise, and says so.
+
+Under 100 columns with a legend; --runs adds a row per run (`analysis` says where its head
+columns come from, `*` where they are of an older step); --wide: the runs with every column (each
+layer's entropy and importance, the roles); --csv and --json: everything, for scripts. It writes
+nothing (TensorBoard draws the curves).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import math
 import re
 import statistics
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,10 +37,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint
+from microgpt.config import flatten
 from microgpt.errors import UserError, first_line
 from microgpt.files import read_regular
+from microgpt.groups import Group, group_runs
 from microgpt.heads.report import PRUNE_TOLERANCE, ROLES
 from microgpt.runs import RunFolder
+from microgpt.stats import MIN_MAX, T_CI, Interval, TTest, holm, interval, paired_t, welch_t
 from microgpt.viz.tensorboard import METRICS_FILE, VAL_LOSS, read_metrics
 
 # head summaries shown as columns: header -> (tag under heads/, format)
@@ -40,15 +53,24 @@ SUMMARY_COLUMNS = {
     "repeat gain": ("repeat_loss_gain", ".3f"),
     "copying": ("copying_max", ".2f"),
 }
+GROUP_COLUMNS = ("group", "heads", "seeds", "best val", "test", "tok/s", "prunable", "named",
+                 "induction")  # fmt: skip
+LOSSES = {"test": "test_loss", "best val": "best_val_loss"}  # the figures groups are compared on
+ALPHA = 0.05  # a difference is significant when its Holm-corrected p is below
+SWEEP_SEEDS = "python train.py -m heads=1,2,4,8 seed=1,2,3"
 # the columns without --wide: under 100 characters for a sweep's runs
 NARROW = ("run", "heads", "params", "best val", "test", "tok/s", "prunable", "named", "induction",
           "analysis")  # fmt: skip
 LEGEND = f"""\
 best val: lowest validation loss; test: best.pt's test loss (nats per character); tok/s: median
   training speed; prunable: heads that can go together for a loss rise < {PRUNE_TOLERANCE} nats;
-  named: heads with a role (docs/heads.md); induction: best prefix matching on repeated spans (0-1)
+  named: heads with a role (docs/heads.md); induction: best prefix matching on repeats (0-1)"""
+RUN_LEGEND = """\
 analysis: where the head columns come from: "best.pt 3500": python -m microgpt.heads on best.pt
   (step 3500); "log 3500": the analysis the run logged at step 3500 (on log.head_items items)"""
+GROUP_LEGEND = f"""\
+group: runs that differ only by seed; seeds: how many; each figure the mean over its seeds, best
+  val and test ± half their interval: the {T_CI} of the mean (3+ seeds), {MIN_MAX} (2 seeds)"""
 WIDE_LEGEND = """\
 entropy: each layer's mean attention entropy (nats); importance: each layer's largest loss rise
   with one head zeroed; repeat gain: a span's loss on its first copy minus on its repeat; copying:
@@ -70,6 +92,8 @@ class RunSummary:
     heads_step: int | None = None  # the step the head columns were measured at
     latest_step: int | None = None  # the step they should be of (the checkpoint's, else last)
     heads_from: str = "log"  # "best.pt" (python -m microgpt.heads on it), or "log" (training's)
+    seed: int | None = None
+    config: dict = field(default_factory=dict, repr=False)  # config.yaml: what groups the runs
 
     def summary(self, name: str) -> float:
         """A head summary (`heads/<name>`), nan when the run has none."""
@@ -107,9 +131,11 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 def read_run(folder: RunFolder, root: Path) -> RunSummary:
     run = folder.path
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
-    heads = OmegaConf.load(run / "config.yaml").model.n_head  # none: an OmegaConf error
+    config = OmegaConf.load(run / "config.yaml")
+    heads = config.model.n_head  # none: an OmegaConf error
     scalars = _scalars(run)
     r, step = RunSummary(folder.name_under(root), run, heads), None
+    r.config, r.seed = OmegaConf.to_container(config), config.get("seed")
     checkpoint, kept = folder.default_checkpoint(), {}  # best.pt, else last.pt
     if checkpoint is not None:  # a CheckpointError makes the run unreadable (read_sweep)
         ckpt = Checkpoint.load(checkpoint)
@@ -198,28 +224,29 @@ def table(runs: list[RunSummary], plain: bool = False) -> tuple[list[str], list[
     return header, [_row(r, n_layers, n_imp, roles, plain) for r in runs]
 
 
+def _aligned(columns: list[list[str]], left: int = 1) -> list[str]:
+    """Columns (header first) as lines: the first `left` left-aligned, the others right-aligned."""
+    widths = [max(map(len, col)) for col in columns]
+    lines = []
+    for cells in zip(*columns):
+        just = [
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ]
+        lines.append("  ".join(just).rstrip())
+    return lines
+
+
 def format_table(runs: list[RunSummary], wide: bool = False) -> str:
-    """One row per run, columns aligned (NARROW, or every one), the legend; then the lowest
-    validation loss (per data set)."""
+    """One row per run, columns aligned (NARROW, or every one), the legend of `analysis` and of
+    the wide columns."""
     header, rows = table(runs)
     keep = [i for i, name in enumerate(header) if wide or name in NARROW]
     # a layer's columns after the first: "L1", "L2", ... under "entropy L0"
     shown = [
         h.split()[-1] if i > 0 and h[:-1] == header[i - 1][:-1] else h for i, h in enumerate(header)
     ]
-    columns = [[shown[i], *(row[i] for row in rows)] for i in keep]
-    widths = [max(map(len, col)) for col in columns]
-    lines = []
-    for first, *rest in zip(*columns):
-        cells = [first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:]))]
-        lines.append("  ".join(cells).rstrip())
-    stale = [line for line in map(_stale, runs) if line]
-    legend = (
-        [LEGEND, WIDE_LEGEND]
-        if wide
-        else [LEGEND, "--wide: every column; --csv, --json: for scripts"]
-    )
-    return "\n".join(lines + stale + legend + _lowest_val_loss(runs))
+    lines = _aligned([[shown[i], *(row[i] for row in rows)] for i in keep])
+    return "\n".join(lines + [RUN_LEGEND, *([WIDE_LEGEND] if wide else [])])
 
 
 def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str], plain=False) -> list[str]:
@@ -234,12 +261,282 @@ def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str], plain=False
     return row + [_num(r.role_counts[role], ".0f") for role in roles] + [analysis]
 
 
+def groups_of(runs: list[RunSummary]) -> list[Group[RunSummary]]:
+    """The runs that differ only by seed, as groups in the runs' order (by head count)."""
+    return group_runs(runs, lambda r: r.config, lambda r: r.name)
+
+
+def _values(group: Group[RunSummary], figure: str) -> list[float]:
+    values = [getattr(r, figure) for r in group.runs]
+    return [x for x in values if not math.isnan(x)]
+
+
+def _interval(group: Group[RunSummary], figure: str) -> Interval | None:
+    values = _values(group, figure)
+    return interval(values) if values else None
+
+
+def _mean_summary(group: Group[RunSummary], name: str) -> float:
+    values = [x for x in (r.summary(name) for r in group.runs) if not math.isnan(x)]
+    return statistics.fmean(values) if values else math.nan
+
+
+def roles_across_seeds(group: Group[RunSummary]) -> tuple[dict[str, int], int]:
+    """({role: how many runs have it (a head with it in their analysis)}, how many runs have an
+    analysis), the roles most runs have first."""
+    analysed = [r for r in group.runs if any(not math.isnan(x) for x in r.role_counts.values())]
+    have = {role: sum(r.role_counts[role] > 0 for r in analysed) for role in ROLES}
+    return dict(sorted(((k, v) for k, v in have.items() if v), key=lambda kv: -kv[1])), len(
+        analysed
+    )
+
+
+@dataclass
+class Comparison:
+    """One loss of a group against the group above it in the table: later minus earlier."""
+
+    earlier: str
+    later: str
+    loss: str  # a key of LOSSES
+    difference: float  # of the means (nan: a group has none)
+    result: TTest | None = None  # None: why says why
+    why: str = ""  # "under 2 seeds", "different data"
+    p_holm: float = math.nan  # p corrected for the comparisons of this loss (holm)
+    seeds: list[int] = field(default_factory=list)  # the seeds paired (paired t)
+
+    @property
+    def verdict(self) -> str:
+        if self.result is None:
+            return "cannot tell"
+        return "significant" if self.p_holm < ALPHA else "within noise"
+
+
+def compare_groups(groups: list[Group[RunSummary]]) -> list[Comparison]:
+    """Each group against the one above it, on each loss, with Holm's correction over the
+    comparisons of a loss that have a test."""
+    comparisons = [
+        _compare(earlier, later, loss)
+        for earlier, later in zip(groups, groups[1:])
+        for loss in LOSSES
+    ]
+    for loss in LOSSES:
+        tested = [c for c in comparisons if c.loss == loss and c.result is not None]
+        for c, p in zip(tested, holm([c.result.p for c in tested])):
+            c.p_holm = p
+    return comparisons
+
+
+def _compare(a: Group[RunSummary], b: Group[RunSummary], loss: str) -> Comparison:
+    figure = LOSSES[loss]
+    x, y = _values(b, figure), _values(a, figure)
+    difference = statistics.fmean(x) - statistics.fmean(y) if x and y else math.nan
+    c = Comparison(a.name, b.name, loss, difference)
+    if {r.data for r in a.runs} != {r.data for r in b.runs}:
+        c.why = "different data"
+        return c
+    if a.seeds == b.seeds and len(set(a.seeds)) == a.n:  # the same seeds: pairs
+        pairs = [
+            (getattr(rb, figure), getattr(ra, figure), rb.seed) for ra, rb in zip(a.runs, b.runs)
+        ]
+        pairs = [pair for pair in pairs if not math.isnan(pair[0] - pair[1])]
+        if len(pairs) >= 2:
+            later, earlier, c.seeds = map(list, zip(*pairs))
+            c.result = paired_t(later, earlier)
+            return c
+    elif len(x) >= 2 and len(y) >= 2:
+        c.result = welch_t(x, y)
+        return c
+    c.why = "under 2 seeds"
+    return c
+
+
+def _interval_cell(i: Interval | None) -> str:
+    if i is None:
+        return "-"
+    return f"{i.mean:.4f}" if i.n == 1 else f"{i.mean:.4f} ± {i.half_width:.4f}"
+
+
+def format_groups(runs: list[RunSummary]) -> str:
+    """A row per group, its legend, the roles across seeds, the verdicts."""
+    groups = groups_of(runs)
+    rows = [
+        [
+            g.name,
+            str(g.runs[0].heads),
+            str(g.n),
+            _interval_cell(_interval(g, "best_val_loss")),
+            _interval_cell(_interval(g, "test_loss")),
+            _rate(statistics.median([r.tokens_per_sec for r in g.runs])),
+            _num(_mean_summary(g, "prunable"), ".1f"),
+            _num(_mean_summary(g, "named"), ".1f"),
+            _num(_mean_summary(g, "induction_max"), ".2f"),
+        ]
+        for g in groups
+    ]
+    lines = _aligned([list(col) for col in zip(GROUP_COLUMNS, *rows)])
+    lines += [line for line in map(_stale, runs) if line]
+    lines += [
+        GROUP_LEGEND,
+        LEGEND,
+        "--runs: a row per run too; --wide: every column; --csv, --json",
+    ]
+    data = {r.data for r in runs}
+    if len(data) > 1:
+        lines.append(
+            f"these runs were trained on {len(data)} different data sets (path or items differ): "
+            f"groups on different data are not compared"
+        )
+    lines += _roles_lines(groups) + _verdict_lines(groups, compare_groups(groups))
+    return "\n".join(lines)
+
+
+def _wrapped(text: str, indent: str = "") -> list[str]:
+    """`text` in lines of 100 characters, each after the first indented 2 more."""
+    return textwrap.wrap(text, 100, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def _roles_lines(groups: list[Group[RunSummary]]) -> list[str]:
+    lines = []
+    for g in groups:
+        have, analysed = roles_across_seeds(g)
+        of = (
+            f"of {analysed} seed{'s' * (analysed > 1)}"
+            if analysed == g.n
+            else f"of {analysed} analysed"
+        )
+        if have:
+            roles = ", ".join(f"{k} {n} {of}" for k, n in have.items())
+            lines += _wrapped(f"{g.name}: {roles}", "  ")
+    return (
+        ["roles across seeds (k of n: the runs whose analysis has a head with the role):", *lines]
+        if lines
+        else []
+    )
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _verdict_lines(groups: list[Group[RunSummary]], comparisons: list[Comparison]) -> list[str]:
+    if len(groups) < 2:
+        return []
+    if all(g.n == 1 for g in groups):
+        return _wrapped(
+            "verdicts: none. With one seed per group this sweep cannot tell a difference between "
+            "groups from seed noise (a run's test loss moves by a few hundredths of a nat with its "
+            f"seed); sweep seeds too, e.g. {SWEEP_SEEDS}"
+        )
+    m = sum(c.result is not None for c in comparisons if c.loss == "test")
+    rows = []
+    for c in comparisons:
+        pair = f"{c.later} - {c.earlier}" if c.loss == next(iter(LOSSES)) else ""
+        if c.result is None:
+            rows.append([pair, c.loss, _num(c.difference, "+.4f"), "", "", c.verdict, c.why])
+            continue
+        r = c.result
+        half = f"{r.difference:+.4f} ± {(r.high - r.low) / 2:.4f}"
+        rows.append([pair, c.loss, half, _p(r.p), _p(c.p_holm), c.verdict, r.test])
+    header = ["difference", "loss", "later - earlier", "p", "Holm p", "verdict", "test"]
+    lines = [
+        "verdicts: each group against the one above it (negative: the later has the lower loss),",
+        f"  the 95% CI of the difference; significant: Holm's p < {ALPHA} over {m} comparisons; "
+        "paired t:",
+        "  by seed (both groups have the same seeds), else Welch t; p: two-sided",
+        *_aligned([list(col) for col in zip(header, *rows)], left=2),
+    ]
+    tested = [c for c in comparisons if c.loss == "test" and c.result is not None]
+    found = [f"{c.later} vs {c.earlier}" for c in tested if c.verdict == "significant"]
+    if tested:
+        which = f" ({', '.join(found)})" if found else ": the order of the means is not a finding"
+        lines.append(
+            f"differences in test loss beyond the noise: {len(found)} of {len(tested)}{which}"
+        )
+    return lines
+
+
 def to_json(runs: list[RunSummary]) -> str:
-    """Every run's figures as JSON (nan: null)."""
-    keys = ("name", "heads", "params", "best_val_loss", "test_loss", "tokens_per_sec", "entropy")
-    keys += ("heads_summary", "heads_from", "heads_step", "latest_step", "data")
-    records = [{k: getattr(r, k) for k in keys} for r in runs]
-    return json.dumps(_no_nan(records), indent=1)
+    """Everything as JSON (nan: null): the runs, the groups, the comparisons."""
+    return json.dumps(_no_nan(records(runs)), indent=1)
+
+
+def records(runs: list[RunSummary]) -> dict[str, list[dict]]:
+    """{"runs": each run's figures, "groups": each group's, "comparisons": the verdicts}."""
+    groups = groups_of(runs)
+    group_of = {id(r): g.name for g in groups for r in g.runs}
+    keys = ("name", "heads", "seed", "params", "best_val_loss", "test_loss", "tokens_per_sec")
+    keys += ("entropy", "heads_summary", "heads_from", "heads_step", "latest_step", "data")
+    out: dict[str, list[dict]] = {
+        "runs": [{k: getattr(r, k) for k in keys} | {"group": group_of[id(r)]} for r in runs]
+    }
+    out["groups"] = []
+    for g in groups:
+        have, analysed = roles_across_seeds(g)
+        record = {
+            "name": g.name,
+            "heads": g.runs[0].heads,
+            "n": g.n,
+            "seeds": g.seeds,
+            "runs": [r.name for r in g.runs],
+        }
+        for figure in LOSSES.values():
+            i = _interval(g, figure)
+            record[figure] = (
+                None
+                if i is None
+                else {"mean": i.mean, "low": i.low, "high": i.high, "interval": i.kind, "n": i.n}
+            )
+        record["tokens_per_sec"] = statistics.median([r.tokens_per_sec for r in g.runs])
+        record |= {name: _mean_summary(g, name) for name in ("prunable", "named", "induction_max")}
+        record["roles"] = {role: {"seeds": k, "of": analysed} for role, k in have.items()}
+        out["groups"].append(record)
+    out["comparisons"] = [
+        {
+            "name": f"{c.later} - {c.earlier}",
+            "earlier": c.earlier,
+            "later": c.later,
+            "loss": LOSSES[c.loss],
+            "difference": c.difference,
+            "t_test": c.result and c.result.test,
+            "seeds": c.seeds,
+            "low": c.result and c.result.low,
+            "high": c.result and c.result.high,
+            "df": c.result and c.result.df,
+            "p": c.result and c.result.p,
+            "p_holm": c.p_holm if c.result else None,
+            "verdict": c.verdict,
+            "why": c.why,
+        }
+        for c in compare_groups(groups)
+    ]
+    return out
+
+
+def to_csv(runs: list[RunSummary]) -> list[list[str]]:
+    """Everything as one table: `record` says what a row is (run, group, comparison); a run's
+    columns are the table's, a group's and a comparison's their JSON keys (nested: `test_loss.low`,
+    `roles.previous.seeds`); a cell that does not apply is empty."""
+    header, cells = table(runs, plain=True)
+    data = _no_nan(records(runs))
+    rows = [
+        {
+            "record": "run",
+            **dict(zip(["name", *header[1:]], row)),
+            "group": record["group"],
+            "seed": record["seed"],
+        }
+        for row, record in zip(cells, data["runs"])
+    ]
+    rows += [{"record": "group", **flatten(g)} for g in data["groups"]]
+    rows += [{"record": "comparison", **flatten(c)} for c in data["comparisons"]]
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    return [columns] + [[_cell(row.get(k)) for k in columns] for row in rows]
+
+
+def _cell(x) -> str:
+    if isinstance(x, list):
+        return " ".join(map(str, x))
+    return "" if x is None else str(x)
 
 
 def _no_nan(x):
@@ -259,26 +556,6 @@ def _stale(r: RunSummary) -> str:
     )
 
 
-def _lowest_val_loss(runs: list[RunSummary]) -> list[str]:
-    # per data set: losses on different data do not compare
-    groups: dict[str, list[RunSummary]] = {}
-    for r in runs:
-        groups.setdefault(r.data, []).append(r)
-    lines = []
-    if len(groups) > 1:
-        lines.append(
-            f"these runs were trained on {len(groups)} different data sets (path or items differ); "
-            f"their losses compare only within a group:"
-        )
-    for data, group in groups.items():
-        best = min(group, key=lambda r: (math.isnan(r.best_val_loss), r.best_val_loss))
-        if not math.isnan(best.best_val_loss):
-            where = f" on {data}: {', '.join(r.name for r in group)}" if len(groups) > 1 else ""
-            label = f"{best.name} ({best.label}, {best.best_val_loss:.4f})"
-            lines.append(f"lowest validation loss{where}: {label}")
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command behind the front door: its exit status (0; 2 after one error line)."""
     return entry.run(lambda: _main(argv))
@@ -289,20 +566,24 @@ def _main(argv: list[str] | None) -> None:
         prog="python -m microgpt.compare", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("folder", help="a sweep folder (multirun/<date>/<time>) or runs")
+    parser.add_argument("--runs", action="store_true", help="a row per run too, above the groups")
     how = parser.add_mutually_exclusive_group()
-    how.add_argument("--wide", action="store_true", help="every column, wider than 100")
-    how.add_argument("--csv", action="store_true", help="every column as CSV, no legend")
-    how.add_argument("--json", action="store_true", help="every run's figures as JSON")
+    how.add_argument("--wide", action="store_true", help="the runs with every column, wider")
+    how.add_argument("--csv", action="store_true", help="runs, groups and verdicts as CSV")
+    how.add_argument("--json", action="store_true", help="runs, groups and verdicts as JSON")
     args = parser.parse_args(argv)
     runs, unreadable = read_sweep(args.folder)
     if not runs:
         why = "; ".join(f"{name}: {reason}" for name, reason in unreadable)
         raise UserError(f"no run under {args.folder} can be read ({why})")
     if args.csv:
-        header, rows = table(runs, plain=True)
-        csv.writer(sys.stdout, lineterminator="\n").writerows([header, *rows])
+        csv.writer(sys.stdout, lineterminator="\n").writerows(to_csv(runs))
+    elif args.json:
+        print(to_json(runs))
     else:
-        print(to_json(runs) if args.json else format_table(runs, args.wide))
+        if args.runs or args.wide:
+            print(format_table(runs, args.wide) + "\n")
+        print(format_groups(runs))
     for name, why in unreadable:  # on stderr where stdout is for a script
         print(
             f"unreadable: {name} ({why})", file=sys.stderr if args.csv or args.json else sys.stdout

@@ -1,4 +1,5 @@
-"""python -m microgpt.compare: one row per run of a sweep; it writes nothing."""
+"""python -m microgpt.compare: one row per group of seeds, verdicts between neighbours; it writes
+nothing."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import csv
 import io
 import json
 import shutil
+from pathlib import Path
 
 import pytest
+import yaml
 
 from microgpt.checkpoint import Checkpoint
 from microgpt.commands.compare import RunSummary, main, read_sweep, table, to_json
@@ -43,9 +46,7 @@ def columns(runs, wide_run: str) -> dict[str, str]:
     return dict(zip(header, next(row for row in rows if row[0] == wide_run)))
 
 
-def test_compare_prints_a_row_per_run_in_100_columns_with_a_legend_and_writes_nothing(
-    sweep, capsys
-):
+def test_a_single_seed_sweep_prints_a_row_per_group_and_says_it_cannot_tell(sweep, capsys):
     root, metrics = sweep
     before = fingerprint(root)
     assert main([str(root)]) == 0
@@ -53,41 +54,58 @@ def test_compare_prints_a_row_per_run_in_100_columns_with_a_legend_and_writes_no
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert max(map(len, lines)) <= 100
-    header = lines[0].split()
-    assert header[:6] == ["run", "heads", "params", "best", "val", "test"]
-    assert "entropy" not in header and header[-1] == "analysis"  # each layer's: --wide
+    assert lines[0].split()[:6] == ["group", "heads", "seeds", "best", "val", "test"]
     row = {line.split()[0]: line.split() for line in lines[1:3]}
     assert set(row) == {"heads=1", "heads=2"}
     for heads in (1, 2):
         cells = row[f"heads={heads}"]
-        assert cells[1] == str(heads)
-        assert cells[2] == f"{metrics[heads]['params']:,}"  # counted from the checkpoint
+        assert cells[1:3] == [str(heads), "1"]  # one seed: the value alone, no interval
         assert float(cells[3]) == pytest.approx(metrics[heads]["best_val_loss"], abs=1e-4)
         assert float(cells[4]) == pytest.approx(metrics[heads]["test_loss"], abs=1e-4)
     # a legend for every column a newcomer could not guess
-    for name in ("best val:", "tok/s:", "prunable:", "named:", "induction:", "analysis:"):
+    for name in ("group:", "best val:", "tok/s:", "prunable:", "named:", "induction:", "95% CI"):
         assert name in out, name
-    assert out.count("lowest validation loss: heads=") == 1 and "different data" not in out
+    # no ranking of one seed against another: it says it cannot tell, and how to tell
+    assert "cannot tell a difference" in " ".join(lines) and "seed=1,2,3" in out
+    assert (
+        "lowest validation loss:" not in out
+        and "significant" not in out
+        and "different data" not in out
+    )
     assert [r.label for r in read_sweep(root)[0]] == ["1 head", "2 heads"]
+    assert main([str(root), "--runs"]) == 0  # a row per run too, above the groups
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 100
+    runs = {line.split()[0]: line.split() for line in out.splitlines()[1:3]}
+    assert runs["heads=1"][2] == f"{metrics[1]['params']:,}" and "analysis:" in out
+    assert out.index("run  ") < out.index("group  ")
     assert main([str(root), "--wide"]) == 0
     wide = capsys.readouterr().out.splitlines()
     assert "entropy" in wide[0] and "importance" in wide[0] and "entropy:" in "\n".join(wide)
 
 
-def test_csv_and_json_hold_every_column_for_scripts(sweep, capsys):
+def test_csv_and_json_hold_runs_groups_and_comparisons_for_scripts(sweep, capsys):
     root, metrics = sweep
-    runs = read_sweep(root)[0]
     assert main([str(root), "--csv"]) == 0
-    rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
-    assert rows[0] == table(runs)[0] and [r[0] for r in rows[1:]] == ["heads=1", "heads=2"]
-    assert rows[1][rows[0].index("params")] == str(metrics[1]["params"])  # a plain number
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["record"], r["name"]) for r in rows] == [
+        ("run", "heads=1"), ("run", "heads=2"), ("group", "heads=1"), ("group", "heads=2"),
+        ("comparison", "heads=2 - heads=1"), ("comparison", "heads=2 - heads=1"),
+    ]  # fmt: skip
+    assert rows[0]["params"] == str(metrics[1]["params"]) and rows[0]["group"] == "heads=1"
+    assert float(rows[3]["test_loss.mean"]) == pytest.approx(metrics[2]["test_loss"])
+    assert rows[3]["test_loss.interval"] == "none" and rows[4]["verdict"] == "cannot tell"
     assert main([str(root), "--json"]) == 0
     records = json.loads(capsys.readouterr().out)
-    assert [r["name"] for r in records] == ["heads=1", "heads=2"]
-    assert records[1]["test_loss"] == pytest.approx(metrics[2]["test_loss"])
-    assert records[0]["heads_from"] == "log" and records[0]["heads_step"] == 12
+    assert [r["name"] for r in records["runs"]] == ["heads=1", "heads=2"]
+    assert records["runs"][1]["test_loss"] == pytest.approx(metrics[2]["test_loss"])
+    assert records["runs"][0]["heads_from"] == "log" and records["runs"][0]["heads_step"] == 12
+    assert [(g["name"], g["n"]) for g in records["groups"]] == [("heads=1", 1), ("heads=2", 1)]
+    assert {c["verdict"] for c in records["comparisons"]} == {"cannot tell"}
     # a figure a run lacks is null, not NaN (which is not JSON)
-    assert json.loads(to_json([RunSummary("new", root, 4)]))[0]["best_val_loss"] is None
+    lacking = json.loads(to_json([RunSummary("new", root, 4)]))
+    assert lacking["runs"][0]["best_val_loss"] is None
+    assert lacking["groups"][0]["test_loss"] is None
 
 
 def test_head_columns_from_the_logged_summaries(sweep):
@@ -127,7 +145,7 @@ def test_the_analysis_of_best_pt_wins_with_its_step_and_a_stale_one_is_flagged(s
         assert columns(runs, "heads=2")["analysis"] == f"best.pt {best_step}"
         assert columns(runs, "heads=1")["analysis"] == f"log {last_logged}"
         capsys.readouterr()
-        assert main([str(root)]) == 0
+        assert main([str(root), "--runs"]) == 0
         out = capsys.readouterr().out
         assert f"best.pt {best_step}\n" in out and not any(
             line.startswith("* ") for line in out.splitlines()
@@ -143,8 +161,8 @@ def test_the_analysis_of_best_pt_wins_with_its_step_and_a_stale_one_is_flagged(s
 
 
 def test_runs_on_different_data_are_not_ranked_against_each_other(sweep, tmp_path, capsys):
-    """A run trained on other names (same path, other items) is grouped apart: each group gets
-    its own "lowest validation loss" line, and the table says the data differ."""
+    """A run trained on other names (same path, other items): the table says the data differ,
+    and no verdict compares them."""
     root, _ = sweep
     mixed = tmp_path / "mixed"
     shutil.copytree(root / "heads=1", mixed / "heads=1")
@@ -155,5 +173,87 @@ def test_runs_on_different_data_are_not_ranked_against_each_other(sweep, tmp_pat
     train(cfg)
     assert main([str(mixed)]) == 0
     out = capsys.readouterr().out
-    assert "trained on 2 different data sets" in out
-    assert out.count("lowest validation loss on ") == 2
+    assert "trained on 2 different data sets" in out and "significant" not in out
+
+
+# test losses by head count and seed: heads=2 is heads=1 less 0.05 (jitter 0.001), seed by seed;
+# heads=4 is heads=2 plus +0.010, -0.012, +0.003; heads=8 (seeds 4-6: unpaired) far below heads=4
+TEST_LOSS = {
+    (1, 1): 2.000, (1, 2): 2.030, (1, 3): 1.980,
+    (2, 1): 1.951, (2, 2): 1.979, (2, 3): 1.931,
+    (4, 1): 1.961, (4, 2): 1.967, (4, 3): 1.934,
+    (8, 4): 1.800, (8, 5): 1.820, (8, 6): 1.810,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def seeded(sweep, tmp_path_factory) -> Path:
+    """A `heads=1,2,4 seed=1,2,3` sweep plus heads=8 on seeds 4-6, with the test losses above
+    (best val: test + 0.01): copies of the sweep's heads=2 run, their config.yaml and best.pt
+    metrics rewritten, each given an analysis (heads-best.json) that names its roles: heads=1
+    has `previous` in seeds 1 and 2 only, every run `self`; prunable 0, 1, 2 by seed."""
+    root = tmp_path_factory.mktemp("seeded") / "sweep"
+    for (heads, seed), loss in TEST_LOSS.items():
+        run = root / f"heads={heads},seed={seed}"
+        shutil.copytree(sweep[0] / "heads=2", run)
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["seed"], config["heads"], config["model"]["n_head"] = seed, heads, heads
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        best = run / "checkpoints" / "best.pt"
+        ckpt = Checkpoint.load(best)
+        ckpt.metrics |= {"test_loss": loss, "best_val_loss": loss + 0.01}
+        ckpt.save(best)
+        roles = {"heads/role/self": 1.0, "heads/role/previous": float(heads > 1 or seed < 3)}
+        summaries = {**roles, "heads/prunable": float(seed - 1) if heads == 1 else 0.0}
+        (run / "heads-best.json").write_text(
+            json.dumps({"summaries": summaries, "step": ckpt.step})
+        )
+    return root
+
+
+def test_verdicts_say_which_difference_is_beyond_the_seed_noise(seeded, capsys):
+    before = fingerprint(seeded)
+    assert main([str(seeded)]) == 0
+    assert changes(before, fingerprint(seeded)) == ([], [], [])
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 100
+    rows = {line.split()[0]: line for line in out.splitlines()}
+    # heads=1: mean 2.00333, sd 0.025166, 95% CI 4.303 * 0.025166 / sqrt(3) = +-0.0625
+    assert rows["heads=1"].split()[:3] == ["heads=1", "1", "3"]
+    assert "2.0133 ± 0.0625  2.0033 ± 0.0625" in rows["heads=1"]
+    assert rows["heads=1"].split()[-3] == "1.0"  # prunable: the mean of 0, 1, 2
+    # paired: differences -0.049 -0.051 -0.049 (t -74.5 on 2 df): significant
+    assert rows["heads=2"].split()[1:] == ["-", "heads=1", "test", "-0.0497", "±", "0.0029",
+        "<0.001", "<0.001", "significant", "paired", "t"]  # fmt: skip
+    # paired: +0.010 -0.012 +0.003, mean +0.00033, sd 0.011240, se 0.0064893, t 0.05137 on 2 df:
+    # p = 1 - t / sqrt(t^2 + 2) = 0.964, the largest of the 3: Holm keeps it; within noise
+    line = rows["heads=4"].split()
+    assert line[4:6] == ["+0.0003", "±"] and line[-4:] == ["within", "noise", "paired", "t"]
+    assert line[-6:-4] == ["0.964", "0.964"]
+    # other seeds: Welch, -0.1440 (1.8100 - 1.9540)
+    assert rows["heads=8"].split()[4] == "-0.1440"
+    assert rows["heads=8"].split()[-3:] == ["significant", "Welch", "t"]
+    assert "differences in test loss beyond the noise: 2 of 3" in out
+    assert "  heads=1: self 3 of 3 seeds, previous 2 of 3 seeds" in out
+    assert "  heads=2: self 3 of 3 seeds, previous 3 of 3 seeds" in out
+    assert main([str(seeded), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    test = [c for c in data["comparisons"] if c["loss"] == "test_loss"]
+    assert [(c["t_test"], c["verdict"]) for c in test] == [
+        ("paired t", "significant"),
+        ("paired t", "within noise"),
+        ("Welch t", "significant"),
+    ]
+    # Holm over the 3: the smallest p times 3 (t -74.5 on 2 df: p = 1 - 74.5 / sqrt(74.5^2 + 2)
+    # = 1.801e-4), the next (Welch's) times 2, the largest as it is
+    assert test[0]["p"] == pytest.approx(1.801e-4, rel=1e-3)
+    assert test[0]["p_holm"] == pytest.approx(3 * 1.801e-4, rel=1e-3)
+    assert test[2]["p_holm"] == pytest.approx(2 * test[2]["p"])
+    assert test[0]["seeds"] == [1, 2, 3] and test[1]["p_holm"] == pytest.approx(0.9637, abs=1e-4)
+    group = data["groups"][0]
+    assert (group["n"], group["seeds"], group["test_loss"]["interval"]) == (
+        3,
+        [1, 2, 3],
+        "t 95% CI",
+    )
+    assert group["roles"]["previous"] == {"seeds": 2, "of": 3}
