@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,16 +35,19 @@ from microgpt import entry  # noqa: E402
 from microgpt.errors import UserError  # noqa: E402
 from microgpt.files import check_new_file, read_regular, write_text  # noqa: E402
 
-# name: (the README's train.py settings, threads, whether the docs quote its head analysis)
+# name: (the README's train.py settings, threads (None: as typed, a sweep's jobs sharing the
+# cores), whether the docs quote its head analysis)
 RECIPES = {
     "names": (["heads=4"], 1, True),
     "names-2-threads": (["heads=4"], 2, False),
+    "names-seeds": (["-m", "heads=4", "seed=1,2,3,4,5"], 1, False),  # the headline over seeds
     "adamw": (["heads=4", "optim=adamw", "train.ema=0", "train.pack=0"], 1, False),
     "shakespeare": (["experiment=shakespeare"], 1, True),
-    "sweep": (["-m", "heads=1,2,4,8"], 1, True),  # each job analysed, then compare's table
+    # the study on 2 cores as typed: each job analysed, then compare's table
+    "sweep": (["-m", "experiment=heads_seeds", "hydra/launcher=joblib"], None, True),
 }
 QUICK = ["train.max_steps=6", "train.eval_every=3", "log.attn_every=6", "log.head_items=8"]
-SEED = 1337
+SEED = 1337  # a recipe's that sweeps no seeds
 
 
 def run_recipe(name: str, folder: Path, quick: bool) -> dict:
@@ -50,23 +55,26 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
     settings, threads, analysed = RECIPES[name]
     command = ["python", "train.py", *settings]
     run, sweep = folder / name, "-m" in settings
+    seeds = "seed=" in " ".join(settings) or "experiment=heads_seeds" in settings
     extra = [
         *(QUICK if quick else []),
-        f"threads={threads}",
-        f"seed={SEED}",
+        *([f"threads={threads}"] if threads else []),
+        *([] if seeds else [f"seed={SEED}"]),
         "train.progress=false",
     ]
     t0 = time.perf_counter()
-    _call([*command, *extra, f"hydra.sweep.dir={run}" if sweep else f"out_dir={run}"])
+    _call([*command, *extra, f"hydra.sweep.dir={run}" if sweep else f"out_dir={run}"], threads)
     seconds = time.perf_counter() - t0
-    made = {"command": " ".join(command), "seed": SEED, "threads": threads}
-    if sweep:  # the README's table: every job analysed, then `compare`
-        for job in sorted(run.glob("heads=*")):
-            _call(["python", "-m", "microgpt.heads", str(job), "--threads", str(threads)])
+    made = {"command": " ".join(command), "seed": "each job's" if seeds else SEED}
+    made["threads"] = threads or "as typed (the jobs share the cores)"
+    if sweep and analysed:  # the README's table: every job analysed, then `compare`
+        _call(["python", "-m", "microgpt.heads", str(run)], threads)
         table = _call(["python", "-m", "microgpt.compare", str(run)])
-        made["table"] = "python -m microgpt.heads on each job, then python -m microgpt.compare"
+        made["table"] = "python -m microgpt.heads SWEEP, then python -m microgpt.compare SWEEP"
         figures = {"seconds": _figure(seconds, 0), "table": {"value": None, "text": table}}
-        return {"made_by": made, "figures": figures}  # seconds: the training of all four
+        return {"made_by": made, "figures": figures}  # seconds: the training of every job
+    if sweep:  # a figure over seeds: each seed's, their mean, spread and interval (no time)
+        return {"made_by": made, "figures": _over_seeds(run)}
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     result = next(line for line in reversed(lines) if "result/test_loss" in line)
     figures = {
@@ -92,16 +100,47 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
     return {"made_by": made, "figures": figures}
 
 
+def _over_seeds(sweep: Path) -> dict:
+    """The test loss of each job of `sweep` (a seed each), their mean, standard deviation, range
+    and the t-based 95% interval of the mean (microgpt.stats, as compare draws it)."""
+    from microgpt.stats import interval
+
+    losses = {}
+    for metrics in sorted(sweep.glob("*/metrics.jsonl")):
+        lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+        losses[metrics.parent.name] = next(
+            line["result/test_loss"] for line in reversed(lines) if "result/test_loss" in line
+        )
+    values, mean = list(losses.values()), interval(list(losses.values()))
+    figures = {f"test_loss {job}": _figure(v, 4) for job, v in losses.items()}
+    figures["seeds"] = _figure(len(values), 0)
+    figures["test_loss_mean"] = _figure(mean.mean, 4)
+    figures["test_loss_sd"] = _figure(statistics.stdev(values) if len(values) > 1 else 0.0, 4)
+    figures["test_loss_min"], figures["test_loss_max"] = (
+        _figure(min(values), 4),
+        _figure(max(values), 4),
+    )
+    figures["test_loss_ci_low"], figures["test_loss_ci_high"] = (
+        _figure(mean.low, 4),
+        _figure(mean.high, 4),
+    )
+    figures["interval"] = {"value": None, "text": mean.kind}
+    return figures
+
+
 def _figure(value: float, digits: int) -> dict:
     """A value and the text the docs quote it as (`digits` decimals, thousands with commas)."""
     return {"value": value, "text": f"{value:,.{digits}f}"}
 
 
-def _call(command: list[str]) -> str:
+def _call(command: list[str], threads: int | None = 1) -> str:
     """Run a README command in the working folder (its data/ is the runs'), the repository's
-    scripts by path: what it printed; its error as this command's one line."""
+    scripts by path: what it printed; its error as this command's one line. threads None: as a
+    user's shell runs it, with no OMP_NUM_THREADS (cpu-slot's) to keep a sweep's jobs from
+    sharing the cores."""
     python = [sys.executable, *(str(REPO / w) if w == "train.py" else w for w in command[1:])]
-    done = subprocess.run(python, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if threads or k != "OMP_NUM_THREADS"}
+    done = subprocess.run(python, capture_output=True, env=env)
     if done.returncode:
         last = (done.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
         raise UserError(f"{' '.join(command)} failed (exit {done.returncode}): {last}")

@@ -69,7 +69,7 @@ def test_a_parallel_sweep_gives_each_job_its_share(monkeypatch):
     the share into the environment its workers inherit."""
     cfg = hydra_config(["hydra/launcher=joblib"])
     cfg.hydra.overrides.task = ["heads=1,2,4,8", "seed=1,2"]  # what Hydra passes: 8 jobs
-    (callback,) = cfg.hydra.callbacks.values()
+    callback = cfg.hydra.callbacks.share_cores
     assert callback._target_ == "microgpt.cli.ShareCores"
     monkeypatch.setattr(cli, "usable_cores", lambda: 16)
     # 8 jobs at once (joblib's -1: a worker per core), 4, 2, 3 (16 // 3 threads each); joblib reads
