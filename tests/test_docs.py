@@ -16,15 +16,21 @@ BENCH = json.loads((REPO / "docs" / "benchmarks-step-1thread.json").read_text())
 
 # (doc, a passage with {recipe.figure} or {recipe.date} fields): in the doc, whitespace aside
 QUOTES = [
-    ("README.md", "reaches a test loss of **{names.test_loss}** nats per character with one"),
-    ("README.md", "**{names-2-threads.test_loss}** in **{names-2-threads.seconds} s** as typed"),
-    ("README.md", "nothing else running ({names-2-threads.date})"),
+    ("README.md", "reaches a test loss of **{names-seeds.test_loss_mean}** nats per character,"
+     " the mean over seeds 1 to 5 with one thread (standard deviation {names-seeds.test_loss_sd};"
+     " 95% interval of the mean {names-seeds.test_loss_ci_low} to"
+     " {names-seeds.test_loss_ci_high}; {names-seeds.date})"),
+    ("README.md", "gives exactly **{names.test_loss}** with one thread ({names.date})"),
+    ("README.md", "**{names-2-threads.test_loss}** in **{names-2-threads.seconds} s** as typed"
+     " (2 threads; {names-2-threads.date}), on a 2-core {names.cpu} with AVX512-BF16 and no AMX"),
     ("README.md", "train.pack=0`; makemore's transformer of the same size reaches 2.00 on its"
      " names.txt) reaches {adamw.test_loss}"),
-    ("README.md", "prints (one thread, seed 1337, {sweep.date};"),
+    ("README.md", "{sweep.seconds} s for the 12 runs on 2 cores, {sweep.date})"),
     ("README.md", "{sweep.table}"),
     ("README.md", "the text recipe: {shakespeare.seconds} s on one core"),
-    ("README.md", "about {names-2-threads.seconds} s, the sweep {sweep.seconds} s on one core"),
+    ("README.md", "about {names-2-threads.seconds} s, the study of 12 runs (`-m"
+     " experiment=heads_seeds hydra/launcher=joblib`) {sweep.seconds} s on 2 cores"),
+    ("docs/heads.md", "no AMX: bf16; one thread a job, two jobs at once; {sweep.date};"),
     ("docs/heads.md", "test loss {names.test_loss}, best validation {names.best_val_loss}"),
     ("docs/heads.md", "{names.table}"),
     ("docs/heads.md", "{sweep.table}"),
@@ -49,10 +55,13 @@ def squeezed(text: str) -> str:
 
 
 def figure(field: str) -> str:
-    """{recipe.figure}: the text bench/figures.py wrote for it; {recipe.date}: when it ran."""
+    """{recipe.figure}: the text bench/figures.py wrote for it; {recipe.date}: when it ran;
+    {recipe.cpu}: on what."""
     recipe, name = field.split(".", 1)
-    entry = FIGURES[recipe]
-    return entry["made_by"]["date"] if name == "date" else entry["figures"][name]["text"]
+    made = FIGURES[recipe]["made_by"]
+    if name in ("date", "cpu"):
+        return made["date"] if name == "date" else made["machine"]["cpu"]
+    return FIGURES[recipe]["figures"][name]["text"]
 
 
 @pytest.mark.parametrize("doc, passage", QUOTES, ids=[f"{d}:{p[:40]}" for d, p in QUOTES])
@@ -74,3 +83,6 @@ def test_every_figure_says_how_it_was_made():
         made = entry["made_by"]
         assert {"command", "seed", "threads", "date", "machine", "commit"} <= set(made), name
         assert not made.get("quick"), f"{name}: a --quick run is a smoke test, not a figure"
+    # the figures the README gives as exact or as a spread name the bf16 instructions they hold on
+    for name in ("names", "names-seeds", "sweep"):
+        assert FIGURES[name]["made_by"]["machine"]["bf16_instructions"] == ["avx512_bf16"]
