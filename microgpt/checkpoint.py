@@ -120,7 +120,7 @@ class Checkpoint:
 
     def __post_init__(self):
         # a run from before data.split_seed split its items by its seed: say so where it is read
-        config = self.train_config or {}
+        config = self.train_config if isinstance(self.train_config, dict) else {}  # else: refused
         data, seed = config.get("data"), config.get("seed")
         if isinstance(data, dict) and "split_seed" not in data and _is(int, seed):
             data["split_seed"] = seed

@@ -29,7 +29,7 @@ from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
-from microgpt.files import write_text
+from microgpt.files import refuse_link, write_text
 from microgpt.heads.report import ROLES, HeadReport
 from microgpt.viz.draw import compose_layer, render_attention, render_offset_profile, render_table
 
@@ -71,6 +71,7 @@ class TensorBoardLogger:
         if purge_step is not None and metrics.exists():
             kept = [line for line in read_metrics(metrics) if line["step"] < purge_step]
             write_text(metrics, "".join(json.dumps(line) + "\n" for line in kept))
+        refuse_link(metrics)  # appended to: never through a link (files.refuse_link)
         self.metrics_file = open(metrics, "a", encoding="utf-8")
         # the last head summaries: HParams metrics too (see hparams)
         self.last_head_summary: dict[str, float] = {}

@@ -476,7 +476,60 @@ BESIDE = [
           message=r"runs/a"),
 ]  # fmt: skip
 
-CASES = [*SETTINGS, *DATA, *CHECKPOINTS, *OUT, *SAMPLING, *HEADS_AND_COMPARE, *SIGNALS, *BESIDE]
+# ----------------------------------------------------------------------------- issue 43
+# every reader as careful as every writer: a run's own files never written through a link, inputs
+# regular files read whole or line by line (a bad line named, the rest read)
+
+
+@contextlib.contextmanager
+def planted(root: Path, name: str, target: str):
+    """The file `name` (of the sandbox `root`; or none) is a link to `target` while the command
+    runs, the file kept beside the sandbox meanwhile."""
+    path, kept = root / name, root.parent / "kept"
+    had = path.exists()
+    if had:
+        path.rename(kept)
+    path.symlink_to(target)
+    try:
+        yield
+    finally:
+        path.unlink()
+        if had:
+            kept.rename(path)
+
+
+RESUME_A = [f"resume={LAST}", "train.max_steps=6", "hydra.run.dir=runs/a"]
+# (the run's file, where its planted link leads): out of the run, or to a sibling in it
+RUN_LINKS = {
+    "metrics-out": ("metrics.jsonl", "../../out/existing.txt"),
+    "metrics-sibling": ("metrics.jsonl", "config.yaml"),
+    "log-out": ("train.log", "../../out/existing.txt"),
+    "samples-out": ("samples.txt", "../../out/existing.txt"),  # runs/a has none: a new link
+    "best-out": ("checkpoints/best.pt", "../../../out/existing.txt"),
+    "best-sibling": ("checkpoints/best.pt", "last.pt"),
+}
+
+ISSUE_43 = [
+    # lost data: a resume never writes through a link planted in its run
+    *[train(f"resume-link-{k}", *RESUME_A,
+            **{"added" if name == "samples.txt" else "changed": (f"runs/a/{name}",)},  # new, or not
+            message=rf"runs/a/{re.escape(name)} is a link \(to {re.escape(to)}\); microgpt never "
+                    r"writes through a link",
+            setup=lambda root, name=name, to=to: planted(root, f"runs/a/{name}", to))
+      for k, (name, to) in RUN_LINKS.items()],
+    # ... nor the analysis, even to a file of its own run
+    C("heads-json-link-to-config", "heads", ["runs/b"],
+      r"heads-best\.json is a link to .*config\.yaml; a command's own file is never written",
+      setup=lambda root: linked(root / "runs/b/heads-best.json", Path("config.yaml")),
+      added=("runs/b/heads-best.json",)),
+    sample("out-dangling-link", f"ckpt={BEST}", "out=out/dangling.txt",
+           message=r"out/dangling\.txt is a link to nothing \(.*nothing\.txt\)",
+           setup=lambda root: linked(root / "out/dangling.txt", Path("nothing.txt")),
+           added=("out/dangling.txt",)),
+]  # fmt: skip
+
+CASES = [*SETTINGS, *DATA, *CHECKPOINTS, *OUT, *SAMPLING, *HEADS_AND_COMPARE, *SIGNALS, *BESIDE,
+         *ISSUE_43]  # fmt: skip
 
 # the default run: issue 21's cases and a case or two of each kind; the rest are marked slow and
 # run by .ci/run (python -m pytest -m "slow or not slow" tests/e2e/test_harness.py)
