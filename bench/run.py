@@ -43,7 +43,7 @@ with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C mean
     from bench.throughput import run_throughput
     from bench.time_to_loss import run_time_to_loss
     from microgpt.errors import UserError
-    from microgpt.files import STDOUT, OutputRefused, check_new_file, write_text
+    from microgpt.files import STDOUT, OutputRefused, check_new_file, project_data, write_text
     from microgpt.model import ATTN_IMPLS
     from microgpt.runs import resolve
     from microgpt.system import DEVICES, pick_device, set_threads
@@ -147,7 +147,8 @@ def check_args(args) -> None:
     if args.out != STDOUT:
         if os.path.islink(args.out):
             raise OutputRefused(f"--out={args.out} is a symbolic link; name the file itself")
-        args.out_path = check_new_file(args.out, "--out", args.overwrite, None, "--overwrite")
+        project = project_data()  # never an output, even with --overwrite
+        args.out_path = check_new_file(args.out, "--out", args.overwrite, project, "--overwrite")
         if not args.out_path.parent.is_dir():
             raise OutputRefused(f"--out={args.out}: no folder {args.out_path.parent}")
 
@@ -217,7 +218,14 @@ def main(argv=None) -> dict | None:
     else:
         write_text(args.out_path, text, replace=args.overwrite)
         print(f"wrote {args.out_path}", file=sys.stderr)
+    failed = [s for s, body in results["sections"].items() if _failed(body)]
+    if failed:  # requested work that failed: exit 2, the rest's figures written all the same
+        raise UserError(f"section {', '.join(failed)} failed (see the table); the rest stand")
     return results
+
+
+def _failed(body: dict) -> bool:
+    return any("error" in figure for figure in body["figures"].values())
 
 
 def command(main, argv=None) -> int:

@@ -13,6 +13,9 @@ from pathlib import Path
 
 from microgpt.errors import UserError
 
+PROJECT_DATA = (
+    Path(__file__).resolve().parents[1] / "data"
+)  # the checkout's data/ (see project_data)
 RUN_FILE, CHECKPOINTS = "run.json", "checkpoints"  # a run's claim and checkpoints (microgpt.runs)
 STDOUT = "-"  # out=- : standard output, asked for by name (never /dev/stdout, which may be a file)
 
@@ -100,6 +103,18 @@ def refuse_link(path: str | os.PathLike) -> None:
             f"{path} is a link (to {os.readlink(path)}); microgpt never writes through a link: "
             f"remove it (the file it leads to is untouched)"
         )
+
+
+def project_data(made_here: str = "") -> dict[Path, str]:
+    """THE project's data, never an output whatever the flags: every file of the checkout's data/
+    (its scripts too) but those matching `made_here` (a glob: what the caller makes); {path: what
+    it is}, check_new_file's `protected`."""
+    found = PROJECT_DATA.iterdir() if PROJECT_DATA.is_dir() else ()
+    return {
+        p: f"the project's data/{p.name}"
+        for p in found
+        if p.is_file() and not p.name.startswith(".") and not (made_here and p.match(made_here))
+    }
 
 
 def is_run_folder(folder: str | os.PathLike) -> bool:

@@ -5,11 +5,14 @@ figures themselves are not checked: they depend on the machine and what else run
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from bench import run
 from bench.run import command, main
+from microgpt import files
 from microgpt.files import sha256_file
 from tests.conftest import make_names
 
@@ -73,6 +76,28 @@ def test_out_refuses_what_it_would_replace_before_anything_runs(tmp_path, capsys
         assert err.startswith("microgpt: error: --out=") and err.count("\n") == 1, err
     after = {p: sha256_file(p) for p in tmp_path.rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_the_projects_data_is_never_an_output_even_with_overwrite(capsys, monkeypatch):
+    """issue 43: bench --out data/names.txt --overwrite replaced the training data."""
+    monkeypatch.setattr(files, "PROJECT_DATA", Path("data").resolve())  # the project fixture's
+    before = sha256_file("data/names.txt")
+    assert bench("--quick", "--only", "memory", "--out", "data/names.txt", "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert "--out=data/names.txt is the project's data/names.txt" in err and err.count("\n") == 1
+    assert sha256_file("data/names.txt") == before
+
+
+def test_a_failed_section_is_an_exit_2_after_the_figures_are_written(tmp_path, capsys, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no such thing")
+
+    monkeypatch.setitem(run.SECTIONS, "memory", broken)
+    out = tmp_path / "r.json"
+    assert bench("--quick", "--only", "memory", "--device", "cpu", "--out", str(out)) == 2
+    assert "error" in json.loads(out.read_text())["sections"]["memory"]["figures"]["section"]
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "microgpt: error: section memory failed (see the table); the rest stand"
 
 
 def test_a_tiny_run_prints_the_table_and_replaces_the_named_file(tmp_path, capsys):

