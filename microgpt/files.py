@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import stat
 import tempfile
@@ -189,3 +190,12 @@ def read_regular(path: str | os.PathLike, limit: int = 16 * 2**20) -> bytes:
             return f.read(limit + 1)[:limit]
     finally:
         os.close(fd)
+
+
+def read_json(path: str | os.PathLike, limit: int = 16 * 2**20):
+    """The JSON value of a regular file of at most `limit` bytes (read_regular); one that is not
+    JSON, or is nested deeper than Python's parser goes, is a ValueError."""
+    try:
+        return json.loads(read_regular(path, limit))
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deep to be a JSON file of microgpt's") from None

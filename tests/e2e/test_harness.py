@@ -482,20 +482,32 @@ BESIDE = [
 
 
 @contextlib.contextmanager
-def planted(root: Path, name: str, target: str):
-    """The file `name` (of the sandbox `root`; or none) is a link to `target` while the command
-    runs, the file kept beside the sandbox meanwhile."""
+def instead(root: Path, name: str, make):
+    """The file `name` of the sandbox `root` (or none) is what `make(path, kept)` puts there while
+    the command runs (`kept`: the file, moved beside the sandbox meanwhile), then is back."""
     path, kept = root / name, root.parent / "kept"
     had = path.exists()
     if had:
         path.rename(kept)
-    path.symlink_to(target)
+    make(path, kept)
     try:
         yield
     finally:
         path.unlink()
         if had:
             kept.rename(path)
+
+
+def planted(root: Path, name: str, target: str):
+    return instead(root, name, lambda path, kept: path.symlink_to(target))
+
+
+def fifo(root: Path, name: str):
+    return instead(root, name, lambda path, kept: os.mkfifo(path))
+
+
+def appended(root: Path, name: str, data: bytes):
+    return instead(root, name, lambda path, kept: path.write_bytes(kept.read_bytes() + data))
 
 
 RESUME_A = [f"resume={LAST}", "train.max_steps=6", "hydra.run.dir=runs/a"]
@@ -522,6 +534,24 @@ ISSUE_43 = [
       r"heads-best\.json is a link to .*config\.yaml; a command's own file is never written",
       setup=lambda root: linked(root / "runs/b/heads-best.json", Path("config.yaml")),
       added=("runs/b/heads-best.json",)),
+    # hangs: a FIFO is never opened for reading (compare reads the rest, a resume is refused)
+    C("compare-metrics-fifo", "compare", ["runs"], r"(?s)\bb\b.*unreadable: a \(.*not a regular",
+      code=0, changed=("runs/a/metrics.jsonl",),
+      setup=lambda root: fifo(root, "runs/a/metrics.jsonl")),
+    train("resume-metrics-fifo", *RESUME_A, changed=("runs/a/metrics.jsonl",),
+          message=r"runs/a/metrics\.jsonl is not a regular file \(a FIFO",
+          setup=lambda root: fifo(root, "runs/a/metrics.jsonl")),
+    # tracebacks: a bad line of metrics.jsonl is named (file and line) and the rest read
+    *[C(f"compare-metrics-{k}", "compare", ["runs/b"], code=0, changed=("runs/b/metrics.jsonl",),
+        message=r"(?s)\bb\b +2 +.*note: runs/b/metrics\.jsonl line \d+: not a .*record",
+        setup=lambda root, line=line: appended(root, "runs/b/metrics.jsonl", line))
+      for k, line in (("int-line", b"7\n"), ("no-step", b'{"Loss/val": 1.0}\n'),
+                      ("bad-utf8", b"\xff\xfe{}\n"))],
+    # an analysis nested 100,000 deep: compare falls back to the logged summaries
+    C("compare-analysis-too-deep", "compare", ["runs/b"], r"\bb\b +2 +", code=0,
+      added=("runs/b/heads-best.json",), stdout=True,
+      setup=lambda root: instead(root, "runs/b/heads-best.json",
+                                 lambda p, k: p.write_text("[" * 100_000 + "]" * 100_000))),
     sample("out-dangling-link", f"ckpt={BEST}", "out=out/dangling.txt",
            message=r"out/dangling\.txt is a link to nothing \(.*nothing\.txt\)",
            setup=lambda root: linked(root / "out/dangling.txt", Path("nothing.txt")),
