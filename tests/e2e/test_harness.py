@@ -209,6 +209,9 @@ DAMAGED = {
     "config-list": r"field train_config must be a mapping",
     "step-text": r"field step must be",
     "split-ints": r"field split",
+    "nan": r"bad/nan\.pt holds weights that are not finite \(wte\.weight holds NaN",
+    "wrong-shape": r"bad/wrong-shape\.pt holds weights of the wrong shape for its model "
+    r"\(wte\.weight: 23x16, its config gives 24x16\)",
     "folder": r"is a folder|holds no checkpoints",
     "missing": r"does not exist",
 }
