@@ -581,6 +581,10 @@ FAST = {
     "sample-progress", "sample-text-prefix-unknown", "sample-text-file-changed",
     "sigint-sampling-names", "sigterm-sampling-into-out", "sigint-compare-reading",
     "sigterm-generating-repeats", "data-my-book-missing", "compare-csv-and-json",
+    # issue 43: a link in a run, a FIFO read, a bad metrics line, weights no run writes
+    "resume-link-metrics-out", "resume-link-best-sibling", "heads-json-link-to-config",
+    "resume-metrics-fifo", "compare-metrics-fifo", "compare-metrics-int-line",
+    "compare-analysis-too-deep", "heads-nan", "resume-wrong-shape",
 }  # fmt: skip
 
 
