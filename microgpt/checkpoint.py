@@ -197,7 +197,7 @@ class Checkpoint:
         try:
             with torch.device("meta"):
                 expected = GPT(GPTConfig(**self.model_config)).state_dict()
-        except (TypeError, ValueError, KeyError):
+        except (TypeError, ValueError, KeyError, RuntimeError):
             return
         shape = lambda t: "x".join(map(str, t.shape))  # noqa: E731
         wrong = [k for k in expected.keys() | self.model.keys() if k not in self.model
