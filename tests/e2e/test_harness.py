@@ -218,7 +218,9 @@ DAMAGED = {
 
 CHECKPOINTS = [
     *[sample(k, f"ckpt=bad/{k}.pt", message=m) for k, m in DAMAGED.items()],
-    *[C(f"resume-{k}", "train.py", [*T, f"resume=bad/{k}.pt", "hydra.run.dir=runs/r"],
+    # steps left to train: a checkpoint that loads reaches the model (wrong-shape: load_state_dict)
+    *[C(f"resume-{k}", "train.py",
+        [*T, f"resume=bad/{k}.pt", "train.max_steps=6", "hydra.run.dir=runs/r"],
         m if k != "missing" else r"does not exist|no run to resume") for k, m in DAMAGED.items()],
     *[C(f"heads-{k}", "heads", [f"bad/{k}.pt"], m) for k, m in DAMAGED.items()],
     sample("dev-zero", "ckpt=/dev/zero", message=r"/dev/zero is not a regular file"),
