@@ -33,7 +33,7 @@ if __name__ == "__main__":  # `python bench/figures.py` puts bench/, not the rep
 
 from microgpt import entry  # noqa: E402
 from microgpt.errors import UserError  # noqa: E402
-from microgpt.files import check_new_file, read_regular, write_text  # noqa: E402
+from microgpt.files import check_new_file, project_data, read_json, write_text  # noqa: E402
 
 # name: (the README's train.py settings, threads (None: as typed, a sweep's jobs sharing the
 # cores), whether the docs quote its head analysis)
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     results, now = {}, datetime.now(timezone.utc)
     if args.update:  # a file of figures: every entry a recipe's, made by this command
         try:
-            results = json.loads(read_regular(args.update))
+            results = read_json(args.update)
         except ValueError:  # not JSON (OSError: the front door's one line)
             results = None
         if not isinstance(results, dict) or not set(results) <= set(RECIPES):
@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     out = args.update or args.out or REPO / "bench" / f"figures-{now:%Y-%m-%d-%H%M%S}.json"
     setting = "--update" if args.update else "--out"
     hint = "--update in place of --out"
-    out = check_new_file(out, setting, own=bool(args.update), overwrite_hint=hint)
+    out = check_new_file(out, setting, own=bool(args.update), overwrite_hint=hint,
+                         protected=project_data())  # fmt: skip
     from bench.common import git_commit, machine_info  # torch loads here, after the arguments
 
     made = {"date": f"{now:%Y-%m-%d}", "machine": machine_info(), "commit": git_commit()}

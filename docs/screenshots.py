@@ -31,6 +31,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from microgpt import entry
+from microgpt.files import atomic_write, check_new_file, project_data
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NAMES = {  # what each PNG shows
@@ -136,7 +139,8 @@ class Browser:
 
     def screenshot(self, path: Path) -> None:
         data = self.send("Page.captureScreenshot", format="png")["data"]
-        path.write_bytes(base64.b64decode(data))
+        with atomic_write(path) as f:  # never through a link (files.refuse_link)
+            f.write(base64.b64decode(data))
 
     def close(self) -> None:
         self.writer.close()
@@ -256,7 +260,7 @@ def shoot(url: str, out: Path, line: str) -> list[Path]:
 
 
 def _shot(browser: Browser, out: Path, name: str) -> Path:
-    browser.screenshot(out / name)
+    browser.screenshot(out / name)  # checked in main: its own file there, never through a link
     return out / name
 
 
@@ -268,6 +272,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=400, help="training steps of the runs")
     parser.add_argument("--line", default=LINE, help="the text run's input")
     args = parser.parse_args(argv)
+    for name in NAMES:  # the PNGs it owns, replaced; never through a link, never the project's data
+        check_new_file(args.out / name, "--out", protected=project_data(), own=True)
     if CHROMIUM is None:
         parser.error("chromium is not installed (apt-get install chromium)")
     if args.keep and args.keep.exists():
@@ -287,4 +293,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry.run(main))  # a refused --out, an OSError: one line, exit 2

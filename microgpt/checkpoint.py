@@ -120,7 +120,7 @@ class Checkpoint:
 
     def __post_init__(self):
         # a run from before data.split_seed split its items by its seed: say so where it is read
-        config = self.train_config or {}
+        config = self.train_config if isinstance(self.train_config, dict) else {}  # else: refused
         data, seed = config.get("data"), config.get("seed")
         if isinstance(data, dict) and "split_seed" not in data and _is(int, seed):
             data["split_seed"] = seed
@@ -180,12 +180,39 @@ class Checkpoint:
             problem = "is corrupt: its content does not match its checksum; use another checkpoint"
         else:
             try:
-                return cls(**validated(raw), path=path)
+                loaded = cls(**validated(raw), path=path)
             except (ValueError, TypeError) as e:
                 raise CheckpointError(
                     f"checkpoint {path}: field {e}; it is not in microgpt's checkpoint format"
                 ) from None
+            loaded.check_weights()
+            return loaded
         raise CheckpointError(f"{path} {problem}")
+
+    def check_weights(self) -> None:
+        """The weights are the ones its model_config gives (names and shapes, on the meta device:
+        nothing allocated) and finite, for every reader (a resume's load_state_dict, an
+        eigen-solver on NaN), else a CheckpointError; a config that builds no model: build_model's
+        error."""
+        try:
+            with torch.device("meta"):
+                expected = GPT(GPTConfig(**self.model_config)).state_dict()
+        except (TypeError, ValueError, KeyError, RuntimeError):
+            return
+        shape = lambda t: "x".join(map(str, t.shape))  # noqa: E731
+        wrong = [k for k in expected.keys() | self.model.keys() if k not in self.model
+                 or k not in expected or self.model[k].shape != expected[k].shape]  # fmt: skip
+        bad = [k for k, t in self.model.items() if t.is_floating_point() and not t.isfinite().all()]
+        if wrong:
+            k = sorted(wrong)[0]
+            got = shape(self.model[k]) if k in self.model else "none"
+            want = shape(expected[k]) if k in expected else "none"
+            why = f"weights of the wrong shape for its model ({k}: {got}, its config gives {want})"
+        elif bad:
+            why = f"weights that are not finite ({sorted(bad)[0]} holds NaN or inf)"
+        else:
+            return
+        raise CheckpointError(f"{self.path} holds {why}; use another checkpoint")
 
     def build_model(self, device="cpu") -> tuple[GPT, CharTokenizer]:
         """The model (in eval mode, on `device`) and its tokenizer."""

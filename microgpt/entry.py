@@ -81,6 +81,10 @@ def front_door(interrupted: str = "nothing was written", cleanup=None):
     previous = set_handlers(_raise_interrupt)
     try:
         yield
+    except BrokenPipeError:  # standard output closed (`| head`): no error, as Unix tools do
+        with contextlib.suppress(OSError, ValueError):  # the exit's flush too
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(128 + signal.SIGPIPE) from None
     except (KeyboardInterrupt, UserError, OSError) as e:
         set_handlers(signal.SIG_IGN)  # a second signal cannot cut the line or the clean-up
         removed = cleanup() if cleanup else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import stat
 import tempfile
@@ -13,14 +14,19 @@ from pathlib import Path
 
 from microgpt.errors import UserError
 
+PROJECT_DATA = (
+    Path(__file__).resolve().parents[1] / "data"
+)  # the checkout's data/ (see project_data)
 RUN_FILE, CHECKPOINTS = "run.json", "checkpoints"  # a run's claim and checkpoints (microgpt.runs)
 STDOUT = "-"  # out=- : standard output, asked for by name (never /dev/stdout, which may be a file)
 
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", replace: bool = True):
-    """Yield a temporary file that, written and fsynced, takes `path`'s name in one step (a
-    symlink's target's; a device is an OSError); replace=False: a new file or FileExistsError."""
+    """Yield a temporary file that, written and fsynced, takes `path`'s name in one step (a link
+    there is refused: `refuse_link`; a device is an OSError); replace=False: a new file or
+    FileExistsError."""
+    refuse_link(path)
     path = Path(os.path.realpath(path))
     if path.exists() and not path.is_file():
         raise OSError(errno.EINVAL, "not a regular file", str(path))
@@ -89,6 +95,29 @@ class OutputRefused(UserError):
     """A user-named output that would replace or damage something."""
 
 
+def refuse_link(path: str | os.PathLike) -> None:
+    """THE rule for a file a command writes under its own name (a run's files, heads-best.json,
+    what atomic_write is given): a link there never redirects the write, whether it leads out of
+    the folder or to a sibling (OutputRefused, before anything is written)."""
+    if os.path.islink(path):
+        raise OutputRefused(
+            f"{path} is a link (to {os.readlink(path)}); microgpt never writes through a link: "
+            f"remove it (the file it leads to is untouched)"
+        )
+
+
+def project_data(made_here: str = "") -> dict[Path, str]:
+    """THE project's data, never an output whatever the flags: every file of the checkout's data/
+    (its scripts too) but those matching `made_here` (a glob: what the caller makes); {path: what
+    it is}, check_new_file's `protected`."""
+    found = PROJECT_DATA.iterdir() if PROJECT_DATA.is_dir() else ()
+    return {
+        p: f"the project's data/{p.name}"
+        for p in found
+        if p.is_file() and not p.name.startswith(".") and not (made_here and p.match(made_here))
+    }
+
+
 def is_run_folder(folder: str | os.PathLike) -> bool:
     """THE rule for "is this a run folder?": its claim (run.json) or a checkpoints/ folder."""
     return (Path(folder) / RUN_FILE).exists() or (Path(folder) / CHECKPOINTS).is_dir()
@@ -110,9 +139,9 @@ def check_new_file(
 ) -> Path:
     """THE rule for every file a command writes: where `setting=path` may go (a symlink's target,
     in the link's own folder). A new file; an existing regular one only if it is the command's
-    `own` (heads-best.json in a run) or with `overwrite`; never a device, a FIFO, a file through a
-    link out of its folder, a file of a run folder (unless `own`), of a config folder, or one of
-    `protected` {path: what it is}."""
+    `own` (heads-best.json in a run: never through a link) or with `overwrite`; never a device, a
+    FIFO, a link to nothing, a file through a link out of its folder, a file of a run folder
+    (unless `own`), of a config folder, or one of `protected` {path: what it is}."""
     given = Path(os.path.abspath(os.path.expanduser(str(path))))
     target = Path(os.path.realpath(given))
     inside = target.parent.name == CHECKPOINTS or target.parent.name.startswith(".hydra")
@@ -129,12 +158,16 @@ def check_new_file(
         why = f"is {protected[target]}; {setting}= never replaces it: write elsewhere"
     elif target.parent != Path(os.path.realpath(given.parent)):
         why = f"is a link to {target}, outside its folder; name the file itself"
+    elif own and os.path.islink(given):
+        why = f"is a link to {target}; a command's own file is never written through one: remove it"
     elif run is not None and not (own and not inside and target.parent == run):
         why = f"is inside the run folder {run}, which only its run writes; write elsewhere"
     elif conf:
         why = f"is inside the config folder {conf[0]}; write elsewhere"
     elif exists and target.is_dir():
         why = "is a folder; name a file"
+    elif exists and not os.path.lexists(target):
+        why = f"is a link to nothing ({target}); remove it, or name a new file"
     elif exists and not target.is_file():
         why = f"is not a regular file (a device, FIFO or socket); {setting}= writes new files only"
     elif exists and not (overwrite or own):
@@ -157,3 +190,12 @@ def read_regular(path: str | os.PathLike, limit: int = 16 * 2**20) -> bytes:
             return f.read(limit + 1)[:limit]
     finally:
         os.close(fd)
+
+
+def read_json(path: str | os.PathLike, limit: int = 16 * 2**20):
+    """The JSON value of a regular file of at most `limit` bytes (read_regular); one that is not
+    JSON, or is nested deeper than Python's parser goes, is a ValueError."""
+    try:
+        return json.loads(read_regular(path, limit))
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deep to be a JSON file of microgpt's") from None

@@ -249,9 +249,16 @@ def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int
     ids) from the checkpoint `resumed_from` at `step`: its own folder (holding the same run) or a
     new or empty one; lock it until `release`; write its config (a resume:
     config.resume-stepN.yaml beside the run's config.yaml); remove the .tmp files of saves
-    killed mid-write. Returns the run id."""
+    killed mid-write. A link (files.refuse_link), a FIFO or a device among its files is refused.
+    Returns the run id."""
     folder = Path(folder).expanduser()
     run, owned = RunFolder(folder), _OWNED.setdefault(_key(folder), _Owned())
+    for inner in (folder, run.checkpoints):  # a link planted there never redirects a write
+        for p in inner.iterdir() if inner.is_dir() and not inner.is_symlink() else ():
+            files.refuse_link(p)
+            if not (p.is_file() or p.is_dir()):  # a FIFO would block its reader or writer
+                raise RunFolderError(f"{p} is not a regular file (a FIFO, device or socket) in "
+                                     f"the run's folder; remove it")  # fmt: skip
     if resumed_from is not None and owned.run_id is None and files.is_run_folder(folder):
         here = run.run_id()
         own_checkpoint = run_of(resumed_from).path.resolve() == folder.resolve()

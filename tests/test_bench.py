@@ -4,12 +4,16 @@ figures themselves are not checked: they depend on the machine and what else run
 
 from __future__ import annotations
 
+import argparse
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from bench import run, time_to_loss
 from bench.run import command, main
+from microgpt import files
 from microgpt.files import sha256_file
 from tests.conftest import make_names
 
@@ -75,6 +79,28 @@ def test_out_refuses_what_it_would_replace_before_anything_runs(tmp_path, capsys
     assert after == before
 
 
+def test_the_projects_data_is_never_an_output_even_with_overwrite(capsys, monkeypatch):
+    """issue 43: bench --out data/names.txt --overwrite replaced the training data."""
+    monkeypatch.setattr(files, "PROJECT_DATA", Path("data").resolve())  # the project fixture's
+    before = sha256_file("data/names.txt")
+    assert bench("--quick", "--only", "memory", "--out", "data/names.txt", "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert "--out=data/names.txt is the project's data/names.txt" in err and err.count("\n") == 1
+    assert sha256_file("data/names.txt") == before
+
+
+def test_a_failed_section_is_an_exit_2_after_the_figures_are_written(tmp_path, capsys, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no such thing")
+
+    monkeypatch.setitem(run.SECTIONS, "memory", broken)
+    out = tmp_path / "r.json"
+    assert bench("--quick", "--only", "memory", "--device", "cpu", "--out", str(out)) == 2
+    assert "error" in json.loads(out.read_text())["sections"]["memory"]["figures"]["section"]
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "microgpt: error: section memory failed (see the table); the rest stand"
+
+
 def test_a_tiny_run_prints_the_table_and_replaces_the_named_file(tmp_path, capsys):
     out = tmp_path / "r.json"
     out.write_text("earlier results")
@@ -101,3 +127,18 @@ def test_the_step_section_times_the_optimizer_and_the_average_apart(tmp_path):
         assert names[part]["median"] > 0, part
     assert "AdamW: weight average" not in names  # AdamW's variant averages nothing
     assert names["Newton-Schulz FLOPs / model's"]["median"] > 0
+
+
+def test_time_to_loss_takes_the_first_evaluation_at_or_below_the_references_final_loss(
+    tmp_path, monkeypatch
+):
+    """The crossing: microgpt's first validation at or below (equal counts) the reference's last
+    one, timed from train()'s call; the ratio is the reference's whole time over it."""
+    reference = [(10.0, 3.0), (20.0, 2.5), (30.0, 2.0)]  # (seconds, val loss): final 2.0 at 30 s
+    ours = [(5.0, 2.6), (8.0, 2.0), (12.0, 1.9), (15.0, 2.1)]  # 2.0 at 8 s: the crossing
+    curves = iter([reference, ours] * len(time_to_loss.CASES))
+    monkeypatch.setattr(time_to_loss, "val_curve", lambda *args: next(curves))
+    args = argparse.Namespace(quick=False, row_override=[])
+    figures = time_to_loss.run_time_to_loss(args, "cpu", tmp_path)["figures"]
+    assert figures["names: microgpt's wall time to the reference's"]["median"] == 8.0
+    assert figures["names: reference's time / microgpt's"]["median"] == 30.0 / 8.0

@@ -2,6 +2,7 @@
 a file that fails names the field."""
 
 import os
+import re
 import signal
 
 import pytest
@@ -47,6 +48,9 @@ def test_settings_renamed_or_dropped_since_a_checkpoint_was_written_read_as_they
     [
         ("train_config", [1, 2], "train_config must be a mapping with the groups"),
         ("split", {"train": [1], "val": [], "test": []}, "split must be"),
+        # a text's bounds are integers (issue 43: nothing guarded it)
+        ("split", {"bounds": [0, 1.5, 3], "digest": "sha256:0"}, "split must be lists of"),
+        ("split", {"bounds": [0, True, 3], "digest": "sha256:0"}, "split must be lists of"),
         ("step", "abc", "step must be a non-negative integer, found 'abc'"),
         ("step", -1, "step must be a non-negative integer, found -1"),
         ("tokenizer", {"chars": ["a"]}, "tokenizer must be a mapping: chars a string"),
@@ -64,6 +68,31 @@ def test_a_field_of_the_wrong_type_or_range_is_refused_by_name(tmp_path, field, 
     with pytest.raises(CheckpointError) as e:
         Checkpoint.load(path)
     assert str(e.value).startswith(f"checkpoint {path}: field {says}")
+
+
+def test_a_texts_integer_bounds_load(tmp_path):
+    split = {"bounds": [0, 2, 3, 4], "digest": "sha256:0"}
+    assert Checkpoint.load(saved(tmp_path, split=split)).split == split
+
+
+@pytest.mark.parametrize(
+    "name, change, says",
+    [
+        ("wte.weight", lambda t: t.fill_(float("nan")), "wte.weight holds NaN or inf"),
+        ("lm_head.weight", lambda t: t.fill_(float("inf")), "weight holds NaN or inf"),
+        ("wte.weight", lambda t: t[:-1], "wrong shape for its model (wte.weight: 4x8, its config"
+                                         " gives 5x8)"),
+    ],
+)  # fmt: skip
+def test_weights_not_finite_or_of_the_wrong_shape_are_refused_at_load(tmp_path, name, change, says):
+    """issue 43: NaN weights crashed the head analysis' eigen-solver; a wrong shape was a
+    traceback on resume (load_state_dict)."""
+    model = GPT(GPTConfig(**MODEL)).state_dict()
+    model[name] = change(model[name].clone())
+    path = saved(tmp_path, model=model)
+    with pytest.raises(CheckpointError, match=re.escape(f"{path} holds weights ")) as e:
+        Checkpoint.load(path)
+    assert says in str(e.value)
 
 
 def test_a_full_disk_during_a_save_is_one_line_with_the_resume_command(tmp_path, monkeypatch):

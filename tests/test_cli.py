@@ -127,6 +127,27 @@ def test_a_signal_while_torch_loads_is_one_line_and_its_exit_code(tmp_path, comm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seen"]
 
 
+PRINTS_A_LOT = """
+import sys
+from microgpt import entry
+sys.exit(entry.run(lambda: [print("a line of a long table") for _ in range(100_000)]))
+"""
+
+
+def test_a_closed_standard_output_ends_the_command_quietly(tmp_path):
+    """issue 43: `python -m microgpt.compare SWEEP | head -3` ended in "cannot use: Broken pipe;
+    check the path and its disk"; a reader that stops reading is no error (exit 141, as a Unix
+    tool that SIGPIPE ends)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-c", PRINTS_A_LOT], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    p.stdout.readline()  # `head -1`
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 128 + signal.SIGPIPE and err == "", err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_importing_microgpt_changes_no_environment():
     code = "import os; e = dict(os.environ); import microgpt.cli, microgpt.compare, "
     code += "microgpt.commands.heads; print(dict(os.environ) == e)"

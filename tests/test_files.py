@@ -153,3 +153,28 @@ def test_heads_never_writes_through_a_link_out_of_the_run(lab, tmp_path):
         link.unlink()
     r = harness_run("heads", lab / "run", "--threads", "1", cwd=tmp_path)  # its own file: made
     assert r.code == 0 and json.loads(link.read_text())["n_head"] == 2, r.text
+
+
+@pytest.mark.parametrize("target", ["../kept.png", "tensorboard_microgpt_tab.png"])
+def test_screenshots_never_write_a_png_through_a_link(tmp_path, target):
+    """issue 43: docs/screenshots.py wrote a PNG through a link out of its folder; nor to a
+    sibling: each PNG is its own file, checked before anything runs."""
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    (tmp_path / "kept.png").write_bytes(b"kept")
+    (shots / "tensorboard_microgpt_tab.png").write_bytes(b"an older shot")
+    (shots / "tensorboard_attention.png").symlink_to(target)
+    before = fingerprint(tmp_path)
+    done = subprocess.run([sys.executable, str(REPO / "docs" / "screenshots.py"), "--sweep",
+                           "nowhere", "--out", str(shots)], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    r = Result(done.returncode, done.stdout, done.stderr)
+    check_one_line(Case("screenshots", 2, r"--out=.*tensorboard_attention\.png is a link to"), r)
+    assert changes(before, fingerprint(tmp_path)) == ([], [], [])
+
+
+def test_an_existing_fifo_is_never_an_output_even_with_overwrite(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    for overwrite in (False, True):
+        with pytest.raises(OutputRefused, match=r"fifo is not a regular file \(a device, FIFO"):
+            check_new_file(tmp_path / "fifo", "out", overwrite)

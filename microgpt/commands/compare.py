@@ -39,7 +39,7 @@ from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint
 from microgpt.config import flatten
 from microgpt.errors import UserError, first_line
-from microgpt.files import read_regular
+from microgpt.files import read_json
 from microgpt.groups import Group, group_runs
 from microgpt.heads.report import PRUNE_TOLERANCE, ROLES
 from microgpt.runs import RunFolder
@@ -119,12 +119,13 @@ class RunSummary:
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} from the run's metrics.jsonl (every run writes one)."""
     out: dict[str, list[tuple[int, float]]] = {}
-    for i, line in enumerate(read_metrics(run / METRICS_FILE), 1):
-        if not isinstance(line, dict) or not isinstance(line.get("step"), int):
-            raise UserError(f"{METRICS_FILE}: record {i} is not a {{step: ..., tag: value}}")
+    skipped: list[str] = []  # bad lines: named, the rest read
+    for line in read_metrics(run / METRICS_FILE, skipped):
         for tag, value in line.items():
             if tag not in ("step", "time"):
                 out.setdefault(tag, []).append((line["step"], value))
+    for said in skipped[:3]:
+        print(f"microgpt: note: {said}: left out", file=sys.stderr)
     return out
 
 
@@ -166,7 +167,7 @@ def _heads_summary(checkpoint: Path | None, folder: RunFolder, scalars: dict, ch
     if checkpoint is not None:
         # the JSON python -m microgpt.heads wrote (HeadReport.to_dict, with the checkpoint's step)
         try:
-            data = json.loads(read_regular(folder.analysis(checkpoint)))
+            data = read_json(folder.analysis(checkpoint))  # bounded in size and depth
             return dict(data["summaries"]), data.get("step"), checkpoint_step, checkpoint.name
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # none, or unreadable: the logged scalars below

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -104,12 +104,8 @@ def encode_items(items, tokenizer: CharTokenizer, block_size: int) -> tuple[Tens
 
 
 class Rows:
-    """Evaluation rows handed out in batches; a subclass gives `__len__` and `batch(idx)`."""
-
-    def iter_batches(self, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """Every row once, in order, in batches of `batch_size` (the last may be smaller)."""
-        for start in range(0, len(self), batch_size):
-            yield self.batch(torch.arange(start, min(start + batch_size, len(self))))
+    """Evaluation rows (what train.loss.evaluate reads): a subclass gives `__len__` and
+    `batch(idx)`."""
 
 
 class CharDataset(Rows):

@@ -12,7 +12,6 @@ is not logged: no chart of nothing."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
@@ -29,12 +28,12 @@ from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
-from microgpt.files import read_regular, write_text
+from microgpt.files import read_regular, refuse_link, write_text
 from microgpt.heads.report import ROLES, HeadReport
 from microgpt.viz.draw import compose_layer, render_attention, render_offset_profile, render_table
 
 METRICS_FILE = "metrics.jsonl"
-METRICS_LIMIT = 256 * 2**20  # a run's metrics.jsonl: a few MiB for the longest runs
+METRICS_LIMIT = 256 * 2**20  # bytes: a long run's metrics.jsonl holds far fewer
 TRAIN_LOSS, VAL_LOSS = "Loss/train", "Loss/val"  # the tags, and the keys in METRICS_FILE
 # the head summaries beside the losses in the HParams tab (all of them: the Scalars tab, compare)
 HPARAMS_SUMMARIES = ("heads/prunable", "heads/named", "heads/induction_max")
@@ -51,14 +50,25 @@ def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
     return {str(k): value(v) for k, v in flatten(hparams).items()}
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """The objects of a metrics.jsonl, in order; a last line cut short by a crash is skipped; a
-    FIFO, a device or a file over METRICS_LIMIT is an OSError (never a hang)."""
-    lines = []
-    for text in read_regular(path, METRICS_LIMIT).decode("utf-8").splitlines():
-        with contextlib.suppress(ValueError):
-            lines.append(json.loads(text))
-    return lines
+def read_metrics(path: str | Path, skipped: list[str] | None = None) -> list[dict]:
+    """The records of a metrics.jsonl ({"step": int, tag: number, ...}), in order, from a regular
+    file of bounded size (files.read_regular: a FIFO or a device is an OSError, never a hang). A
+    line that is not one (cut short by a crash, not UTF-8, not JSON, another shape) is left out,
+    and named in `skipped` ("PATH line N: ...")."""
+    records = []
+    for number, raw in enumerate(read_regular(path, METRICS_LIMIT).splitlines(), 1):
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except ValueError:  # not UTF-8 (UnicodeDecodeError), not JSON
+            record = None
+        numbers = isinstance(record, dict) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in record.values()
+        )
+        if numbers and isinstance(record.get("step"), int):
+            records.append(record)
+        elif skipped is not None and raw.strip():
+            skipped.append(f'{path} line {number}: not a {{"step": N, tag: number}} record')
+    return records
 
 
 class TensorBoardLogger:
@@ -73,6 +83,7 @@ class TensorBoardLogger:
         if purge_step is not None and metrics.exists():
             kept = [line for line in read_metrics(metrics) if line["step"] < purge_step]
             write_text(metrics, "".join(json.dumps(line) + "\n" for line in kept))
+        refuse_link(metrics)  # appended to: never through a link (files.refuse_link)
         self.metrics_file = open(metrics, "a", encoding="utf-8")
         # the last head summaries: HParams metrics too (see hparams)
         self.last_head_summary: dict[str, float] = {}

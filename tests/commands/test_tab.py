@@ -294,6 +294,18 @@ def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
     assert response.status_code == 400 and "no run 'heads=7'" in response.get_data(as_text=True)
 
 
+def test_timeline_names_each_bad_line_of_metrics_jsonl_and_reads_the_rest(lab, tmp_path):
+    """issue 43: a line that is an int, lacks its step or is not UTF-8 was a 500."""
+    run = tmp_path / "heads=2"
+    shutil.copytree(lab / "sweep" / "heads=2", run)
+    good = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").write_bytes(b'7\n{"Loss/val": 1.0}\n\xff\xfe{}\n' + good)
+    client = routes(tmp_path)["/timeline"]
+    body = json.loads(client.get("/timeline", query_string={"run": "heads=2"}).get_data())
+    assert [step for step, _ in body["val"]] == [6, 12]
+    assert [re.search(r"metrics\.jsonl line (\d+): ", s)[1] for s in body["skipped"]] == list("123")
+
+
 def test_a_run_or_checkpoint_reached_through_a_link_leading_out_is_refused(lab, tmp_path):
     logdir, outside = tmp_path / "logdir", tmp_path / "outside"
     shutil.copytree(lab / "sweep" / "heads=1", outside / "heads=1")
@@ -398,7 +410,8 @@ def test_a_run_that_cannot_be_read_is_listed_and_the_rest_served(lab, tmp_path, 
 @pytest.mark.parametrize(
     "bad",
     ["[1]", "1", '{"n_layer": 1, "n_head": 2, "heads": ["a", "b"]}', "{not json", "fifo",
-     '{"n_layer": 1, "n_head": 2, "heads": {"0": 1}}', "score"],
+     '{"n_layer": 1, "n_head": 2, "heads": {"0": 1}}', "score",
+     pytest.param("[" * 100_000 + "]" * 100_000, id="nested-100000-deep")],
 )  # fmt: skip
 def test_a_malformed_analysis_gives_the_panel_a_message_never_a_500_or_a_hang(lab, tmp_path, bad):
     run, answers = tmp_path / "heads=2", []

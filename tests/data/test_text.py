@@ -144,7 +144,7 @@ def test_evaluation_windows_cover_every_character_once():
     ids = torch.arange(1, 12, dtype=torch.uint8)  # 11 characters: 10 targets
     windows = TextWindows(ids, block_size=4)
     assert len(windows) == 3  # 4 + 4 + 2 targets
-    x, y = next(windows.iter_batches(10))
+    x, y = windows.batch(torch.arange(3))
     assert x.tolist() == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 0]]  # 11: no target after it
     assert y.tolist() == [[2, 3, 4, 5], [6, 7, 8, 9], [10, 11, -1, -1]]
 

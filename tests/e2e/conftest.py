@@ -8,6 +8,7 @@ links (out/), a working directory other than the project (sub/), and a broken sw
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import pickle
 import random
@@ -85,6 +86,12 @@ def _damaged(root: Path) -> None:
         ("split-ints", {"split": {"train": [1], "val": [2], "test": [3]}}),
     ):
         dataclasses.replace(good, **change).save(bad / f"{name}.pt")
+    # whole checksums, weights no run writes (issue 43): a NaN, one row short of the model's shape
+    last, key = Checkpoint.load(root / LAST), "wte.weight"
+    nan = {**good.model, key: torch.full_like(good.model[key], math.nan)}
+    dataclasses.replace(good, model=nan).save(bad / "nan.pt")
+    short = {**last.model, key: last.model[key][:-1]}
+    dataclasses.replace(last, model=short).save(bad / "wrong-shape.pt")
 
 
 @pytest.fixture(scope="session")

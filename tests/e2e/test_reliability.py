@@ -218,11 +218,12 @@ SAVER = r"""
 import os, sys, torch
 torch.set_num_threads(1)  # no OpenMP thread pool: a forked child could deadlock on it
 from microgpt.checkpoint import Checkpoint
+from microgpt.model import GPT, GPTConfig
 path = sys.argv[1]
-shapes = [(4096, 64), (64, 4096), (512, 64)] * 4  # about 4 MB of float32, a small model's size
+config = {"vocab_size": 3, "block_size": 8, "n_layer": 5, "n_embd": 128}  # about 4 MB of float32
+shapes = {k: t.shape for k, t in GPT(GPTConfig(**config)).state_dict().items()}
 def save(n):
-    model = {f"w{i}": torch.full(s, float(n)) for i, s in enumerate(shapes)}
-    config = {"vocab_size": 3, "block_size": 8}
+    model = {k: torch.full(s, float(n)) for k, s in shapes.items()}
     Checkpoint(model=model, model_config=config, tokenizer={"chars": "ab"}, step=n).save(path)
 save(0)
 print("ready", flush=True)
@@ -270,7 +271,7 @@ def test_sigkill_at_random_moments_while_saving_leaves_a_loadable_checkpoint(tmp
             os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)  # the helper reaps it
             ckpt = Checkpoint.load(path)  # always whole: one save's tensors, every one of them
-            values = {float(t[0, 0]) for t in ckpt.model.values()}
+            values = {float(t.flatten()[0]) for t in ckpt.model.values()}
             assert values == {float(ckpt.step)}, values
             assert all(bool((t == ckpt.step).all()) for t in ckpt.model.values())
             assert ckpt.step >= last_step  # never an older one than what a reader already saw

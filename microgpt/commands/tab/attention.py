@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import os
 import re
@@ -26,7 +25,7 @@ from microgpt.checkpoint import Checkpoint, CheckpointError
 from microgpt.commands.heads import analysis_rows, run_checkpoints
 from microgpt.commands.tab.lab import LabError, lab, parse_ablation, parse_off, parse_pin
 from microgpt.data.dataset import Data, DataError, checkpoint_format, data_of_checkpoint
-from microgpt.files import read_regular
+from microgpt.files import read_json, read_regular
 from microgpt.groups import Group, group_name, group_runs
 from microgpt.heads.analyse import length_batches
 from microgpt.heads.circuits import mean_outputs
@@ -188,7 +187,7 @@ def read_analysis(path: Path) -> tuple[dict | None, str | None]:
     if not os.path.lexists(path):
         return None, None
     try:
-        analysis = json.loads(read_regular(path))
+        analysis = read_json(path)  # bounded in size and depth
     except (OSError, ValueError) as e:
         return None, f"{path.name} cannot be read: {getattr(e, 'strerror', None) or e}"
     heads = analysis.get("heads") if isinstance(analysis, dict) else None
@@ -390,10 +389,13 @@ class RunStore:
         """The run's validation loss over training, and each step checkpoint with its heads'
         scores and roles where it has been analysed (python -m microgpt.heads --all-checkpoints)."""
         run = self.run(name)
-        val = []
+        val, skipped = [], []  # skipped: the lines of metrics.jsonl not read, named
         metrics = run.path / METRICS_FILE
         if metrics.is_file() and inside(run.path, metrics):
-            lines = read_metrics(metrics)
+            try:
+                lines = read_metrics(metrics, skipped)
+            except OSError as e:  # too large
+                lines, skipped = [], [f"{metrics}: {e.strerror or e}"]
             val = [[line["step"], line[VAL_LOSS]] for line in lines if VAL_LOSS in line]
         checkpoints, ahead = [], []
         for checkpoint in checkpoints_of(run):
@@ -404,7 +406,7 @@ class RunStore:
             if inside(run.path, run.checkpoints / checkpoint):
                 ahead.append(run.checkpoints / checkpoint)
         self.models.prefetch(ahead)  # the slider's checkpoints, loaded while the page is read
-        return {"run": name, "val": val, "checkpoints": checkpoints}
+        return {"run": name, "val": val, "checkpoints": checkpoints, "skipped": skipped}
 
     @staticmethod
     def _analysis(run: RunFolder, checkpoint: str) -> tuple[dict | None, str | None]:

@@ -31,6 +31,7 @@ answer JSON, or 400 and {"error": message} (a message naming the parameter and t
                                     "checkpoints": [{"checkpoint", "step", "scores", "roles",
                                     "induction"}]}: each step-N.pt in step order, its heads'
                                     [layer][head] from its analysis (null: not analysed)
+                                    "skipped": the lines of metrics.jsonl not read, each named
 
 Labels of tokens are the tokenizer's: "·" a space, "<s>" the boundary (a name's start and end;
 the page names it so everywhere). Only what lies under the log dirs is read: a run folder,
