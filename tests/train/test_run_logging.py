@@ -68,6 +68,7 @@ def test_a_text_run_estimates_while_it_trains_and_reports_whole_split_figures(
         return out - 10 if calls == [True] else out
 
     monkeypatch.setattr(trainer, "evaluate", first_estimate_best)
+    caplog.clear()  # the first run's lines, where an earlier test left the logger at INFO
     with caplog.at_level(logging.INFO, logger="microgpt"):
         metrics = train(estimated)
     rows, val = len(eval_rows(data.datasets["val"], True)), len(data.datasets["val"])
