@@ -43,6 +43,7 @@ RECIPES = {
     "names-seeds": (["-m", "heads=4", "seed=1,2,3,4,5"], 1, False),  # the headline over seeds
     "adamw": (["heads=4", "optim=adamw", "train.ema=0", "train.pack=0"], 1, False),
     "shakespeare": (["experiment=shakespeare"], 1, True),
+    "shakespeare-seeds": (["-m", "experiment=shakespeare", "seed=1,2,3"], 1, False),
     # the study on 2 cores as typed: each job analysed, then compare's table
     "sweep": (["-m", "experiment=heads_seeds", "hydra/launcher=joblib"], None, True),
 }
