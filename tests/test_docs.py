@@ -38,7 +38,8 @@ QUOTES = [
     ("docs/guide.md", "a validation loss of **{shakespeare.best_val_loss}** nats per character"),
     ("docs/guide.md", "a test loss of **{shakespeare.test_loss}**"),
     ("docs/guide.md", "Over seeds 1, 2 and 3 its test loss is"
-     " **{shakespeare-seeds.test_loss_mean}** on average (standard deviation {shakespeare-seeds.test_loss_sd}; 95% interval of the mean"
+     " **{shakespeare-seeds.test_loss_mean}** on average (standard deviation"
+     " {shakespeare-seeds.test_loss_sd}; 95% interval of the mean"
      " {shakespeare-seeds.test_loss_ci_low} to {shakespeare-seeds.test_loss_ci_high};"
      " {shakespeare-seeds.date},"),
 ]  # fmt: skip
