@@ -432,7 +432,7 @@ SIGNALS = [
     interrupted("compare-reading", "compare", ["runs"], "microgpt.commands.compare.read_sweep",
                 "SIGINT",
                 r"microgpt: interrupted \(SIGINT\): nothing was written"),
-    interrupted("compare-table", "compare", ["runs"], "microgpt.commands.compare.format_table",
+    interrupted("compare-table", "compare", ["runs"], "microgpt.commands.compare.format_groups",
                 "SIGTERM",
                 r"microgpt: interrupted \(SIGTERM\): nothing was written"),
     *[interrupted("generating-repeats", "train.py", [*T, NEW, *R],
