@@ -17,8 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from microgpt import files
-from microgpt.errors import UserError
+from microgpt.errors import UserError, reason
 
 RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
 HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
@@ -34,6 +36,10 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)
 
 
+CONFIG_FILE = "config.yaml"  # the validated settings a run trained with
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where installed
+
+
 class RunFolder:
     """One run's folder, and where each of its files lies."""
 
@@ -41,6 +47,18 @@ class RunFolder:
         self.path = Path(path).expanduser()
         self.checkpoints = self.path / files.CHECKPOINTS
         self.best, self.last = self.checkpoints / "best.pt", self.checkpoints / "last.pt"
+        self.config_file = self.path / CONFIG_FILE
+
+    def config(self) -> dict:
+        """The settings the run trained with (config.yaml), read as a regular file of bounded size
+        (never a hang on a FIFO); a RunFolderError says why it cannot be read."""
+        try:
+            config = yaml.load(files.read_regular(self.config_file), Loader=YAML_LOADER)
+        except (OSError, yaml.YAMLError) as e:
+            raise RunFolderError(f"cannot read {self.config_file}: {reason(e)}") from None
+        if not isinstance(config, dict):
+            raise RunFolderError(f"{self.config_file} is not a mapping of settings")
+        return config
 
     def snapshot(self, step: int) -> Path:
         return self.checkpoints / f"step-{step:06d}.pt"
@@ -106,7 +124,7 @@ def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
     found = {
         p.parent
         for p in root.rglob("events.out.tfevents.*")
-        if (p.parent / "config.yaml").is_file()
+        if (p.parent / CONFIG_FILE).is_file()
         and not any(part.startswith(".") for part in p.parent.relative_to(root).parts)
     }
     if not found:
@@ -279,7 +297,7 @@ def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int
     lock(folder)  # until the run ends: one process per folder
     run.checkpoints.mkdir(exist_ok=True)
     files.remove_leftovers(run.checkpoints)
-    name = "config.yaml" if resumed_from is None else f"config.resume-step{step}.yaml"
+    name = CONFIG_FILE if resumed_from is None else f"config.resume-step{step}.yaml"
     files.write_text(folder / name, config_yaml)
     return run_id
 

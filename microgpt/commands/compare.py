@@ -132,7 +132,7 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 def read_run(folder: RunFolder, root: Path) -> RunSummary:
     run = folder.path
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
-    config = OmegaConf.load(run / "config.yaml")
+    config = OmegaConf.create(folder.config())  # a RunFolderError: the run is unreadable
     heads = config.model.n_head  # none: an OmegaConf error
     scalars = _scalars(run)
     r, step = RunSummary(folder.name_under(root), run, heads), None

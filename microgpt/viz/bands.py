@@ -25,7 +25,6 @@ import secrets
 import shutil
 from pathlib import Path
 
-import yaml
 from torch.utils.tensorboard import SummaryWriter
 
 from microgpt import files
@@ -75,12 +74,9 @@ def band(
 
 def _config(run: RunFolder) -> dict:
     try:
-        config = yaml.safe_load(files.read_regular(run.path / "config.yaml"))
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        raise BandsError(f"cannot read {run.path / 'config.yaml'}: {e}") from None
-    if not isinstance(config, dict):
-        raise BandsError(f"{run.path / 'config.yaml'} is not a mapping of settings")
-    return config
+        return run.config()
+    except UserError as e:  # a RunFolderError: the file and why
+        raise BandsError(str(e)) from None
 
 
 def _losses(run: RunFolder) -> dict[str, dict[int, tuple[float, float]]]:
@@ -90,13 +86,10 @@ def _losses(run: RunFolder) -> dict[str, dict[int, tuple[float, float]]]:
     except (OSError, ValueError) as e:
         raise BandsError(f"cannot read {run.path / METRICS_FILE}: {e}") from None
     out: dict[str, dict[int, tuple[float, float]]] = {loss: {} for loss in LOSSES}
-    for line in lines:
-        if not isinstance(line, dict) or not isinstance(line.get("step"), int):
-            continue
+    for line in lines:  # records: an int step and numbers (read_metrics leaves out the rest)
         for loss, points in out.items():
-            value, time = line.get(loss), line.get("time", 0.0)
-            if isinstance(value, (int, float)) and isinstance(time, (int, float)):
-                points[line["step"]] = float(time), float(value)
+            if loss in line:
+                points[line["step"]] = float(line.get("time", 0.0)), float(line[loss])
     return out
 
 

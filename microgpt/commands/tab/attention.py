@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
 
 from microgpt.checkpoint import Checkpoint, CheckpointError
 from microgpt.commands.heads import analysis_rows, run_checkpoints
 from microgpt.commands.tab.lab import LabError, lab, parse_ablation, parse_off, parse_pin
 from microgpt.data.dataset import Data, DataError, checkpoint_format, data_of_checkpoint
-from microgpt.files import read_json, read_regular
+from microgpt.files import read_json
 from microgpt.groups import Group, group_name, group_runs
 from microgpt.heads.analyse import length_batches
 from microgpt.heads.circuits import mean_outputs
@@ -224,18 +223,16 @@ def _number(x) -> float | None:
 def config_of(run: RunFolder) -> dict:
     """The run's config.yaml as trained; one that cannot be read, a config no other run has (the
     run is a group of its own). Read again only once rewritten (another size or time)."""
-    path = run.path / "config.yaml"
     try:
-        stat = path.stat()
-        config = _read_config(str(path), stat.st_size, stat.st_mtime_ns)
-    except (OSError, yaml.YAMLError):
-        config = None
-    return config if isinstance(config, dict) else {"unreadable": str(run.path)}
+        stat = run.config_file.stat()
+        return dict(_read_config(str(run.path), stat.st_size, stat.st_mtime_ns))
+    except (OSError, RunFolderError):
+        return {"unreadable": str(run.path)}
 
 
 @functools.lru_cache(maxsize=1024)
-def _read_config(path: str, size: int, mtime_ns: int):
-    return yaml.load(read_regular(path), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+def _read_config(path: str, size: int, mtime_ns: int) -> dict:
+    return RunFolder(path).config()
 
 
 def groups_of(runs: dict[str, RunFolder]) -> list[Group[str]]:
