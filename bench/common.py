@@ -12,6 +12,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -130,6 +131,21 @@ def machine_info() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info
+
+
+@contextlib.contextmanager
+def busy(folder: Path, quick: bool = False):
+    """Another training running on one thread while the block does: a busy core (`--busy`)."""
+    steps = "train.max_steps=60" if quick else "train.max_steps=100000"
+    command = [sys.executable, str(REPO / "train.py"), "heads=4", "threads=1", "seed=1", steps]
+    load = subprocess.Popen([*command, f"out_dir={folder}", "train.progress=false"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        time.sleep(5)  # its start-up (imports, data) done: training
+        yield
+    finally:
+        load.terminate()
+        load.wait()
 
 
 def git_commit() -> str:

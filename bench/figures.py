@@ -15,6 +15,7 @@ Time one recipe at a time on a quiet machine (`cpu-slot --all`): the wall times 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -39,7 +40,9 @@ from microgpt.files import check_new_file, project_data, read_json, write_text  
 # cores), whether the docs quote its head analysis)
 RECIPES = {
     "names": (["heads=4"], 1, True),
-    "names-2-threads": (["heads=4"], 2, False),
+    "names-as-typed": (["heads=4"], None, False),  # threads=auto: its measured choice
+    "names-busy": (["heads=4"], 1, False),  # BUSY: another training holds the other core
+    "names-as-typed-busy": (["heads=4"], None, False),
     "names-seeds": (["-m", "heads=4", "seed=1,2,3,4,5"], 1, False),  # the headline over seeds
     "adamw": (["heads=4", "optim=adamw", "train.ema=0", "train.pack=0"], 1, False),
     "shakespeare": (["experiment=shakespeare"], 1, True),
@@ -47,6 +50,7 @@ RECIPES = {
     # the study on 2 cores as typed: each job analysed, then compare's table
     "sweep": (["-m", "experiment=heads_seeds", "hydra/launcher=joblib"], None, True),
 }
+BUSY = ("names-busy", "names-as-typed-busy")
 QUICK = ["train.max_steps=6", "train.eval_every=3", "log.attn_every=6", "log.head_items=8"]
 SEED = 1337  # a recipe's that sweeps no seeds
 
@@ -63,11 +67,16 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
         *([] if seeds else [f"seed={SEED}"]),
         "train.progress=false",
     ]
-    t0 = time.perf_counter()
-    _call([*command, *extra, f"hydra.sweep.dir={run}" if sweep else f"out_dir={run}"], threads)
-    seconds = time.perf_counter() - t0
+    from bench.common import busy
+
+    with busy(folder / f"{name}-load", quick) if name in BUSY else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        _call([*command, *extra, f"hydra.sweep.dir={run}" if sweep else f"out_dir={run}"], threads)
+        seconds = time.perf_counter() - t0
     made = {"command": " ".join(command), "seed": "each job's" if seeds else SEED}
-    made["threads"] = threads or "as typed (the jobs share the cores)"
+    made["threads"] = threads or "as typed (threads=auto; a sweep's jobs share the cores)"
+    if name in BUSY:
+        made["load"] = "another `python train.py heads=4 threads=1` ran all along"
     if sweep and analysed:  # the README's table: every job analysed, then `compare`
         _call(["python", "-m", "microgpt.heads", str(run)], threads)
         table = _call(["python", "-m", "microgpt.compare", str(run)])

@@ -14,6 +14,7 @@ docs/benchmarks.md says what each section measures, and holds the figures measur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -33,7 +34,7 @@ from microgpt import entry  # noqa: E402
 with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C meanwhile: one line
     import torch
 
-    from bench.common import error_figure, git_commit, machine_info
+    from bench.common import busy, error_figure, git_commit, machine_info
     from bench.heads import run_heads
     from bench.memory import memory_child, run_memory
     from bench.sampling import run_sampling
@@ -113,6 +114,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=list(DEVICES))
     p.add_argument("--threads", type=one(), help="torch threads (default: microgpt's auto)")
     p.add_argument("--repeats", type=one(), help="runs per figure (3; --quick 1)")
+    p.add_argument("--busy", action="store_true", help="another training holds a core meanwhile")
     p.add_argument("--run", help="a run folder or checkpoint: sampling's and heads' model")
     g = p.add_argument_group("throughput, and the targets' cost")
     g.add_argument("--presets", type=listed(str, None, ["micro", "small", "base"]))
@@ -196,10 +198,13 @@ def main(argv=None) -> dict | None:
         "threads": torch.get_num_threads(),
         "device": str(args.device_found),
         "quick": args.quick,
+        "busy": args.busy and "another `python train.py heads=4 threads=1` ran all along",
         "sections": {},
     }
     failed = []  # sections that raised (a case that cannot run is told in its figure)
-    with tempfile.TemporaryDirectory(prefix="microgpt-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="microgpt-bench-") as tmp, contextlib.ExitStack() as on:
+        if args.busy:
+            on.enter_context(busy(Path(tmp) / "load", args.quick))
         for section in (s for s in SECTIONS if s in args.only):
             print(f"[bench] {section} ...", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
