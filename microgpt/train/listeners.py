@@ -81,7 +81,6 @@ class TensorBoard(Listener):
         hparams["params"] = metrics["params"]
         results = {k: metrics[k] for k in ("best_val_loss", "test_loss") if k in metrics}
         self.writer.hparams(hparams, results, step=trainer.step)
-        self.close()
 
     def close(self) -> None:
         if self.writer is not None:

@@ -33,7 +33,7 @@ class Trainer:
 
     def __init__(self, config: Config):
         self.device, self.threads, self.dist, self.out_dir = state.machine(config)
-        self.is_main, self.folder = self.dist.is_main, runs.RunFolder(self.out_dir)
+        self.folder = runs.RunFolder(self.out_dir)  # where each of the run's files lies
         # before the data: the checkpoint a resume continues (a missing run fails fast); the
         # folder is claimed in run() (_open_run_folder), and the notes said once it is
         _, self.resume_path = runs.resolve_resume(config.resume, self.out_dir)
@@ -48,9 +48,8 @@ class Trainer:
         # the checkpoint names the data by their content's hash too
         self.data_sha256 = data.sha256()
         self.probe_ids = data.probe_ids(c.log.probe)  # a DataError names log.probe
-        self.model_config, self.model, self.train_model = state.build_model(
-            c, data, self.device, self.dist
-        )
+        built = state.build_model(c, data, self.device, self.dist)
+        self.model_config, self.model, self.train_model = built
         self.optimizer = make_optimizer(self.model, c, self.device)
         self.ema = WeightAverage(self.model, c.train.ema) if c.train.ema > 0 else None
         # what is evaluated, sampled and kept as best.pt: the averaged weights, if any
@@ -65,7 +64,7 @@ class Trainer:
         self.window, self.run_id = LossWindow(), None  # run_id: set at the claim (rank 0)
         if self.resume_path is not None:
             state.load_resume(self)
-        self.listeners: list[Listener] = default_listeners() if self.is_main else []
+        self.listeners: list[Listener] = default_listeners() if self.dist.is_main else []
 
     @property
     def final(self) -> bool:
@@ -135,29 +134,26 @@ class Trainer:
     def run(self) -> dict:
         """The steps left, then best.pt tested; the listeners closed however it ends."""
         try:
-            return self._run()
+            system.run_on_main(self._open_run_folder, self.dist)
+            start, tokens_done, other_work = time.perf_counter(), 0, 0.0
+            self.window.start_clock()  # throughput counts training alone, not the set-up
+            metrics: dict = dict(self.history)
+            with StopFlag() as stop:
+                self.model.train()
+                while self.step < self.config.train.max_steps:
+                    out, spent = self.loop_step(metrics, stop)
+                    tokens_done, other_work = tokens_done + out.tokens, other_work + spent
+            # what `train` returns (every rank): the last metrics, the run's size and its
+            # throughput (training alone: the seconds spent evaluating and saving left out)
+            elapsed = time.perf_counter() - start
+            metrics.update(step=self.step, params=self.model.num_params(), elapsed_s=elapsed)
+            metrics.update(global_batch=self.global_batch, run_dir=str(self.out_dir))
+            metrics["tokens_per_sec"] = tokens_done / max(elapsed - other_work, 1e-9)
+            system.run_on_main(lambda: self._finish(metrics), self.dist)
+            return metrics
         finally:
             for listener in self.listeners:
                 listener.close()
-
-    def _run(self) -> dict:
-        system.run_on_main(self._open_run_folder, self.dist)
-        start, tokens_done, other_work = time.perf_counter(), 0, 0.0
-        self.window.start_clock()  # throughput counts training alone, not the set-up
-        metrics: dict = dict(self.history)
-        with StopFlag() as stop:
-            self.model.train()
-            while self.step < self.config.train.max_steps:
-                out, spent = self.loop_step(metrics, stop)
-                tokens_done, other_work = tokens_done + out.tokens, other_work + spent
-        # what `train` returns (every rank): the last metrics, the run's size and its throughput
-        # (training alone: the seconds spent evaluating and saving left out, as logged)
-        elapsed = time.perf_counter() - start
-        metrics.update(step=self.step, params=self.model.num_params(), elapsed_s=elapsed)
-        metrics.update(global_batch=self.global_batch, run_dir=str(self.out_dir))
-        metrics["tokens_per_sec"] = tokens_done / max(elapsed - other_work, 1e-9)
-        system.run_on_main(lambda: self._finish(metrics), self.dist)
-        return metrics
 
     def loop_step(self, metrics: dict, stop: StopFlag) -> tuple[StepResult, float]:
         """One step of the loop: train_step and the train loss window (on_step), then what is due
