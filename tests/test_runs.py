@@ -167,7 +167,8 @@ def test_tokens_per_sec_counts_training_alone(tiny_cfg, tmp_path, monkeypatch):
     evaluation counted it. With a clock that moves 1 ms per target token in a training step and
     far more in set-up, evaluation, checkpoints and the head analysis, every logged throughput
     is exactly 1,000 tokens/s."""
-    import microgpt.train.trainer as trainer_module
+    from microgpt.train import state
+    from microgpt.train.listeners import HeadAnalysis
 
     clock = [1000.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
@@ -181,10 +182,10 @@ def test_tokens_per_sec_counts_training_alone(tiny_cfg, tmp_path, monkeypatch):
         return timed
 
     monkeypatch.setattr(Trainer, "train_step", taking(Trainer.train_step))
-    monkeypatch.setattr(trainer_module, "load_data", taking(trainer_module.load_data, 50))
-    other_work = {"_evaluate": 30, "_log_heads": 20, "_save_snapshot": 9}
-    for name, seconds in other_work.items():
-        monkeypatch.setattr(Trainer, name, taking(getattr(Trainer, name), seconds))
+    monkeypatch.setattr(state, "load_data", taking(state.load_data, 50))
+    other_work = [(Trainer, "_evaluate", 30), (HeadAnalysis, "log", 20), (Trainer, "_save", 9)]
+    for owner, name, seconds in other_work:
+        monkeypatch.setattr(owner, name, taking(getattr(owner, name), seconds))
     metrics = train(tiny_cfg("train.save_every=4", "train.num_samples=0"))
     logged = [m.get("tokens_per_sec") for m in read_metrics(tmp_path / "run/metrics.jsonl")]
     assert [x for x in logged if x] == pytest.approx([1000.0] * 4, rel=1e-9)  # steps 3, 6, 9, 12

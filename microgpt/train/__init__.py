@@ -1,3 +1,4 @@
-"""Training: the Trainer and its loop (trainer), the optimizer and schedule (optim), the loss
-(loss), checkpoints (checkpoint), signals (stopping), the run's end (summary).
+"""Training: the Trainer and its loop (trainer), what hears its events (listeners), what it is
+built from and saves (state), the optimizer and schedule (optim), the loss (loss), how a run
+stops early (stopping).
 """

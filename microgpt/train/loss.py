@@ -1,5 +1,6 @@
-"""The loss: its mean per character over a split (`evaluate`), and the train loss of the steps
-between two log lines (`StepResult`, `LossWindow`)."""
+"""The loss: its mean per character over a split (`evaluate`), a rank's share of a training batch
+and its weight (`rank_batch`), and the train loss of the steps between two log lines
+(`StepResult`, `LossWindow`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import torch.nn as nn
 from torch import Tensor
 
 from microgpt.data.lines import Rows
-from microgpt.system import eval_mode
+from microgpt.system import DistInfo, eval_mode
+from microgpt.tokenizer import BOUNDARY_ID
 
 # during training, a split of more positions is estimated on evenly spaced rows of about this many
 # (a text's 253k-character validation slice: 1 window in 16, as many as nanoGPT's estimate reads)
@@ -46,6 +48,16 @@ def evaluate(
             total = total.to(loss.device) + loss.detach().double() * n
             count = count + n
     return float(total / max(int(count), 1))
+
+
+def rank_batch(batches, dist: DistInfo, batch_size: int, pack: int) -> tuple:
+    """This rank's (x, y) of the next global batch, (B, T) each; where rows are packed, the item
+    starts (else None); the weight of its mean loss, to the global batch's mean over its targets
+    (whatever their split between ranks) times the world size, as DDP averages gradients over
+    ranks (a weight of 1 on one process); the global batch's targets."""
+    x, y, n_mine, targets = batches.next(dist.rank, batch_size)
+    starts = x == BOUNDARY_ID if pack else None  # packed rows: each item starts at a boundary token
+    return x, y, starts, n_mine * dist.world_size / targets, targets
 
 
 @dataclass

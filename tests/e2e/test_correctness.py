@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import microgpt.checkpoint
+import microgpt.train.state
 from microgpt import system
 from microgpt.config import ConfigError, load_config
 from microgpt.data.dataset import DataError, load_data
@@ -55,9 +56,9 @@ def test_resume_state_is_loaded_on_the_cpu_whatever_the_device(tiny_cfg, monkeyp
 
 
 def test_set_rng_state_takes_states_of_any_dtype_and_device_type_kept_as_bytes():
-    state = microgpt.train.trainer.rng_state()
+    state = microgpt.train.state.rng_state()
     as_long = {**state, "torch": state["torch"].long()}  # what a careless copy might leave
-    microgpt.train.trainer.set_rng_state(as_long)
+    microgpt.train.state.set_rng_state(as_long)
     assert torch.equal(torch.get_rng_state(), state["torch"])
 
 

@@ -57,12 +57,9 @@ def run_trainer(cfg, on_step=None) -> tuple[Trainer, list[float], BaseException 
     trainer.train_model = recording
     stopped = None
     try:
-        trainer.run()
+        trainer.run()  # its listeners closed (TensorBoard's files) however it ends
     except (Interrupted, KeyboardInterrupt, TrainingError) as e:
         stopped = e
-    finally:
-        if trainer.writer is not None:
-            trainer.writer.close()
     return trainer, losses, stopped
 
 
@@ -195,11 +192,8 @@ def test_non_finite_loss_stops_with_advice_and_keeps_the_last_good_checkpoint(ti
         return logits, loss
 
     trainer.train_model = poisoned
-    try:
-        with pytest.raises(TrainingError) as info:
-            trainer.run()
-    finally:
-        trainer.writer.close()
+    with pytest.raises(TrainingError) as info:
+        trainer.run()
     message = str(info.value)
     for part in ("non-finite loss at step 6", "optim.lr=", "optim.grad_clip", str(last)):
         assert part in message, part

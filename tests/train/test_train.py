@@ -17,6 +17,7 @@ from microgpt.checkpoint import Checkpoint
 from microgpt.commands.compare import main as compare_main
 from microgpt.commands.heads import main as heads_main
 from microgpt.config import ConfigError, load_config
+from microgpt.train.listeners import HeadAnalysis
 from microgpt.train.trainer import Trainer, lr_at, train
 from tests.conftest import REPO, TINY, compose_config
 
@@ -120,16 +121,17 @@ def test_multirun_names_job_folders_by_their_overrides_and_the_readme_commands_t
 
 def test_a_signal_during_the_final_analysis_stops_it_at_once(tiny_cfg):
     trainer = Trainer(load_config(tiny_cfg()))
-    light_analysis = trainer._log_heads
+    (analysis,) = [x for x in trainer.listeners if isinstance(x, HeadAnalysis)]
+    light_analysis = analysis.log
 
-    def final_analysis_interrupted(step):
-        if step < trainer.config.train.max_steps:
-            return light_analysis(step)
+    def final_analysis_interrupted(trainer):
+        if not trainer.final:
+            return light_analysis(trainer)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)  # time enough for the handler
         raise AssertionError("the analysis went on after the signal")
 
-    trainer._log_heads = final_analysis_interrupted
+    analysis.log = final_analysis_interrupted
     with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
         trainer.run()
 
