@@ -202,8 +202,14 @@ class TextData(Data):
             )
 
     @classmethod
-    def load(cls, path, seed, block_size=None, device="cpu", trim=True, prepare=None, repeats=None):
-        """The text of `path`; block_size None: DEFAULT_BLOCK_SIZE. The seed moves nothing."""
+    def load(cls, settings, block_size=None, device="cpu", trim=True) -> TextData:
+        """The text of settings.path (settings.prepare: the command that builds it); no seed
+        moves it, no batch is trimmed (no padding)."""
+        return cls.read(settings.path, block_size, device, settings.prepare)
+
+    @classmethod
+    def read(cls, path, block_size=None, device="cpu", prepare=None) -> TextData:
+        """The text of `path`; block_size None: DEFAULT_BLOCK_SIZE."""
         text, found = read_data_file(path, prepare)
         block_size = block_size or DEFAULT_BLOCK_SIZE
         # a short hash of the normalised text: a resume or a later analysis checks it
@@ -227,7 +233,7 @@ class TextData(Data):
                 f"digest); put the file the run was trained on back at that path"
             )
         try:
-            data = cls.load(where, 0, int(ckpt.model_config["block_size"]), device)
+            data = cls.read(where, int(ckpt.model_config["block_size"]), device)
         except DataError:
             data = None
         # the digest covers the text, and so the vocabulary built from it

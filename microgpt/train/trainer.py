@@ -91,8 +91,7 @@ class Trainer:
         check_training_memory(c, self.device)  # before the data are encoded: lower bounds
         # compiled graphs want fixed shapes: no trimming of batches to their longest item
         d, trim = c.data, not c.train.compile
-        args = (d.path, d.split_seed, c.model.block_size, self.device, trim)
-        self.data = data = load_data(*args, d.format, d.prepare, d.repeats)
+        self.data = data = load_data(d, c.model.block_size, self.device, trim)
         self.tokenizer, self.datasets = data.tokenizer, data.datasets
         # the checkpoint names the data by one absolute path, and its content's hash
         resolved = dataclasses.replace(d, path=str(Path(data.path).resolve()))
