@@ -151,20 +151,14 @@ def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
 class Precision(str, Enum):
     """What a model's arithmetic runs in: a setting (train.precision; optim.muon_precision, which
     has no fp16) is one of `choices`, and `resolve` turns it, auto included, into one by the one
-    rule. A str: "fp16" compares equal to Precision.FP16."""
+    rule. A str: "fp16" compares equal to Precision.FP16, and prints as it."""
 
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-
-    def __str__(self) -> str:
-        return self.value
+    FP32, BF16, FP16 = "fp32", "bf16", "fp16"
+    __str__ = str.__str__
 
     @property
     def dtype(self) -> torch.dtype:
-        return {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
-            self, torch.float32
-        )
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.value, torch.float32)
 
     @classmethod
     def choices(cls, fp16: bool = True) -> tuple[str, ...]:
@@ -177,9 +171,8 @@ class Precision(str, Enum):
         (native_bf16), else fp16 on CUDA where the setting has it, else fp32."""
         if setting != "auto":
             return cls(setting)
-        if native_bf16(device):
-            return cls.BF16
-        return cls.FP16 if fp16 and device.type == "cuda" else cls.FP32
+        cuda_fp16 = fp16 and device.type == "cuda"
+        return cls.BF16 if native_bf16(device) else cls.FP16 if cuda_fp16 else cls.FP32
 
 
 def pick_precision(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -154,8 +153,8 @@ class RepeatsData(LinesData):
         """The items settings.repeats generates, split by settings.split_seed."""
         r, label = settings.repeats, f"generated repeats (seed {settings.repeats.seed})"
         items = repeat_items(r.items, r.chars, tuple(r.span), r.length, r.seed)
-        path = Path(settings.path)
-        return cls.of_items(items, path, settings.split_seed, block_size, device, trim, label)
+        seed, path = settings.split_seed, settings.path
+        return cls.of_items(items, path, seed, block_size, device, trim, label)
 
     def sha256(self) -> str:
         """No file: the hash of the generated items, as split."""

@@ -10,6 +10,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -203,14 +204,9 @@ class TextData(Data):
 
     @classmethod
     def load(cls, settings, block_size=None, device="cpu", trim=True) -> TextData:
-        """The text of settings.path (settings.prepare: the command that builds it); no seed
-        moves it, no batch is trimmed (no padding)."""
-        return cls.read(settings.path, block_size, device, settings.prepare)
-
-    @classmethod
-    def read(cls, path, block_size=None, device="cpu", prepare=None) -> TextData:
-        """The text of `path`; block_size None: DEFAULT_BLOCK_SIZE."""
-        text, found = read_data_file(path, prepare)
+        """The text of settings.path (settings.prepare: the command that builds it); block_size
+        None: DEFAULT_BLOCK_SIZE. No seed moves it, no batch is trimmed (no padding)."""
+        text, found = read_data_file(settings.path, settings.prepare)
         block_size = block_size or DEFAULT_BLOCK_SIZE
         # a short hash of the normalised text: a resume or a later analysis checks it
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
@@ -233,7 +229,8 @@ class TextData(Data):
                 f"digest); put the file the run was trained on back at that path"
             )
         try:
-            data = cls.read(where, int(ckpt.model_config["block_size"]), device)
+            the_file = SimpleNamespace(path=where, prepare=None)  # the run's, read again
+            data = cls.load(the_file, int(ckpt.model_config["block_size"]), device)
         except DataError:
             data = None
         # the digest covers the text, and so the vocabulary built from it
