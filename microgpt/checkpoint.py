@@ -317,6 +317,7 @@ def validated(raw: dict) -> dict:
     if (config := out["train_config"]) is not None:
         # settings renamed or dropped since, which a resume would otherwise meet as unknown
         config["train"].pop("group_by_length", None)
+        config["data"].pop("name", None)  # a label nothing read
         if "entropy_items" in config["log"]:  # log.head_items' name before issue 22
             config["log"].setdefault("head_items", config["log"].pop("entropy_items"))
         config["model"] = _model_settings(config["model"], "train_config.model")

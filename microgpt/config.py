@@ -20,11 +20,10 @@ from microgpt.data.dataset import data_format
 from microgpt.errors import UserError, first_line
 from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
-from microgpt.system import DEVICES, PRECISIONS, check_threads
+from microgpt.system import DEVICES, Precision, check_threads
 
 DECAYS = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")
-MUON_PRECISIONS = ("auto", "fp32", "bf16")
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
 MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
 
@@ -71,7 +70,6 @@ class RepeatsConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "names"
     path: str = "data/names.txt"  # UTF-8; relative: from the cwd, then the repo
     # lines (one item per line) | text (one stream of characters) | repeats (generated items)
     format: str = "lines"
@@ -119,7 +117,7 @@ class OptimConfig:
         )
         require_at_least(self, "optim.", 0, ("weight_decay", "warmup_steps", "grad_clip"))
         require_choice("optim.decay", self.decay, DECAYS)
-        require_choice("optim.muon_precision", self.muon_precision, MUON_PRECISIONS)
+        require_choice("optim.muon_precision", self.muon_precision, Precision.choices(fp16=False))
         ratio = self.min_lr_ratio
         require(0 <= ratio <= 1, f"optim.min_lr_ratio={ratio} must be in [0, 1]")
 
@@ -153,7 +151,7 @@ class TrainConfig:
             f"the last step, before the test loss is written; at most {MAX_TRAIN_SAMPLES:,} here: "
             f"sample more afterwards with python sample.py num_samples=N out=FILE",
         )
-        require_choice("train.precision", self.precision, PRECISIONS)
+        require_choice("train.precision", self.precision, Precision.choices())
 
 
 @dataclass

@@ -38,9 +38,11 @@ def test_settings_renamed_or_dropped_since_a_checkpoint_was_written_read_as_they
     old = Config().to_dict()
     old["log"]["entropy_items"] = old["log"].pop("head_items")  # its name before issue 22
     old["train"]["group_by_length"] = True  # dropped by issue 34
+    old["data"]["name"] = "names"  # a label, dropped by issue 43
     config = Checkpoint.load(saved(tmp_path, train_config=old)).train_config
     assert config["log"]["head_items"] == Config().log.head_items
     assert "entropy_items" not in config["log"] and "group_by_length" not in config["train"]
+    assert "name" not in config["data"]
 
 
 @pytest.mark.parametrize(

@@ -34,11 +34,23 @@ def test_no_cpuinfo_means_no_bf16(tmp_path):
     assert native_bf16(CPU, str(tmp_path / "no-flags")) is False
 
 
-@pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "fp32")])
-def test_auto_precision_on_the_cpu_is_bf16_where_it_multiplies_it(monkeypatch, native, expected):
+@pytest.mark.parametrize(
+    "device, native, train, muon",
+    [
+        ("cpu", True, "bf16", "bf16"),
+        ("cpu", False, "fp32", "fp32"),
+        ("cuda", True, "bf16", "bf16"),
+        ("cuda", False, "fp16", "fp32"),  # a T4: Muon's iteration has no fp16
+    ],
+)
+def test_auto_is_one_rule_bf16_where_the_device_multiplies_it(
+    monkeypatch, device, native, train, muon
+):
     monkeypatch.setattr(system, "native_bf16", lambda device: native)
-    assert system.pick_precision("auto", CPU) == expected
-    assert system.pick_precision("fp32", CPU) == "fp32"
+    where = torch.device(device)
+    assert system.Precision.resolve("auto", where) == train
+    assert system.Precision.resolve("auto", where, fp16=False) == muon
+    assert system.Precision.resolve("fp32", where) is system.Precision.FP32
 
 
 def test_cpu_bf16_autocast_leaves_attention_to_the_math_kernel():

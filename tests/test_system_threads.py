@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 import torch
@@ -96,12 +95,17 @@ def test_a_signal_held_waits_for_the_block_whichever_thread_the_kernel_hands_it_
     other_thread_ends, seen = threading.Event(), []
     threading.Thread(target=other_thread_ends.wait, daemon=True).start()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("handled"))
+    arrived, wakeup = os.pipe()  # the C-level handler writes the signal's number there
+    os.set_blocking(wakeup, False)
+    previous_fd = signal.set_wakeup_fd(wakeup)
     try:
         with system.signals_held():
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.05)  # time enough for the handler, were it not held
+            os.read(arrived, 1)  # it has arrived: Python's handler runs next, were it not held
             seen.append("block ended")
     finally:
+        signal.set_wakeup_fd(previous_fd)
         signal.signal(signal.SIGTERM, previous)
         other_thread_ends.set()
+        os.close(arrived), os.close(wakeup)
     assert seen == ["block ended", "handled"]

@@ -28,13 +28,10 @@ def data_format(name: str) -> type[Data]:
     return FORMATS[name]
 
 
-def load_data(
-    path, seed, block_size=None, device="cpu", trim=True, format="lines", prepare=None, repeats=None
-) -> Data:
-    """The data in `format` on `device`. block_size None: the format's (lines: the longest item +
-    1). repeats: the generator's settings (config.RepeatsConfig). `prepare`: the command that
-    builds a missing file, named in the error."""
-    return data_format(format).load(path, seed, block_size, device, trim, prepare, repeats)
+def load_data(settings, block_size=None, device="cpu", trim=True) -> Data:
+    """The data that `settings` (a config.DataConfig: its format reads its own keys) name, on
+    `device`. block_size None: the format's (lines: the longest item + 1)."""
+    return data_format(settings.format).load(settings, block_size, device, trim)
 
 
 def checkpoint_format(ckpt) -> type[Data]:

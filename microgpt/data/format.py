@@ -62,7 +62,8 @@ class Data:
     """What a run trains on, whatever the format: the file, its tokenizer, its split, the
     evaluation sets (`datasets["val"]`, `["test"]`) and, through `train_batches`, the training
     batches. A subclass is one format (data.format=`name`, registered in data/dataset.py): it
-    defines `load` and `from_checkpoint` (classmethods), `train_batches`, `default_probe` and
+    defines `load(settings, block_size, device, trim)` (reading its own keys of the data settings,
+    a config.DataConfig) and `from_checkpoint` (classmethods), `train_batches`, `default_probe` and
     `training_counts`, and overrides what else differs below."""
 
     name: ClassVar[str]

@@ -232,9 +232,11 @@ class LinesData(Data):
     name, analysis_targets = "lines", 16384  # every validation name
 
     @classmethod
-    def load(cls, path, seed, block_size=None, device="cpu", trim=True, prepare=None, repeats=None):
-        found = resolve_data_path(str(path))  # as read_items found it
-        return cls.of_items(read_items(path, prepare), found, seed, block_size, device, trim)
+    def load(cls, settings, block_size=None, device="cpu", trim=True) -> LinesData:
+        """The items of settings.path (settings.prepare: the command that builds it, named if it
+        is missing), split by settings.split_seed."""
+        items, found = read_items(settings.path, settings.prepare), resolve_data_path(settings.path)
+        return cls.of_items(items, found, settings.split_seed, block_size, device, trim)
 
     @classmethod
     def of_items(cls, items, path, seed, block_size, device, trim, label="") -> LinesData:

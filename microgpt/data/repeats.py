@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -150,10 +149,12 @@ class RepeatsData(LinesData):
         )
 
     @classmethod
-    def load(cls, path, seed, block_size=None, device="cpu", trim=True, prepare=None, repeats=None):
-        r, label = repeats, f"generated repeats (seed {repeats.seed})"
+    def load(cls, settings, block_size=None, device="cpu", trim=True) -> RepeatsData:
+        """The items settings.repeats generates, split by settings.split_seed."""
+        r, label = settings.repeats, f"generated repeats (seed {settings.repeats.seed})"
         items = repeat_items(r.items, r.chars, tuple(r.span), r.length, r.seed)
-        return cls.of_items(items, Path(path), seed, block_size, device, trim, label)
+        seed, path = settings.split_seed, settings.path
+        return cls.of_items(items, path, seed, block_size, device, trim, label)
 
     def sha256(self) -> str:
         """No file: the hash of the generated items, as split."""

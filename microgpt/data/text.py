@@ -10,6 +10,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -202,9 +203,10 @@ class TextData(Data):
             )
 
     @classmethod
-    def load(cls, path, seed, block_size=None, device="cpu", trim=True, prepare=None, repeats=None):
-        """The text of `path`; block_size None: DEFAULT_BLOCK_SIZE. The seed moves nothing."""
-        text, found = read_data_file(path, prepare)
+    def load(cls, settings, block_size=None, device="cpu", trim=True) -> TextData:
+        """The text of settings.path (settings.prepare: the command that builds it); block_size
+        None: DEFAULT_BLOCK_SIZE. No seed moves it, no batch is trimmed (no padding)."""
+        text, found = read_data_file(settings.path, settings.prepare)
         block_size = block_size or DEFAULT_BLOCK_SIZE
         # a short hash of the normalised text: a resume or a later analysis checks it
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
@@ -227,7 +229,8 @@ class TextData(Data):
                 f"digest); put the file the run was trained on back at that path"
             )
         try:
-            data = cls.load(where, 0, int(ckpt.model_config["block_size"]), device)
+            the_file = SimpleNamespace(path=where, prepare=None)  # the run's, read again
+            data = cls.load(the_file, int(ckpt.model_config["block_size"]), device)
         except DataError:
             data = None
         # the digest covers the text, and so the vocabulary built from it

@@ -20,9 +20,8 @@ def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> to
     """AdamW (or Muon), with weight decay on matrices only, never biases or gains."""
     o = config.optim
     if o.name == "muon":
-        bf16 = o.muon_precision == "bf16"
-        bf16 |= o.muon_precision == "auto" and system.native_bf16(device)
-        return Muon(model, o, torch.bfloat16 if bf16 else torch.float32)
+        precision = system.Precision.resolve(o.muon_precision, device, fp16=False)
+        return Muon(model, o, precision.dtype)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},

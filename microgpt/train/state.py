@@ -44,8 +44,7 @@ def load(c: Config, device: torch.device) -> tuple[Config, Data]:
     check_training_memory(c, device)  # before the data are encoded: lower bounds
     # compiled graphs want fixed shapes: no trimming of batches to their longest item
     d, trim = c.data, not c.train.compile
-    data = load_data(d.path, d.split_seed, c.model.block_size, device, trim, d.format, d.prepare,
-                     d.repeats)  # fmt: skip
+    data = load_data(d, c.model.block_size, device, trim)
     resolved = dataclasses.replace(d, path=str(Path(data.path).resolve()))
     return dataclasses.replace(c, data=resolved), data
 

@@ -441,6 +441,15 @@ def test_a_malformed_analysis_gives_the_panel_a_message_never_a_500_or_a_hang(la
         assert body["heads"] == [[None, None]] and "heads-best.json " in body["analysis"]
 
 
+def test_a_logdir_spec_is_read_as_tensorboard_documents_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # name:path, commas between; a path from / keeps its colons
+    assert tab_models.log_dirs(None, "a:x,b:/y:z") == {"a": tmp_path / "x", "b": Path("/y:z")}
+    assert tab_models.log_dirs(None, "/p:q") == {"": Path("/p:q")}
+    assert tab_models.log_dirs(None, "") == {} and tab_models.log_dirs("d", "a:x") == {
+        "": Path("d")
+    }
+
+
 def test_logdir_spec_serves_each_log_dir_under_its_name(lab):
     spec = f"sweep:{lab / 'sweep'},{lab / 'text'}"  # one named, one not (TensorBoard's form)
     plugin = MicrogptPlugin(base_plugin.TBContext(logdir="", flags=Namespace(logdir_spec=spec)))

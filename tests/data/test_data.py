@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from microgpt.config import RepeatsConfig
+from microgpt.config import DataConfig, RepeatsConfig
 from microgpt.data.dataset import (
     FORMATS,
     DataError,
@@ -64,13 +64,13 @@ def test_a_bad_data_file_is_one_line_naming_it(tmp_path, content, message):
 def test_a_missing_file_names_the_command_that_builds_it_and_only_that_file(tmp_path):
     book, prepare = tmp_path / "book.txt", f"python data/prepare.py --out {tmp_path / 'book.txt'}"
     with pytest.raises(DataError, match=f"no data file at {book} .*build it first: {prepare}$"):
-        load_data(book, 0, prepare=prepare)
+        load_data(DataConfig(str(book), prepare=prepare))
     other = tmp_path / "my_book.txt"  # data.path=my_book.txt: the names' command builds another
     with pytest.raises(DataError, match="point data.path=... at a UTF-8 text file$") as e:
-        load_data(other, 0, format="text", prepare=prepare)
+        load_data(DataConfig(str(other), "text", prepare))
     assert "prepare.py" not in str(e.value)
     with pytest.raises(DataError, match="is a folder"):
-        load_data(tmp_path, 0)
+        load_data(DataConfig(str(tmp_path)))
 
 
 def test_a_relative_data_path_is_found_from_the_repository_root(tmp_path, monkeypatch):
@@ -212,8 +212,8 @@ def files(tmp_path) -> dict:
 @pytest.mark.parametrize("format", ["lines", "text", "repeats"])
 def test_each_format_comes_back_from_what_its_checkpoint_records(format, files):
     repeats = RepeatsConfig(items=60, length=12, span=[2, 4])
-    data = load_data(files[format], 5, 24 if format == "text" else None, format=format,
-                     repeats=repeats)  # fmt: skip
+    settings = DataConfig(str(files[format]), format, repeats=repeats, split_seed=5)
+    data = load_data(settings, 24 if format == "text" else None)
     assert type(data) is FORMATS[format] and data.boundary == (format != "text")
     back = data_of_checkpoint(checkpoint_of(data, format, data.path))
     assert type(back) is type(data) and back.record() == data.record()
@@ -226,7 +226,7 @@ def test_each_format_comes_back_from_what_its_checkpoint_records(format, files):
 
 
 def test_a_checkpoint_whose_data_moved_says_what_to_do(files, tmp_path):
-    data = load_data(files["text"], 0, 24, format="text")
+    data = load_data(DataConfig(str(files["text"]), "text"), 24)
     ckpt = checkpoint_of(data, "text", files["text"])
     files["text"].write_text(files["text"].read_text().replace("king", "queen"))
     with pytest.raises(DataError, match="no longer holds the text this run was trained on"):
@@ -234,15 +234,15 @@ def test_a_checkpoint_whose_data_moved_says_what_to_do(files, tmp_path):
     files["text"].unlink()
     with pytest.raises(DataError, match="is missing .*put the file the run was trained on back"):
         data_of_checkpoint(ckpt)
-    old = checkpoint_of(load_data(files["lines"], 0), "lines", "")
+    old = checkpoint_of(load_data(DataConfig(str(files["lines"]))), "lines", "")
     old.data, old.split["val"] = {}, []  # no format recorded: lines; no validation items
     with pytest.raises(DataError, match="best.pt stores no validation split"):
         data_of_checkpoint(old)
 
 
 def test_generated_repeats_are_seeded_hashed_and_checked_by_the_schema():
-    settings = RepeatsConfig(items=30, length=12, span=[2, 4])
-    a, b = (load_data("generated:repeats", 0, format="repeats", repeats=settings) for _ in "ab")
+    settings = DataConfig(format="repeats", repeats=RepeatsConfig(items=30, length=12, span=[2, 4]))
+    a, b = (load_data(settings) for _ in "ab")
     assert a.sha256() == b.sha256() and a.source == "generated repeats (seed 0)"
     assert not FORMATS["repeats"].reads_file
     with pytest.raises(DataError, match=r"data.repeats.span=\[2, 9\] must be \[lo, hi\]"):

@@ -15,6 +15,7 @@ from torch import nn
 
 from microgpt.checkpoint import Checkpoint
 from microgpt.commands.sample import run_sampling
+from microgpt.config import DataConfig
 from microgpt.data.dataset import DataError, load_data
 from microgpt.data.text import TextWindows, VerbatimIndex, encode_text
 from microgpt.tokenizer import CharTokenizer
@@ -66,7 +67,7 @@ def test_a_text_shorter_than_three_windows_is_refused_with_the_sizes(tmp_path):
     path = tmp_path / "short.txt"
     path.write_text("x" * 200)
     with pytest.raises(DataError) as e:
-        load_data(path, seed=0, block_size=16, format="text")
+        load_data(DataConfig(str(path), "text"), 16)
     # 200 characters: 180 / 10 / 10, each needing block_size + 1 = 17
     assert "200 characters" in str(e.value) and "180 / 10 / 10" in str(e.value)
     assert "at least 340" in str(e.value)  # 17 / 0.05
@@ -83,7 +84,7 @@ def test_the_vocabulary_is_the_whole_files_and_ids_are_compact(tmp_path):
     text = "ab" * 1000 + "Z"  # Z occurs only in the test slice
     path = tmp_path / "t.txt"
     path.write_text(text)
-    data = load_data(path, seed=0, block_size=8, format="text")
+    data = load_data(DataConfig(str(path), "text"), 8)
     assert data.tokenizer.chars == ["Z", "a", "b"]
     assert data.train_ids.dtype == torch.uint8
     wide = CharTokenizer([chr(0x4E00 + i) for i in range(300)])
@@ -92,7 +93,7 @@ def test_the_vocabulary_is_the_whole_files_and_ids_are_compact(tmp_path):
 
 
 def test_splits_are_contiguous_disjoint_slices_in_order(play_file):
-    data = load_data(play_file, seed=0, block_size=16, format="text")
+    data = load_data(DataConfig(str(play_file), "text"), 16)
     ids = encode_text(play_file.read_text(), data.tokenizer)
     train, val, test = data.split.sizes()
     n = len(ids)
@@ -101,12 +102,12 @@ def test_splits_are_contiguous_disjoint_slices_in_order(play_file):
     assert torch.equal(data.datasets["val"].ids, ids[train : train + val])
     assert torch.equal(data.datasets["test"].ids, ids[train + val :])
     # the seed does not move a text split
-    again = load_data(play_file, seed=99, block_size=16, format="text")
+    again = load_data(DataConfig(str(play_file), "text", split_seed=99), block_size=16)
     assert again.split == data.split
 
 
 def test_training_windows_come_from_the_train_slice_only(play_file):
-    data = load_data(play_file, seed=0, block_size=16, format="text")
+    data = load_data(DataConfig(str(play_file), "text"), 16)
     batches = data.train_batches(global_batch=64, seed=3)
     every = data.train_ids.long().unfold(0, 17, 1)  # (n_train - 16, 17): every window there is
     for _ in range(20):
@@ -119,7 +120,7 @@ def test_training_windows_come_from_the_train_slice_only(play_file):
 
 
 def test_window_batches_resume_the_exact_sequence_and_split_between_ranks(play_file):
-    data = load_data(play_file, seed=0, block_size=16, format="text")
+    data = load_data(DataConfig(str(play_file), "text"), 16)
     a = data.train_batches(global_batch=8, seed=5)
     for _ in range(3):
         a.next(0, 8)
@@ -231,10 +232,10 @@ def test_a_text_run_resumes_bit_exactly_from_inside_a_window(text_cfg, tmp_path)
 
 
 def test_a_probe_is_a_validation_passage_from_a_line_start(play_file):
-    data = load_data(play_file, seed=0, block_size=128, format="text")
+    data = load_data(DataConfig(str(play_file), "text"), 128)
     probe = data.tokenizer.decode(data.probe_ids(None))
     assert len(probe) == 64 and probe in play_file.read_text()
-    short = load_data(play_file, seed=0, block_size=16, format="text").probe_ids(None)
+    short = load_data(DataConfig(str(play_file), "text"), 16).probe_ids(None)
     assert len(short) == 16  # never longer than the context
     val = data.tokenizer.decode(data.datasets["val"].ids.tolist())
     assert probe in val and val[val.index(probe) - 1] == "\n"

@@ -11,7 +11,7 @@ import torch
 import microgpt.checkpoint
 import microgpt.train.state
 from microgpt import system
-from microgpt.config import ConfigError, load_config
+from microgpt.config import ConfigError, DataConfig, load_config
 from microgpt.data.dataset import DataError, load_data
 from microgpt.data.lines import read_items
 from microgpt.model import GPT, GPTConfig
@@ -160,7 +160,7 @@ def test_a_long_item_is_named_by_its_number_and_first_characters(tmp_path):
     path = tmp_path / "names.txt"
     path.write_text("anna\nbob\ncarl\n" + "x" * 20_000 + "\n")
     with pytest.raises(DataError) as e:
-        load_data(path, seed=0, block_size=16)
+        load_data(DataConfig(str(path)), block_size=16)
     message = str(e.value)
     assert "item 4 ('xxxxxxxxxx" in message and len(message) < 400
 

@@ -521,6 +521,7 @@ RUN_LINKS = {
     "metrics-out": ("metrics.jsonl", "../../out/existing.txt"),
     "metrics-sibling": ("metrics.jsonl", "config.yaml"),
     "log-out": ("train.log", "../../out/existing.txt"),
+    "log-to-nothing": ("train.log", "../../out/nothing.txt"),  # its target never made (issue 43)
     "samples-out": ("samples.txt", "../../out/existing.txt"),  # runs/a has none: a new link
     "best-out": ("checkpoints/best.pt", "../../../out/existing.txt"),
     "best-sibling": ("checkpoints/best.pt", "last.pt"),
@@ -584,7 +585,8 @@ FAST = {
     "sigint-sampling-names", "sigterm-sampling-into-out", "sigint-compare-reading",
     "sigterm-generating-repeats", "data-my-book-missing", "compare-csv-and-json",
     # issue 43: a link in a run, a FIFO read, a bad metrics line, weights no run writes
-    "resume-link-metrics-out", "resume-link-best-sibling", "heads-json-link-to-config",
+    "resume-link-metrics-out", "resume-link-best-sibling", "resume-link-log-to-nothing",
+    "heads-json-link-to-config",
     "resume-metrics-fifo", "compare-metrics-fifo", "compare-metrics-int-line",
     "compare-analysis-too-deep", "heads-nan", "resume-wrong-shape",
 }  # fmt: skip

@@ -105,8 +105,11 @@ def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tm
     with open(run / "metrics.jsonl", "a") as f:  # and the same points in metrics.jsonl
         f.writelines(f'{{"step": {step}, "Loss/train": 99.0}}\n' for step in (6, 7))
     # event files are read in name order: <seconds>.<host>.<pid>.<writer number>, and within one
-    # second writer 10 sorts before writer 9; a new second keeps the resumed run's file last
-    time.sleep(1.1)
+    # second writer 10 sorts before writer 9: those files a second older, as a resume in a later
+    # process finds them, keep the resumed run's file last
+    for events in run.glob("events.out.tfevents.*"):
+        parts = events.name.split(".")
+        events.rename(events.with_name(".".join([*parts[:3], str(int(parts[3]) - 1), *parts[4:]])))
     second, second_losses, stopped = run_trainer(tiny_cfg(*EXACT, "resume=true", out=run))
     assert stopped is None and second.step == 8
     assert first_losses + second_losses == whole_losses  # every step's loss, exactly
@@ -221,15 +224,24 @@ def save(n):
     Checkpoint(model=model, model_config=config, tokenizer={"chars": "ab"}, step=n).save(path)
 save(0)
 print("ready", flush=True)
+def stop_before_rename(fd):  # "N mid": the third save says so once written, and waits there
+    fsync(fd)
+    if n >= start + 3:
+        print("mid", flush=True)
+        os.pause()
+fsync = os.fsync
 for line in sys.stdin:
     pid = os.fork()
     if pid == 0:
-        n = int(line)
+        n = start = int(line.split()[0])
+        if line.split()[1:] == ["mid"]:
+            os.fsync = stop_before_rename
         while True:
             n += 1
             save(n)
     print(pid, flush=True)
     os.waitpid(pid, 0)
+    print("reaped", flush=True)
 """
 
 
@@ -247,30 +259,27 @@ def test_sigkill_at_random_moments_while_saving_leaves_a_loadable_checkpoint(tmp
         assert helper.stdout.readline().strip() == "ready"
         last_step, mid_write = 0, 0
         for i in range(10):
-            helper.stdin.write(
-                f"{(i + 1) * 100_000}\n"
-            )  # child i numbers its saves from here (exact in float32)
+            # child i numbers its saves from here (exact in float32); every other one stops in
+            # its third save, written but not renamed; the rest are killed at a random moment
+            before = {p for p in path.parent.iterdir() if p.suffix == ".tmp"}
+            helper.stdin.write(f"{(i + 1) * 100_000}{' mid' if i % 2 else ''}\n")
             helper.stdin.flush()
-            pid = int(helper.stdout.readline())
-            if i % 2:  # wait until a temporary file is being written, then kill
-                deadline = time.monotonic() + 120  # generous: a busy machine saves slowly
-                while (
-                    not any(p.suffix == ".tmp" for p in path.parent.iterdir())
-                    and time.monotonic() < deadline
-                ):
-                    pass
-            else:
+            said = [helper.stdout.readline().strip() for _ in range(1 + i % 2)]  # "mid": any order
+            pid = int(next(line for line in said if line != "mid"))
+            if not i % 2:
                 time.sleep(rng.uniform(0.0, 0.3))
-            mid_write += any(p.suffix == ".tmp" for p in path.parent.iterdir())
             os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)  # the helper reaps it
+            assert helper.stdout.readline().strip() == "reaped"
+            mid_write += len({p for p in path.parent.iterdir() if p.suffix == ".tmp"} - before)
             ckpt = Checkpoint.load(path)  # always whole: one save's tensors, every one of them
             values = {float(t.flatten()[0]) for t in ckpt.model.values()}
             assert values == {float(ckpt.step)}, values
             assert all(bool((t == ckpt.step).all()) for t in ckpt.model.values())
             assert ckpt.step >= last_step  # never an older one than what a reader already saw
             last_step = ckpt.step
-        assert mid_write >= 5  # at least the kills timed to land mid-write did
+            if i % 2:  # the third save's, never the one it stopped in
+                assert ckpt.step == (i + 1) * 100_000 + 2
+        assert mid_write >= 5  # a temporary file left by each stopped save, at least
     finally:
         helper.stdin.close()
         helper.wait(timeout=30)

@@ -48,7 +48,7 @@ def test_repeat_items_are_generated_from_their_own_seed():
 
 def test_the_repeats_format_loads_like_lines_without_a_file(tmp_path):
     cfg = load_config(compose_config([*SMALL, f"out_dir={tmp_path}"]))
-    data = load_data(cfg.data.path, cfg.seed, format=cfg.data.format, repeats=cfg.data.repeats)
+    data = load_data(cfg.data)
     assert data.block_size == 13 and data.tokenizer.vocab_size == 11
     assert len(data.split.val) == len(data.split.test) == 100
 

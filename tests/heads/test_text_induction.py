@@ -89,7 +89,7 @@ def test_the_command_analyses_every_name_and_the_first_windows_of_a_text_light_o
         cfg = tiny_cfg(f"data.format={fmt}", "model.block_size=9", out=tmp_path / fmt)
         train(cfg)
         report, _, _ = command.analyse_checkpoint(cfg.out_dir)
-        val = load_data(cfg.data.path, cfg.seed, 9, format=fmt).datasets["val"]
+        val = load_data(cfg.data, 9).datasets["val"]
         _, y = val.batch(torch.arange(len(val)))
         assert report.tokens == (45 if fmt == "text" else int((y >= 0).sum()))
         test = report.induction

@@ -56,7 +56,7 @@ def test_a_text_run_estimates_while_it_trains_and_reports_whole_split_figures(
     text = ("data.format=text", "model.block_size=8", "train.num_samples=1")
     cfg, estimated = tiny_cfg(*text), tiny_cfg(*text, out=tmp_path / "est")
     whole = train(cfg)
-    data = load_data(cfg.data.path, cfg.seed, 8, format="text")
+    data = load_data(cfg.data, 8)
     assert whole["best_val_loss"] == whole_val_loss(tmp_path / "run/checkpoints/best.pt", data)
     monkeypatch.setattr(loss, "ESTIMATE_POSITIONS", 64)  # 8 windows of the val split
     real, calls = trainer.evaluate, []

@@ -69,6 +69,16 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
     assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(hp)
 
 
+def test_images_are_written_losslessly_as_pngs_tensorboard_reads(tmp_path):
+    """_image encodes its own PNG (zlib level 1, for speed): the pixels come back unchanged."""
+    img = np.random.default_rng(0).integers(0, 256, (7, 11, 3), dtype=np.uint8)
+    with closing(TensorBoardLogger(tmp_path)) as tb:
+        tb._image("attention/layer0", img, 3)
+    event = load(tmp_path).Images("attention/layer0")[0]
+    assert (event.step, event.height, event.width) == (3, 7, 11)
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(event.encoded_image_string))), img)
+
+
 def test_logger_purge_step_on_an_existing_folder(tmp_path):
     with closing(TensorBoardLogger(tmp_path)) as tb:
         for step in range(10):
@@ -190,15 +200,3 @@ def test_every_scalar_also_goes_to_metrics_jsonl(head_runs, tmp_path):
     with open(metrics, "a") as f:
         f.write('{"step": 99, "loss/tra')  # killed mid-line
     assert read_metrics(metrics) == lines
-
-
-# last in the file: one more writer before test_logger_purge_step_on_an_existing_folder shifts the
-# counter in its event files' names, which TensorBoard reads in name order (seen failing there)
-def test_images_are_written_losslessly_as_pngs_tensorboard_reads(tmp_path):
-    """_image encodes its own PNG (zlib level 1, for speed): the pixels come back unchanged."""
-    img = np.random.default_rng(0).integers(0, 256, (7, 11, 3), dtype=np.uint8)
-    with closing(TensorBoardLogger(tmp_path)) as tb:
-        tb._image("attention/layer0", img, 3)
-    event = load(tmp_path).Images("attention/layer0")[0]
-    assert (event.step, event.height, event.width) == (3, 7, 11)
-    assert np.array_equal(np.asarray(Image.open(io.BytesIO(event.encoded_image_string))), img)

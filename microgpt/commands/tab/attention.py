@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
 
 from microgpt.checkpoint import Checkpoint, CheckpointError
 from microgpt.commands.heads import analysis_rows, run_checkpoints
@@ -70,11 +69,16 @@ class Loaded:
 
 def log_dirs(logdir: str | None, logdir_spec: str | None = None) -> dict[str, Path]:
     """{group name ("" for none): folder} from TensorBoard's --logdir, else its --logdir_spec
-    (`name:/path,/other/path`, parsed by TensorBoard's own parser); {} without either."""
+    (`name:/path,/other/path`: commas between log dirs, a colon after a name; a path that starts
+    with / or a drive has no name, its colons kept, as TensorBoard reads it); {} without either."""
     if logdir:
         return {"": Path(logdir).expanduser()}
-    paths = _parse_event_files_spec(logdir_spec or None)  # {path: group name, or None}
-    return {name or "": Path(path) for path, name in paths.items()}
+    found = {}
+    for spec in logdir_spec.split(",") if logdir_spec else ():
+        named = ":" in spec and not spec.startswith("/") and not os.path.splitdrive(spec)[0]
+        name, path = spec.split(":", 1) if named else ("", spec)
+        found[name] = Path(path).expanduser().resolve()
+    return found
 
 
 def runs_under(roots: dict[str, Path]) -> dict[str, RunFolder]:
