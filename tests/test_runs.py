@@ -20,7 +20,6 @@ from microgpt.cli import quote_values, remove_debris
 from microgpt.config import ConfigError
 from microgpt.runs import RunFolderError
 from microgpt.train.trainer import Trainer, train
-from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import REPO, TINY, compose_config, make_names
 
 
@@ -186,6 +185,6 @@ def test_tokens_per_sec_counts_training_alone(tiny_cfg, tmp_path, monkeypatch):
     for name, seconds in other_work.items():
         monkeypatch.setattr(Trainer, name, taking(getattr(Trainer, name), seconds))
     metrics = train(tiny_cfg("train.save_every=4", "train.num_samples=0"))
-    logged = [m.get("tokens_per_sec") for m in read_metrics(tmp_path / "run/metrics.jsonl")]
+    logged = [m.get("tokens_per_sec") for m in runs.RunFolder(tmp_path / "run").metrics()]
     assert [x for x in logged if x] == pytest.approx([1000.0] * 4, rel=1e-9)  # steps 3, 6, 9, 12
     assert metrics["tokens_per_sec"] == pytest.approx(1000.0, rel=1e-9)
