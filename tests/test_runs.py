@@ -145,6 +145,20 @@ def test_a_run_folder_its_checkpoints_folder_and_a_checkpoint_name_one_run(tmp_p
     assert run.analysis(run.snapshot(500), ".md") == run.path / "heads-step-000500.md"
 
 
+def test_a_runs_snapshots_are_listed_in_step_order_and_only_regular_files(tmp_path):
+    """By step, not by name (step-1000000.pt came before step-999999.pt); a FIFO or another name
+    is no snapshot."""
+    run = runs.RunFolder(tmp_path)
+    run.checkpoints.mkdir()
+    for name in ("step-1000000.pt", "step-999999.pt", "step-000010.pt", "best.pt", "step-x.pt"):
+        (run.checkpoints / name).write_bytes(b"")
+    os.mkfifo(run.checkpoints / "step-000005.pt")
+    assert run.snapshots() == [(10, run.snapshot(10)), (999999, run.snapshot(999999)),
+                               (1000000, run.checkpoints / "step-1000000.pt")]  # fmt: skip
+    assert [p.name for p in run.checkpoint_files()] == [
+        "best.pt", "step-000010.pt", "step-999999.pt", "step-1000000.pt"]  # fmt: skip
+
+
 # ------------------------------------------------------------------------- the command line
 
 

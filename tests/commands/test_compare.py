@@ -206,7 +206,7 @@ def seeded(sweep, tmp_path_factory) -> Path:
         roles = {"heads/role/self": 1.0, "heads/role/previous": float(heads > 1 or seed < 3)}
         summaries = {**roles, "heads/prunable": float(seed - 1) if heads == 1 else 0.0}
         (run / "heads-best.json").write_text(
-            json.dumps({"summaries": summaries, "step": ckpt.step})
+            json.dumps({"summaries": summaries, "step": ckpt.step, "heads": []})
         )
     return root
 
