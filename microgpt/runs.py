@@ -88,16 +88,10 @@ class RunFolder:
         """checkpoints/step-NNNNNN.pt: the weights at `step` (train.save_every)."""
         return self.checkpoints / f"step-{step:06d}.pt"
 
-    @staticmethod
-    def snapshot_step(checkpoint: str | os.PathLike) -> int | None:
-        """The step of a snapshot's name (step-000100.pt: 100); None for another checkpoint."""
-        match = SNAPSHOT.fullmatch(Path(checkpoint).name)
-        return int(match.group(1)) if match else None
-
     def snapshots(self) -> list[tuple[int, Path]]:
         """[(step, path), ...] of the run's snapshots (regular files), in step order."""
-        found = ((self.snapshot_step(p), p) for p in self.checkpoints.glob("*.pt"))
-        return sorted((step, p) for step, p in found if step is not None and p.is_file())
+        found = ((SNAPSHOT.fullmatch(p.name), p) for p in self.checkpoints.glob("*.pt"))
+        return sorted((int(step[1]), p) for step, p in found if step and p.is_file())
 
     def checkpoint_files(self) -> list[Path]:
         """The run's checkpoints: best.pt (the default), last.pt, then the snapshots in step

@@ -189,8 +189,6 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
             why = first_line(e)  # a UserError (a CheckpointError, ...) is a ValueError
             if isinstance(e, config):
                 why = f"config.yaml: {why}"
-            elif isinstance(e, UnicodeDecodeError):
-                why = f"{run.metrics_file.name} is not UTF-8 text"
             unreadable.append((run.name_under(root), why))
     found.sort(key=lambda r: (r.heads, r.name))
     return found, unreadable

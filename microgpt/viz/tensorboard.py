@@ -57,10 +57,9 @@ class TensorBoardLogger:
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)  # makes the folder
         # every scalar also goes, one JSON object per call, to metrics.jsonl: written as it goes,
         # so a crash loses at most the last line; a resume drops the lines it will write again
-        run = RunFolder(log_dir)
-        metrics = run.metrics_file
+        metrics = RunFolder(log_dir).metrics_file
         if purge_step is not None and metrics.exists():
-            kept = [line for line in run.metrics() if line["step"] < purge_step]
+            kept = [line for line in RunFolder(log_dir).metrics() if line["step"] < purge_step]
             write_text(metrics, "".join(json.dumps(line) + "\n" for line in kept))
         refuse_link(metrics)  # appended to: never through a link (files.refuse_link)
         self.metrics_file = open(metrics, "a", encoding="utf-8")

@@ -93,11 +93,6 @@ def inside(folder: Path, path: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
 
-def checkpoints_of(run: RunFolder) -> list[str]:
-    """`run`'s checkpoints: best.pt (the default), last.pt, then its snapshots in step order."""
-    return [p.name for p in run.checkpoint_files()]
-
-
 def load_model(path: Path) -> Loaded:
     """Load a checkpoint safely onto the CPU; an InputError saying what is wrong with it."""
     try:
@@ -129,28 +124,23 @@ class ModelCache:
         self.pending: list[Path] = []  # checkpoints to prefetch, in order
         self.worker: threading.Thread | None = None  # the prefetching thread, while it runs
 
-    def get(self, path: Path, load: bool = True, evict: bool = True) -> Loaded | None:
-        """The model of checkpoint `path`, loaded if it is not here and `load` (else None); not
-        `evict`: loaded only if it fits beside the models here (else None)."""
+    def get(self, path: Path, evict: bool = True) -> Loaded | None:
+        """The model of checkpoint `path`, loaded if it is not here; not `evict`: only if it fits
+        beside the models here (else None)."""
         try:
             stat = path.stat()
         except OSError:
             raise InputError(f"checkpoint {path} does not exist") from None
         key, size = (str(path), stat.st_size, stat.st_mtime_ns), stat.st_size
-        if load and size > MAX_BYTES:
+        if size > MAX_BYTES:
             mib = f"{size / 2**20:.0f} MiB, more than the tab loads ({MAX_BYTES // 2**20} MiB)"
             raise InputError(f"{path} is {mib}; analyse it with python -m microgpt.heads")
         with self.changed:
-            while key not in self.models:
-                if not load:
+            while key in self.loading or key not in self.models and not self._room(size, evict):
+                if key not in self.loading and not evict:
                     return None
-                if key not in self.loading:
-                    if self._room(size, evict):
-                        break
-                    if not evict:
-                        return None
-                self.changed.wait()  # for the load of this checkpoint, or of those using room
-            else:  # it is here
+                self.changed.wait()  # for the load of this checkpoint, or of those taking room
+            if key in self.models:
                 self.models.move_to_end(key)
                 return self.models[key][0]
             self.loading[key] = size
@@ -194,10 +184,9 @@ class ModelCache:
                     return
                 path = self.pending.pop(0)
             with contextlib.suppress(InputError):  # a bad checkpoint: its request will say so
-                if self.get(path, evict=False) is None:
+                if self.get(path, evict=False) is None:  # it would not fit: the rest neither
                     with self.changed:
-                        self.pending, self.worker = [], None
-                    return
+                        self.pending = []
 
 
 def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[dict | None]]:
@@ -279,7 +268,7 @@ class RunStore:
         out = []
         for name, run in runs_under(self.roots).items():
             try:
-                checkpoints = checkpoints_of(run)
+                checkpoints = [p.name for p in run.checkpoint_files()]
                 analysed = [c for c in checkpoints if run.analysis(c).is_file()]
                 snapshots = [[p.name, step] for step, p in run.snapshots()]
                 out.append({"name": name, "checkpoints": checkpoints, "snapshots": snapshots,
@@ -326,7 +315,7 @@ class RunStore:
         by `ablation` (zero, mean), the attribution at position `pin` (default: the last); an
         InputError the page shows instead."""
         run = self.run(name)
-        checkpoints = checkpoints_of(run)
+        checkpoints = [p.name for p in run.checkpoint_files()]  # the default first
         if not checkpoints:
             raise InputError(
                 f"{name} has no checkpoint yet (checkpoints/best.pt or last.pt): it is still "
