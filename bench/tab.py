@@ -77,6 +77,7 @@ def run_tab(args, device, tmp: Path) -> dict:
     apps, plugin = plugin_routes(root)
     listing = ask(apps, "/runs")
     runs, name = [r["name"] for r in listing["runs"]], listing["example"]
+    snapshots = [checkpoint for checkpoint, _ in listing["runs"][0]["snapshots"]]  # steps 2, 4
 
     def first_load():
         fresh, plugin = plugin_routes(root)
@@ -107,7 +108,7 @@ def run_tab(args, device, tmp: Path) -> dict:
             if case == "slider":  # the page asks for each run's timeline beside the slider
                 [ask(apps, "/timeline", run=run) for run in runs]
                 settled(plugin)
-            times[case].append(timed(every_run(checkpoint=f"step-00000{2 + 2 * (n % 2)}.pt")))
+            times[case].append(timed(every_run(checkpoint=snapshots[n % 2])))
     times["mean_first"] = [timed(every_run(off="0.0", ablation="mean"))]
     quick = args.quick
     figures = {

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from bench.common import compose, error_figure, figure, run_overrides
 from bench.targets import NANOGPT_ROW, QUICK, REFERENCE, UNIT
+from microgpt.runs import RunFolder
 from microgpt.train.trainer import train
-from microgpt.viz.tensorboard import METRICS_FILE, VAL_LOSS, read_metrics
+from microgpt.viz.tensorboard import VAL_LOSS
 
 CASES = {"names": (UNIT, ("heads=4",)), "text": (REFERENCE, NANOGPT_ROW)}  # (reference, ours)
 
@@ -23,7 +24,7 @@ def val_curve(overrides, args, tmp: Path) -> list[tuple[float, float]]:
     cfg = compose([*overrides, *run_overrides(args, tmp)])
     t0 = time.time()
     train(cfg)
-    lines = read_metrics(Path(cfg.out_dir) / METRICS_FILE)
+    lines = RunFolder(cfg.out_dir).metrics()
     return [(line["time"] - t0, line[VAL_LOSS]) for line in lines if VAL_LOSS in line]
 
 

@@ -70,9 +70,7 @@ def _is_split(v) -> bool:
 
 def _is_resume(v) -> bool:
     """last.pt's training state: optimizer, sampler (its global batch) and random states."""
-    if not (
-        _mapping()(v) and all(isinstance(v.get(k), dict) for k in ("optimizer", "sampler", "rng"))
-    ):
+    if not (_mapping()(v) and all(_is(dict, v.get(k)) for k in ("optimizer", "sampler", "rng"))):
         return False
     return _is(int, v["sampler"].get("batch_size")) and _is(NUMBER, v.get("best_val_loss"))
 

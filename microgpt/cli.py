@@ -48,6 +48,10 @@ def register() -> None:
 def main(hydra_main, conf_dir: Path, config_name: str) -> None:
     """Check the command line, then hand it to Hydra, behind the front door."""
     with user_errors():  # a signal while Hydra starts, before main's own user_errors
+        given = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a and a[0] != "-")
+        if config_name == "config" and "out_dir" in given and "hydra.run.dir" not in given:
+            if not {"-m", "--multirun"} & set(sys.argv):  # Hydra's folder (train.log) is out_dir
+                sys.argv.append(f"hydra.run.dir={given['out_dir']}")  # not outputs/<date>/<time>
         sys.argv[1:] = quote_values(sys.argv[1:])
         check_command_line(sys.argv[1:], conf_dir, config_name)
         hydra_main()

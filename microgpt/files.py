@@ -14,9 +14,7 @@ from pathlib import Path
 
 from microgpt.errors import UserError
 
-PROJECT_DATA = (
-    Path(__file__).resolve().parents[1] / "data"
-)  # the checkout's data/ (see project_data)
+PROJECT_DATA = Path(__file__).resolve().parents[1] / "data"  # the checkout's (project_data)
 RUN_FILE, CHECKPOINTS = "run.json", "checkpoints"  # a run's claim and checkpoints (microgpt.runs)
 STDOUT = "-"  # out=- : standard output, asked for by name (never /dev/stdout, which may be a file)
 

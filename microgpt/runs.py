@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -23,8 +24,13 @@ from microgpt import files
 from microgpt.errors import UserError, reason
 
 RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
-HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
 MIN_FREE = 16 * 2**20  # room for a few checkpoints at the least
+# a run's files (run.json and checkpoints/: microgpt.files, whose rule for writers needs them)
+CONFIG_FILE, METRICS_FILE, SAMPLES_FILE = "config.yaml", "metrics.jsonl", "samples.txt"
+HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
+SNAPSHOT = re.compile(r"step-(\d+)\.pt")  # checkpoints/step-NNNNNN.pt: train.save_every's
+METRICS_LIMIT = 256 * 2**20  # bytes: a long run's metrics.jsonl holds far fewer
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where installed
 
 
 class RunFolderError(UserError):
@@ -36,22 +42,20 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)
 
 
-CONFIG_FILE = "config.yaml"  # the validated settings a run trained with
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where installed
-
-
 class RunFolder:
-    """One run's folder, and where each of its files lies."""
+    """One run's folder: where each of its files lies, and THE reading of each (a regular file of
+    bounded size, never a hang on a FIFO; what is not of the expected type said, never a crash)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).expanduser()
         self.checkpoints = self.path / files.CHECKPOINTS
         self.best, self.last = self.checkpoints / "best.pt", self.checkpoints / "last.pt"
-        self.config_file = self.path / CONFIG_FILE
+        self.config_file, self.metrics_file = self.path / CONFIG_FILE, self.path / METRICS_FILE
+        self.samples_file = self.path / SAMPLES_FILE  # the names or passages sampled at its end
 
     def config(self) -> dict:
-        """The settings the run trained with (config.yaml), read as a regular file of bounded size
-        (never a hang on a FIFO); a RunFolderError says why it cannot be read."""
+        """The settings the run trained with (config.yaml); a RunFolderError says why it cannot
+        be read."""
         try:
             config = yaml.load(files.read_regular(self.config_file), Loader=YAML_LOADER)
         except (OSError, yaml.YAMLError) as e:
@@ -60,8 +64,40 @@ class RunFolder:
             raise RunFolderError(f"{self.config_file} is not a mapping of settings")
         return config
 
+    def metrics(self, skipped: list[str] | None = None) -> list[dict]:
+        """The records of metrics.jsonl ({"step": int, tag: number, ...}), in order (too large or
+        not a regular file: an OSError). A line that is not one (cut short by a crash, not UTF-8,
+        not JSON, another shape) is left out, and named in `skipped` ("PATH line N: ...")."""
+        records, lines = [], files.read_regular(self.metrics_file, METRICS_LIMIT).splitlines()
+        for number, raw in enumerate(lines, 1):
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except ValueError:  # not UTF-8 (UnicodeDecodeError), not JSON
+                record = None
+            numbers = isinstance(record, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in record.values()
+            )
+            if numbers and isinstance(record.get("step"), int):
+                records.append(record)
+            elif skipped is not None and raw.strip():
+                what = '{"step": N, tag: number}'
+                skipped.append(f"{self.metrics_file} line {number}: not a {what} record")
+        return records
+
     def snapshot(self, step: int) -> Path:
+        """checkpoints/step-NNNNNN.pt: the weights at `step` (train.save_every)."""
         return self.checkpoints / f"step-{step:06d}.pt"
+
+    def snapshots(self) -> list[tuple[int, Path]]:
+        """[(step, path), ...] of the run's snapshots (regular files), in step order."""
+        found = ((SNAPSHOT.fullmatch(p.name), p) for p in self.checkpoints.glob("*.pt"))
+        return sorted((int(step[1]), p) for step, p in found if step and p.is_file())
+
+    def checkpoint_files(self) -> list[Path]:
+        """The run's checkpoints: best.pt (the default), last.pt, then the snapshots in step
+        order."""
+        found = [p for p in (self.best, self.last) if p.is_file()]
+        return found + [p for _, p in self.snapshots()]
 
     def default_checkpoint(self) -> Path | None:
         """best.pt, else last.pt, else None."""
@@ -71,13 +107,33 @@ class RunFolder:
         """heads-<checkpoint name><suffix>: where the head analysis of `checkpoint` goes."""
         return self.path / f"heads-{Path(checkpoint).stem}{suffix}"
 
+    def read_analysis(self, checkpoint, shape: tuple[int, int] | None = None):
+        """(the head analysis of `checkpoint`, None) if it can be read; (None, why not) if it is
+        there but is not one (a FIFO, not JSON, too deep, no list of heads, not of the model's
+        `shape` (n_layer, n_head): what bounds what is read of it); (None, None) if none."""
+        path = self.analysis(checkpoint)
+        if not os.path.lexists(path):
+            return None, None
+        try:
+            analysis = files.read_json(path)  # bounded in size and depth
+        except (OSError, ValueError) as e:
+            return None, f"{path.name} cannot be read: {getattr(e, 'strerror', None) or e}"
+        rows = analysis.get("heads") if isinstance(analysis, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            return None, f"{path.name} is not a head analysis (no list of heads)"
+        claimed = analysis.get("n_layer"), analysis.get("n_head")
+        if shape is not None and claimed != tuple(shape):
+            heads = "{!r}x{!r} heads; the run has {!r}x{!r}".format(*claimed, *shape)
+            return None, f"{path.name} is of another model ({heads})"
+        return analysis, None
+
     def name_under(self, root: Path) -> str:
         """The run's path from `root`, a folder above it ("heads=2"); its own name if it is root."""
         return self.path.relative_to(root).as_posix() if self.path != root else self.path.name
 
     def run_id(self) -> str | None:
         try:
-            return str(json.loads((self.path / files.RUN_FILE).read_text())["run_id"])
+            return str(json.loads(files.read_regular(self.path / files.RUN_FILE))["run_id"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

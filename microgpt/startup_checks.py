@@ -249,9 +249,9 @@ def _check_job(c: Config, job: list[str]) -> None:
     # under torchrun every rank checks the folder (rank 0 alone claims it, once every rank has
     # joined the process group, so after these checks): a refused one stops all ranks at once
     what = "a run" if not resume else None
-    _check_folder(named, "hydra.run.dir", "outputs", what)
     if c.out_dir != ".":  # given on the command line (_job_error sets the default)
         runs.check_new(c.out_dir, "out_dir", what, ours=False)
+    _check_folder(named, "hydra.run.dir", "outputs", what)  # out_dir=X alone: X too (cli.main)
     if isinstance(resume, str):  # a named run or checkpoint that is not there fails here
         runs.resolve_resume(resume)
 

@@ -20,7 +20,6 @@ from microgpt.cli import quote_values, remove_debris
 from microgpt.config import ConfigError
 from microgpt.runs import RunFolderError
 from microgpt.train.trainer import Trainer, train
-from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import REPO, TINY, compose_config, make_names
 
 
@@ -146,6 +145,20 @@ def test_a_run_folder_its_checkpoints_folder_and_a_checkpoint_name_one_run(tmp_p
     assert run.analysis(run.snapshot(500), ".md") == run.path / "heads-step-000500.md"
 
 
+def test_a_runs_snapshots_are_listed_in_step_order_and_only_regular_files(tmp_path):
+    """By step, not by name (step-1000000.pt came before step-999999.pt); a FIFO or another name
+    is no snapshot."""
+    run = runs.RunFolder(tmp_path)
+    run.checkpoints.mkdir()
+    for name in ("step-1000000.pt", "step-999999.pt", "step-000010.pt", "best.pt", "step-x.pt"):
+        (run.checkpoints / name).write_bytes(b"")
+    os.mkfifo(run.checkpoints / "step-000005.pt")
+    assert run.snapshots() == [(10, run.snapshot(10)), (999999, run.snapshot(999999)),
+                               (1000000, run.checkpoints / "step-1000000.pt")]  # fmt: skip
+    assert [p.name for p in run.checkpoint_files()] == [
+        "best.pt", "step-000010.pt", "step-999999.pt", "step-1000000.pt"]  # fmt: skip
+
+
 # ------------------------------------------------------------------------- the command line
 
 
@@ -187,6 +200,6 @@ def test_tokens_per_sec_counts_training_alone(tiny_cfg, tmp_path, monkeypatch):
     for owner, name, seconds in other_work:
         monkeypatch.setattr(owner, name, taking(getattr(owner, name), seconds))
     metrics = train(tiny_cfg("train.save_every=4", "train.num_samples=0"))
-    logged = [m.get("tokens_per_sec") for m in read_metrics(tmp_path / "run/metrics.jsonl")]
+    logged = [m.get("tokens_per_sec") for m in runs.RunFolder(tmp_path / "run").metrics()]
     assert [x for x in logged if x] == pytest.approx([1000.0] * 4, rel=1e-9)  # steps 3, 6, 9, 12
     assert metrics["tokens_per_sec"] == pytest.approx(1000.0, rel=1e-9)

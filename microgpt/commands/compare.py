@@ -39,12 +39,11 @@ from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint
 from microgpt.config import flatten
 from microgpt.errors import UserError, first_line
-from microgpt.files import read_json
 from microgpt.groups import Group, group_runs
 from microgpt.heads.report import PRUNE_TOLERANCE, ROLES
 from microgpt.runs import RunFolder
 from microgpt.stats import MIN_MAX, T_CI, Interval, TTest, holm, interval, paired_t, welch_t
-from microgpt.viz.tensorboard import METRICS_FILE, VAL_LOSS, read_metrics
+from microgpt.viz.tensorboard import VAL_LOSS
 
 # head summaries shown as columns: header -> (tag under heads/, format)
 SUMMARY_COLUMNS = {
@@ -116,11 +115,11 @@ class RunSummary:
         return f"{self.heads} head{'s' if self.heads != 1 else ''}"
 
 
-def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+def _scalars(run: RunFolder) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} from the run's metrics.jsonl (every run writes one)."""
     out: dict[str, list[tuple[int, float]]] = {}
     skipped: list[str] = []  # bad lines: named, the rest read
-    for line in read_metrics(run / METRICS_FILE, skipped):
+    for line in run.metrics(skipped):
         for tag, value in line.items():
             if tag not in ("step", "time"):
                 out.setdefault(tag, []).append((line["step"], value))
@@ -134,7 +133,7 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
     config = OmegaConf.create(folder.config())  # a RunFolderError: the run is unreadable
     heads = config.model.n_head  # none: an OmegaConf error
-    scalars = _scalars(run)
+    scalars = _scalars(folder)
     r, step = RunSummary(folder.name_under(root), run, heads), None
     r.config, r.seed = OmegaConf.to_container(config), config.get("seed")
     checkpoint, kept = folder.default_checkpoint(), {}  # best.pt, else last.pt
@@ -167,7 +166,7 @@ def _heads_summary(checkpoint: Path | None, folder: RunFolder, scalars: dict, ch
     if checkpoint is not None:
         # the JSON python -m microgpt.heads wrote (HeadReport.to_dict, with the checkpoint's step)
         try:
-            data = read_json(folder.analysis(checkpoint))  # bounded in size and depth
+            data = folder.read_analysis(checkpoint)[0]  # bounded in size and depth
             return dict(data["summaries"]), data.get("step"), checkpoint_step, checkpoint.name
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # none, or unreadable: the logged scalars below
@@ -190,8 +189,6 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
             why = first_line(e)  # a UserError (a CheckpointError, ...) is a ValueError
             if isinstance(e, config):
                 why = f"config.yaml: {why}"
-            elif isinstance(e, UnicodeDecodeError):
-                why = f"{METRICS_FILE} is not UTF-8 text"
             unreadable.append((run.name_under(root), why))
     found.sort(key=lambda r: (r.heads, r.name))
     return found, unreadable

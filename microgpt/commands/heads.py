@@ -29,12 +29,6 @@ from microgpt.heads.report import HeadReport
 from microgpt.system import DEVICES, check_threads, pick_device, set_threads
 
 
-def run_checkpoints(run: runs.RunFolder) -> list[Path]:
-    """`run`'s checkpoints: best.pt (the default), last.pt, then step-N.pt in step order."""
-    found = [p for p in (run.best, run.last) if p.is_file()]
-    return found + sorted(p for p in run.checkpoints.glob("step-*.pt") if p.is_file())
-
-
 def analysis_rows(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, y) (N, T): the first validation rows of `data` (a run's, data_of_checkpoint) holding
     the format's number of targets, the rows its head analysis reads."""
@@ -90,7 +84,7 @@ def _main(argv: list[str] | None) -> None:
         tables = " (the .md adds layer 0's QK/OV tables)" if report.qk is not None else ""
         return print(f"wrote {' and '.join(map(str, written))}{tables} ({report.seconds:.1f} s)")
     run = runs.resolve(args.run)[0]
-    _analyse_each([(run, ckpt_path) for ckpt_path in run_checkpoints(run)], device)
+    _analyse_each([(run, ckpt_path) for ckpt_path in run.checkpoint_files()], device)
 
 
 def _sweep_jobs(folder: Path) -> list[runs.RunFolder]:

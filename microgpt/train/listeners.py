@@ -128,7 +128,7 @@ class Samples(Listener):
     def on_finished(self, trainer, metrics: dict, model) -> None:
         if n := trainer.config.train.num_samples:
             shown = sample_for_run(model, trainer.data, n, seed=trainer.config.seed)
-            write_text(trainer.out_dir / "samples.txt", "\n".join(shown.lines) + "\n")
+            write_text(trainer.folder.samples_file, "\n".join(shown.lines) + "\n")
             metrics["samples"] = shown.items
             log.info("samples:\n" + "\n".join(shown.lines))
 

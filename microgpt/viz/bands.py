@@ -31,7 +31,7 @@ from microgpt import files
 from microgpt.errors import UserError
 from microgpt.groups import Group, group_runs
 from microgpt.runs import RunFolder, find_runs
-from microgpt.viz.tensorboard import METRICS_FILE, TRAIN_LOSS, VAL_LOSS, read_metrics
+from microgpt.viz.tensorboard import TRAIN_LOSS, VAL_LOSS
 
 GROUPS_DIR = "groups"  # <sweep>/groups/<group>/: one TensorBoard run per group
 OWNER_FILE = "groups.json"  # in GROUPS_DIR: made by write_bands, and its groups' runs and seeds
@@ -82,11 +82,11 @@ def _config(run: RunFolder) -> dict:
 def _losses(run: RunFolder) -> dict[str, dict[int, tuple[float, float]]]:
     """{loss: {step: (time, value)}} from a run's metrics.jsonl (a step twice: the last)."""
     try:
-        lines = read_metrics(run.path / METRICS_FILE)
+        lines = run.metrics()
     except (OSError, ValueError) as e:
-        raise BandsError(f"cannot read {run.path / METRICS_FILE}: {e}") from None
+        raise BandsError(f"cannot read {run.metrics_file}: {e}") from None
     out: dict[str, dict[int, tuple[float, float]]] = {loss: {} for loss in LOSSES}
-    for line in lines:  # records: an int step and numbers (read_metrics leaves out the rest)
+    for line in lines:  # records: an int step and numbers (run.metrics leaves out the rest)
         for loss, points in out.items():
             if loss in line:
                 points[line["step"]] = float(line.get("time", 0.0)), float(line[loss])

@@ -28,13 +28,12 @@ from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
-from microgpt.files import read_regular, refuse_link, write_text
+from microgpt.files import refuse_link, write_text
 from microgpt.heads.report import ROLES, HeadReport
+from microgpt.runs import RunFolder
 from microgpt.viz.draw import compose_layer, render_attention, render_offset_profile, render_table
 
-METRICS_FILE = "metrics.jsonl"
-METRICS_LIMIT = 256 * 2**20  # bytes: a long run's metrics.jsonl holds far fewer
-TRAIN_LOSS, VAL_LOSS = "Loss/train", "Loss/val"  # the tags, and the keys in METRICS_FILE
+TRAIN_LOSS, VAL_LOSS = "Loss/train", "Loss/val"  # the tags, and the keys in metrics.jsonl
 # the head summaries beside the losses in the HParams tab (all of them: the Scalars tab, compare)
 HPARAMS_SUMMARIES = ("heads/prunable", "heads/named", "heads/induction_max")
 
@@ -50,27 +49,6 @@ def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
     return {str(k): value(v) for k, v in flatten(hparams).items()}
 
 
-def read_metrics(path: str | Path, skipped: list[str] | None = None) -> list[dict]:
-    """The records of a metrics.jsonl ({"step": int, tag: number, ...}), in order, from a regular
-    file of bounded size (files.read_regular: a FIFO or a device is an OSError, never a hang). A
-    line that is not one (cut short by a crash, not UTF-8, not JSON, another shape) is left out,
-    and named in `skipped` ("PATH line N: ...")."""
-    records = []
-    for number, raw in enumerate(read_regular(path, METRICS_LIMIT).splitlines(), 1):
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except ValueError:  # not UTF-8 (UnicodeDecodeError), not JSON
-            record = None
-        numbers = isinstance(record, dict) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in record.values()
-        )
-        if numbers and isinstance(record.get("step"), int):
-            records.append(record)
-        elif skipped is not None and raw.strip():
-            skipped.append(f'{path} line {number}: not a {{"step": N, tag: number}} record')
-    return records
-
-
 class TensorBoardLogger:
     """A SummaryWriter on one run's folder, with one method for each thing the trainer logs."""
 
@@ -79,9 +57,9 @@ class TensorBoardLogger:
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)  # makes the folder
         # every scalar also goes, one JSON object per call, to metrics.jsonl: written as it goes,
         # so a crash loses at most the last line; a resume drops the lines it will write again
-        metrics = Path(log_dir) / METRICS_FILE
+        metrics = RunFolder(log_dir).metrics_file
         if purge_step is not None and metrics.exists():
-            kept = [line for line in read_metrics(metrics) if line["step"] < purge_step]
+            kept = [line for line in RunFolder(log_dir).metrics() if line["step"] < purge_step]
             write_text(metrics, "".join(json.dumps(line) + "\n" for line in kept))
         refuse_link(metrics)  # appended to: never through a link (files.refuse_link)
         self.metrics_file = open(metrics, "a", encoding="utf-8")

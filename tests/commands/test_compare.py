@@ -16,8 +16,8 @@ from microgpt.checkpoint import Checkpoint
 from microgpt.commands.compare import RunSummary, main, read_sweep, table, to_json
 from microgpt.commands.heads import main as heads_main
 from microgpt.heads.report import ROLES
+from microgpt.runs import RunFolder
 from microgpt.train.trainer import train
-from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import TINY, compose_config, make_names
 from tests.e2e.harness import changes, fingerprint
 
@@ -113,7 +113,7 @@ def test_head_columns_from_the_logged_summaries(sweep):
     runs = read_sweep(root)[0]
     for r in runs:  # no heads-best.json: each summary's last logged value
         last = {}
-        for line in read_metrics(r.path / "metrics.jsonl"):
+        for line in RunFolder(r.path).metrics():
             last |= {tag: value for tag, value in line.items() if tag.startswith("heads/")}
         assert r.heads_summary == pytest.approx(last)
         assert r.importance_max == [last["heads/layer0/importance_max"]]
@@ -206,7 +206,7 @@ def seeded(sweep, tmp_path_factory) -> Path:
         roles = {"heads/role/self": 1.0, "heads/role/previous": float(heads > 1 or seed < 3)}
         summaries = {**roles, "heads/prunable": float(seed - 1) if heads == 1 else 0.0}
         (run / "heads-best.json").write_text(
-            json.dumps({"summaries": summaries, "step": ckpt.step})
+            json.dumps({"summaries": summaries, "step": ckpt.step, "heads": []})
         )
     return root
 

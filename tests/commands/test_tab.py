@@ -76,10 +76,8 @@ def test_runs_lists_each_job_by_its_folder_with_its_checkpoints(lab):
     assert runs["heads=1"]["analysed"] == []
     assert runs["heads=2"]["analysed"] == ["best.pt", "step-000006.pt"]
     assert body["example"] in make_names()  # the first validation name: an input to start with
-    assert runs["heads=2"]["steps"] == [None, None, 6, 12]  # best.pt, last.pt: not loaded yet
-    attention(apps["/attention"], run="heads=2", checkpoint="last.pt", input="ka")
-    runs = {r["name"]: r for r in json.loads(apps["/runs"].get("/runs").get_data())["runs"]}
-    assert runs["heads=2"]["steps"] == [None, 12, 6, 12]
+    assert runs["heads=2"]["snapshots"] == [["step-000006.pt", 6], ["step-000012.pt", 12]]
+    assert runs["heads=1"]["snapshots"] == []
 
 
 def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
@@ -306,6 +304,25 @@ def test_timeline_names_each_bad_line_of_metrics_jsonl_and_reads_the_rest(lab, t
     assert [re.search(r"metrics\.jsonl line (\d+): ", s)[1] for s in body["skipped"]] == list("123")
 
 
+def test_an_analysis_is_read_only_for_its_runs_model_shape(lab, tmp_path):
+    """issue 43: an analysis claiming 4096x4096 heads made /timeline answer 201 MB."""
+    run = tmp_path / "heads=2"
+    shutil.copytree(lab / "sweep" / "heads=2", run)
+    huge = json.dumps({"n_layer": 4096, "n_head": 4096, "heads": []})
+    for name in ("heads-step-000006.json", "heads-best.json"):
+        (run / name).write_text(huge)
+    apps = routes(tmp_path)
+    response = apps["/timeline"].get("/timeline", query_string={"run": "heads=2"})
+    assert response.status_code == 200 and len(response.get_data()) < 10_000
+    early, _ = json.loads(response.get_data())["checkpoints"]
+    assert early["step"] == 6 and early["scores"] is early["roles"] is None
+    status, body = attention(apps["/attention"], run="heads=2", input="ka")
+    assert status == 200 and body["heads"] == [[None, None]]
+    assert body["analysis"] == (
+        "heads-best.json is of another model (4096x4096 heads; the run has 1x2)"
+    )
+
+
 def test_a_run_or_checkpoint_reached_through_a_link_leading_out_is_refused(lab, tmp_path):
     logdir, outside = tmp_path / "logdir", tmp_path / "outside"
     shutil.copytree(lab / "sweep" / "heads=1", outside / "heads=1")
@@ -337,37 +354,73 @@ def settled(cache: ModelCache) -> None:
     assert cache.worker is None, "the prefetching did not end"
 
 
-def test_the_model_cache_is_bounded_by_count_and_by_bytes(lab, tmp_path, monkeypatch):
+def test_the_model_cache_is_bounded_by_count_and_bytes_before_a_load(lab, tmp_path, monkeypatch):
+    """A load sets its file's size aside first (what torch.load reads), then keeps its
+    parameters' bytes."""
     best = lab / "sweep" / "heads=2" / "checkpoints" / "best.pt"
     size = sum(t.numel() * t.element_size() for t in Checkpoint.load(best).model.values())
+    file = best.stat().st_size
     paths = [tmp_path / f"{n}.pt" for n in range(5)]
     for path in paths:
         shutil.copyfile(best, path)
     cache = ModelCache()
-    kept = lambda: [n for n, p in enumerate(paths) if cache.get(p, load=False)]  # noqa: E731
+    kept = lambda: sorted(paths.index(Path(key[0])) for key in cache.models)  # noqa: E731
     monkeypatch.setattr(tab_models, "MAX_MODELS", 3)
     for path in paths[:4]:
         cache.get(path)
     assert kept() == [1, 2, 3]  # the one used longest ago went
-    monkeypatch.setattr(tab_models, "MAX_BYTES", 2 * size)
+    monkeypatch.setattr(tab_models, "MAX_BYTES", size + file)  # one kept, and room for a file
     cache.get(paths[4])
     assert kept() == [3, 4]
-    monkeypatch.setattr(tab_models, "MAX_BYTES", size - 1)  # one model over the limit alone
-    cache.get(paths[0])
-    assert kept() == [0]  # served, and kept until the next
-    monkeypatch.setattr(tab_models, "MAX_BYTES", 10 * size)
-    cache.prefetch(paths[1:])  # in the background, while they fit: 2 more
+    monkeypatch.setattr(tab_models, "MAX_BYTES", file - 1)  # a file over the bound alone
+    with pytest.raises(tab_models.InputError, match=r"0\.pt is 0 MiB, more than the tab loads"):
+        cache.get(paths[0])
+    assert kept() == [3, 4]  # refused before loading: nothing pushed out
+    monkeypatch.setattr(tab_models, "MAX_MODELS", 32)
+    monkeypatch.setattr(tab_models, "MAX_BYTES", 3 * size + file)
+    cache.prefetch(paths)  # in the background, while they fit without pushing one out: 2 more
     settled(cache)
-    assert kept() == [0, 1, 2]
+    assert kept() == [0, 1, 3, 4]
+
+
+def test_requests_for_one_cold_checkpoint_at_once_wait_for_its_one_load(lab, tmp_path, monkeypatch):
+    """issue 43: two threads could load one checkpoint at once (each its own copy)."""
+    best, requests = tmp_path / "best.pt", 4
+    shutil.copyfile(lab / "sweep" / "heads=2" / "checkpoints" / "best.pt", best)
+    cache, loads, waiting = ModelCache(), [], threading.Semaphore(0)
+
+    class Noting(threading.Condition):  # says when a request waits for the load
+        def wait(self, timeout=None):
+            waiting.release()
+            return super().wait(timeout)
+
+    def load(path):  # the one load ends once every other request waits for it
+        loads.append(path)
+        assert all(waiting.acquire(timeout=60) for _ in range(requests - 1))
+        return real_load(path)
+
+    real_load, cache.changed = tab_models.load_model, Noting()
+    monkeypatch.setattr(tab_models, "load_model", load)
+    got = [None] * requests
+
+    def ask(n):
+        got[n] = cache.get(best)
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(requests)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert loads == [best] and got[0] is not None and all(g is got[0] for g in got)
 
 
 def test_timeline_loads_the_sliders_checkpoints_ahead(lab):
     plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(lab / "sweep")))
     Client(plugin.get_plugin_apps()["/timeline"]).get("/timeline?run=heads=2")
-    cache, folder = plugin.store.models, lab / "sweep" / "heads=2" / "checkpoints"
+    cache = plugin.store.models
     settled(cache)
-    assert cache.get(folder / "step-000006.pt", load=False).step == 6
-    assert cache.get(folder / "step-000012.pt", load=False).step == 12
+    loaded = {Path(key[0]).name: loaded.step for key, (loaded, _) in cache.models.items()}
+    assert loaded == {"step-000006.pt": 6, "step-000012.pt": 12}
 
 
 # ----------------------------------------------------------------------------- one bad run

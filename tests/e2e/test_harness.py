@@ -558,6 +558,14 @@ ISSUE_43 = [
       added=("runs/b/heads-best.json",), stdout=True,
       setup=lambda root: instead(root, "runs/b/heads-best.json",
                                  lambda p, k: p.write_text("[" * 100_000 + "]" * 100_000))),
+    # out_dir= alone: Hydra's folder (train.log) is out_dir's, no stray outputs/<date>/<time>
+    C("out-dir-alone", "train.py", [*T, "train.max_steps=2", "out_dir=runs/od"], code=0,
+      added=("runs/od*",)),
+    # the snapshots in step order, a FIFO named like one never opened
+    C("heads-all-checkpoints-fifo-snapshot", "heads", ["runs/a", "--all-checkpoints"],
+      r"(?s)best\.pt: .*last\.pt: .*step-000002\.pt: step 2.*step-000004\.pt: step 4", code=0,
+      stdout=True, added=("runs/a/heads-*",),
+      setup=lambda root: fifo(root, "runs/a/checkpoints/step-000003.pt")),
     sample("out-dangling-link", f"ckpt={BEST}", "out=out/dangling.txt",
            message=r"out/dangling\.txt is a link to nothing \(.*nothing\.txt\)",
            setup=lambda root: linked(root / "out/dangling.txt", Path("nothing.txt")),
@@ -588,7 +596,7 @@ FAST = {
     "resume-link-metrics-out", "resume-link-best-sibling", "resume-link-log-to-nothing",
     "heads-json-link-to-config",
     "resume-metrics-fifo", "compare-metrics-fifo", "compare-metrics-int-line",
-    "compare-analysis-too-deep", "heads-nan", "resume-wrong-shape",
+    "compare-analysis-too-deep", "heads-nan", "resume-wrong-shape", "out-dir-alone",
 }  # fmt: skip
 
 

@@ -22,9 +22,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from microgpt.checkpoint import Checkpoint
 from microgpt.config import ConfigError, load_config
-from microgpt.runs import find_checkpoints
+from microgpt.runs import RunFolder, find_checkpoints
 from microgpt.train.trainer import Interrupted, Trainer, TrainingError
-from microgpt.viz.tensorboard import read_metrics
 from tests.conftest import REPO, TINY
 from tests.e2e.harness import run
 
@@ -126,7 +125,7 @@ def test_resume_after_sigint_is_bit_exact_and_tensorboard_continues(tiny_cfg, tm
 
     # metrics.jsonl, like TensorBoard, holds each step once and the uninterrupted run's values
     def train_lines(folder):
-        lines = read_metrics(folder / "metrics.jsonl")
+        lines = RunFolder(folder).metrics()
         return [(d["step"], d["Loss/train"]) for d in lines if "Loss/train" in d]
 
     assert train_lines(run) == train_lines(tmp_path / "whole")

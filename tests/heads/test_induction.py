@@ -7,7 +7,7 @@ from microgpt.config import load_config
 from microgpt.data.dataset import load_data
 from microgpt.data.repeats import repeat_items
 from microgpt.model import GPT, GPTConfig
-from microgpt.viz.tensorboard import read_metrics
+from microgpt.runs import RunFolder
 from tests.conftest import compose_config
 
 # the experiment made small: 10 characters, spans of 2..6 in items of 12, 32 channels, 200 steps
@@ -66,7 +66,7 @@ def test_the_small_induction_experiment_learns_to_copy_the_repeat(tmp_path):
 
     cfg = compose_config([*SMALL, f"out_dir={tmp_path}"])
     train(cfg)
-    last = [m for m in read_metrics(tmp_path / "metrics.jsonl") if "heads/repeat_loss" in m][-1]
+    last = [m for m in RunFolder(tmp_path).metrics() if "heads/repeat_loss" in m][-1]
     assert last["step"] == 200
     # the first copy stays near ln(10) = 2.30; the repeat is predicted from its first copy
     assert last["heads/repeat_loss_first"] > 2.1

@@ -19,8 +19,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from microgpt.cli import SeedBands
+from microgpt.runs import RunFolder
 from microgpt.viz.bands import CATEGORY, BandsError, write_bands
-from microgpt.viz.tensorboard import read_metrics
 from tests.e2e.harness import changes, fingerprint
 
 # {run: (its config, its metrics.jsonl lines)}: heads=2 over seeds 1, 2, 3 (seed 3 stopped before
@@ -190,7 +190,7 @@ def test_a_real_seed_sweep_ends_with_its_bands(tmp_path, names_file):
     assert r.code == 0 and "Traceback" not in r.text, r.text[-3000:]
     assert "warning" not in r.stderr, r.stderr
     jobs = [sweep / "seed=1", sweep / "seed=2"]
-    val = [{m["step"]: m[V] for m in read_metrics(j / "metrics.jsonl") if V in m} for j in jobs]
+    val = [{m["step"]: m[V] for m in RunFolder(j).metrics() if V in m} for j in jobs]
     acc = load(sweep / "groups" / "all")  # seed alone swept: one group, "all"
     assert [e.step for e in acc.Scalars("seeds/Loss/val/mean")] == sorted(val[0])
     for e in acc.Scalars("seeds/Loss/val/max"):

@@ -9,10 +9,10 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.heads.report import ROLES
+from microgpt.runs import RunFolder
 from microgpt.viz.tensorboard import (
     HPARAMS_SUMMARIES,
     TensorBoardLogger,
-    read_metrics,
     sanitize_hparams,
 )
 
@@ -54,7 +54,7 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
     assert set(tags["scalars"]) == {"Loss/train", "lr", "result/best_val_loss"}
     assert [e.step for e in acc.Scalars("Loss/train")] == [0, 10]
     assert acc.Scalars("result/best_val_loss")[0].value == pytest.approx(1.9)
-    assert "heads/induction_ablation_all" not in read_metrics(tmp_path / "metrics.jsonl")[2]
+    assert "heads/induction_ablation_all" not in RunFolder(tmp_path).metrics()[2]
     # the final figures also as a table in the Text tab, in nats and bits
     result = acc.Tensors("result")[0].tensor_proto.string_val[0].decode()
     assert "| best val loss | 1.9000 | 2.7411 |" in result
@@ -193,10 +193,10 @@ def test_every_scalar_also_goes_to_metrics_jsonl(head_runs, tmp_path):
     metrics = tmp_path / "metrics.jsonl"  # a copy, cut short below
     metrics.write_bytes((folder / "metrics.jsonl").read_bytes())
     events = {(tag, e.step): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
-    lines = read_metrics(metrics)
+    lines = RunFolder(tmp_path).metrics()
     jsonl = {(t, d["step"]): v for d in lines for t, v in d.items() if t not in ("step", "time")}
     assert set(jsonl) == set(events) and len(events) > 50
     assert all(jsonl[k] == pytest.approx(events[k], rel=1e-6) for k in events)
     with open(metrics, "a") as f:
         f.write('{"step": 99, "loss/tra')  # killed mid-line
-    assert read_metrics(metrics) == lines
+    assert RunFolder(tmp_path).metrics() == lines

@@ -1,9 +1,10 @@
 """What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory; every
 head's attention of one run's checkpoint on a typed input, with the head lab's fields
 (microgpt/commands/tab/lab.py); a run's timeline. Checkpoints load lazily and safely onto the
-CPU (Checkpoint.load) into a bounded cache (ModelCache); only what lies under the log dirs is
-read (`inside`). Runs whose config.yaml differ only by seed form a group (microgpt.groups),
-which the page shows seed by seed. A user's mistake is an `InputError`, which the page shows."""
+CPU (Checkpoint.load) into a cache bounded before each load (ModelCache); only what lies under
+the log dirs is read (`inside`), each file through its run (RunFolder). Runs whose config.yaml
+differ only by seed form a group (microgpt.groups), which the page shows seed by seed. A user's
+mistake is an `InputError`, which the page shows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import contextlib
 import functools
 import math
 import os
-import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -20,20 +20,18 @@ from pathlib import Path
 import torch
 
 from microgpt.checkpoint import Checkpoint, CheckpointError
-from microgpt.commands.heads import analysis_rows, run_checkpoints
+from microgpt.commands.heads import analysis_rows
 from microgpt.commands.tab.lab import LabError, lab, parse_ablation, parse_off, parse_pin
 from microgpt.data.dataset import Data, DataError, checkpoint_format, data_of_checkpoint
-from microgpt.files import read_json
 from microgpt.groups import Group, group_name, group_runs
 from microgpt.heads.analyse import length_batches
 from microgpt.heads.circuits import mean_outputs
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
-from microgpt.viz.tensorboard import METRICS_FILE, VAL_LOSS, read_metrics
+from microgpt.viz.tensorboard import VAL_LOSS
 
 MAX_MODELS = 32  # models kept loaded at once: the slider's checkpoints of a sweep
-MAX_BYTES = 512 * 2**20  # and their parameters' bytes at most (the last one loaded is kept)
-STEP = re.compile(r"step-(\d+)\.pt")
+MAX_BYTES = 512 * 2**20  # and their bytes at most (a load counts its file's, what torch.load reads)
 
 
 class InputError(ValueError):
@@ -99,23 +97,12 @@ def inside(folder: Path, path: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
 
-def checkpoints_of(run: RunFolder) -> list[str]:
-    """`run`'s checkpoints: best.pt (the default), last.pt, then step-N.pt in step order."""
-    return [p.name for p in run_checkpoints(run)]
-
-
-def step_of(name: str, loaded: Loaded | None) -> int | None:
-    """A checkpoint's step: from its name (step-000100.pt), else its model's, if loaded."""
-    match = STEP.fullmatch(name)
-    return int(match.group(1)) if match else loaded.step if loaded else None
-
-
 def load_model(path: Path) -> Loaded:
     """Load a checkpoint safely onto the CPU; an InputError saying what is wrong with it."""
     try:
         ckpt = Checkpoint.load(path, map_location="cpu")
         model, tokenizer = ckpt.build_model("cpu")
-        ckpt.model = {}  # the weights live in the model now
+        ckpt.model, ckpt.resume = {}, None  # the weights live in the model; no optimizer state
         # the schema's split: lists of items (names), or a text's bounds (no "val")
         example = next(iter((ckpt.split or {}).get("val") or []), None)
         return Loaded(model, tokenizer, checkpoint_format(ckpt), ckpt.step or 0, example, ckpt)
@@ -126,47 +113,68 @@ def load_model(path: Path) -> Loaded:
 
 
 class ModelCache:
-    """The models of the checkpoints used last, at most MAX_MODELS of them and MAX_BYTES of
-    parameters (the one loaded last is kept whatever its size); a checkpoint rewritten since
-    (another size or time) is loaded again. Thread-safe; a load holds no lock, so other models
-    are served meanwhile. `prefetch` loads checkpoints ahead in one background thread, only
-    while they fit (it never pushes a model out): a slider's next step is then ready."""
+    """The models of the checkpoints used last, at most MAX_MODELS of them and MAX_BYTES, counted
+    before each load: a checkpoint's file size (no more than torch.load reads) is set aside, the
+    models used longest ago pushed out first, then its model's parameter bytes kept; a checkpoint
+    rewritten since (another size or time) is loaded again. Thread-safe: one load per checkpoint
+    at a time (a request for one being loaded waits for that load), other models served
+    meanwhile. `prefetch` loads checkpoints ahead in one background thread, only while they fit
+    (it never pushes a model out): a slider's next step is then ready."""
 
     def __init__(self):
         self.models: OrderedDict[tuple, tuple[Loaded, int]] = OrderedDict()  # key: (loaded, bytes)
-        self.lock = threading.Lock()
+        self.loading: dict[tuple, int] = {}  # key: its file's bytes, while it loads
+        self.changed = threading.Condition()  # a load began or ended
         self.pending: list[Path] = []  # checkpoints to prefetch, in order
         self.worker: threading.Thread | None = None  # the prefetching thread, while it runs
 
-    def get(self, path: Path, load: bool = True) -> Loaded | None:
-        """The model of checkpoint `path`, loaded if it is not here and `load` (else None)."""
+    def get(self, path: Path, evict: bool = True) -> Loaded | None:
+        """The model of checkpoint `path`, loaded if it is not here; not `evict`: only if it fits
+        beside the models here (else None)."""
         try:
             stat = path.stat()
         except OSError:
             raise InputError(f"checkpoint {path} does not exist") from None
-        key = (str(path), stat.st_size, stat.st_mtime_ns)
-        with self.lock:
+        key, size = (str(path), stat.st_size, stat.st_mtime_ns), stat.st_size
+        if size > MAX_BYTES:
+            mib = f"{size / 2**20:.0f} MiB, more than the tab loads ({MAX_BYTES // 2**20} MiB)"
+            raise InputError(f"{path} is {mib}; analyse it with python -m microgpt.heads")
+        with self.changed:
+            while key in self.loading or key not in self.models and not self._room(size, evict):
+                if key not in self.loading and not evict:
+                    return None
+                self.changed.wait()  # for the load of this checkpoint, or of those taking room
             if key in self.models:
                 self.models.move_to_end(key)
                 return self.models[key][0]
-        if not load:
-            return None
-        loaded = load_model(path)  # (two threads may load one checkpoint at once: the last kept)
-        size = sum(t.numel() * t.element_size() for t in loaded.model.state_dict().values())
-        with self.lock:
-            self.models[key] = (loaded, size)
-            while len(self.models) > 1 and self._over():
-                self.models.popitem(last=False)  # the one used longest ago
-        return loaded
+            self.loading[key] = size
+        loaded = None
+        try:
+            loaded = load_model(path)
+            return loaded
+        finally:
+            with self.changed:
+                del self.loading[key]
+                if loaded is not None:
+                    weights = loaded.model.state_dict().values()
+                    self.models[key] = (loaded, sum(t.numel() * t.element_size() for t in weights))
+                self.changed.notify_all()
 
-    def _over(self, count: int = 0, size: int = 0) -> bool:
-        """Whether the models here, with `count` more of `size` bytes, pass a bound."""
-        total = sum(n for _, n in self.models.values())
-        return len(self.models) + count > MAX_MODELS or total + size > MAX_BYTES
+    def _room(self, size: int, evict: bool) -> bool:
+        """Whether one more model of `size` bytes fits beside those here and those loading, the
+        ones used longest ago pushed out first if `evict`."""
+        while True:
+            count = len(self.models) + len(self.loading)
+            total = sum(n for _, n in self.models.values()) + sum(self.loading.values())
+            if count < MAX_MODELS and total + size <= MAX_BYTES:
+                return True
+            if not (evict and self.models):
+                return False
+            self.models.popitem(last=False)
 
     def prefetch(self, paths: list[Path]) -> None:
         """Load `paths` in the background, in order, until one would not fit."""
-        with self.lock:
+        with self.changed:
             self.pending += [p for p in paths if p not in self.pending]
             if self.worker is None:
                 self.worker = threading.Thread(target=self._prefetching, daemon=True)
@@ -174,29 +182,15 @@ class ModelCache:
 
     def _prefetching(self) -> None:
         while True:
-            with self.lock:
-                last = next(reversed(self.models.values()), (None, 0))[1]  # a model's bytes
-                if not self.pending or self._over(1, last):
-                    self.pending, self.worker = [], None
+            with self.changed:
+                if not self.pending:
+                    self.worker = None
                     return
                 path = self.pending.pop(0)
             with contextlib.suppress(InputError):  # a bad checkpoint: its request will say so
-                self.get(path)
-
-
-def read_analysis(path: Path) -> tuple[dict | None, str | None]:
-    """(the head analysis at `path`, None) if it can be read; (None, why not) if it is there but
-    is not one (a FIFO, not JSON, another shape); (None, None) if there is none."""
-    if not os.path.lexists(path):
-        return None, None
-    try:
-        analysis = read_json(path)  # bounded in size and depth
-    except (OSError, ValueError) as e:
-        return None, f"{path.name} cannot be read: {getattr(e, 'strerror', None) or e}"
-    heads = analysis.get("heads") if isinstance(analysis, dict) else None
-    if not isinstance(heads, list) or not all(isinstance(row, dict) for row in heads):
-        return None, f"{path.name} is not a head analysis (no list of heads)"
-    return analysis, None
+                if self.get(path, evict=False) is None:  # it would not fit: the rest neither
+                    with self.changed:
+                        self.pending = []
 
 
 def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[dict | None]]:
@@ -272,21 +266,20 @@ class RunStore:
         self.models = ModelCache()
 
     def runs(self) -> list[dict]:
-        """Every run: its name, its checkpoints (the default first), their steps (None: a best.pt
-        or last.pt not loaded yet) and those analysed; a run whose folder cannot be listed, with
+        """Every run: its name, its checkpoints (the default first), its snapshots ([name, step]
+        in step order) and the checkpoints analysed; a run whose folder cannot be listed, with
         why."""
         out = []
         for name, run in runs_under(self.roots).items():
             try:
-                checkpoints = checkpoints_of(run)
-                loaded = [self.models.get(run.checkpoints / c, load=False) for c in checkpoints]
-                steps = [step_of(c, model) for c, model in zip(checkpoints, loaded)]
+                checkpoints = [p.name for p in run.checkpoint_files()]
                 analysed = [c for c in checkpoints if run.analysis(c).is_file()]
-                out.append({"name": name, "checkpoints": checkpoints, "steps": steps,
+                snapshots = [[p.name, step] for step, p in run.snapshots()]
+                out.append({"name": name, "checkpoints": checkpoints, "snapshots": snapshots,
                             "analysed": analysed})  # fmt: skip
-            except (OSError, InputError) as e:  # InputError: a checkpoint gone meanwhile
-                error = f"{name} cannot be read: {getattr(e, 'strerror', None) or e}"
-                out.append({"name": name, "checkpoints": [], "steps": [], "analysed": [],
+            except OSError as e:
+                error = f"{name} cannot be read: {e.strerror or e}"
+                out.append({"name": name, "checkpoints": [], "snapshots": [], "analysed": [],
                             "error": error})  # fmt: skip
         return out
 
@@ -326,7 +319,7 @@ class RunStore:
         by `ablation` (zero, mean), the attribution at position `pin` (default: the last); an
         InputError the page shows instead."""
         run = self.run(name)
-        checkpoints = checkpoints_of(run)
+        checkpoints = [p.name for p in run.checkpoint_files()]  # the default first
         if not checkpoints:
             raise InputError(
                 f"{name} has no checkpoint yet (checkpoints/best.pt or last.pt): it is still "
@@ -351,7 +344,7 @@ class RunStore:
         except (DataError, LabError) as e:  # unknown characters, or too many; a bad parameter
             raise InputError(f"{name}: {e}") from None
         # the head analysis (python -m microgpt.heads), where there is one that can be read
-        analysis, unreadable = self._analysis(run, checkpoint)
+        analysis, unreadable = self._analysis(run, checkpoint, (config.n_layer, config.n_head))
         with loaded.lock:  # the model's hooks are its own while a request runs
             try:
                 means = loaded.means() if ablation == "mean" and heads else None
@@ -374,16 +367,16 @@ class RunStore:
             "off": [list(head) for head in heads],
             "ablation": ablation,
             "pin": pin,
-            "group": self._group(name, checkpoint),
+            "group": self._group(name, checkpoint, (config.n_layer, config.n_head)),
             **shown,
         }
 
-    def _group(self, name: str, checkpoint: str) -> dict:
+    def _group(self, name: str, checkpoint: str, shape: tuple[int, int]) -> dict:
         """The group of run `name` ({"name", "runs", "seeds"}) and role_counts of its runs'
-        analyses of `checkpoint`."""
+        analyses of `checkpoint` (of models of `shape`, as the group's runs are)."""
         found = runs_under(self.roots)
         group = next(group for group in groups_of(found) if name in group.runs)
-        analyses = [self._analysis(found[run], checkpoint)[0] for run in group.runs]
+        analyses = [self._analysis(found[run], checkpoint, shape)[0] for run in group.runs]
         return {**vars(group), **role_counts(analyses)}
 
     def timeline(self, name: str) -> dict:
@@ -391,31 +384,32 @@ class RunStore:
         scores and roles where it has been analysed (python -m microgpt.heads --all-checkpoints)."""
         run = self.run(name)
         val, skipped = [], []  # skipped: the lines of metrics.jsonl not read, named
-        metrics = run.path / METRICS_FILE
+        metrics = run.metrics_file
         if metrics.is_file() and inside(run.path, metrics):
             try:
-                lines = read_metrics(metrics, skipped)
+                lines = run.metrics(skipped)
             except OSError as e:  # too large
                 lines, skipped = [], [f"{metrics}: {e.strerror or e}"]
             val = [[line["step"], line[VAL_LOSS]] for line in lines if VAL_LOSS in line]
+        model = config_of(run).get("model")  # its analyses are of its model's heads, no more
+        shape = (model.get("n_layer"), model.get("n_head")) if isinstance(model, dict) else None
         checkpoints, ahead = [], []
-        for checkpoint in checkpoints_of(run):
-            if (step := step_of(checkpoint, None)) is None:
-                continue  # best.pt, last.pt: the slider runs over the steps
-            analysis, _ = self._analysis(run, checkpoint)
-            checkpoints.append({"checkpoint": checkpoint, "step": step, **scores_of(analysis)})
-            if inside(run.path, run.checkpoints / checkpoint):
-                ahead.append(run.checkpoints / checkpoint)
+        for step, path in run.snapshots():  # the slider runs over the steps
+            analysis, _ = self._analysis(run, path.name, shape or (None, None))
+            checkpoints.append({"checkpoint": path.name, "step": step, **scores_of(analysis)})
+            if inside(run.path, path):
+                ahead.append(path)
         self.models.prefetch(ahead)  # the slider's checkpoints, loaded while the page is read
         return {"run": name, "val": val, "checkpoints": checkpoints, "skipped": skipped}
 
     @staticmethod
-    def _analysis(run: RunFolder, checkpoint: str) -> tuple[dict | None, str | None]:
-        """read_analysis of the checkpoint's analysis, unless it leads out of the run's folder."""
+    def _analysis(run: RunFolder, checkpoint: str, shape) -> tuple[dict | None, str | None]:
+        """The checkpoint's analysis of a model of `shape` (RunFolder.read_analysis), unless it
+        leads out of the run's folder."""
         path = run.analysis(checkpoint)
         if os.path.lexists(path) and not inside(run.path, path):
             return None, f"{path.name} leads out of the run's folder; not read"
-        return read_analysis(path)
+        return run.read_analysis(checkpoint, shape)
 
 
 def scores_of(analysis: dict | None) -> dict:

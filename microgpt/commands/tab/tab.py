@@ -3,11 +3,11 @@ the log directory holds microgpt runs. Its routes, under http://HOST:PORT/data/p
 answer JSON, or 400 and {"error": message} (a message naming the parameter and the fix):
 
     /index.js, /style.css          the page (static/: plain JavaScript and CSS, no build)
-    /runs                          {"runs": [{"name", "checkpoints", "steps", "analysed"}],
-                                    "groups", "example"}: steps, one per checkpoint (null: a
-                                    best.pt or last.pt whose model is not loaded yet); groups:
-                                    [{"name", "runs", "seeds"}], runs that differ only by seed
-                                    (microgpt/groups.py), runs[i] trained with seeds[i]
+    /runs                          {"runs": [{"name", "checkpoints", "snapshots", "analysed"}],
+                                    "groups", "example"}: snapshots: [[name, step], ...], each
+                                    step-N.pt in step order;
+                                    groups: [{"name", "runs", "seeds"}], runs that differ only
+                                    by seed (microgpt/groups.py), runs[i] trained with seeds[i]
     /attention?run=&checkpoint=&input=&off=&ablation=&pin=       RunStore.attention: one run's
         model on the input, the heads `off` ("0.1,1.3": layer.head) switched off by `ablation`
         ("zero", the default, or "mean": the head's mean output over the validation split), the

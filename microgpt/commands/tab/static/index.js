@@ -284,13 +284,9 @@ function seedButtons(group, run) {
   return box;
 }
 
-// The run's step-N.pt checkpoints in step order: [[name, step], ...] ("steps" of /runs).
+// The run's step-N.pt checkpoints in step order: [[name, step], ...] ("snapshots" of /runs).
 function stepCheckpoints(run) {
-  const steps = run.steps || [];
-  return run.checkpoints
-    .map((name, i) => [name, steps[i]])
-    .filter(([name, step]) => name.startsWith("step-") && Number.isInteger(step))
-    .sort((a, b) => a[1] - b[1]);
+  return run.snapshots || [];
 }
 
 // A slider over the step checkpoints, and beside it the run's validation loss and its heads'
