@@ -265,9 +265,8 @@ def roles_across_seeds(group: Group[RunSummary]) -> tuple[dict[str, int], int]:
     analysis), the roles most runs have first."""
     analysed = [r for r in group.runs if any(not math.isnan(x) for x in r.role_counts.values())]
     have = {role: sum(r.role_counts[role] > 0 for r in analysed) for role in ROLES}
-    return dict(sorted(((k, v) for k, v in have.items() if v), key=lambda kv: -kv[1])), len(
-        analysed
-    )
+    have = dict(sorted(((k, v) for k, v in have.items() if v), key=lambda kv: -kv[1]))
+    return have, len(analysed)
 
 
 @dataclass
@@ -452,26 +451,16 @@ def records(runs: list[RunSummary]) -> dict[str, list[dict]]:
         "runs": [{k: getattr(r, k) for k in keys} | {"group": group_of[id(r)]} for r in runs]
     }
     out["groups"] = [group_record(g) for g in groups]
-    out["comparisons"] = [
-        {
-            "name": f"{c.later} - {c.earlier}",
-            "earlier": c.earlier,
-            "later": c.later,
-            "loss": LOSSES[c.loss],
-            "difference": c.difference,
-            "t_test": c.result and c.result.test,
-            "seeds": c.seeds,
-            "low": c.result and c.result.low,
-            "high": c.result and c.result.high,
-            "df": c.result and c.result.df,
-            "p": c.result and c.result.p,
-            "p_holm": c.p_holm if c.result else None,
-            "verdict": c.verdict,
-            "why": c.why,
-        }
-        for c in compare_groups(groups)
-    ]
+    out["comparisons"] = [_comparison_record(c) for c in compare_groups(groups)]
     return out
+
+
+def _comparison_record(c: Comparison) -> dict:
+    r = c.result  # None: every figure of the test is None
+    out = {"name": f"{c.later} - {c.earlier}", "earlier": c.earlier, "later": c.later}
+    out |= {"loss": LOSSES[c.loss], "difference": c.difference, "t_test": r and r.test}
+    out |= {"seeds": c.seeds} | {k: r and getattr(r, k) for k in ("low", "high", "df", "p")}
+    return out | {"p_holm": c.p_holm if r else None, "verdict": c.verdict, "why": c.why}
 
 
 def to_csv(runs: list[RunSummary]) -> list[list[str]]:
@@ -479,15 +468,10 @@ def to_csv(runs: list[RunSummary]) -> list[list[str]]:
     columns are the table's, a group's and a comparison's their JSON keys (nested: `test_loss.low`,
     `roles.previous.seeds`); a cell that does not apply is empty."""
     header, cells = table(runs, plain=True)
-    data = _no_nan(records(runs))
+    names, data = ["name", *header[1:]], _no_nan(records(runs))
     rows = [
-        {
-            "record": "run",
-            **dict(zip(["name", *header[1:]], row)),
-            "group": record["group"],
-            "seed": record["seed"],
-        }
-        for row, record in zip(cells, data["runs"])
+        {"record": "run", **dict(zip(names, row)), "group": r["group"], "seed": r["seed"]}
+        for row, r in zip(cells, data["runs"])
     ]
     rows += [{"record": "group", **flatten(g)} for g in data["groups"]]
     rows += [{"record": "comparison", **flatten(c)} for c in data["comparisons"]]

@@ -77,28 +77,26 @@ def _test(value: Callable) -> Callable:
     return lambda r: math.nan if r.induction is None else value(r.induction)
 
 
-ENTROPY = "entropy and importance of each head"
-SPANS = "repeated spans: loss on the first copy and the repeat"
-INDUCTION = "induction and copying"
-ENTROPIES = "entropy min/mean/max per layer"
+ENTROPY, ENTROPIES = "entropy and importance of each head", "entropy min/mean/max per layer"
+SPANS, INDUCTION = "repeated spans: loss on the first copy and the repeat", "induction and copying"
 register(
-    Measure("score", lambda r: r.scores, "its attention on its role's pattern (mixed: the "
-            "largest above-chance mass)", per_head=True, caption=""),
+    Measure("score", lambda r: r.scores, "its attention on its role's pattern (mixed: the largest "
+            "above-chance mass)", per_head=True, caption=""),
     Measure("entropy", lambda r: r.entropy, "attention entropy (nats), mean over real queries",
             ".3f", per_head=True, charts=(ENTROPY,)),
-    Measure("zero_importance", lambda r: r.zero_importance, "its importance: the validation "
-            "loss's rise (nats) when it alone is zeroed (python -m microgpt.heads)", "+.2f",
-            per_head=True, tag="importance", caption="val",
-            charts=(ENTROPY, "importance of each head (loss rise, nats)")),
-    Measure("position_mean_importance", lambda r: r.position_importance, "the loss rise with "
-            "its output replaced by its mean at each position", per_head=True),
+    Measure("zero_importance", lambda r: r.zero_importance, "its importance: the validation loss's "
+            "rise (nats) when it alone is zeroed (python -m microgpt.heads)", "+.2f", per_head=True,
+            tag="importance", caption="val", charts=(ENTROPY, "importance of each head (loss "
+            "rise, nats)")),
+    Measure("position_mean_importance", lambda r: r.position_importance, "the loss rise with its "
+            "output replaced by its mean at each position", per_head=True),
     Measure("gradient_importance", lambda r: r.gradient, "mean over rows of |d loss(row) / d "
             "head_mask|, Michel et al. 2019", per_head=True),
     Measure("induction", lambda r: r.induction and r.induction.prefix, "prefix matching: mean "
-            "attention of repeat queries on the key after the earlier occurrence", per_head=True,
+            "attention of repeats on the key after the earlier occurrence", per_head=True,
             charts=("prefix matching of each head",)),
     Measure("duplicate", lambda r: r.induction and r.induction.duplicate, "mean attention of "
-            "repeat queries on the earlier occurrence itself", per_head=True),
+            "repeats on the earlier occurrence itself", per_head=True),
     Measure("copying", lambda r: None if r.copying is None else _layer0(r.copying, r.n_layer),
             "layer 0: sum(l) / sum(|l|) of the OV circuit's eigenvalues l, -1 to 1, 0 for none",
             per_head=True),
@@ -108,9 +106,9 @@ register(
             per_head=True, tag=None),
     Measure("mean_importance", lambda r: r.mean_importance, "the loss rise with its output "
             "replaced by its mean", per_head=True, tag=None),
-    Measure("repeat_loss_ablated", lambda r: r.induction and r.induction.ablated, "the "
-            "repeat's loss with it zeroed", per_head=True, tag=None),
-    # the summaries, compare's columns first in its order
+    Measure("repeat_loss_ablated", lambda r: r.induction and r.induction.ablated, "the repeat's "
+            "loss with it zeroed", per_head=True, tag=None),
+    # the summaries: compare's columns first, in its order
     Measure("layer{}/entropy_mean", _layers("entropy", "mean"), "each layer's mean attention "
             "entropy (nats)", ".3f", column="entropy L{}", charts=(ENTROPIES,)),
     Measure("prunable", lambda r: r.prunable, "heads that can go together for a loss rise < "
@@ -119,34 +117,34 @@ register(
     Measure("layer{}/importance_max", _layers("zero_importance", "max"), "each layer's largest "
             "loss rise with one head zeroed", ".4f", column="importance L{}",
             charts=("importance max per layer",)),
-    Measure("named", lambda r: r.n_layer * r.n_head - r.role_counts()["mixed"], "heads with a "
-            "role (docs/heads.md)", ".0f", column="named", main=True),
-    Measure("induction_max", _test(lambda p: p.prefix.max()), "best prefix matching on "
-            "repeats (0-1)", column="induction", main=True, charts=(INDUCTION,)),
-    Measure("repeat_loss_gain", _test(lambda p: p.gain), "a span's loss on its first copy "
-            "minus on its repeat", ".3f", column="repeat gain", charts=(SPANS,)),
-    Measure("copying_max", lambda r: math.nan if r.copying is None else r.copying.max(), "the "
-            "most copying layer-0 head (-1 to 1)", column="copying", charts=(INDUCTION,)),
+    Measure("named", lambda r: r.n_layer * r.n_head - r.role_counts()["mixed"], "heads with a role "
+            "(docs/heads.md)", ".0f", column="named", main=True),
+    Measure("induction_max", _test(lambda p: p.prefix.max()), "best prefix matching on repeats "
+            "(0-1)", column="induction", main=True, charts=(INDUCTION,)),
+    Measure("repeat_loss_gain", _test(lambda p: p.gain), "a span's loss on its first copy minus on "
+            "its repeat", ".3f", column="repeat gain", charts=(SPANS,)),
+    Measure("copying_max", lambda r: math.nan if r.copying is None else r.copying.max(), "the most "
+            "copying layer-0 head (-1 to 1)", column="copying", charts=(INDUCTION,)),
     Measure("role/{}", lambda r: r.role_counts(), "the heads of each role", ".0f", column="{}",
             charts=("heads per role",)),
-    Measure("prunable_fraction", lambda r: r.prunable / (r.n_layer * r.n_head), "prunable "
-            "heads over all heads"),
-    Measure("duplicate_max", _test(lambda p: p.duplicate.max()), "the largest mean attention "
-            "of repeat queries on the earlier occurrence", charts=(INDUCTION,)),
-    Measure("repeat_loss_first", _test(lambda p: p.loss_first), "a span's loss on its first "
-            "copy", charts=(SPANS,)),
-    Measure("repeat_loss", _test(lambda p: p.loss_repeat), "a span's loss on its repeat",
+    Measure("prunable_fraction", lambda r: r.prunable / (r.n_layer * r.n_head), "prunable heads "
+            "over all heads"),
+    Measure("duplicate_max", _test(lambda p: p.duplicate.max()), "the largest duplicate "
+            "attention", charts=(INDUCTION,)),
+    Measure("repeat_loss_first", _test(lambda p: p.loss_first), "a span's loss on its first copy",
+            charts=(SPANS,)),
+    Measure("repeat_loss", _test(lambda p: p.loss_repeat), "its loss on the repeat",
             charts=(SPANS,)),
     Measure("induction_ablation_max", _test(lambda p: (p.ablated - p.loss_repeat).max()), "the "
             "largest rise of the repeat's loss with one head zeroed"),
-    Measure("induction_ablation_all", _test(lambda p: p.induction_zeroed - p.loss_repeat), "the "
-            "rise of the repeat's loss with every induction head zeroed (nan: none)"),
-    Measure("layer{}/importance_sum", _layers("zero_importance", "sum"), "each layer's loss "
-            "rises summed"),
+    Measure("induction_ablation_all", _test(lambda p: p.induction_zeroed - p.loss_repeat), "its "
+            "rise with every induction head zeroed (nan: none)"),
+    Measure("layer{}/importance_sum", _layers("zero_importance", "sum"), "each layer's summed "
+            "importance"),
     Measure("layer{}/entropy_min", _layers("entropy", "min"), "each layer's least entropy",
             charts=(ENTROPIES,)),
     Measure("layer{}/entropy_max", _layers("entropy", "max"), "each layer's largest entropy",
             charts=(ENTROPIES,)),
-    Measure("gradient_vs_zero", lambda r: r.correlations["gradient_vs_zero"], "the rank "
-            "correlation (Spearman) of gradient and zero-ablation importance"),
+    Measure("gradient_vs_zero", lambda r: r.correlations["gradient_vs_zero"], "Spearman rank "
+            "correlation of gradient and zero-ablation importance"),
 )  # fmt: skip
