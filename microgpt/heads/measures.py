@@ -1,5 +1,5 @@
 """The head measures, each defined once: how it is computed from a HeadReport, its name, format
-and help line, and where it shows. Every view iterates MEASURES (a test may `register` one):
+and help line, and where it shows. Every view iterates MEASURES, in its order:
 heads-*.json (a head's row, or its summaries), TensorBoard (`per_head/layer{l}/head{h}/<tag>`,
 `heads/<name>`, the custom-scalars charts, the HParams row), compare's columns, the tab's captions.
 
@@ -43,13 +43,6 @@ class Measure:
         return prefix + "([^/]+)".join(map(re.escape, (self.tag or self.name).split("{}")))
 
 
-MEASURES: list[Measure] = []
-
-
-def register(*measures: Measure) -> None:
-    MEASURES.extend(measures)
-
-
 def summaries(report) -> dict[str, float]:
     """Every summary measure of a HeadReport, under tags every run shares (nan: not measured)."""
     return {k: v for m in MEASURES if not m.per_head for k, v in m.summaries(report).items()}
@@ -62,9 +55,7 @@ def per_head(report) -> list[tuple[Measure, torch.Tensor]]:
 
 def _layer0(values, n_layer: int):
     """(H,) values of layer 0 as (L, H), nan beyond."""
-    out = torch.full((n_layer, len(values)), math.nan, dtype=torch.float64)
-    out[0] = values
-    return out
+    return torch.cat([values[None], torch.full((n_layer - 1, len(values)), math.nan).to(values)])
 
 
 def _layers(field: str, stat: str) -> Callable:
@@ -79,7 +70,7 @@ def _test(value: Callable) -> Callable:
 
 ENTROPY, ENTROPIES = "entropy and importance of each head", "entropy min/mean/max per layer"
 SPANS, INDUCTION = "repeated spans: loss on the first copy and the repeat", "induction and copying"
-register(
+MEASURES = [  # a test may append one
     Measure("score", lambda r: r.scores, "its attention on its role's pattern (mixed: the largest "
             "above-chance mass)", per_head=True, caption=""),
     Measure("entropy", lambda r: r.entropy, "attention entropy (nats), mean over real queries",
@@ -147,4 +138,4 @@ register(
             charts=(ENTROPIES,)),
     Measure("gradient_vs_zero", lambda r: r.correlations["gradient_vs_zero"], "Spearman rank "
             "correlation of gradient and zero-ablation importance"),
-)  # fmt: skip
+]  # fmt: skip

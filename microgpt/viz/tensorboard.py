@@ -202,13 +202,10 @@ def heads_layout(n_layer: int) -> dict:
     numbers: one layout serves every head count, and a sweep's layouts merge."""
     layout: dict[str, dict] = {}
     for m in MEASURES:
-        for chart in m.charts:
-            if m.per_head:
-                for n in range(n_layer):
-                    charts = layout.setdefault(chart, {})
-                    tags = charts.setdefault(f"layer {n}: {chart}", ["Multiline", []])[1]
-                    tags.append(m.pattern(rf"per_head/layer{n}/head\d+/") + "$")
-            else:
-                charts = layout.setdefault("head summaries", {})
-                charts.setdefault(chart, ["Multiline", []])[1].append(m.pattern() + "$")
+        for chart, n in [(c, n) for c in m.charts for n in range(n_layer if m.per_head else 1)]:
+            category, title = (
+                (chart, f"layer {n}: {chart}") if m.per_head else ("head summaries", chart)
+            )
+            regex = m.pattern(rf"per_head/layer{n}/head\d+/" if m.per_head else "heads/") + "$"
+            layout.setdefault(category, {}).setdefault(title, ["Multiline", []])[1].append(regex)
     return layout

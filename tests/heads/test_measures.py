@@ -15,7 +15,7 @@ from werkzeug.test import Client
 from microgpt.commands.compare import main as compare_main
 from microgpt.commands.heads import main as heads_main
 from microgpt.commands.tab import MicrogptPlugin
-from microgpt.heads.measures import MEASURES, Measure, register
+from microgpt.heads.measures import MEASURES, Measure
 from microgpt.train.trainer import train
 from tests.conftest import TINY, compose_config, make_names
 
@@ -30,7 +30,7 @@ def probe():
         Measure("probe_max", lambda r: 10 * (r.n_layer - 1) + r.n_head - 1, "the largest",
                 ".1f", column="probe"),
     ]  # fmt: skip
-    register(*added)
+    MEASURES.extend(added)
     yield
     for measure in added:
         MEASURES.remove(measure)

@@ -220,14 +220,6 @@ def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[d
     return labels
 
 
-def labels_of(analysis: dict | None) -> list[list[dict | None]] | None:
-    """head_labels of a head analysis of any shape; None without one (or one of another shape)."""
-    shape = (analysis or {}).get("n_layer"), (analysis or {}).get("n_head")
-    if not all(isinstance(n, int) and 0 < n <= 4096 for n in shape):
-        return None
-    return head_labels(analysis, *shape)
-
-
 def _number(x) -> float | None:
     ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
     return x if ok else None
@@ -263,7 +255,7 @@ def role_counts(analyses: list[dict | None]) -> dict:
     """{"analysed": how many of `analyses` are head analyses, "roles": {role: in how many of them
     some head has it}}."""
     counts, analysed = {}, 0
-    for labels in map(labels_of, analyses):
+    for labels in (summaries_of(analysis)["heads"] for analysis in analyses):
         if labels is None:
             continue
         analysed += 1
@@ -428,12 +420,12 @@ class RunStore:
 
 
 def summaries_of(analysis: dict | None) -> dict:
-    """{"heads": labels_of(analysis), "summaries": {name: value} of the main measures (None: not
-    measured)}; both None without an analysis."""
-    heads = labels_of(analysis)
-    if heads is None:
+    """{"heads": head_labels, "summaries": {name: value} of the main measures (None: not
+    measured)} of a head analysis of any shape; both None without one (or one of another shape)."""
+    shape = (analysis or {}).get("n_layer"), (analysis or {}).get("n_head")
+    if not all(isinstance(n, int) and 0 < n <= 4096 for n in shape):
         return {"heads": None, "summaries": None}
-    values = analysis.get("summaries")
+    heads, values = head_labels(analysis, *shape), analysis.get("summaries")
     values = values if isinstance(values, dict) else {}
     names = [m.name for m in MEASURES if m.main and not m.per_head]
     return {"heads": heads, "summaries": {n: _number(values.get(f"heads/{n}")) for n in names}}
