@@ -40,40 +40,24 @@ from microgpt.checkpoint import Checkpoint
 from microgpt.config import flatten
 from microgpt.errors import UserError, first_line
 from microgpt.groups import Group, group_runs
-from microgpt.heads.report import PRUNE_TOLERANCE, ROLES
+from microgpt.heads.measures import MEASURES
+from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
-from microgpt.stats import MIN_MAX, T_CI, Interval, TTest, holm, interval, paired_t, welch_t
+from microgpt.stats import MIN_MAX, T_CI, TTest, holm, interval, paired_t, welch_t
 from microgpt.viz.tensorboard import VAL_LOSS
 
-# head summaries shown as columns: header -> (tag under heads/, format)
-SUMMARY_COLUMNS = {
-    "named": ("named", ".0f"),
-    "induction": ("induction_max", ".2f"),
-    "repeat gain": ("repeat_loss_gain", ".3f"),
-    "copying": ("copying_max", ".2f"),
-}
-GROUP_COLUMNS = ("group", "heads", "seeds", "best val", "test", "tok/s", "prunable", "named",
-                 "induction")  # fmt: skip
+RUN_COLUMNS = ("run", "heads", "params", "best val", "test", "tok/s")  # then the head measures'
 LOSSES = {"test": "test_loss", "best val": "best_val_loss"}  # the figures groups are compared on
 ALPHA = 0.05  # a difference is significant when its Holm-corrected p is below
 SWEEP_SEEDS = "python train.py -m heads=1,2,4,8 seed=1,2,3"
-# the columns without --wide: under 100 characters for a sweep's runs
-NARROW = ("run", "heads", "params", "best val", "test", "tok/s", "prunable", "named", "induction",
-          "analysis")  # fmt: skip
-LEGEND = f"""\
-best val: lowest validation loss; test: best.pt's test loss (nats per character); tok/s: median
-  training speed; prunable: heads that can go together for a loss rise < {PRUNE_TOLERANCE} nats;
-  named: heads with a role (docs/heads.md); induction: best prefix matching on repeats (0-1)"""
+LEGEND = "best val: lowest validation loss; test: best.pt's test loss (nats per character); tok/s: "
+LEGEND += "median training speed"
 RUN_LEGEND = """\
 analysis: where the head columns come from: "best.pt 3500": python -m microgpt.heads on best.pt
   (step 3500); "log 3500": the analysis the run logged at step 3500 (on log.head_items items)"""
 GROUP_LEGEND = f"""\
 group: runs that differ only by seed; seeds: how many; each figure the mean over its seeds, best
   val and test ± half their interval: the {T_CI} of the mean (3+ seeds), {MIN_MAX} (2 seeds)"""
-WIDE_LEGEND = """\
-entropy: each layer's mean attention entropy (nats); importance: each layer's largest loss rise
-  with one head zeroed; repeat gain: a span's loss on its first copy minus on its repeat; copying:
-  the most copying layer-0 head (-1 to 1); then the heads of each role"""
 
 
 @dataclass
@@ -85,7 +69,6 @@ class RunSummary:
     best_val_loss: float = math.nan
     test_loss: float = math.nan
     tokens_per_sec: float = math.nan
-    entropy: list[float] = field(default_factory=list)  # per layer, the mean over heads
     heads_summary: dict[str, float] = field(default_factory=dict)  # HeadReport.summaries()
     data: str = "?"  # the data it was trained on: path and a hash of its split's items
     heads_step: int | None = None  # the step the head columns were measured at
@@ -98,13 +81,6 @@ class RunSummary:
         """A head summary (`heads/<name>`), nan when the run has none."""
         value = self.heads_summary.get(f"heads/{name}")
         return math.nan if value is None else value
-
-    @property
-    def importance_max(self) -> list[float]:
-        layers = []
-        while f"heads/layer{len(layers)}/importance_max" in self.heads_summary:
-            layers.append(self.summary(f"layer{len(layers)}/importance_max"))
-        return layers
 
     @property
     def role_counts(self) -> dict[str, float]:
@@ -147,12 +123,6 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
     r.best_val_loss = kept.get("best_val_loss", min(values.get(VAL_LOSS, []), default=math.nan))
     r.test_loss = kept.get("test_loss", math.nan)
     r.tokens_per_sec = statistics.median(values.get("tokens_per_sec", [math.nan]))
-    layers: dict[int, list[float]] = {}
-    for tag, points in scalars.items():  # each tag has a point (_scalars)
-        layer = re.fullmatch(r"per_head/layer(\d+)/head\d+/entropy", tag)
-        if layer:  # the last step's value
-            layers.setdefault(int(layer[1]), []).append(max(points)[1])
-    r.entropy = [statistics.fmean(layers[k]) for k in sorted(layers)]
     r.heads_summary, r.heads_step, r.latest_step, r.heads_from = _heads_summary(
         checkpoint, folder, scalars, step
     )
@@ -204,22 +174,45 @@ def _rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
-def _per_layer(values: list[float], n: int, fmt: str) -> list[str]:
-    """A cell per layer of the widest run, "-" where this run has fewer layers."""
-    return [_num(x, fmt) for x in values + [None] * (n - len(values))]
+def head_columns(runs: list[RunSummary]) -> list[tuple[str, str, str]]:
+    """(header, summary name, format) of each summary measure with a column; a family's once per
+    key some run has other than 0 ("importance L0", "importance L1"; the roles some head has)."""
+    out = []
+    for m in _summaries("column"):
+        keys = [""]
+        if "{}" in m.name:
+            tags = (t for r in runs for t, v in r.heads_summary.items() if abs(v or 0) > 0)
+            keys = list(dict.fromkeys(k[1] for t in tags if (k := re.fullmatch(m.pattern(), t))))
+        out += [(m.column.format(k), m.name.format(k), m.fmt) for k in keys]
+    return out
+
+
+def _summaries(view: str) -> list:
+    """The summary measures shown in `view` ("column", "main")."""
+    return [m for m in MEASURES if getattr(m, view) and not m.per_head]
+
+
+def _legend(measures: list, first: str = "") -> list[str]:
+    """`first`, then each measure's header (a family's without its key) and help, wrapped."""
+    headers = [re.sub(r" ?\S*\{\}", "", m.column) for m in measures]  # "importance L{}", "{}"
+    said = [f"{h}: {m.help}" if h else m.help for h, m in zip(headers, measures)]
+    return _wrapped("; ".join(([first] if first else []) + said))
 
 
 def table(runs: list[RunSummary], plain: bool = False) -> tuple[list[str], list[list[str]]]:
     """Every column: the header ("entropy L0", "entropy L1", ...) and a row of cells per run;
     plain: params and tok/s as plain numbers (CSV)."""
-    n_layers = max((len(r.entropy) for r in runs), default=0)
-    n_imp = max((len(r.importance_max) for r in runs), default=0)
-    # the roles some run has (mixed always; nan > 0 is False), not 18 columns mostly of zeros
-    roles = [x for x in ROLES if x == "mixed" or any(r.role_counts[x] > 0 for r in runs)]
-    header = ["run", "heads", "params", "best val", "test", "tok/s"]
-    header += [f"entropy L{n}" for n in range(n_layers)] + ["prunable"]
-    header += [f"importance L{n}" for n in range(n_imp)] + [*SUMMARY_COLUMNS, *roles, "analysis"]
-    return header, [_row(r, n_layers, n_imp, roles, plain) for r in runs]
+    columns = head_columns(runs)
+    rows = []
+    for r in runs:
+        params = "-" if r.params is None else f"{r.params:{'' if plain else ','}}"
+        rate = _num(r.tokens_per_sec, ".0f") if plain else _rate(r.tokens_per_sec)
+        row = [r.name, str(r.heads), params, _num(r.best_val_loss), _num(r.test_loss), rate]
+        row += [_num(r.summary(name), fmt) for _, name, fmt in columns]
+        stale = "*" if _stale(r) else ""
+        row.append("-" if r.heads_step is None else f"{r.heads_from} {r.heads_step}{stale}")
+        rows.append(row)
+    return [*RUN_COLUMNS, *(c[0] for c in columns), "analysis"], rows
 
 
 def _aligned(columns: list[list[str]], left: int = 1) -> list[str]:
@@ -235,28 +228,18 @@ def _aligned(columns: list[list[str]], left: int = 1) -> list[str]:
 
 
 def format_table(runs: list[RunSummary], wide: bool = False) -> str:
-    """One row per run, columns aligned (NARROW, or every one), the legend of `analysis` and of
-    the wide columns."""
+    """One row per run, columns aligned (the main measures', or every one), the legend of
+    `analysis` and of the wide columns."""
     header, rows = table(runs)
-    keep = [i for i, name in enumerate(header) if wide or name in NARROW]
+    narrow = {*RUN_COLUMNS, *(m.column for m in _summaries("main")), "analysis"}
+    keep = [i for i, name in enumerate(header) if wide or name in narrow]
     # a layer's columns after the first: "L1", "L2", ... under "entropy L0"
     shown = [
         h.split()[-1] if i > 0 and h[:-1] == header[i - 1][:-1] else h for i, h in enumerate(header)
     ]
     lines = _aligned([[shown[i], *(row[i] for row in rows)] for i in keep])
-    return "\n".join(lines + [RUN_LEGEND, *([WIDE_LEGEND] if wide else [])])
-
-
-def _row(r: RunSummary, n_layers: int, n_imp: int, roles: list[str], plain=False) -> list[str]:
-    params = "-" if r.params is None else f"{r.params:{'' if plain else ','}}"
-    rate = _num(r.tokens_per_sec, ".0f") if plain else _rate(r.tokens_per_sec)
-    stale = "*" if _stale(r) else ""
-    analysis = "-" if r.heads_step is None else f"{r.heads_from} {r.heads_step}{stale}"
-    row = [r.name, str(r.heads), params, _num(r.best_val_loss), _num(r.test_loss)]
-    row += [rate, *_per_layer(r.entropy, n_layers, ".3f")]
-    row += [_num(r.summary("prunable"), ".0f"), *_per_layer(r.importance_max, n_imp, ".4f")]
-    row += [_num(r.summary(tag), fmt) for tag, fmt in SUMMARY_COLUMNS.values()]
-    return row + [_num(r.role_counts[role], ".0f") for role in roles] + [analysis]
+    wide_legend = _legend([m for m in _summaries("column") if not m.main]) if wide else []
+    return "\n".join(lines + [RUN_LEGEND, *wide_legend])
 
 
 def groups_of(runs: list[RunSummary]) -> list[Group[RunSummary]]:
@@ -269,11 +252,6 @@ def _values(group: Group[RunSummary], figure: str) -> list[float]:
     return [x for x in values if not math.isnan(x)]
 
 
-def _interval(group: Group[RunSummary], figure: str) -> Interval | None:
-    values = _values(group, figure)
-    return interval(values) if values else None
-
-
 def _mean_summary(group: Group[RunSummary], name: str) -> float:
     values = [x for x in (r.summary(name) for r in group.runs) if not math.isnan(x)]
     return statistics.fmean(values) if values else math.nan
@@ -284,9 +262,8 @@ def roles_across_seeds(group: Group[RunSummary]) -> tuple[dict[str, int], int]:
     analysis), the roles most runs have first."""
     analysed = [r for r in group.runs if any(not math.isnan(x) for x in r.role_counts.values())]
     have = {role: sum(r.role_counts[role] > 0 for r in analysed) for role in ROLES}
-    return dict(sorted(((k, v) for k, v in have.items() if v), key=lambda kv: -kv[1])), len(
-        analysed
-    )
+    have = dict(sorted(((k, v) for k, v in have.items() if v), key=lambda kv: -kv[1]))
+    return have, len(analysed)
 
 
 @dataclass
@@ -348,43 +325,50 @@ def _compare(a: Group[RunSummary], b: Group[RunSummary], loss: str) -> Compariso
     return c
 
 
-def _interval_cell(i: Interval | None) -> str:
+def group_record(g: Group[RunSummary]) -> dict:
+    """A group's figures: its losses' intervals over its seeds, the median tok/s, the mean of each
+    main measure, the roles across its seeds."""
+    out = {"name": g.name, "heads": g.runs[0].heads, "n": g.n, "seeds": g.seeds}
+    out["runs"] = [r.name for r in g.runs]
+    for figure in LOSSES.values():
+        i = interval(values) if (values := _values(g, figure)) else None
+        out[figure] = i and {"mean": i.mean, "low": i.low, "high": i.high, "interval": i.kind,
+                             "n": i.n}  # fmt: skip
+    out["tokens_per_sec"] = statistics.median([r.tokens_per_sec for r in g.runs])
+    out |= {m.name: _mean_summary(g, m.name) for m in _summaries("main")}
+    have, analysed = roles_across_seeds(g)
+    return out | {"roles": {role: {"seeds": k, "of": analysed} for role, k in have.items()}}
+
+
+def _interval_cell(i: dict | None) -> str:
     if i is None:
         return "-"
-    return f"{i.mean:.4f}" if i.n == 1 else f"{i.mean:.4f} ± {i.half_width:.4f}"
+    half = (i["high"] - i["low"]) / 2  # Interval.half_width
+    return f"{i['mean']:.4f}" if i["n"] == 1 else f"{i['mean']:.4f} ± {half:.4f}"
 
 
 def format_groups(runs: list[RunSummary]) -> str:
     """A row per group, its legend, the roles across seeds, the verdicts."""
-    groups = groups_of(runs)
+    groups, main = groups_of(runs), _summaries("main")
+    records = [group_record(g) for g in groups]
     rows = [
-        [
-            g.name,
-            str(g.runs[0].heads),
-            str(g.n),
-            _interval_cell(_interval(g, "best_val_loss")),
-            _interval_cell(_interval(g, "test_loss")),
-            _rate(statistics.median([r.tokens_per_sec for r in g.runs])),
-            _num(_mean_summary(g, "prunable"), ".1f"),
-            _num(_mean_summary(g, "named"), ".1f"),
-            _num(_mean_summary(g, "induction_max"), ".2f"),
-        ]
-        for g in groups
+        [g["name"], str(g["heads"]), str(g["n"]), _interval_cell(g["best_val_loss"])]
+        + [_interval_cell(g["test_loss"]), _rate(g["tokens_per_sec"])]
+        + [_num(g[m.name], ".1f" if m.fmt == ".0f" else m.fmt) for m in main]  # counts: means
+        for g in records
     ]
-    lines = _aligned([list(col) for col in zip(GROUP_COLUMNS, *rows)])
+    header = ["group", "heads", "seeds", "best val", "test", "tok/s", *(m.column for m in main)]
+    lines = _aligned([list(col) for col in zip(header, *rows)])
     lines += [line for line in map(_stale, runs) if line]
-    lines += [
-        GROUP_LEGEND,
-        LEGEND,
-        "--runs: a row per run too; --wide: every column; --csv, --json",
-    ]
+    lines += [GROUP_LEGEND, *_legend(main, LEGEND)]
+    lines.append("--runs: a row per run too; --wide: every column; --csv, --json")
     data = {r.data for r in runs}
     if len(data) > 1:
         lines.append(
             f"these runs were trained on {len(data)} different data sets (path or items differ): "
             f"groups on different data are not compared"
         )
-    lines += _roles_lines(groups) + _verdict_lines(groups, compare_groups(groups))
+    lines += _roles_lines(records) + _verdict_lines(groups, compare_groups(groups))
     return "\n".join(lines)
 
 
@@ -393,18 +377,14 @@ def _wrapped(text: str, indent: str = "") -> list[str]:
     return textwrap.wrap(text, 100, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
-def _roles_lines(groups: list[Group[RunSummary]]) -> list[str]:
+def _roles_lines(records: list[dict]) -> list[str]:
     lines = []
-    for g in groups:
-        have, analysed = roles_across_seeds(g)
-        of = (
-            f"of {analysed} seed{'s' * (analysed > 1)}"
-            if analysed == g.n
-            else f"of {analysed} analysed"
-        )
-        if have:
-            roles = ", ".join(f"{k} {n} {of}" for k, n in have.items())
-            lines += _wrapped(f"{g.name}: {roles}", "  ")
+    for g in (g for g in records if g["roles"]):
+        analysed = next(iter(g["roles"].values()))["of"]
+        of = f"of {analysed} seed{'s' * (analysed > 1)}"
+        of = of if analysed == g["n"] else f"of {analysed} analysed"
+        roles = ", ".join(f"{role} {have['seeds']} {of}" for role, have in g["roles"].items())
+        lines += _wrapped(f"{g['name']}: {roles}", "  ")
     return (
         ["roles across seeds (k of n: the runs whose analysis has a head with the role):", *lines]
         if lines
@@ -463,51 +443,21 @@ def records(runs: list[RunSummary]) -> dict[str, list[dict]]:
     groups = groups_of(runs)
     group_of = {id(r): g.name for g in groups for r in g.runs}
     keys = ("name", "heads", "seed", "params", "best_val_loss", "test_loss", "tokens_per_sec")
-    keys += ("entropy", "heads_summary", "heads_from", "heads_step", "latest_step", "data")
+    keys += ("heads_summary", "heads_from", "heads_step", "latest_step", "data")
     out: dict[str, list[dict]] = {
         "runs": [{k: getattr(r, k) for k in keys} | {"group": group_of[id(r)]} for r in runs]
     }
-    out["groups"] = []
-    for g in groups:
-        have, analysed = roles_across_seeds(g)
-        record = {
-            "name": g.name,
-            "heads": g.runs[0].heads,
-            "n": g.n,
-            "seeds": g.seeds,
-            "runs": [r.name for r in g.runs],
-        }
-        for figure in LOSSES.values():
-            i = _interval(g, figure)
-            record[figure] = (
-                None
-                if i is None
-                else {"mean": i.mean, "low": i.low, "high": i.high, "interval": i.kind, "n": i.n}
-            )
-        record["tokens_per_sec"] = statistics.median([r.tokens_per_sec for r in g.runs])
-        record |= {name: _mean_summary(g, name) for name in ("prunable", "named", "induction_max")}
-        record["roles"] = {role: {"seeds": k, "of": analysed} for role, k in have.items()}
-        out["groups"].append(record)
-    out["comparisons"] = [
-        {
-            "name": f"{c.later} - {c.earlier}",
-            "earlier": c.earlier,
-            "later": c.later,
-            "loss": LOSSES[c.loss],
-            "difference": c.difference,
-            "t_test": c.result and c.result.test,
-            "seeds": c.seeds,
-            "low": c.result and c.result.low,
-            "high": c.result and c.result.high,
-            "df": c.result and c.result.df,
-            "p": c.result and c.result.p,
-            "p_holm": c.p_holm if c.result else None,
-            "verdict": c.verdict,
-            "why": c.why,
-        }
-        for c in compare_groups(groups)
-    ]
+    out["groups"] = [group_record(g) for g in groups]
+    out["comparisons"] = [_comparison_record(c) for c in compare_groups(groups)]
     return out
+
+
+def _comparison_record(c: Comparison) -> dict:
+    r = c.result  # None: every figure of the test is None
+    out = {"name": f"{c.later} - {c.earlier}", "earlier": c.earlier, "later": c.later}
+    out |= {"loss": LOSSES[c.loss], "difference": c.difference, "t_test": r and r.test}
+    out |= {"seeds": c.seeds} | {k: r and getattr(r, k) for k in ("low", "high", "df", "p")}
+    return out | {"p_holm": c.p_holm if r else None, "verdict": c.verdict, "why": c.why}
 
 
 def to_csv(runs: list[RunSummary]) -> list[list[str]]:
@@ -515,15 +465,10 @@ def to_csv(runs: list[RunSummary]) -> list[list[str]]:
     columns are the table's, a group's and a comparison's their JSON keys (nested: `test_loss.low`,
     `roles.previous.seeds`); a cell that does not apply is empty."""
     header, cells = table(runs, plain=True)
-    data = _no_nan(records(runs))
+    names, data = ["name", *header[1:]], _no_nan(records(runs))
     rows = [
-        {
-            "record": "run",
-            **dict(zip(["name", *header[1:]], row)),
-            "group": record["group"],
-            "seed": record["seed"],
-        }
-        for row, record in zip(cells, data["runs"])
+        {"record": "run", **dict(zip(names, row)), "group": r["group"], "seed": r["seed"]}
+        for row, r in zip(cells, data["runs"])
     ]
     rows += [{"record": "group", **flatten(g)} for g in data["groups"]]
     rows += [{"record": "comparison", **flatten(c)} for c in data["comparisons"]]

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from microgpt.heads import measures
+from microgpt.heads.measures import PRUNE_TOLERANCE
 from microgpt.tokenizer import char_label
 
 POSITIONAL = ("self", "previous", "two_back", "three_back", "start")
@@ -17,17 +19,11 @@ CLASSES = ("boundary", "vowel", "consonant", "capital", "space", "newline", "pun
 CORRELATIONS = ("gradient_vs_zero", "gradient_vs_mean", "zero_vs_mean", "zero_vs_position_mean")
 RELATIONS = ("duplicate", "induction", "line_start", "word_start")
 ROLES = (*POSITIONAL, *CLASSES, *RELATIONS, "mixed")  # the patterns, in order of precedence
-PRUNE_TOLERANCE = 0.01  # nats: the loss rise a pruned model may have
 MIN_MASS = 0.5  # a pattern names a head when it holds at least this share of its attention...
 MIN_LIFT = 1.5  # ...and at least this many times what uniform attention would put there
 RARE_FRACTION = 0.2  # the `rare` class: the least frequent fifth of the characters
 THRESHOLDS = {"min_mass": MIN_MASS, "min_lift": MIN_LIFT, "rare_fraction": RARE_FRACTION}
-# what the JSON's less obvious numbers measure (written beside them, under "measures")
-MEASURES = {
-    "gradient_importance": "mean over rows of |d loss(row) / d head_mask|, Michel et al. 2019",
-    "copying": "layer 0: sum(l) / sum(|l|) of the OV circuit's eigenvalues l, -1 to 1, 0 for none",
-    "layer0_circuits": "the first LayerNorm of the token embeddings, without position embeddings",
-}
+CIRCUITS = "the first LayerNorm of the token embeddings, without position embeddings"
 
 
 @dataclass
@@ -105,52 +101,22 @@ class HeadReport:
     extra: dict = field(default_factory=dict)
 
     def summaries(self) -> dict[str, float]:
-        """Numbers that read the same whatever the head count, under tags every run shares (nan
-        where a measure does not apply), the most telling first: the HParams tab's column order."""
-        L, nan, imp = self.n_layer, math.nan, self.zero_importance
-        out = {"heads/prunable": float(self.prunable)}
-        out["heads/prunable_fraction"] = self.prunable / (L * self.n_head)
-        p = self.induction
-        out["heads/induction_max"] = float(p.prefix.max()) if p else nan
-        out["heads/duplicate_max"] = float(p.duplicate.max()) if p else nan
-        out["heads/repeat_loss_first"] = p.loss_first if p else nan
-        out["heads/repeat_loss"] = p.loss_repeat if p else nan
-        out["heads/repeat_loss_gain"] = p.gain if p else nan
-        out["heads/induction_ablation_max"] = float((p.ablated - p.loss_repeat).max()) if p else nan
-        out["heads/induction_ablation_all"] = p.induction_zeroed - p.loss_repeat if p else nan
-        out["heads/copying_max"] = float(self.copying.max()) if self.copying is not None else nan
-        out.update({f"heads/layer{n}/importance_max": float(imp[n].max()) for n in range(L)})
-        counts = self.role_counts()
-        out.update({f"heads/role/{role}": float(counts[role]) for role in ROLES})
-        out["heads/named"] = float(sum(counts.values()) - counts["mixed"])
-        out.update({f"heads/layer{n}/importance_sum": float(imp[n].sum()) for n in range(L)})
-        for n, e in enumerate(self.entropy):
-            for stat in ("min", "mean", "max"):
-                out[f"heads/layer{n}/entropy_{stat}"] = float(getattr(e, stat)())
-        out["heads/gradient_vs_zero"] = self.correlations["gradient_vs_zero"]
-        return out
+        """Numbers that read the same whatever the head count (microgpt.heads.measures)."""
+        return measures.summaries(self)
 
-    def role_counts(self) -> Counter[str]:
-        return Counter(role for row in self.roles for role in row)
-
-    def per_head(self) -> dict[str, Tensor]:
-        """The per-head numbers TensorBoard plots, {name: (L, H)}."""
-        p = self.induction
-        return {
-            "entropy": self.entropy,
-            "importance": self.zero_importance,
-            "position_mean_importance": self.position_importance,
-            "gradient_importance": self.gradient,
-            "score": self.scores,
-        } | ({"induction": p.prefix, "duplicate": p.duplicate} if p is not None else {})
+    def role_counts(self) -> dict[str, int]:
+        """{role: its heads} of every role, in ROLES' order."""
+        counts = Counter(role for row in self.roles for role in row)
+        return {role: counts[role] for role in ROLES}
 
     def to_dict(self) -> dict:
         """Plain lists and numbers (JSON): the fields, the per-head rows and the summaries."""
+        L, values = self.n_layer, measures.per_head(self)
         out = {
             **{k: getattr(self, k) for k in ("n_layer", "n_head", "items", "tokens", "loss")},
             "roles": list(ROLES),
             "thresholds": THRESHOLDS,
-            "heads": [self._row(a, b) for a in range(self.n_layer) for b in range(self.n_head)],
+            "heads": [self._row(a, b, values) for a in range(L) for b in range(self.n_head)],
             "correlations": {k: _number(v) for k, v in self.correlations.items()},
             # "probe": the key heads-*.json files on disk already use
             "probe": self.induction.to_dict() if self.induction is not None else None,
@@ -161,7 +127,7 @@ class HeadReport:
                 "prunable": self.prunable,
             },
             "summaries": {k: _number(v) for k, v in self.summaries().items()},
-            "measures": MEASURES,
+            "measures": {m.name: m.help for m in measures.MEASURES} | {"layer0_circuits": CIRCUITS},
             "seconds": self.seconds,
             **self.extra,
         }
@@ -172,23 +138,15 @@ class HeadReport:
             out["layer0_circuits"] = tables
         return out
 
-    def _row(self, layer: int, h: int) -> dict:
-        """The head's row in heads-*.json."""
+    def _row(self, layer: int, h: int, values: list) -> dict:
+        """The head's row in heads-*.json: every per-head measure it has (not nan)."""
         at = (layer, h)
         row = {"layer": layer, "head": h, "role": self.roles[layer][h]}
         row["patterns"] = {
             k: {"mass": float(m[at]), "lift": float(self.lift[k][at])} for k, m in self.mass.items()
         }
-        # per_head's numbers (its "importance", TensorBoard's tag, is zero_importance here)
-        values = {name: v for name, v in self.per_head().items() if name != "importance"}
-        names = ("spread", "start", "offsets", "zero_importance", "mean_importance")
-        values |= {name: getattr(self, name) for name in names}
-        if self.induction is not None:
-            values["repeat_loss_ablated"] = self.induction.ablated
-        row |= {name: v[at].tolist() for name, v in values.items()}
-        if layer == 0 and self.copying is not None:
-            row["copying"] = float(self.copying[h])
-        return row
+        row["offsets"] = self.offsets[at].tolist()
+        return row | {m.name: float(v[at]) for m, v in values if not math.isnan(v[at])}
 
     def markdown(self, circuits: bool = True) -> str:
         """A row per head, lines on importance, induction and pruning, then (`circuits`) any
@@ -216,6 +174,7 @@ class HeadReport:
         """The lines under the table: loss and pruning, what the columns mean, induction."""
         gone = _heads(self.pruning_order[: self.prunable])
         corr = self.correlations  # every pair of CORRELATIONS
+        meaning = {m.name: m.help for m in measures.MEASURES}
         lines = [
             f"\nLoss {self.loss:.4f} nats/char over {self.items:,} items ({self.tokens:,} "
             f"characters). Prunable: {self.prunable} of {self.n_layer * self.n_head} heads "
@@ -223,8 +182,8 @@ class HeadReport:
             f"Role: a pattern holding mass >= {MIN_MASS} of the attention at lift >= {MIN_LIFT} "
             f"(times uniform attention); score = the role's mass (mixed: the largest above-chance "
             f"mass). Importance = loss rise (nats) when the head is zeroed, or replaced by its "
-            f"mean at each position; gradient = the {MEASURES['gradient_importance']}; copying = "
-            f"{MEASURES['copying']}. Rank correlation (Spearman) of gradient and zero ablation "
+            f"mean at each position; gradient = the {meaning['gradient_importance']}; copying = "
+            f"{meaning['copying']}. Rank correlation (Spearman) of gradient and zero ablation "
             f"{corr['gradient_vs_zero']:.2f}, zero and mean ablation {corr['zero_vs_mean']:.2f}, "
             f"zero and per-position mean {corr['zero_vs_position_mean']:.2f}.",
         ]

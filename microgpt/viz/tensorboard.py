@@ -29,13 +29,13 @@ from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
 from microgpt.files import refuse_link, write_text
-from microgpt.heads.report import ROLES, HeadReport
+from microgpt.heads import measures
+from microgpt.heads.measures import MEASURES
+from microgpt.heads.report import HeadReport
 from microgpt.runs import RunFolder
 from microgpt.viz.draw import compose_layer, render_attention, render_offset_profile, render_table
 
 TRAIN_LOSS, VAL_LOSS = "Loss/train", "Loss/val"  # the tags, and the keys in metrics.jsonl
-# the head summaries beside the losses in the HParams tab (all of them: the Scalars tab, compare)
-HPARAMS_SUMMARIES = ("heads/prunable", "heads/named", "heads/induction_max")
 
 
 def sanitize_hparams(hparams: Mapping) -> dict[str, int | float | str]:
@@ -94,20 +94,20 @@ class TensorBoardLogger:
             self._image(f"attention/layer{layer}", compose_layer(heads, layer), step)
 
     def heads(self, step: int, report: HeadReport) -> None:
-        """A head report: summaries under `heads/` (the same tags for any head count), `per_head/`,
-        offset profiles (`heads/offsets/layer{l}`), layer-0 circuits, `heads/table` and, the first
-        time, the layout."""
+        """A head report: its measures (microgpt.heads.measures), the summaries under `heads/`
+        (the same tags for any head count) and `per_head/layer{l}/head{h}/<tag>`, offset profiles
+        (`heads/offsets/layer{l}`), layer-0 circuits, `heads/table` and, the first time, the
+        layout."""
         if not self.last_head_summary:
             self.writer.add_custom_scalars(heads_layout(report.n_layer))
         self.last_head_summary = report.summaries()
         self.scalars(step, self.last_head_summary)
         per_head = {
-            f"per_head/layer{a}/head{b}/{name}": float(v)
-            for name, values in report.per_head().items()
+            f"per_head/layer{a}/head{b}/{m.tag or m.name}": float(v)  # nan: not logged
+            for m, values in measures.per_head(report)
+            if m.tag is not None
             for (a, b), v in np.ndenumerate(np.asarray(values))
         }
-        for h, c in enumerate(report.copying if report.copying is not None else []):
-            per_head[f"per_head/layer0/head{h}/copying"] = float(c)
         self.scalars(step, per_head)
         for layer, (profile, start) in enumerate(zip(report.offsets, report.start)):
             img = render_offset_profile(profile, start, f"layer {layer}")
@@ -149,10 +149,11 @@ class TensorBoardLogger:
     def hparams(self, hparams: Mapping, results: Mapping[str, float], step: int) -> None:
         """The final figures ({name: nats}): the Text `result` (a table) and one HParams row in the
         run's own folder (not add_hparams's subfolder), whose metrics are scalars: `result/{name}`
-        and the last HPARAMS_SUMMARIES."""
+        and the last summaries of the main head measures."""
         values = {f"result/{k}": v for k, v in results.items() if v is not None}
         self.scalars(step, values)
-        heads = {t: self.last_head_summary.get(t, math.nan) for t in HPARAMS_SUMMARIES}
+        main = [f"heads/{m.name}" for m in MEASURES if m.main and not m.per_head]
+        heads = {t: self.last_head_summary.get(t, math.nan) for t in main}
         metrics = {t: v for t, v in {**values, **heads}.items() if not math.isnan(v)}
         # the experiment, session start and session end
         for summary in hparams_summaries(sanitize_hparams(hparams), metrics):
@@ -174,31 +175,15 @@ class TensorBoardLogger:
 
 
 def heads_layout(n_layer: int) -> dict:
-    """The custom-scalars layout: per layer, each head's entropy and importance, the importances
-    alone (small beside entropies: their own scale), prefix matching; then the summaries. Regexes,
-    not head numbers: one layout serves every head count, and a sweep's layouts merge."""
-    entropy = r"per_head/layer{n}/head\d+/entropy$"
-    importance = r"per_head/layer{n}/head\d+/importance$"
-    induction = r"per_head/layer{n}/head\d+/induction$"
-    summaries = {
-        "entropy min/mean/max per layer": r"heads/layer\d+/entropy_(min|mean|max)$",
-        "importance max per layer": r"heads/layer\d+/importance_max$",
-        "prunable heads": r"heads/prunable$",
-        "heads per role": rf"heads/role/({'|'.join(ROLES)})$",
-        "induction and copying": r"heads/(induction_max|duplicate_max|copying_max)$",
-        "repeated spans: loss on the first copy and the repeat": (
-            r"heads/repeat_loss(_first|_gain)?$"
-        ),
-    }
-
-    def per_layer(title: str, *tags: str) -> dict:
-        # one chart per layer, {n} the layer in the title and the tags
-        return {title.format(n=n): ["Multiline", [t.format(n=n) for t in tags]] for n in range(L)}
-
-    L, only_importance = n_layer, "layer {n}: importance of each head (loss rise, nats)"
-    return {
-        "heads": per_layer("layer {n}: entropy and importance of each head", entropy, importance),
-        "head importance": per_layer(only_importance, importance),
-        "head induction": per_layer("layer {n}: prefix matching of each head", induction),
-        "head summaries": {title: ["Multiline", [tag]] for title, tag in summaries.items()},
-    }
+    """The custom-scalars layout of the measures' charts: a per-head measure's one per layer, in a
+    category of its own, each head a line; the summaries' in `head summaries`. Regexes, not head
+    numbers: one layout serves every head count, and a sweep's layouts merge."""
+    layout: dict[str, dict] = {}
+    for m in MEASURES:
+        for chart, n in [(c, n) for c in m.charts for n in range(n_layer if m.per_head else 1)]:
+            category, title = (
+                (chart, f"layer {n}: {chart}") if m.per_head else ("head summaries", chart)
+            )
+            regex = m.pattern(rf"per_head/layer{n}/head\d+/" if m.per_head else "heads/") + "$"
+            layout.setdefault(category, {}).setdefault(title, ["Multiline", []])[1].append(regex)
+    return layout

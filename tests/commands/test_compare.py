@@ -116,14 +116,17 @@ def test_head_columns_from_the_logged_summaries(sweep):
         for line in RunFolder(r.path).metrics():
             last |= {tag: value for tag, value in line.items() if tag.startswith("heads/")}
         assert r.heads_summary == pytest.approx(last)
-        assert r.importance_max == [last["heads/layer0/importance_max"]]
         assert r.role_counts == {role: last[f"heads/role/{role}"] for role in ROLES}
     col = columns(runs, "heads=1")
     assert float(col["induction"]) == pytest.approx(runs[0].summary("induction_max"), abs=0.01)
     assert float(col["repeat gain"]) == pytest.approx(runs[0].summary("repeat_loss_gain"), abs=1e-3)
     assert int(col["prunable"]) == runs[0].summary("prunable")
-    assert float(col["importance L0"]) == pytest.approx(runs[0].importance_max[0], abs=1e-4)
-    assert int(col["named"]) + int(col["mixed"]) == 1  # its one head: named, or mixed
+    imp = runs[0].summary("layer0/importance_max")
+    assert float(col["importance L0"]) == pytest.approx(imp, abs=1e-4)
+    entropy = runs[0].summary("layer0/entropy_mean")
+    assert float(col["entropy L0"]) == pytest.approx(entropy, abs=1e-3)
+    # a role's column where some run has a head with it: mixed, unless none has
+    assert int(col["named"]) + int(col.get("mixed", 0)) == 1  # its one head: named, or mixed
     assert col["analysis"] == "log 12"  # the analysis the run logged at its last step
 
 
@@ -141,7 +144,9 @@ def test_the_analysis_of_best_pt_wins_with_its_step_and_a_stale_one_is_flagged(s
     analysis.write_text(json.dumps(data))
     try:
         runs = read_sweep(root)[0]
-        assert runs[1].summary("prunable") == 2 and runs[1].importance_max == [0.125]
+        assert (
+            runs[1].summary("prunable") == 2 and runs[1].summary("layer0/importance_max") == 0.125
+        )
         assert columns(runs, "heads=2")["analysis"] == f"best.pt {best_step}"
         assert columns(runs, "heads=1")["analysis"] == f"log {last_logged}"
         capsys.readouterr()

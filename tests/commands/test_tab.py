@@ -91,7 +91,8 @@ def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
     report = json.loads((lab / "sweep" / "heads=2" / "heads-best.json").read_text())
     for head, label in enumerate(two["heads"][0]):
         assert label["role"] == report["heads"][head]["role"]
-        assert label["importance"] == report["heads"][head]["zero_importance"]
+        assert label["zero_importance"] == report["heads"][head]["zero_importance"]
+    assert [m["name"] for m in two["measures"]] == ["score", "zero_importance"]  # captioned
     assert two["analysis"] == "heads-best.json"
     for row, weights in enumerate(two["layers"][0][1]):  # causal rows that sum to 1
         assert all(w == 0 for w in weights[row + 1 :]) and abs(sum(weights) - 1) < 0.01
@@ -284,10 +285,15 @@ def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
     early, late = body["checkpoints"]
     assert (early["checkpoint"], early["step"], late["step"]) == ("step-000006.pt", 6, 12)
     report = json.loads((lab / "sweep" / "heads=2" / "heads-step-000006.json").read_text())
-    assert early["roles"] == [[row["role"] for row in report["heads"]]]
-    assert early["scores"] == [[row["score"] for row in report["heads"]]]
-    assert early["induction"] == [[row["induction"] for row in report["heads"]]]
-    assert late["scores"] is late["roles"] is late["induction"] is None  # not analysed
+    assert [label["role"] for label in early["heads"][0]] == [
+        row["role"] for row in report["heads"]
+    ]
+    assert [label["score"] for label in early["heads"][0]] == [
+        row["score"] for row in report["heads"]
+    ]
+    induction = max(row["induction"] for row in report["heads"])  # the best prefix matching
+    assert early["summaries"]["induction_max"] == induction
+    assert late["heads"] is late["summaries"] is None  # not analysed
     response = client.get("/timeline", query_string={"run": "heads=7"})
     assert response.status_code == 400 and "no run 'heads=7'" in response.get_data(as_text=True)
 

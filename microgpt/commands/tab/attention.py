@@ -26,6 +26,7 @@ from microgpt.data.dataset import Data, DataError, checkpoint_format, data_of_ch
 from microgpt.groups import Group, group_name, group_runs
 from microgpt.heads.analyse import length_batches
 from microgpt.heads.circuits import mean_outputs
+from microgpt.heads.measures import MEASURES
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
 from microgpt.viz.tensorboard import VAL_LOSS
@@ -193,8 +194,15 @@ class ModelCache:
                         self.pending = []
 
 
+def captioned() -> list[dict]:
+    """The per-head measures the page shows on a head's caption: {"name", "caption" (its label
+    there), "fmt" (a format spec: "+.2f"), "help"}."""
+    keys = ("name", "caption", "fmt", "help")
+    return [{k: getattr(m, k) for k in keys} for m in MEASURES if m.caption is not None]
+
+
 def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[dict | None]]:
-    """[layer][head] -> {"role", "score", "importance", "induction"} (a field of another type:
+    """[layer][head] -> {"role", and each captioned measure's value} (a field of another type:
     None); None without this model's analysis."""
     labels = [[None] * n_head for _ in range(n_layer)]
     if not analysis or (analysis.get("n_layer"), analysis.get("n_head")) != (n_layer, n_head):
@@ -204,11 +212,8 @@ def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[d
         ints = isinstance(layer, int) and isinstance(head, int)
         if ints and 0 <= layer < n_layer and 0 <= head < n_head:
             role = row.get("role")
-            labels[layer][head] = {
-                "role": role if isinstance(role, str) else "?",
-                "score": _number(row.get("score")),
-                "importance": _number(row.get("zero_importance")),
-                "induction": _number(row.get("induction")),  # prefix matching on repeats
+            labels[layer][head] = {"role": role if isinstance(role, str) else "?"} | {
+                m["name"]: _number(row.get(m["name"])) for m in captioned()
             }
     return labels
 
@@ -248,12 +253,11 @@ def role_counts(analyses: list[dict | None]) -> dict:
     """{"analysed": how many of `analyses` are head analyses, "roles": {role: in how many of them
     some head has it}}."""
     counts, analysed = {}, 0
-    for analysis in analyses:
-        roles = scores_of(analysis)["roles"]
-        if roles is None:
+    for labels in (summaries_of(analysis)["heads"] for analysis in analyses):
+        if labels is None:
             continue
         analysed += 1
-        for role in {role for row in roles for role in row if role}:
+        for role in {label["role"] for row in labels for label in row if label}:
             counts[role] = counts.get(role, 0) + 1
     return {"analysed": analysed, "roles": dict(sorted(counts.items()))}
 
@@ -364,6 +368,7 @@ class RunStore:
             # "layers": [layer][head] -> (T, T) rows of weights, query by key (with `off`)
             "analysis": run.analysis(checkpoint).name if analysis else unreadable,
             "heads": head_labels(analysis, config.n_layer, config.n_head),
+            "measures": captioned(),
             "off": [list(head) for head in heads],
             "ablation": ablation,
             "pin": pin,
@@ -396,7 +401,7 @@ class RunStore:
         checkpoints, ahead = [], []
         for step, path in run.snapshots():  # the slider runs over the steps
             analysis, _ = self._analysis(run, path.name, shape or (None, None))
-            checkpoints.append({"checkpoint": path.name, "step": step, **scores_of(analysis)})
+            checkpoints.append({"checkpoint": path.name, "step": step, **summaries_of(analysis)})
             if inside(run.path, path):
                 ahead.append(path)
         self.models.prefetch(ahead)  # the slider's checkpoints, loaded while the page is read
@@ -412,14 +417,13 @@ class RunStore:
         return run.read_analysis(checkpoint, shape)
 
 
-def scores_of(analysis: dict | None) -> dict:
-    """{"scores", "roles", "induction" (the repeat test's prefix matching, where it ran)}: each
-    [layer][head] from a head analysis, None without one (or one of another shape)."""
+def summaries_of(analysis: dict | None) -> dict:
+    """{"heads": head_labels, "summaries": {name: value} of the main measures (None: not
+    measured)} of a head analysis of any shape; both None without one (or one of another shape)."""
     shape = (analysis or {}).get("n_layer"), (analysis or {}).get("n_head")
     if not all(isinstance(n, int) and 0 < n <= 4096 for n in shape):
-        return dict.fromkeys(("scores", "roles", "induction"))
-    labels = head_labels(analysis, *shape)
-    out = {k: [[label and label[k] for label in row] for row in labels] for k in ("score", "role")}
-    induction = [[label and label["induction"] for label in row] for row in labels]
-    ran = any(v is not None for row in induction for v in row)
-    return {"scores": out["score"], "roles": out["role"], "induction": induction if ran else None}
+        return {"heads": None, "summaries": None}
+    heads, values = head_labels(analysis, *shape), analysis.get("summaries")
+    values = values if isinstance(values, dict) else {}
+    names = [m.name for m in MEASURES if m.main and not m.per_head]
+    return {"heads": heads, "summaries": {n: _number(values.get(f"heads/{n}")) for n in names}}

@@ -14,8 +14,9 @@ answer JSON, or 400 and {"error": message} (a message naming the parameter and t
         position `pin` (default: none) attributed:
         {"run", "checkpoint", "step", "format", "boundary", "n_layer", "n_head", "tokens",
          "layers": [layer][head] (T, T) attention weights with the heads off,
-         "analysis", "heads": [layer][head] {"role", "score", "importance", "induction"} | null:
-             importance: the validation loss's rise with the head alone zeroed (the analysis'),
+         "analysis", "heads": [layer][head] {"role", and a value of each of "measures"} | null,
+         "measures": [{"name", "caption", "fmt", "help"}]: what a head's caption shows of its
+             analysis (the measures with a caption, microgpt/heads/measures.py),
          "group": {"name", "runs", "seeds", "analysed": how many of the group's runs have an
              analysis of this checkpoint, "roles": {role: in how many of those some head has it}},
          "off": [[L, H], ...], "ablation", "pin",
@@ -28,9 +29,10 @@ answer JSON, or 400 and {"error": message} (a message naming the parameter and t
              model), "rest"}: the parts add up to the logit (microgpt/heads/attribution.py),
          "reading": null (no pin) | [layer][head] "L0H2 looks 1 back at 'h' and adds +1.30 to 'i'"}
     /timeline?run=                 {"run", "val": [[step, validation loss], ...],
-                                    "checkpoints": [{"checkpoint", "step", "scores", "roles",
-                                    "induction"}]}: each step-N.pt in step order, its heads'
-                                    [layer][head] from its analysis (null: not analysed)
+                                    "checkpoints": [{"checkpoint", "step", "heads" (as
+                                    /attention's), "summaries": {each main measure: value}}]}:
+                                    each step-N.pt in step order, from its analysis (null: not
+                                    analysed)
                                     "skipped": the lines of metrics.jsonl not read, each named
 
 Labels of tokens are the tokenizer's: "·" a space, "<s>" the boundary (a name's start and end;

@@ -189,8 +189,8 @@ function controls() {
     el(
       "span",
       "mg-hint",
-      "each head: its role and score, and its importance on the validation set (val: the " +
-        "loss's rise in nats when it alone is zeroed) · click its name to switch it off: its " +
+      "each head: its role and its analysis' measures (hover them) · " +
+        "click its name to switch it off: its " +
         "loss change on the input (input ±nats) · hover a character to see where each head " +
         "looks from it; click to pin it and see what each head adds to the next character"
     )
@@ -422,7 +422,7 @@ function headFigure(run, result, weights, layer, head) {
     openLarge(run, result, weights, layer, head);
   });
   name.append(el("span", "mg-off-delta"), large);
-  caption.append(name, headLabel(result.heads[layer][head], result.group));
+  caption.append(name, headLabel(result.heads[layer][head], result.group, result.measures));
   caption.title = "click to switch this head off (or on again)";
   caption.addEventListener("click", () => {
     const off = state.off[run.name];
@@ -439,8 +439,9 @@ function headFigure(run, result, weights, layer, head) {
 }
 
 // A head's label from its run's analysis: its role (and in how many of the group's analysed
-// seeds some head has that role), its score, its importance on the validation set.
-function headLabel(label, group) {
+// seeds some head has that role), then the measures the server lists for captions
+// (microgpt/heads/measures.py), each after its caption ("val +0.01"), its help on hover.
+function headLabel(label, group, measures) {
   if (!label) return el("div", "mg-role mg-unanalysed", "not analysed");
   const box = el("div", "mg-role");
   box.appendChild(el("span", "mg-role-name", label.role));
@@ -453,12 +454,17 @@ function headLabel(label, group) {
       (n < all ? ` (${all - n} of its ${all} runs not analysed)` : "");
     box.appendChild(seeds);
   }
-  const score = label.score == null ? "" : label.score.toFixed(2);
-  const rise = label.importance == null ? "" : ` · val ${signed(label.importance)}`;
-  const numbers = box.appendChild(el("span", "mg-role-numbers", score + rise));
-  numbers.title = "score: its attention on its role's pattern; val: its importance, the rise " +
-    "of the validation set's loss (nats) when it alone is zeroed (python -m microgpt.heads)";
+  const shown = measures.filter((m) => label[m.name] != null);
+  const text = shown.map((m) => [m.caption, formatted(label[m.name], m.fmt)].join(" ").trim());
+  const numbers = box.appendChild(el("span", "mg-role-numbers", text.join(" · ")));
+  numbers.title = measures.map((m) => `${m.caption || m.name}: ${m.help}`).join("; ");
   return box;
+}
+
+// x as a Python format spec of the measures writes it: "+.2f" (signed), ".3f".
+function formatted(x, fmt) {
+  const [, sign, digits] = /^(\+?)\.(\d+)f$/.exec(fmt) || [null, "", "2"];
+  return sign ? signed(x, +digits) : x.toFixed(+digits);
 }
 
 // What changes with the pin and the heads switched off: whether the head is off and the loss
@@ -749,8 +755,10 @@ function drawTimeline(box, timeline, choose) {
   const points = timeline.checkpoints.filter((c) => Number.isInteger(c.step));
   const steps = [...timeline.val.map(([s]) => s), ...points.map((c) => c.step)];
   if (!steps.length) return;
+  // each head's score (null: not analysed), its role
+  for (const c of points) c.scores = c.heads && c.heads.flat().map((label) => label && label.score);
   const scored = points.find((c) => c.scores);
-  const rows = scored ? scored.scores.flat().length : 0;
+  const rows = scored ? scored.scores.length : 0;
   const [W, lossH, rowH] = [260, 44, Math.max(2, Math.min(6, Math.floor(64 / (rows || 1))))];
   const H = lossH + 4 + rows * rowH;
   const [s0, s1] = [Math.min(...steps), Math.max(...steps)];
@@ -767,9 +775,9 @@ function drawTimeline(box, timeline, choose) {
     chart.appendChild(text);
   }
   // the largest induction score of any head at each analysed checkpoint, on a 0-1 scale
-  const induction = points.filter((c) => c.induction);
+  const induction = points.filter((c) => c.summaries && c.summaries.induction_max != null);
   if (induction.length) {
-    const top = (c) => Math.max(0, ...c.induction.flat().filter(Number.isFinite));
+    const top = (c) => Math.max(0, c.summaries.induction_max);
     const y = (v) => lossH - 4 - (lossH - 8) * Math.min(1, v);
     const path = induction.map((c, i) => `${i ? "L" : "M"}${x(c.step)},${y(top(c))}`).join("");
     chart.appendChild(svg("path", { d: path, class: "mg-induction-line" }));
@@ -779,14 +787,14 @@ function drawTimeline(box, timeline, choose) {
   }
   const width = Math.max(2, (W - 8) / Math.max(points.length, 1) - 1);
   for (const point of points) {
-    (point.scores || []).flat().forEach((score, i) => {
+    (point.scores || []).forEach((score, i) => {
       const cell = svg("rect", {
         x: x(point.step) - width / 2, y: lossH + 4 + i * rowH, width, height: rowH - 1,
         fill: `rgba(25, 118, 210, ${0.08 + 0.92 * Math.max(0, Math.min(1, score ?? 0))})`,
       }); // prettier-ignore
-      const roles = (point.roles || []).flat();
+      const role = point.heads.flat()[i]?.role || "";
       const title = svg("title", {});
-      title.textContent = `step ${point.step} · head ${i}: ${roles[i] || ""} ${(score ?? 0).toFixed(2)}`;
+      title.textContent = `step ${point.step} · head ${i}: ${role} ${(score ?? 0).toFixed(2)}`;
       cell.appendChild(title);
       chart.appendChild(cell);
     });
