@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from microgpt import cli, system
 from microgpt.config import load_config
 from microgpt.system import ThreadsError, check_threads, choose_threads
+from microgpt.train import threads
 from microgpt.train.trainer import Trainer
 from tests.conftest import CONF
 
@@ -51,8 +52,16 @@ def test_the_trainer_applies_the_setting(tiny_cfg, monkeypatch, request):
     request.addfinalizer(lambda n=torch.get_num_threads(): torch.set_num_threads(n))
     monkeypatch.delenv("OMP_NUM_THREADS")  # auto: the cores this process may use (its affinity)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
-    trainer = Trainer(load_config(tiny_cfg()))
-    assert trainer.threads == torch.get_num_threads() == 3
+    chosen = {1: 0.02, 2: 0.01, 3: 0.02}  # made-up step times: 2 threads the fastest
+    monkeypatch.setattr(
+        threads, "fastest", lambda step, counts: (2, {n: chosen[n] for n in counts})
+    )
+    trainer = Trainer(load_config(tiny_cfg()))  # auto: measured over 1, 2 and 3 threads
+    assert trainer.threads == 2
+    assert trainer.notes[-1].startswith("threads=auto chose 2 of 3 cores, the fastest step")
+    assert "1: 20.0 ms, 2: 10.0 ms, 3: 20.0 ms" in trainer.notes[-1]
+    trainer = Trainer(load_config(tiny_cfg("threads=3")))  # a count: as given, not measured
+    assert trainer.threads == torch.get_num_threads() == 3 and not trainer.notes
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     trainer = Trainer(load_config(tiny_cfg()))  # auto: the environment's share
     assert trainer.threads == torch.get_num_threads() == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from microgpt.data.dataset import Data, load_data
 from microgpt.model import GPT, GPTConfig
 from microgpt.train.loss import LossWindow, eval_rows, evaluate
 from microgpt.train.optim import lr_at
+from microgpt.train.threads import measured_threads
 
 
 def machine(c: Config) -> tuple[torch.device, int, system.DistInfo, Path]:
@@ -37,6 +39,16 @@ def machine(c: Config) -> tuple[torch.device, int, system.DistInfo, Path]:
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
     return device, threads, dist, out_dir
+
+
+def measure_threads(t) -> str | None:
+    """threads=auto on a CPU of several cores (no OMP_NUM_THREADS, no torchrun): the count its
+    step runs fastest at, measured (microgpt.train.threads); the line that says so."""
+    auto = t.config.threads == "auto" and system.env_threads(os.environ) is None
+    if not auto or t.threads < 2 or t.device.type != "cpu" or t.dist.enabled:
+        return None
+    t.threads, line = measured_threads(t, t.threads)
+    return line
 
 
 def load(c: Config, device: torch.device) -> tuple[Config, Data]:

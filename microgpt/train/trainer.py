@@ -57,6 +57,7 @@ class Trainer:
         self.precision = system.pick_precision(c.train.precision, self.device, ConfigError)
         # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.notes += [line] if (line := state.measure_threads(self)) else []
         # the training batches: the global batch's order, each process taking its share
         self.global_batch = c.train.batch_size * self.dist.world_size
         self.batches = data.train_batches(self.global_batch, c.seed, pack=c.train.pack)
