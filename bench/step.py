@@ -47,18 +47,15 @@ class Clock:
 
 
 def ns_flops(tr) -> float:
-    """The orthogonalisation's FLOPs a step (microgpt.train.optim.orthogonalise): per matrix of
-    Muon's, wide side n and short side m, T iterations of three matmuls (x x^T and the product
-    with x: 2m^2n each, the polynomial's gram^2: 2m^3); on the Gram side, x x^T and the product
-    once and 4T - 3 matmuls of m x m x m."""
-    quintics, gram = tr.optimizer.ortho
-    flops, t = 0.0, len(quintics)
-    for group in tr.optimizer.param_groups:
-        for p in group["params"] if group.get("muon") else []:
-            m, n = sorted(p.shape)
-            rect = 4 * m * m * n  # x x^T and the product with x
-            flops += rect + (4 * t - 3) * 2 * m**3 if gram else t * (rect + 2 * m**3)
-    return flops
+    """The orthogonalisation's FLOPs a step: per matrix, short side m, wide n, T quintics of
+    x x^T, gram^2 and the product with x (2m^2n + 2m^3 + 2m^2n); on the Gram side x x^T and the
+    product once, 4T - 3 matmuls of m^3 (microgpt.train.optim.gram_side)."""
+    t, gram = len(tr.optimizer.ortho[0]), tr.optimizer.ortho[1]
+    shapes = [sorted(p.shape) for g in tr.optimizer.param_groups if g["muon"] for p in g["params"]]
+    return sum(
+        4 * m * m * n * (1 if gram else t) + (4 * t - 3 if gram else t) * 2 * m**3
+        for m, n in shapes
+    )
 
 
 def model_flops(tr) -> float:
