@@ -124,12 +124,7 @@ POLAR_EXPRESS = (
 ORTHOGONALISERS = {"newton-schulz": (NEWTON_SCHULZ, False), "polar-express": (POLAR_EXPRESS, True)}
 
 
-def orthogonalise(
-    gs: list[torch.Tensor],
-    quintics=NEWTON_SCHULZ,
-    gram: bool = False,
-    dtype: torch.dtype | None = None,
-) -> list[torch.Tensor]:
+def orthogonalise(gs, quintics=NEWTON_SCHULZ, gram=False, dtype=None) -> list[torch.Tensor]:
     """The semi-orthogonal matrices nearest gs (singular values pushed towards 1) by `quintics`,
     computed in `dtype` (None: g's), returned in g's; each (n, rows, cols) -> (n, rows, cols).
     On the wide orientation (m <= n columns); `gram`: the iteration on the m x m Gram matrices."""
