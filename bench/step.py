@@ -3,8 +3,8 @@ trained with AdamW alone, and against the plain GPT (bench.common.PLAIN: AdamW, 
 averaging; on text the same as AdamW's), on the names default and the text recipe at nanoGPT's
 batch (12 x 64), alternated in one process. The optimizer's step and the weight average are timed
 apart (their calls wrapped in a clock; the step itself is Trainer.train_step), the rest is the
-forward and backward passes, the batch and clipping. Newton-Schulz's FLOPs are counted against
-the model's."""
+forward and backward passes, the batch and clipping. The orthogonalisation's FLOPs are counted
+against the model's."""
 
 from __future__ import annotations
 
@@ -26,9 +26,8 @@ ADAMW = ("optim=adamw", "train.ema=0")  # the same model and batch, AdamW alone
 VARIANTS = {  # each case's steps, alternated with AdamW's and the plain GPT's
     "recipe": (),
     "recipe, no autocast": ("train.precision=fp32",),  # Newton-Schulz still in bf16
-    "recipe before issue 36": ("train.precision=fp32", "optim.muon_precision=fp32"),
+    "recipe, Newton-Schulz": ("optim.muon_ortho=newton-schulz",),  # before issue 44
 }
-NS_STEPS = 5  # Newton-Schulz iterations a step (microgpt.train.optim.orthogonalise)
 
 
 class Clock:
@@ -48,15 +47,15 @@ class Clock:
 
 
 def ns_flops(tr) -> float:
-    """Newton-Schulz's FLOPs a step: per matrix of Muon's, wide side n and short side m, each
-    iteration's three matmuls (x x^T: 2m^2n, the polynomial's gram^2: 2m^3, its product with x:
-    2m^2n)."""
-    flops = 0.0
-    for group in tr.optimizer.param_groups:
-        for p in group["params"] if group.get("muon") else []:
-            m, n = sorted(p.shape)
-            flops += NS_STEPS * (4 * m * m * n + 2 * m**3)
-    return flops
+    """The orthogonalisation's FLOPs a step: per matrix, short side m, wide n, T quintics of
+    x x^T, gram^2 and the product with x (2m^2n + 2m^3 + 2m^2n); on the Gram side x x^T and the
+    product once, 4T - 3 matmuls of m^3 (microgpt.train.optim.gram_side)."""
+    t, gram = len(tr.optimizer.ortho[0]), tr.optimizer.ortho[1]
+    shapes = [sorted(p.shape) for g in tr.optimizer.param_groups if g["muon"] for p in g["params"]]
+    return sum(
+        4 * m * m * n * (1 if gram else t) + (4 * t - 3 if gram else t) * 2 * m**3
+        for m, n in shapes
+    )
 
 
 def model_flops(tr) -> float:
@@ -109,7 +108,7 @@ def run_step(args, device, tmp: Path) -> dict:
             rest = statistics.median(ms) - opt - avg
             figures[f"{case}: {name}: forward, backward, batch, clip"] = figure([rest], "ms")
         ns, model = ns_flops(trainers["recipe"]), model_flops(trainers["recipe"])
-        figures[f"{case}: Newton-Schulz FLOPs / model's"] = figure([ns / model], "x")
+        figures[f"{case}: orthogonalisation FLOPs / model's"] = figure([ns / model], "x")
         info[case] = {"overrides": overrides, "ns_gflop": ns / 1e9, "model_gflop": model / 1e9}
     info["variants"] = {name: " ".join(extra) for name, extra in variants.items()}
     return {"figures": figures, "info": info}

@@ -24,6 +24,7 @@ from microgpt.system import DEVICES, Precision, check_threads
 
 DECAYS = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")
+MUON_ORTHOS = ("polar-express", "newton-schulz")  # microgpt.train.optim.ORTHOGONALISERS
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
 MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
 
@@ -92,9 +93,11 @@ class OptimConfig:
     decay: str = "cosine"  # cosine | linear | constant, after the warmup
     min_lr_ratio: float = 0.1  # where the decay ends, at max_steps, as a fraction of lr
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    # Muon's Newton-Schulz iteration: auto (bf16 where the device multiplies it natively: a GPU
+    # Muon's orthogonalisation: auto (bf16 where the device multiplies it natively: a GPU
     # with bf16, a CPU with AVX512-BF16 or AMX; else fp32) | fp32 | bf16
     muon_precision: str = "auto"
+    # its orthogonalisation: polar-express (3 iterations on the Gram side) | newton-schulz (5)
+    muon_ortho: str = "polar-express"
 
     def __post_init__(self):
         require_choice("optim.name", self.name, OPTIMIZERS)
@@ -118,6 +121,7 @@ class OptimConfig:
         require_at_least(self, "optim.", 0, ("weight_decay", "warmup_steps", "grad_clip"))
         require_choice("optim.decay", self.decay, DECAYS)
         require_choice("optim.muon_precision", self.muon_precision, Precision.choices(fp16=False))
+        require_choice("optim.muon_ortho", self.muon_ortho, MUON_ORTHOS)
         ratio = self.min_lr_ratio
         require(0 <= ratio <= 1, f"optim.min_lr_ratio={ratio} must be in [0, 1]")
 

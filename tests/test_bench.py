@@ -126,7 +126,7 @@ def test_the_step_section_times_the_optimizer_and_the_average_apart(tmp_path):
     for part in ("recipe: optimizer", "recipe: weight average", "AdamW: optimizer"):
         assert names[part]["median"] > 0, part
     assert "AdamW: weight average" not in names  # AdamW's variant averages nothing
-    assert names["Newton-Schulz FLOPs / model's"]["median"] > 0
+    assert names["orthogonalisation FLOPs / model's"]["median"] > 0
 
 
 def test_time_to_loss_takes_the_first_evaluation_at_or_below_the_references_final_loss(

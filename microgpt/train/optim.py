@@ -34,13 +34,13 @@ def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> to
 
 class Muon(torch.optim.Optimizer):
     """Muon (K. Jordan, 2024) for the 2-D weights in the blocks: SGD with Nesterov momentum whose
-    update is replaced by the nearest semi-orthogonal matrix (5 Newton-Schulz iterations), scaled
-    by sqrt(max(1, rows / cols)); AdamW for everything else. The trainer sets each group's lr as
-    the schedule's lr times the group's `lr_ratio` (muon_lr / lr for Muon's group). The iteration
-    runs in `ns_dtype` (bf16, as the reference does, where the device multiplies it natively)."""
+    update is replaced by the nearest semi-orthogonal matrix (`o.muon_ortho`: ORTHOGONALISERS),
+    scaled by sqrt(max(1, rows / cols)); AdamW for everything else. The trainer sets each group's
+    lr as the schedule's lr times the group's `lr_ratio` (muon_lr / lr for Muon's group). The
+    iteration runs in `ns_dtype` (bf16, as the reference does, where the device has it natively)."""
 
     def __init__(self, model: nn.Module, o, ns_dtype: torch.dtype = torch.float32):
-        self.ns_dtype = ns_dtype
+        self.ns_dtype, self.ortho = ns_dtype, ORTHOGONALISERS[o.muon_ortho]
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         # named_parameters() names a tied weight once
         hidden = [p for n, p in named if p.dim() == 2 and n.startswith("blocks.")]
@@ -72,13 +72,14 @@ class Muon(torch.optim.Optimizer):
         torch._foreach_lerp_(momenta, grads, 1 - beta)
         # Nesterov: the gradient moved towards the new momentum
         updates = torch._foreach_lerp(grads, momenta, beta)
-        # one batched orthogonalisation per shape: (n, rows, cols)
-        for shape in dict.fromkeys(p.shape for p in params):
-            same = [i for i, p in enumerate(params) if p.shape == shape]
-            ortho = orthogonalise(torch.stack([updates[i] for i in same]), dtype=self.ns_dtype)
-            scale = max(1.0, shape[0] / shape[1]) ** 0.5
-            step = fp32(-group["lr"] * scale)
-            torch._foreach_add_([params[i] for i in same], list(ortho), alpha=step)
+        # the updates stacked by shape: (n, rows, cols) each
+        shapes = list(dict.fromkeys(p.shape for p in params))
+        same = [[i for i, p in enumerate(params) if p.shape == shape] for shape in shapes]
+        stacks = [torch.stack([updates[i] for i in ids]) for ids in same]
+        orthos = orthogonalise(stacks, *self.ortho, self.ns_dtype)
+        for shape, ids, ortho in zip(shapes, same, orthos):
+            step = fp32(-group["lr"] * max(1.0, shape[0] / shape[1]) ** 0.5)
+            torch._foreach_add_([params[i] for i in ids], list(ortho), alpha=step)
 
     def _adamw(self, params, group):
         (b1, b2), grads = group["betas"], [p.grad for p in params]
@@ -105,23 +106,61 @@ def fp32(x: float) -> float:
     return max(-FLOAT32_MAX, min(FLOAT32_MAX, x))
 
 
-def orthogonalise(
-    g: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None
-) -> torch.Tensor:
-    """The semi-orthogonal matrix nearest g (singular values pushed towards 1), by the quintic
-    Newton-Schulz iteration of Muon, computed in `dtype` (None: g's), returned in g's;
-    (n, rows, cols) -> (n, rows, cols)."""
-    a, b, c = 3.4445, -4.7750, 2.0315
-    tall = g.size(-2) > g.size(-1)
-    # work on the wide orientation: X X^T is the smaller Gram matrix
-    x = g.mT if tall else g
-    x = (x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)).to(dtype or g.dtype)
-    for _ in range(steps):
+# Each iteration's odd quintic x -> a x + b x^3 + c x^5, applied to the singular values.
+# Newton-Schulz as Muon's reference: one quintic five times (singular values from about 0.002 end
+# in [0.68, 1.2], never converging).
+NEWTON_SCHULZ = ((3.4445, -4.7750, 2.0315),) * 5
+# Polar Express (Amsel et al. 2025, arXiv 2505.16932): each iteration the minimax quintic (nearest
+# 1 at worst) on the interval the last one left, from [0.01, 1]: [0.01, 1] -> [0.081, 1.92] ->
+# [0.29, 1.71] -> [0.73, 1.27]; found by Remez exchange (the minimax error equioscillates at 4
+# points), each divided by 1.01 at x / 1.01 against bf16's rounding.
+POLAR_EXPRESS = (
+    (8.013236160283673, -22.92575699446705, 16.599414788732823),
+    (3.6005797587167274, -2.6418752876167533, 0.5105053840872436),
+    (2.6349504800860997, -1.9190066995354877, 0.4306489809873331),
+)
+# optim.muon_ortho: (the quintics, iterate on the Gram side)
+ORTHOGONALISERS = {"newton-schulz": (NEWTON_SCHULZ, False), "polar-express": (POLAR_EXPRESS, True)}
+
+
+def orthogonalise(gs, quintics=NEWTON_SCHULZ, gram=False, dtype=None) -> list[torch.Tensor]:
+    """The semi-orthogonal matrices nearest gs (singular values pushed towards 1) by `quintics`,
+    computed in `dtype` (None: g's), returned in g's; each (n, rows, cols) -> (n, rows, cols).
+    On the wide orientation (m <= n columns); `gram`: the iteration on the m x m Gram matrices."""
+    tall = [g.size(-2) > g.size(-1) for g in gs]
+    xs = [g.mT if t else g for g, t in zip(gs, tall)]
+    xs = [(x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)).to(dtype or x.dtype) for x in xs]
+    ys = gram_side(xs, quintics) if gram else [direct(x, quintics) for x in xs]
+    return [(y.mT if t else y).to(g.dtype) for y, g, t in zip(ys, gs, tall)]
+
+
+def direct(x: torch.Tensor, quintics) -> torch.Tensor:
+    """The iteration on x (n, m, cols): each step three matmuls, two of them m x m x cols."""
+    for a, b, c in quintics:
         gram = x @ x.mT
         # x <- a x + (b gram + c gram gram) x, the scaled sums inside the matmuls (baddbmm)
         poly = torch.baddbmm(gram, c * gram, gram, beta=b)
         x = torch.baddbmm(x, poly, x, beta=a)
-    return (x.mT if tall else x).to(g.dtype)
+    return x
+
+
+def gram_side(xs: list[torch.Tensor], quintics) -> list[torch.Tensor]:
+    """The iteration of `direct` carried by an m x m matrix Q (x_k = Q_k x): Q <- p(A) Q with
+    A = Q G Q^T the current Gram matrix, G = x x^T; each step four m x m x m matmuls, batched
+    over every x of one m, then one m x m x cols a matrix. A comes from G each step, not from
+    the last A: rounding does not pile up."""
+    ys = list(xs)
+    for m in dict.fromkeys(x.size(-2) for x in xs):  # (n, m, cols): the stacks of one m at once
+        ids = [i for i, x in enumerate(xs) if x.size(-2) == m]
+        grams = torch.cat([xs[i] @ xs[i].mT for i in ids])  # (N, m, m)
+        eye, q = torch.eye(m, dtype=grams.dtype), None
+        for a, b, c in quintics:
+            now = grams if q is None else q @ grams @ q.mT
+            poly = torch.baddbmm(torch.add(a * eye, now, alpha=b), now, now, alpha=c)
+            q = poly if q is None else poly @ q
+        for i, qi in zip(ids, q.split([len(xs[i]) for i in ids])):
+            ys[i] = qi @ xs[i]
+    return ys
 
 
 def fit_warmup(config: Config) -> tuple[Config, str | None]:

@@ -321,7 +321,7 @@ def test_an_analysis_is_read_only_for_its_runs_model_shape(lab, tmp_path):
     response = apps["/timeline"].get("/timeline", query_string={"run": "heads=2"})
     assert response.status_code == 200 and len(response.get_data()) < 10_000
     early, _ = json.loads(response.get_data())["checkpoints"]
-    assert early["step"] == 6 and early["scores"] is early["roles"] is None
+    assert early["step"] == 6 and early["heads"] is early["summaries"] is None
     status, body = attention(apps["/attention"], run="heads=2", input="ka")
     assert status == 200 and body["heads"] == [[None, None]]
     assert body["analysis"] == (

@@ -10,7 +10,7 @@ import torch
 from microgpt import runs, system
 from microgpt.config import ConfigError, load_config
 from microgpt.model import GPT, GPTConfig
-from microgpt.train.optim import Muon, make_optimizer, orthogonalise
+from microgpt.train.optim import POLAR_EXPRESS, Muon, make_optimizer, orthogonalise
 from microgpt.train.trainer import Trainer, TrainingError, train
 
 
@@ -24,12 +24,38 @@ def test_orthogonalise_is_the_quintic_newton_schulz_iteration(shape):
         gram = x @ x.mT
         x = 3.4445 * x + (-4.7750 * gram + 2.0315 * gram @ gram) @ x
     expected = x.mT if shape[0] > shape[1] else x
-    torch.testing.assert_close(orthogonalise(g), expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(orthogonalise([g])[0], expected, rtol=0, atol=1e-5)
+
+
+def test_polar_express_on_the_gram_side_lands_in_its_band_as_the_direct_iteration():
+    """Its three quintics take singular values in [0.01, 1] (after scaling to norm 1) to [0.73,
+    1.27]; carried by the Gram matrices of every shape at once, the same matrices as applied to
+    each x directly."""
+    gen = torch.Generator().manual_seed(0)
+    gs = [torch.randn(4, 256, 64, generator=gen), torch.randn(2, 64, 64, generator=gen)]
+    # a spectrum across the band: singular values 1 to 0.04 (0.33 to 0.013 at norm 1)
+    u, _, v = torch.linalg.svd(gs[1])
+    gs[1] = u @ torch.diag(torch.logspace(0, -1.4, 64)) @ v
+    on_gram = orthogonalise(gs, POLAR_EXPRESS, gram=True)
+    for g, y in zip(gs, on_gram):
+        assert y.shape == g.shape
+        sv = torch.linalg.svdvals(y)
+        assert 0.72 < sv.min() and sv.max() < 1.28, (sv.min(), sv.max())
+    # the band is the minimax's: both its ends nearly reached across that spectrum
+    sv = torch.linalg.svdvals(on_gram[1])
+    assert sv.min() < 0.8 and sv.max() > 1.2
+    direct = orthogonalise(gs, POLAR_EXPRESS, gram=False)
+    for a, b in zip(on_gram, direct):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+    # in bf16 (as Muon runs it on a CPU with bf16): the same band, to bf16's rounding
+    for y in orthogonalise(gs, POLAR_EXPRESS, gram=True, dtype=torch.bfloat16):
+        sv = torch.linalg.svdvals(y)
+        assert 0.7 < sv.min() and sv.max() < 1.32, (sv.min(), sv.max())
 
 
 def test_orthogonalise_in_bf16_rounds_the_iteration_not_the_update():
     g = torch.randn(4, 64, 256, generator=torch.Generator().manual_seed(0))
-    exact, bf16 = orthogonalise(g), orthogonalise(g, dtype=torch.bfloat16)
+    exact, bf16 = orthogonalise([g])[0], orthogonalise([g], dtype=torch.bfloat16)[0]
     assert bf16.dtype == torch.float32 and not torch.equal(bf16, exact)  # it ran in bf16
     # the same semi-orthogonal matrix to bf16's precision: singular values near 1 alike
     torch.testing.assert_close(bf16, exact, rtol=0, atol=0.03)
