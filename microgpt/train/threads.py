@@ -14,6 +14,7 @@ import time
 import torch
 
 from microgpt.tokenizer import BOUNDARY_ID
+from microgpt.train.optim import WeightAverage, make_optimizer
 
 MARGIN = 0.9  # more threads replace fewer only where a step takes at most 90% of the time
 CALLS = 5  # timed steps per count, after one untimed; 2 where a step takes over a second
@@ -57,8 +58,6 @@ def fastest(step, counts: list[int], calls: int = CALLS, clock=time.perf_counter
 def measured_threads(trainer, cores: int) -> tuple[int, str]:
     """Time the trainer's step (a copy of its model, a fresh optimizer, a batch of random ids of
     the run's shape; its RNG untouched) at each candidate count up to `cores`; (count, log line)."""
-    from microgpt.train.optim import WeightAverage, make_optimizer
-
     c = trainer.config
     model = copy.deepcopy(trainer.model)
     optimizer = make_optimizer(model, c, trainer.device)
