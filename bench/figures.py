@@ -36,6 +36,7 @@ from microgpt import entry  # noqa: E402
 from microgpt.errors import UserError  # noqa: E402
 from microgpt.files import check_new_file, project_data, read_json, write_text  # noqa: E402
 
+NS = "optim.muon_ortho=newton-schulz"  # Muon's default until 2026-11-28
 # name: (the README's train.py settings, threads (None: as typed, a sweep's jobs sharing the
 # cores), whether the docs quote its head analysis)
 RECIPES = {
@@ -46,9 +47,13 @@ RECIPES = {
     "names-seeds": (["-m", "heads=4", "seed=1,2,3,4,5"], 1, False),  # the headline over seeds
     "adamw": (["heads=4", "optim=adamw", "train.ema=0", "train.pack=0"], 1, False),
     "shakespeare": (["experiment=shakespeare"], 1, True),
+    # docs/heads.md's analyses: made when Newton-Schulz was Muon's default (until 2026-11-28)
+    "names-ns": (["heads=4", NS], 1, True),
+    "shakespeare-ns": (["experiment=shakespeare", NS], 1, True),
     "shakespeare-seeds": (["-m", "experiment=shakespeare", "seed=1,2,3"], 1, False),
     # the study on 2 cores as typed: each job analysed, then compare's table
-    "sweep": (["-m", "experiment=heads_seeds", "hydra/launcher=joblib"], None, True),
+    # (made when Newton-Schulz was Muon's default, as docs/heads.md's analyses)
+    "sweep": (["-m", "experiment=heads_seeds", "hydra/launcher=joblib", NS], None, True),
 }
 BUSY = ("names-busy", "names-as-typed-busy")
 QUICK = ["train.max_steps=6", "train.eval_every=3", "log.attn_every=6", "log.head_items=8"]

@@ -31,10 +31,10 @@ QUOTES = [
     ("README.md", "about {names-2-threads.seconds} s, the study of 12 runs (`-m"
      " experiment=heads_seeds hydra/launcher=joblib`) {sweep.seconds} s on 2 cores"),
     ("docs/heads.md", "no AMX: bf16; one thread a job, two jobs at once; {sweep.date};"),
-    ("docs/heads.md", "test loss {names.test_loss}, best validation {names.best_val_loss}"),
-    ("docs/heads.md", "{names.table}"),
+    ("docs/heads.md", "test loss {names-ns.test_loss}, best validation {names-ns.best_val_loss}"),
+    ("docs/heads.md", "{names-ns.table}"),
     ("docs/heads.md", "{sweep.table}"),
-    ("docs/heads.md", "{shakespeare.table}"),
+    ("docs/heads.md", "{shakespeare-ns.table}"),
     ("docs/guide.md", "a validation loss of **{shakespeare.best_val_loss}** nats per character"),
     ("docs/guide.md", "a test loss of **{shakespeare.test_loss}**"),
     ("docs/guide.md", "Over seeds 1, 2 and 3 its test loss is"
