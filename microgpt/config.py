@@ -20,7 +20,7 @@ from microgpt.data.dataset import data_format
 from microgpt.errors import UserError, first_line
 from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
-from microgpt.system import DEVICES, Precision, check_threads
+from microgpt.system import DEVICES, PRECISIONS, check_threads
 
 DECAYS = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")
@@ -101,10 +101,9 @@ class OptimConfig:
 
     def __post_init__(self):
         require_choice("optim.name", self.name, OPTIMIZERS)
-        for f in dataclasses.fields(self):  # every float finite (the other groups' bounds are)
-            value = getattr(self, f.name)
+        for name, value in asdict(self).items():  # every float finite (other groups: bounded)
             finite = not isinstance(value, float) or math.isfinite(value)
-            require(finite, f"optim.{f.name}={value} must be a finite number")
+            require(finite, f"optim.{name}={value} must be a finite number")
         for name, typical in (("lr", "1e-3"), ("muon_lr", "0.02"), ("eps", "1e-8")):
             value = getattr(self, name)
             require(value > 0, f"optim.{name}={value} must be > 0 (typical: {typical})")
@@ -120,7 +119,7 @@ class OptimConfig:
         )
         require_at_least(self, "optim.", 0, ("weight_decay", "warmup_steps", "grad_clip"))
         require_choice("optim.decay", self.decay, DECAYS)
-        require_choice("optim.muon_precision", self.muon_precision, Precision.choices(fp16=False))
+        require_choice("optim.muon_precision", self.muon_precision, ("auto", "fp32", "bf16"))
         require_choice("optim.muon_ortho", self.muon_ortho, MUON_ORTHOS)
         ratio = self.min_lr_ratio
         require(0 <= ratio <= 1, f"optim.min_lr_ratio={ratio} must be in [0, 1]")
@@ -155,7 +154,7 @@ class TrainConfig:
             f"the last step, before the test loss is written; at most {MAX_TRAIN_SAMPLES:,} here: "
             f"sample more afterwards with python sample.py num_samples=N out=FILE",
         )
-        require_choice("train.precision", self.precision, Precision.choices())
+        require_choice("train.precision", self.precision, ("auto", *PRECISIONS))
 
 
 @dataclass
@@ -193,7 +192,8 @@ class Config:
             f"model.vocab_size={m.vocab_size}: the vocabulary comes from the data (every "
             f"character of data.path), so this setting would be ignored; remove it",
         )
-        for name, seed in (("seed", self.seed), ("data.split_seed", self.data.split_seed)):
+        seeds = {"seed": self.seed, "data.split_seed": self.data.split_seed}
+        for name, seed in {**seeds, "data.repeats.seed": self.data.repeats.seed}.items():
             require(0 <= seed < 2**63, f"{name}={seed} must be in [0, 2**63)")
         data_format(self.data.format).check_settings(self.data, m.block_size)  # a DataError
         require_choice("device", self.device, DEVICES)

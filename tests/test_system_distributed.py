@@ -224,9 +224,8 @@ def test_ddp_resume_with_dropout_is_exact(tmp_path):
     last = split / "checkpoints" / "last.pt"
     ranks = Checkpoint.load(last).resume["ranks"]
     assert not torch.equal(ranks[0]["rng"]["torch"], ranks[1]["rng"]["torch"])  # two streams
-    torchrun_train(
-        tmp_path, *common, "train.max_steps=8", f"hydra.run.dir={split}", f"resume={last}"
-    )
+    resume = ["train.max_steps=8", f"hydra.run.dir={split}", f"resume={last}"]
+    torchrun_train(tmp_path, *common, *resume)
     a = Checkpoint.load(whole / "checkpoints" / "last.pt")
     b = Checkpoint.load(last)
     assert a.step == b.step == 8

@@ -168,7 +168,6 @@ class ItemBatches:
 
     def __init__(self, dataset: CharDataset, global_batch: int, seed: int, pack: int = 0):
         self.n, self.batch_size, self.seed = len(dataset), global_batch, seed
-        assert self.n >= 1 and global_batch >= 1, "needs at least one item and a batch of one"
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch = 0  # permutations drawn so far; the current one is number `epoch`
         self.position = 0  # indices of the current permutation already handed out

@@ -137,8 +137,6 @@ class RepeatsData(LinesData):
             raise DataError(
                 f"data.repeats.items={items} must be at least 3 (one each for train, val and test)"
             )
-        if not 0 <= r.seed < 2**63:
-            raise DataError(f"data.repeats.seed={r.seed} must be in [0, 2**63)")
         # per item: its characters, and a random order of the whole vocabulary (repeated_spans)
         check_memory(
             items_bytes(items, length + 1 + len(chars)),

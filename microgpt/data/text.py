@@ -214,9 +214,8 @@ class TextData(Data):
         tokenizer = CharTokenizer.from_items([text])
         ids, (a, b, n) = encode_text(text, tokenizer), split.bounds
         val, test = (TextWindows(part, block_size, device) for part in (ids[a:b], ids[b:n]))
-        return cls(
-            found, tokenizer, split, block_size, {"val": val, "test": test}, train_ids=ids[:a]
-        )
+        datasets = {"val": val, "test": test}
+        return cls(found, tokenizer, split, block_size, datasets, train_ids=ids[:a])
 
     @classmethod
     def from_checkpoint(cls, ckpt, device="cpu") -> TextData:

@@ -60,25 +60,14 @@ def _first_pass(model, batches, members, chars, width: int):
     """One pass: each head's mean output (W_O's input) over the real positions (L, H, hd) and at
     each position (L, H, width, hd), and the pattern sums per layer (roles.pattern_sums)."""
     c = model.config
-    L, H, hd, C = c.n_layer, c.n_head, c.head_dim, c.n_embd
-    out_sums = torch.zeros(L, width, C, dtype=torch.float64)  # per position
-    per_position = torch.zeros(width, dtype=torch.float64)  # real queries at each position
+    L, H, hd = c.n_layer, c.n_head, c.head_dim
     sums: list[dict[str, Tensor]] = [{} for _ in range(L)]
-    # each layer's head outputs z (B, T, H, hd) in the pass; the hook returns None (append's):
-    # the model's output is unchanged
-    outputs: list[Tensor] = []
-    with circuits.hooked_heads(model, lambda layer, z: outputs.append(z)):
-        for x, y in batches:
-            real = y >= 0  # (B, T)
-            outputs.clear()
-            _, _, attention = model.forward_with_attention(x)
-            per_position[: x.shape[1]] += real.sum(dim=0).double().cpu()
-            for layer, (z, att) in enumerate(zip(outputs, attention)):
-                # (B, T, H, hd) -> (B, T, C): head h at channels [h*hd, (h+1)*hd), real positions
-                z = z.reshape(*z.shape[:2], C) * real.to(z.dtype)[..., None]
-                out_sums[layer, : z.shape[1]] += z.sum(dim=0).double().cpu()  # (T, C)
-                for key, value in roles.pattern_sums(att, x, real, members, chars).items():
-                    sums[layer][key] = sums[layer].get(key, 0) + value.cpu()
+
+    def add_patterns(layer: int, att: Tensor, x: Tensor, real: Tensor) -> None:
+        for key, value in roles.pattern_sums(att, x, real, members, chars).items():
+            sums[layer][key] = sums[layer].get(key, 0) + value.cpu()
+
+    out_sums, per_position = circuits.output_sums(model, batches, width, add_patterns)
     means = out_sums.sum(dim=1) / per_position.sum().clamp(min=1)  # (L, C)
     at = out_sums / per_position.clamp(min=1)[None, :, None]  # (L, T, C)
     at = at.view(L, width, H, hd).transpose(1, 2)  # (L, T, C) -> (L, H, T, hd)

@@ -75,22 +75,40 @@ def replaced_heads(model, drop: Tensor, value: Tensor | None = None):
     return hooked_heads(model, hook)
 
 
+def output_sums(model, batches, width: int, each=None) -> tuple[Tensor, Tensor]:
+    """One pass over the batches: each head's output z (W_O's input) summed over the rows' real
+    positions (y >= 0), at each position, (L, width, C) float64 on the CPU (head h at channels
+    [h*hd, (h+1)*hd)), and the real queries at each position (width,); `each(layer, attention
+    (B, H, T, T), x, real)` sees every layer's attention on the way."""
+    L, C = model.config.n_layer, model.config.n_embd
+    sums = torch.zeros(L, width, C, dtype=torch.float64)
+    per_position = torch.zeros(width, dtype=torch.float64)
+    # each layer's head outputs z (B, T, H, hd) in the pass; the hook returns None (append's):
+    # the model's output is unchanged
+    outputs: list[Tensor] = []
+    with hooked_heads(model, lambda layer, z: outputs.append(z)):
+        for x, y in batches:
+            real = y >= 0  # (B, T)
+            outputs.clear()
+            _, _, attention = model.forward_with_attention(x)
+            per_position[: x.shape[1]] += real.sum(dim=0).double().cpu()
+            for layer, (z, att) in enumerate(zip(outputs, attention)):
+                # (B, T, H, hd) -> (B, T, C), real positions
+                z = z.reshape(*z.shape[:2], C) * real.to(z.dtype)[..., None]
+                sums[layer, : z.shape[1]] += z.sum(dim=0).double().cpu()  # (T, C)
+                if each is not None:
+                    each(layer, att, x, real)
+    return sums, per_position
+
+
 @torch.no_grad()
 def mean_outputs(model, batches) -> Tensor:
     """(L, H, hd) each head's mean output z over every real position (y >= 0) of the batches: the
-    value of mean ablation, as the analysis computes it (float64 sums over batches)."""
+    value of mean ablation, as the analysis computes it (output_sums)."""
     c = model.config
-    sums, count, outputs = torch.zeros(c.n_layer, c.n_embd, dtype=torch.float64), 0, []
-    with hooked_heads(model, lambda layer, z: outputs.append(z)):
-        for x, y in batches:
-            outputs.clear()
-            model(x)
-            real = (y >= 0).to(outputs[0].dtype)[..., None]  # (B, T, 1)
-            for layer, z in enumerate(outputs):  # (B, T, H, hd) -> (B, T, C), real positions
-                z = z.reshape(*z.shape[:2], c.n_embd) * real
-                sums[layer] += z.sum(dim=0).double().sum(dim=0)  # over rows, then positions
-            count += int((y >= 0).sum())
-    return (sums / max(count, 1)).view(c.n_layer, c.n_head, c.head_dim).float()
+    sums, per_position = output_sums(model, batches, max(x.shape[1] for x, _ in batches))
+    means = sums.sum(dim=1) / per_position.sum().clamp(min=1)  # (L, C)
+    return means.view(c.n_layer, c.n_head, c.head_dim).float()
 
 
 # ----------------------------------------------------------------------------- importance

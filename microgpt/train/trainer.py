@@ -266,8 +266,7 @@ class Trainer:
             f"{self.tokenizer.vocab_size}, block {m.block_size}{split}\n"
             f"train {c.train.max_steps} steps x batch {self.global_batch}{ranks}, lr "
             f"{c.optim.lr:g} ({c.optim.warmup_steps} warmup, {c.optim.decay}), seed {c.seed} | "
-            f"{self.device}"
-            f"{precision}{compiled}, {threads} thread{'s' if threads > 1 else ''}"
+            f"{self.device}{precision}{compiled}, {threads} thread{'s' if threads > 1 else ''}"
         )
 
     def _finish(self, metrics: dict) -> None:

@@ -107,7 +107,7 @@ def _check_ours(out: Path) -> None:
     if out.is_symlink() or not out.is_dir():
         raise BandsError(f"{out} is {'a link' if out.is_symlink() else 'a file'}; {fix}")
     try:
-        made = json.loads(files.read_regular(out / OWNER_FILE))
+        made = files.read_json(out / OWNER_FILE)
         ours = made["made_by"] == MADE_BY and set(made["groups"])
     except (OSError, ValueError, KeyError, TypeError):
         ours = None
@@ -171,9 +171,8 @@ def write_bands(sweep: str | os.PathLike) -> list[Group[RunFolder]]:
             folder_name(g): {"runs": [r.name_under(root) for r in g.runs], "seeds": g.seeds}
             for g in written
         }
-        files.write_text(
-            new / OWNER_FILE, json.dumps({"made_by": MADE_BY, "groups": made}, indent=1)
-        )
+        owner = {"made_by": MADE_BY, "groups": made}
+        files.write_text(new / OWNER_FILE, json.dumps(owner, indent=1))
         if os.path.lexists(out):
             os.rename(out, old)  # checked ours above; kept until the new one has its name
         try:

@@ -53,9 +53,8 @@ TEXT_TINY = ["data.format=text", "model.block_size=16"]
 def text_cfg(tmp_path, play_file):
     def make(*extra, out: Path | None = None):
         out = out or tmp_path / "run"
-        return compose_config(
-            [*TINY, *TEXT_TINY, f"data.path={play_file}", f"out_dir={out}", *extra]
-        )
+        data = [*TEXT_TINY, f"data.path={play_file}"]
+        return compose_config([*TINY, *data, f"out_dir={out}", *extra])
 
     return make
 

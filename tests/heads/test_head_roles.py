@@ -100,9 +100,8 @@ def vowel_model(tok, beta: float = 12.0) -> GPT:
     embedding is e_id + e_bias, so after RMSNorm every query reads the same bias channel."""
     V = tok.vocab_size
     C = V + 1  # one channel per token, then a bias channel
-    model = GPT(
-        GPTConfig(vocab_size=V, block_size=BLOCK, n_layer=1, n_embd=C, n_head=1, norm="rmsnorm")
-    )
+    sizes = {"block_size": BLOCK, "n_layer": 1, "n_embd": C, "n_head": 1}
+    model = GPT(GPTConfig(vocab_size=V, norm="rmsnorm", **sizes))
     vowels = [tok.stoi[c] for c in "aeiou" if c in tok.stoi]
     with torch.no_grad():
         model.wpe.weight.zero_()
@@ -153,9 +152,8 @@ def induction_circuit(V: int, T: int = 16, beta: float = 30.0, heads: int = 1) -
     uses the C query, key and value channels of its own block."""
     C = 2 * V + T
     E = heads * C
-    model = GPT(
-        GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_embd=E, n_head=heads, norm="rmsnorm")
-    )
+    sizes = {"block_size": T, "n_layer": 2, "n_embd": E, "n_head": heads}
+    model = GPT(GPTConfig(vocab_size=V, norm="rmsnorm", **sizes))
     tok, pos, prev = slice(0, V), slice(V, V + T), slice(V + T, C)
     eye_v, eye_t = torch.eye(V), torch.eye(T)
     with torch.no_grad():

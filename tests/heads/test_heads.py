@@ -401,9 +401,8 @@ def test_rank_correlation():
     assert circuits.rank_correlation(a, a**3) == pytest.approx(1.0)
     assert circuits.rank_correlation(a, -a) == pytest.approx(-1.0)
     # ranks 1 2 3 4 against 1 3 2 4: 1 - 6 * 2 / (4 * 15) = 0.8
-    assert circuits.rank_correlation(
-        torch.tensor([1.0, 2, 3, 4]), torch.tensor([1.0, 3, 2, 4])
-    ) == (pytest.approx(0.8))
+    swapped = torch.tensor([1.0, 2, 3, 4]), torch.tensor([1.0, 3, 2, 4])
+    assert circuits.rank_correlation(*swapped) == pytest.approx(0.8)
     assert math.isnan(circuits.rank_correlation(a, torch.ones(4)))
 
 
@@ -458,9 +457,8 @@ def test_copying_score_of_known_matrices():
     assert float(circuits.copying_score(-torch.eye(V))) == pytest.approx(-1.0)
     assert float(circuits.copying_score(torch.zeros(V, V))) == 0.0
     # a rotation by 90 degrees: eigenvalues +/- i, nothing raised or lowered
-    assert float(circuits.copying_score(torch.tensor([[0.0, -1], [1, 0]]))) == pytest.approx(
-        0.0, abs=1e-9
-    )
+    rotation = torch.tensor([[0.0, -1], [1, 0]])
+    assert float(circuits.copying_score(rotation)) == pytest.approx(0.0, abs=1e-9)
     # random matrices: no copying on average (the old positive-mass share gave 0.33 here)
     scores = torch.stack([circuits.copying_score(torch.randn(V, V)) for _ in range(200)])
     assert abs(float(scores.mean())) < 0.02

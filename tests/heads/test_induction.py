@@ -11,22 +11,12 @@ from microgpt.runs import RunFolder
 from tests.conftest import compose_config
 
 # the experiment made small: 10 characters, spans of 2..6 in items of 12, 32 channels, 200 steps
-SMALL = [
-    "experiment=induction",
-    "data.repeats.chars=abcdefghij",
-    "data.repeats.span=[2,6]",
-    "data.repeats.length=12",
-    "data.repeats.items=1000",
-    "model.n_embd=32",
-    "heads=2",
-    "optim.lr=3e-3",
-    "train.batch_size=32",
-    "train.max_steps=200",
-    "train.eval_every=200",
-    "train.num_samples=0",
-    "log.attn_every=200",
-    "log.head_items=64",
-]
+SMALL = (
+    "experiment=induction data.repeats.chars=abcdefghij data.repeats.span=[2,6] "
+    "data.repeats.length=12 data.repeats.items=1000 model.n_embd=32 heads=2 optim.lr=3e-3 "
+    "train.batch_size=32 train.max_steps=200 train.eval_every=200 train.num_samples=0 "
+    "log.attn_every=200 log.head_items=64"
+).split()
 
 
 def test_repeat_items_are_generated_from_their_own_seed():

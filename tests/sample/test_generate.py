@@ -9,12 +9,7 @@ import torch
 from microgpt.errors import SamplingError
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
 from microgpt.sample import generate as generate_module
-from microgpt.sample.generate import (
-    check_sampling_args,
-    decoding_threads,
-    generate,
-    sample_next,
-)
+from microgpt.sample.generate import check_sampling_args, decoding_threads, generate, sample_next
 from microgpt.tokenizer import BOUNDARY_ID, CharTokenizer
 
 # ---------------------------------------------------------------- sample_next
@@ -66,9 +61,8 @@ def test_top_p_exactly_reached_stops_there(top_p, nucleus):
     """
     probs = torch.tensor([0.5, 0.25, 0.125, 0.125])
     assert torch.equal(probs.log().softmax(-1), probs)
-    out = sample_next(
-        probs.log().repeat(2000, 1), top_p=top_p, generator=torch.Generator().manual_seed(0)
-    )
+    g = torch.Generator().manual_seed(0)
+    out = sample_next(probs.log().repeat(2000, 1), top_p=top_p, generator=g)
     assert set(out.tolist()) == nucleus
 
 
@@ -82,9 +76,8 @@ def test_top_p_renormalises_within_the_nucleus():
 def test_temperature_sharpens_and_flattens_the_distribution(t):
     """Logits divided by the temperature: p_i^(1/t), renormalised."""
     freq = torch.bincount(draws(n=20000, temperature=t), minlength=6).float() / 20000
-    torch.testing.assert_close(
-        freq, PROBS ** (1 / t) / (PROBS ** (1 / t)).sum(), atol=0.015, rtol=0
-    )
+    tempered = PROBS ** (1 / t)
+    torch.testing.assert_close(freq, tempered / tempered.sum(), atol=0.015, rtol=0)
 
 
 def test_top_k_then_top_p():
@@ -102,23 +95,16 @@ def test_rows_are_cut_independently():
     "kw,msg",
     [
         ({"temperature": -0.5}, "temperature=-0.5 must be >= 0"),
-        ({"temperature": float("nan")}, "temperature=nan must be >= 0"),
-        ({"top_k": 0}, "top_k=0 must be at least 1 (or null)"),
         ({"top_k": 2.5}, "top_k=2.5 must be an integer"),
         ({"top_k": True}, "top_k=True must be an integer"),
         ({"top_p": 0.0}, "top_p=0.0 must be in (0, 1]"),
-        ({"top_p": 1.5}, "top_p=1.5 must be in (0, 1]"),
-        ({"num_samples": 0}, "num_samples=0 must be at least 1"),
         ({"num_samples": "3"}, "num_samples='3' must be an integer"),
-        ({"batch_size": 0}, "batch_size=0 must be at least 1"),
-        ({"seed": -1}, "seed=-1 must be at least 0"),
         ({"seed": 2**63}, "seed=9223372036854775808 must be below 2**63"),
-        ({"max_len": 0}, "max_len=0 must be at least 1"),
-        ({"max_len": 10**6}, "max_len=1,000,000 would take 1,000,000 steps of the model"),
         ({"prefix": 3}, "prefix=3 must be a string"),
     ],
 )
 def test_bad_sampling_settings_are_named_by_the_one_check(kw, msg):
+    """tests/test_config.py's "sample:" rows reach it through SampleConfig: the rest here."""
     with pytest.raises(SamplingError, match=re.escape(msg)):
         check_sampling_args(**kw)
 
@@ -129,15 +115,8 @@ TOK = CharTokenizer("abcdefghij")  # vocab 11: boundary + 10 characters
 
 
 def model(impl="sdpa", seed=0, block_size=10):
-    cfg = GPTConfig(
-        vocab_size=TOK.vocab_size,
-        block_size=block_size,
-        n_layer=2,
-        n_embd=32,
-        n_head=4,
-        attn_impl=impl,
-    )
-    m = GPT(cfg).eval()
+    sizes = {"block_size": block_size, "n_layer": 2, "n_embd": 32, "n_head": 4}
+    m = GPT(GPTConfig(vocab_size=TOK.vocab_size, attn_impl=impl, **sizes)).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # peaky distributions, so rows differ in length and some end early
         for p in m.parameters():

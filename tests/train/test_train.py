@@ -42,9 +42,8 @@ def test_a_tiny_run_writes_events_samples_and_self_describing_checkpoints(tiny_c
     # TensorBoard's Scalars tab: groups are the prefixes before '/', sorted, the first two open
     groups = sorted({tag.split("/")[0] for tag in tags["scalars"]})
     assert groups[:2] == ["Loss", "heads"], groups
-    assert {"attention/layer0", "attention/layer0/head0", "attention/layer0/head1"} <= set(
-        tags["images"]
-    )
+    maps = {"attention/layer0", "attention/layer0/head0", "attention/layer0/head1"}
+    assert maps <= set(tags["images"])
     assert "per_head/layer0/head1/entropy" in tags["scalars"]
     # step 0, every log.attn_every, and the end
     assert [e.step for e in acc.Images("attention/layer0/head1")] == [0, 6, 12]

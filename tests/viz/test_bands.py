@@ -25,7 +25,7 @@ from tests.e2e.harness import changes, fingerprint
 
 # {run: (its config, its metrics.jsonl lines)}: heads=2 over seeds 1, 2, 3 (seed 3 stopped before
 # step 12), heads=4 over seeds 1, 2, heads=8 over seed 1 alone (no band)
-T, V = "Loss/train", "Loss/val"
+T, V, STATS = "Loss/train", "Loss/val", ("mean", "min", "max")
 RUNS = {
     "heads=2,seed=1": (2, 1, [{"step": 0, "time": 100.0, T: 3.0},
                               {"step": 6, "time": 160.0, T: 2.5, V: 2.75},
@@ -39,33 +39,21 @@ RUNS = {
     "heads=4,seed=2": (4, 2, [{"step": 6, "time": 20.0, T: 2.0, V: 2.5}]),
     "heads=8,seed=1": (8, 1, [{"step": 6, "time": 10.0, T: 1.0, V: 2.0}]),
 }  # fmt: skip
-# by hand: {group: {tag: [(step, value), ...]}}
-EXPECTED = {
-    "heads=2": {
-        # (2.75 + 2.25 + 3.5) / 3 (not the median, 2.75, nor the middle, 2.875); step 12: not
-        # in seed 3
-        "seeds/Loss/val/mean": [(6, 8.5 / 3)],
-        "seeds/Loss/val/min": [(6, 2.25)],
-        "seeds/Loss/val/max": [(6, 3.5)],
-        "seeds/Loss/train/mean": [(0, 11.25 / 3), (6, 8 / 3)],
-        "seeds/Loss/train/min": [(0, 3.0), (6, 2.0)],
-        "seeds/Loss/train/max": [(0, 4.75), (6, 3.5)],
-    },
-    "heads=4": {
-        "seeds/Loss/val/mean": [(6, 2.25)],
-        "seeds/Loss/val/min": [(6, 2.0)],
-        "seeds/Loss/val/max": [(6, 2.5)],
-        "seeds/Loss/train/mean": [(6, 1.5)],
-        "seeds/Loss/train/min": [(6, 1.0)],
-        "seeds/Loss/train/max": [(6, 2.0)],
-    },
+# by hand: {group: {loss: [(step, mean, min, max), ...]}}; heads=2's val mean (2.75 + 2.25 + 3.5)
+# / 3 (not the median, 2.75, nor the middle, 2.875); step 12: not in seed 3
+BY_HAND = {
+    "heads=2": {V: [(6, 8.5 / 3, 2.25, 3.5)], T: [(0, 11.25 / 3, 3.0, 4.75), (6, 8 / 3, 2.0, 3.5)]},
+    "heads=4": {V: [(6, 2.25, 2.0, 2.5)], T: [(6, 1.5, 1.0, 2.0)]},
 }
-MARGIN = {  # the margin charts: title -> (mean, lower, upper)
-    "Loss/val: mean over seeds, band min to max": (
-        "seeds/Loss/val/mean", "seeds/Loss/val/min", "seeds/Loss/val/max"),
-    "Loss/train: mean over seeds, band min to max": (
-        "seeds/Loss/train/mean", "seeds/Loss/train/min", "seeds/Loss/train/max"),
+EXPECTED = {  # {group: {tag: [(step, value), ...]}}
+    group: {f"seeds/{loss}/{stat}": [(p[0], p[k]) for p in points]
+            for loss, points in losses.items() for k, stat in enumerate(STATS, 1)}
+    for group, losses in BY_HAND.items()
 }  # fmt: skip
+MARGIN = {  # the margin charts: title -> (mean, lower, upper)
+    f"{loss}: mean over seeds, band min to max": tuple(f"seeds/{loss}/{s}" for s in STATS)
+    for loss in (V, T)
+}
 MARGIN_TAGS = list(MARGIN.values())
 
 
