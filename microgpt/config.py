@@ -20,7 +20,7 @@ from microgpt.data.dataset import data_format
 from microgpt.errors import UserError, first_line
 from microgpt.model import GPTConfig, check_gpt_settings
 from microgpt.sample.generate import check_sampling_args
-from microgpt.system import DEVICES, PRECISIONS, check_threads
+from microgpt.system import DEVICES, Precision, check_threads
 
 DECAYS = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")
@@ -119,7 +119,7 @@ class OptimConfig:
         )
         require_at_least(self, "optim.", 0, ("weight_decay", "warmup_steps", "grad_clip"))
         require_choice("optim.decay", self.decay, DECAYS)
-        require_choice("optim.muon_precision", self.muon_precision, ("auto", "fp32", "bf16"))
+        require_choice("optim.muon_precision", self.muon_precision, Precision.choices(fp16=False))
         require_choice("optim.muon_ortho", self.muon_ortho, MUON_ORTHOS)
         ratio = self.min_lr_ratio
         require(0 <= ratio <= 1, f"optim.min_lr_ratio={ratio} must be in [0, 1]")
@@ -154,7 +154,7 @@ class TrainConfig:
             f"the last step, before the test loss is written; at most {MAX_TRAIN_SAMPLES:,} here: "
             f"sample more afterwards with python sample.py num_samples=N out=FILE",
         )
-        require_choice("train.precision", self.precision, ("auto", *PRECISIONS))
+        require_choice("train.precision", self.precision, Precision.choices())
 
 
 @dataclass

@@ -16,6 +16,7 @@ import signal
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 import torch.distributed as dist
@@ -147,22 +148,39 @@ def pick_device(name: str, error: type[Exception] = ValueError) -> torch.device:
     return torch.device(name)
 
 
-# what a model's arithmetic runs in: train.precision; optim.muon_precision, which has no fp16
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+class Precision(str, Enum):
+    """What a model's arithmetic runs in: a setting (train.precision; optim.muon_precision, which
+    has no fp16) is one of `choices`, and `resolve` turns it, auto included, into one by the one
+    rule. A str: "fp16" compares equal to Precision.FP16, and prints as it."""
+
+    FP32, BF16, FP16 = "fp32", "bf16", "fp16"
+    __str__ = str.__str__
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.value, torch.float32)
+
+    @classmethod
+    def choices(cls, fp16: bool = True) -> tuple[str, ...]:
+        """A setting's values: auto, then the precisions (fp16 where the setting has it)."""
+        return ("auto", *(p.value for p in cls if fp16 or p is not cls.FP16))
+
+    @classmethod
+    def resolve(cls, setting: str, device: torch.device, fp16: bool = True) -> Precision:
+        """`setting` on `device`; auto: bf16 where the device multiplies it in hardware
+        (native_bf16), else fp16 on CUDA where the setting has it, else fp32."""
+        if setting != "auto":
+            return cls(setting)
+        cuda_fp16 = fp16 and device.type == "cuda"
+        return cls.BF16 if native_bf16(device) else cls.FP16 if cuda_fp16 else cls.FP32
 
 
-def resolve_precision(setting: str, device: torch.device, fp16: bool = True) -> str:
-    """A precision setting on `device`; auto: bf16 where the device multiplies it in hardware
-    (native_bf16), else fp16 on CUDA where the setting has it, else fp32."""
-    if setting != "auto":
-        return setting
-    return "bf16" if native_bf16(device) else "fp16" if fp16 and device.type == "cuda" else "fp32"
-
-
-def pick_precision(name: str, device: torch.device, error: type[Exception] = ValueError) -> str:
-    """train.precision on `device` (resolve_precision); bf16 on a GPU without it raises `error`."""
-    precision = resolve_precision(name, device)
-    if precision == "bf16" and device.type == "cuda" and not native_bf16(device):
+def pick_precision(
+    name: str, device: torch.device, error: type[Exception] = ValueError
+) -> Precision:
+    """train.precision on `device` (Precision.resolve); bf16 on a GPU without it raises `error`."""
+    precision = Precision.resolve(name, device)
+    if precision is Precision.BF16 and device.type == "cuda" and not native_bf16(device):
         raise error(
             f"train.precision=bf16 but {torch.cuda.get_device_name(device)} has no bf16 support; "
             f"use train.precision=fp16 (or auto, which picks it)"
@@ -174,9 +192,9 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     """The precision's autocast on the device (nothing for fp32). On the CPU, attention then runs
     PyTorch's math kernel: its bf16 flash-attention backward is about 10x slower than fp32's
     (torch 2.13), which cost more than bf16 saved everywhere else (docs/benchmarks.md)."""
-    stack = contextlib.ExitStack()
-    if precision != "fp32":
-        stack.enter_context(torch.autocast(device.type, PRECISIONS[precision]))
+    precision, stack = Precision(precision), contextlib.ExitStack()
+    if precision is not Precision.FP32:
+        stack.enter_context(torch.autocast(device.type, precision.dtype))
         if device.type == "cpu":
             stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
     return stack

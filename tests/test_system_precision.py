@@ -48,9 +48,9 @@ def test_auto_is_one_rule_bf16_where_the_device_multiplies_it(
 ):
     monkeypatch.setattr(system, "native_bf16", lambda device: native)
     where = torch.device(device)
-    assert system.resolve_precision("auto", where) == train
-    assert system.resolve_precision("auto", where, fp16=False) == muon
-    assert system.resolve_precision("fp32", where) == "fp32"
+    assert system.Precision.resolve("auto", where) == train
+    assert system.Precision.resolve("auto", where, fp16=False) == muon
+    assert system.Precision.resolve("fp32", where) is system.Precision.FP32
 
 
 def test_cpu_bf16_autocast_leaves_attention_to_the_math_kernel():

@@ -20,8 +20,8 @@ def make_optimizer(model: nn.Module, config: Config, device: torch.device) -> to
     """AdamW (or Muon), with weight decay on matrices only, never biases or gains."""
     o = config.optim
     if o.name == "muon":
-        precision = system.resolve_precision(o.muon_precision, device, fp16=False)
-        return Muon(model, o, system.PRECISIONS[precision])
+        precision = system.Precision.resolve(o.muon_precision, device, fp16=False)
+        return Muon(model, o, precision.dtype)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
