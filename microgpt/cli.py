@@ -141,10 +141,9 @@ class SeedBands(Callback):
             return
         if groups:
             names = ", ".join(f"{g.name} ({g.n} seeds)" for g in groups)
-            logging.getLogger(__name__).info(
-                f"TensorBoard's Custom Scalars: each group's mean over its seeds in a band from "
-                f"min to max, in {sweep / GROUPS_DIR}: {names}"
-            )
+            bands = "TensorBoard's Custom Scalars: each group's mean over its seeds in a band"
+            where = f"from min to max, in {sweep / GROUPS_DIR}"
+            logging.getLogger(__name__).info(f"{bands} {where}: {names}")
 
 
 class Labelled(logging.Formatter):
