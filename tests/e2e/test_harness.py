@@ -586,7 +586,7 @@ FAST = {
     "sample-progress", "sample-text-prefix-unknown", "sample-text-file-changed",
     "sigint-sampling-names", "sigterm-sampling-into-out", "sigint-compare-reading",
     "sigterm-generating-repeats", "data-my-book-missing", "compare-csv-and-json",
-    "sigint-analysing-heads", "sigterm-analysing-heads",
+    "sigint-analysing-heads", "sigterm-analysing-heads", "heads-json-link-out",
     # issue 43: a link in a run, a FIFO read, a bad metrics line, weights no run writes
     "resume-link-metrics-out", "resume-link-best-sibling", "resume-link-log-to-nothing",
     "heads-json-link-to-config",
