@@ -207,8 +207,7 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
     if saved is None:  # a new run, or a checkpoint that cannot be resumed
         return cfg
     merged = OmegaConf.create(saved)
-    task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    for override in task:
+    for override in HydraConfig.get().overrides.task if HydraConfig.initialized() else []:
         key = override.split("=", 1)[0].lstrip("+~")
         if key.startswith("hydra") or key in ("resume", "out_dir"):
             continue

@@ -38,10 +38,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", replace: bool = True
             yield f
             f.flush()
             os.fsync(f.fileno())
-        if replace:
-            os.replace(tmp, path)
-        else:
-            _link_new(tmp, path)
+        (os.replace if replace else _link_new)(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

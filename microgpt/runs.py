@@ -285,8 +285,7 @@ def _write_claim(folder: Path, run_id: str) -> bool:
     folder.mkdir(parents=True, exist_ok=True)
     claim = {"run_id": run_id, "pid": os.getpid(), "started": time.time(), "argv": sys.argv}
     try:
-        with files.atomic_write(folder / files.RUN_FILE, "w", replace=False) as f:
-            f.write(json.dumps(claim) + "\n")
+        files.write_text(folder / files.RUN_FILE, json.dumps(claim) + "\n", replace=False)
         return True
     except FileExistsError:
         return False

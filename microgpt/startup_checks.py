@@ -94,19 +94,15 @@ def _settings(job: list[str]) -> dict[str, str]:
 
 def _overrides(argv: list[str]) -> list[str]:
     """The key=value arguments; `--heads=4` (a flag Hydra does not know) is a UserError."""
-    overrides = []
     for i, arg in enumerate(argv):
-        if arg in FLAGS or arg.split("=", 1)[0] in FLAGS:
-            continue
-        if arg.startswith("-"):
+        if arg.startswith("-") and arg.split("=", 1)[0] not in FLAGS:
             name, _, value = arg.lstrip("-").partition("=")
             nxt = argv[i + 1] if i + 1 < len(argv) else ""
             if not value and nxt and "=" not in nxt and not nxt.startswith("-"):
                 value = nxt
             written = f"{name}={value or 'VALUE'}"
             raise UserError(f"{arg}: settings are written {written}, without dashes")
-        overrides.append(arg)
-    return overrides
+    return [arg for arg in argv if arg.split("=", 1)[0] not in FLAGS]
 
 
 def _parse(overrides: list[str]) -> list:
