@@ -66,12 +66,10 @@ def quote_values(argv: list[str]) -> list[str]:
         if eq and key.lstrip("+") in EXPANDED and value.startswith("~"):
             value = os.path.expanduser(value)
         typed = value[:1] in ("'", '"', "[", "{") or "${" in value
-        if not eq or arg.startswith("-") or typed or BARE_VALUE.fullmatch(value):
-            out.append(f"{key}={value}" if eq and not arg.startswith("-") else arg)
-        else:
-            quote = next((q for q in ("'", '"') if q not in value), "")
-            # a value holding both quotes stays bare: Hydra says what it cannot read
-            out.append(f"{key}={quote}{value}{quote}")
+        bare = not eq or arg.startswith("-") or typed or BARE_VALUE.fullmatch(value)
+        # a value holding both quotes stays bare: Hydra says what it cannot read
+        quote = "" if bare else next((q for q in ("'", '"') if q not in value), "")
+        out.append(f"{key}={quote}{value}{quote}" if eq and not arg.startswith("-") else arg)
     return out
 
 
