@@ -23,8 +23,6 @@ from microgpt.tokenizer import CharTokenizer
 
 FORMAT = "microgpt-checkpoint"
 VERSION = 1
-# torch.save writes a zip archive; anything else is never unpickled
-ZIP_MAGIC = b"PK\x03\x04"
 # settings that may differ when a run is resumed (names, or "log.": all of log; no setting's name
 # starts with another's); the data's content (items, split, tokenizer) must match, wherever it lies
 RESUMABLE_CHANGES = tuple(
@@ -44,10 +42,6 @@ class CheckpointError(UserError):
 def _is(kind, value) -> bool:
     """isinstance, with a bool no number (True is an int to Python)."""
     return isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, NUMBER))
-
-
-def _is_count(value) -> bool:
-    return _is(int, value) and value >= 0
 
 
 def _is_tokenizer(value) -> bool:
@@ -70,9 +64,8 @@ def _is_split(v) -> bool:
 
 def _is_resume(v) -> bool:
     """last.pt's training state: optimizer, sampler (its global batch) and random states."""
-    if not (_mapping()(v) and all(_is(dict, v.get(k)) for k in ("optimizer", "sampler", "rng"))):
-        return False
-    return _is(int, v["sampler"].get("batch_size")) and _is(NUMBER, v.get("best_val_loss"))
+    ok = _mapping()(v) and all(_is(dict, v.get(k)) for k in ("optimizer", "sampler", "rng"))
+    return ok and _is(int, v["sampler"].get("batch_size")) and _is(NUMBER, v.get("best_val_loss"))
 
 
 TRAIN_GROUPS = ("model", "data", "optim", "train", "log")  # train_config's
@@ -85,6 +78,11 @@ def _checked(must: str, ok, **default):
     return field(**default, metadata={"must": must, "ok": check})
 
 
+def _optional(must: str, ok):
+    """A Checkpoint field that may be None (not saved), else ok(value)."""
+    return _checked(must, ok, default=None)
+
+
 @dataclass
 class Checkpoint:
     """The plain module's state_dict and what rebuilds it, the run's settings, step, metrics and
@@ -94,34 +92,24 @@ class Checkpoint:
     model: dict = _checked("a mapping of parameter names to tensors", _mapping(torch.Tensor))
     model_config: dict = _checked("a mapping of the model's settings", _mapping())
     tokenizer: dict = _checked("a mapping: chars a string, boundary_id 0", _is_tokenizer)
-    train_config: dict | None = _checked(
+    train_config: dict | None = _optional(
         f"a mapping with the groups {', '.join(TRAIN_GROUPS)} (each a mapping)",
         lambda v: _mapping()(v) and all(_mapping()(v.get(group)) for group in TRAIN_GROUPS),
-        default=None,
     )
-    step: int | None = _checked("a non-negative integer", _is_count, default=None)
+    step: int | None = _optional("a non-negative integer", lambda v: _is(int, v) and v >= 0)
     metrics: dict = _checked(
         "a mapping of names to numbers", _mapping(NUMBER), default_factory=dict
     )
-    split: dict | None = _checked(
-        "lists of the train, val and test items (strings), or a text's bounds",
-        _is_split,
-        default=None,
+    split: dict | None = _optional(
+        "lists of the train, val and test items (strings), or a text's bounds", _is_split
     )
-    run_id: str | None = _checked("a string", lambda v: _is(str, v), default=None)
-    data_sha256: str | None = _checked("a string", lambda v: _is(str, v), default=None)
-    resume: dict | None = _checked(
-        "a mapping of the optimizer, sampler and random states", _is_resume, default=None
+    run_id: str | None = _optional("a string", lambda v: _is(str, v))
+    data_sha256: str | None = _optional("a string", lambda v: _is(str, v))
+    resume: dict | None = _optional(
+        "a mapping of the optimizer, sampler and random states", _is_resume
     )
     # where it was loaded from (not saved), for its errors
     path: Path = field(default=Path("checkpoint"), compare=False)
-
-    def __post_init__(self):
-        # a run from before data.split_seed split its items by its seed: say so where it is read
-        config = self.train_config if isinstance(self.train_config, dict) else {}  # else: refused
-        data, seed = config.get("data"), config.get("seed")
-        if isinstance(data, dict) and "split_seed" not in data and _is(int, seed):
-            data["split_seed"] = seed
 
     @property
     def data(self) -> dict:
@@ -180,9 +168,8 @@ class Checkpoint:
             try:
                 loaded = cls(**validated(raw), path=path)
             except (ValueError, TypeError) as e:
-                raise CheckpointError(
-                    f"checkpoint {path}: field {e}; it is not in microgpt's checkpoint format"
-                ) from None
+                why = f"checkpoint {path}: field {e}; it is not in microgpt's checkpoint format"
+                raise CheckpointError(why) from None
             loaded.check_weights()
             return loaded
         raise CheckpointError(f"{path} {problem}")
@@ -197,14 +184,13 @@ class Checkpoint:
                 expected = GPT(GPTConfig(**self.model_config)).state_dict()
         except (TypeError, ValueError, KeyError, RuntimeError):
             return
-        shape = lambda t: "x".join(map(str, t.shape))  # noqa: E731
+        shape = lambda d, k: "x".join(map(str, d[k].shape)) if k in d else "none"  # noqa: E731
         wrong = [k for k in expected.keys() | self.model.keys() if k not in self.model
                  or k not in expected or self.model[k].shape != expected[k].shape]  # fmt: skip
         bad = [k for k, t in self.model.items() if t.is_floating_point() and not t.isfinite().all()]
         if wrong:
             k = sorted(wrong)[0]
-            got = shape(self.model[k]) if k in self.model else "none"
-            want = shape(expected[k]) if k in expected else "none"
+            got, want = shape(self.model, k), shape(expected, k)
             why = f"weights of the wrong shape for its model ({k}: {got}, its config gives {want})"
         elif bad:
             why = f"weights that are not finite ({sorted(bad)[0]} holds NaN or inf)"
@@ -222,10 +208,9 @@ class Checkpoint:
         except (TypeError, ValueError, RuntimeError, KeyError) as e:
             raise CheckpointError(f"{self.path} holds a model that cannot be rebuilt: {reason(e)}")
         if tokenizer.vocab_size != config.vocab_size:
-            raise CheckpointError(
-                f"{self.path} does not hang together: its tokenizer has {tokenizer.vocab_size} "
-                f"symbols, its model {config.vocab_size}; use an unedited checkpoint"
-            )
+            raise CheckpointError(f"{self.path} does not hang together: its tokenizer has "
+                                  f"{tokenizer.vocab_size} symbols, its model {config.vocab_size}; "
+                                  f"use an unedited checkpoint")  # fmt: skip
         return model.to(device).eval(), tokenizer
 
     def check_resumable(self, current: Checkpoint, global_batch: int, world_size: int) -> None:
@@ -233,10 +218,8 @@ class Checkpoint:
         naming what differs: the head count, settings outside RESUMABLE_CHANGES, the model, the
         data, the global batch, or no steps left."""
         if self.resume is None:
-            raise CheckpointError(
-                f"{self.path} has no training state (best.pt holds weights only); resume from "
-                f"checkpoints/last.pt"
-            )
+            raise CheckpointError(f"{self.path} has no training state (best.pt holds weights "
+                                  f"only); resume from checkpoints/last.pt")  # fmt: skip
         mine = current.model_config
         heads, asked = self.model_config["n_head"], mine["n_head"]
         # a setting added to microgpt after the checkpoint was written counts as its default
@@ -248,38 +231,29 @@ class Checkpoint:
         max_steps, saved_batch = now["train.max_steps"], self.resume["sampler"]["batch_size"]
         ranks = self.resume.get("world_size", 1)
         if heads != asked:
-            why = (
-                f"the head count of a run cannot change (it has {heads} heads, heads={asked} asks "
-                f"for {asked}); resume without heads=, or start a new run with heads={asked}"
-            )
+            why = (f"the head count of a run cannot change (it has {heads} heads, heads={asked} "
+                   f"asks for {asked}); resume without heads=, or start a new run with "
+                   f"heads={asked}")  # fmt: skip
         elif refused:
-            details = ", ".join(
-                f"{k}: {was.get(k)!r} in the checkpoint, {now.get(k)!r} now" for k in refused
-            )
+            details = ", ".join(f"{k}: {was.get(k)!r} in the checkpoint, {now.get(k)!r} now"
+                                for k in refused)  # fmt: skip
             allowed = ", ".join(r.rstrip(".") for r in RESUMABLE_CHANGES)
-            why = (
-                f"settings differ from the checkpoint's ({details}); only {allowed} may change, "
-                f"or start a new run"
-            )
+            why = (f"settings differ from the checkpoint's ({details}); only {allowed} may "
+                   f"change, or start a new run")  # fmt: skip
         elif differing:
             why = f"the model differs in {', '.join(differing)}"
         elif self.split != current.split or self.tokenizer != current.tokenizer:
-            why = (
-                f"the data of a run cannot change, and data.path={now['data.path']} holds other "
-                f"data than the run's {self.data.get('path')}; resume with the run's own data, or "
-                f"start a new run"
-            )
+            why = (f"the data of a run cannot change, and data.path={now['data.path']} holds other "
+                   f"data than the run's {self.data.get('path')}; resume with the run's own data, "
+                   f"or start a new run")  # fmt: skip
         elif self.step >= max_steps:
-            why = (
-                f"nothing to resume: {self.path} is at step {self.step} and train.max_steps="
-                f"{max_steps}; pass a larger train.max_steps"
-            )
+            why = (f"nothing to resume: {self.path} is at step {self.step} and train.max_steps="
+                   f"{max_steps}; pass a larger train.max_steps")  # fmt: skip
         elif saved_batch != global_batch:  # the data order is drawn per global batch
-            why = (
-                f"it was trained with a global batch of {saved_batch} ({ranks} rank"
-                f"{'s' if ranks != 1 else ''}) but this run's is {global_batch} (train.batch_size="
-                f"{now['train.batch_size']} x {world_size} ranks); resume on {ranks} rank(s)"
-            )
+            why = (f"it was trained with a global batch of {saved_batch} ({ranks} rank"
+                   f"{'s' if ranks != 1 else ''}) but this run's is {global_batch} "
+                   f"(train.batch_size={now['train.batch_size']} x {world_size} ranks); resume on "
+                   f"{ranks} rank(s)")  # fmt: skip
         else:
             return
         raise ConfigError(f"cannot resume from {self.path}: {why}")
@@ -319,6 +293,9 @@ def validated(raw: dict) -> dict:
         if "entropy_items" in config["log"]:  # log.head_items' name before issue 22
             config["log"].setdefault("head_items", config["log"].pop("entropy_items"))
         config["model"] = _model_settings(config["model"], "train_config.model")
+        # a run from before data.split_seed split its items by its seed: say so where it is read
+        if "split_seed" not in config["data"] and _is(int, config.get("seed")):
+            config["data"]["split_seed"] = config["seed"]
     return out
 
 
@@ -354,16 +331,14 @@ def _read(path: Path, map_location):
     one is an OSError, one line at the front door."""
     with open(path, "rb") as f:
         magic = f.read(4)
-    if magic != ZIP_MAGIC:
+    if magic != b"PK\x03\x04":  # torch.save writes a zip archive; anything else is never unpickled
         raise CheckpointError(f"{path} is not a microgpt checkpoint (not written by torch.save)")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:  # weights_only met what it does not load
-        raise CheckpointError(
-            f"refused to load {path}: it holds Python objects that could run code when "
-            f"unpickled, so it is not a microgpt checkpoint (or was tampered with)"
-        ) from None
+        raise CheckpointError(f"refused to load {path}: it holds Python objects that could run "
+                              f"code when unpickled, so it is not a microgpt checkpoint (or was "
+                              f"tampered with)") from None  # fmt: skip
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as e:
-        raise CheckpointError(
-            f"{path} is truncated or corrupt ({reason(e)}); use another checkpoint"
-        ) from None
+        why = f"{path} is truncated or corrupt ({reason(e)}); use another checkpoint"
+        raise CheckpointError(why) from None

@@ -66,12 +66,10 @@ def quote_values(argv: list[str]) -> list[str]:
         if eq and key.lstrip("+") in EXPANDED and value.startswith("~"):
             value = os.path.expanduser(value)
         typed = value[:1] in ("'", '"', "[", "{") or "${" in value
-        if not eq or arg.startswith("-") or typed or BARE_VALUE.fullmatch(value):
-            out.append(f"{key}={value}" if eq and not arg.startswith("-") else arg)
-        else:
-            quote = next((q for q in ("'", '"') if q not in value), "")
-            # a value holding both quotes stays bare: Hydra says what it cannot read
-            out.append(f"{key}={quote}{value}{quote}")
+        bare = not eq or arg.startswith("-") or typed or BARE_VALUE.fullmatch(value)
+        # a value holding both quotes stays bare: Hydra says what it cannot read
+        quote = "" if bare else next((q for q in ("'", '"') if q not in value), "")
+        out.append(f"{key}={quote}{value}{quote}" if eq and not arg.startswith("-") else arg)
     return out
 
 
@@ -141,10 +139,9 @@ class SeedBands(Callback):
             return
         if groups:
             names = ", ".join(f"{g.name} ({g.n} seeds)" for g in groups)
-            logging.getLogger(__name__).info(
-                f"TensorBoard's Custom Scalars: each group's mean over its seeds in a band from "
-                f"min to max, in {sweep / GROUPS_DIR}: {names}"
-            )
+            bands = "TensorBoard's Custom Scalars: each group's mean over its seeds in a band"
+            where = f"from min to max, in {sweep / GROUPS_DIR}"
+            logging.getLogger(__name__).info(f"{bands} {where}: {names}")
 
 
 class Labelled(logging.Formatter):
@@ -208,8 +205,7 @@ def resume_settings(cfg: DictConfig) -> DictConfig:
     if saved is None:  # a new run, or a checkpoint that cannot be resumed
         return cfg
     merged = OmegaConf.create(saved)
-    task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    for override in task:
+    for override in HydraConfig.get().overrides.task if HydraConfig.initialized() else []:
         key = override.split("=", 1)[0].lstrip("+~")
         if key.startswith("hydra") or key in ("resume", "out_dir"):
             continue

@@ -24,9 +24,8 @@ def decode_utf8(raw: bytes, where) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise DataError(
-            f"data file {where} is not UTF-8 (first bad byte on line {line}); re-save it as UTF-8"
-        ) from None
+        why = f"data file {where} is not UTF-8 (first bad byte on line {line}); re-save it as UTF-8"
+        raise DataError(why) from None
 
 
 def first_line(e: BaseException) -> str:

@@ -38,10 +38,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", replace: bool = True
             yield f
             f.flush()
             os.fsync(f.fileno())
-        if replace:
-            os.replace(tmp, path)
-        else:
-            _link_new(tmp, path)
+        (os.replace if replace else _link_new)(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -127,14 +124,9 @@ def is_system_path(path: str | os.PathLike) -> bool:
     return any((str(path) + os.sep).startswith(r + os.sep) for r in ("/dev", "/proc", "/sys"))
 
 
-def check_new_file(
-    path: str | os.PathLike,
-    setting: str = "out",
-    overwrite: bool = False,
-    protected: dict | None = None,
-    overwrite_hint: str = "overwrite=true",
-    own: bool = False,
-) -> Path:
+def check_new_file(path: str | os.PathLike, setting: str = "out", overwrite: bool = False,
+                   protected: dict | None = None, overwrite_hint: str = "overwrite=true",
+                   own: bool = False) -> Path:  # fmt: skip
     """THE rule for every file a command writes: where `setting=path` may go (a symlink's target,
     in the link's own folder). A new file; an existing regular one only if it is the command's
     `own` (heads-best.json in a run: never through a link) or with `overwrite`; never a device, a
@@ -178,16 +170,12 @@ def check_new_file(
 def read_regular(path: str | os.PathLike, limit: int = 16 * 2**20) -> bytes:
     """The bytes of a regular file of at most `limit` bytes, opened without blocking: a FIFO, a
     device or a larger file is an OSError (nothing a server or a command opens can hang it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        info = os.fstat(fd)
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
             why = "not a regular file" if not stat.S_ISREG(info.st_mode) else "too large"
             raise OSError(errno.EINVAL, why, str(path))
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(limit + 1)[:limit]
-    finally:
-        os.close(fd)
+        return f.read(limit + 1)[:limit]
 
 
 def read_json(path: str | os.PathLike, limit: int = 16 * 2**20):

@@ -74,9 +74,8 @@ class RunFolder:
                 record = json.loads(raw.decode("utf-8"))
             except ValueError:  # not UTF-8 (UnicodeDecodeError), not JSON
                 record = None
-            numbers = isinstance(record, dict) and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in record.values()
-            )
+            values = record.values() if isinstance(record, dict) else [None]
+            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
             if numbers and isinstance(record.get("step"), int):
                 records.append(record)
             elif skipped is not None and raw.strip():
@@ -96,8 +95,7 @@ class RunFolder:
     def checkpoint_files(self) -> list[Path]:
         """The run's checkpoints: best.pt (the default), last.pt, then the snapshots in step
         order."""
-        found = [p for p in (self.best, self.last) if p.is_file()]
-        return found + [p for _, p in self.snapshots()]
+        return [p for p in (self.best, self.last) if p.is_file()] + [p for _, p in self.snapshots()]
 
     def default_checkpoint(self) -> Path | None:
         """best.pt, else last.pt, else None."""
@@ -159,10 +157,8 @@ def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
         return run, checkpoint
     inside = [str(c.parent.parent) for c in find_checkpoints((p,), "best.pt")]
     hint = f"; it holds these runs: {', '.join(inside[:5])}" if inside else ""
-    raise RunFolderError(
-        f"{p} holds no checkpoints/best.pt or checkpoints/last.pt; pass a run folder or a "
-        f"checkpoint file{hint}"
-    )
+    raise RunFolderError(f"{p} holds no checkpoints/best.pt or checkpoints/last.pt; pass a run "
+                         f"folder or a checkpoint file{hint}")  # fmt: skip
 
 
 def find_checkpoints(roots=RUN_ROOTS, name: str = "best.pt") -> list[Path]:
@@ -177,12 +173,9 @@ def find_runs(folder: str | os.PathLike) -> list[RunFolder]:
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise RunFolderError(f"{root} is not a folder; pass a sweep or run folder")
-    found = {
-        p.parent
-        for p in root.rglob("events.out.tfevents.*")
-        if (p.parent / CONFIG_FILE).is_file()
-        and not any(part.startswith(".") for part in p.parent.relative_to(root).parts)
-    }
+    events = root.rglob("events.out.tfevents.*")
+    found = {p.parent for p in events if (p.parent / CONFIG_FILE).is_file()}
+    found = {f for f in found if not any(s.startswith(".") for s in f.relative_to(root).parts)}
     if not found:
         raise RunFolderError(f"no runs under {root}; pass a folder of runs (multirun/<d>/<t>)")
     return [RunFolder(p) for p in sorted(found)]
@@ -196,10 +189,9 @@ def latest_checkpoint(roots=RUN_ROOTS) -> Path | None:
 
 def parse_resume(value) -> bool | str:
     """resume as typed (false, true, "True", None, a path) -> False, True or the path."""
-    word = str(value).lower()  # None and False read "none" and "false", True "true"
-    if word in ("false", "none", "null", ""):
-        return False
-    return True if word == "true" else str(value)
+    # None and False read "none" and "false", True "true"
+    words = {"false": False, "none": False, "null": False, "": False, "true": True}
+    return words.get(str(value).lower(), str(value))
 
 
 def resolve_resume(resume, out_dir=None) -> tuple[RunFolder | None, Path | None]:
@@ -216,10 +208,8 @@ def resolve_resume(resume, out_dir=None) -> tuple[RunFolder | None, Path | None]
         lasts = [run.last] if run else find_checkpoints(RUN_ROOTS, "last.pt")
         if not lasts or not lasts[0].exists():
             where = f"{lasts[0]} does not exist" if lasts else f"no last.pt under {RUN_ROOTS}"
-            raise RunFolderError(
-                f"resume=true but there is no run to resume ({where}); pass resume=PATH, or "
-                f"start a new run"
-            )
+            raise RunFolderError(f"resume=true but there is no run to resume ({where}); pass "
+                                 f"resume=PATH, or start a new run")  # fmt: skip
         return run_of(lasts[0]), lasts[0]
     p = Path(resume).expanduser()
     if not p.is_dir():
@@ -257,9 +247,7 @@ def _foreign(folder: Path, ours: bool = True, claims: bool = False) -> list[str]
     )
 
 
-def check_new(
-    folder: str | os.PathLike, setting: str = "", what: str | None = "a run", ours: bool = True
-) -> None:
+def check_new(folder, setting: str = "", what: str | None = "a run", ours: bool = True) -> None:
     """Refuse (RunFolderError) a folder `what` (a run, a sweep; None: any run, its disk only) may
     not use: a system path, a file, a read-only or full disk, a run or a folder inside one, other
     files (ours: Hydra's train.log there is this process's). A folder this process claimed
@@ -297,8 +285,7 @@ def _write_claim(folder: Path, run_id: str) -> bool:
     folder.mkdir(parents=True, exist_ok=True)
     claim = {"run_id": run_id, "pid": os.getpid(), "started": time.time(), "argv": sys.argv}
     try:
-        with files.atomic_write(folder / files.RUN_FILE, "w", replace=False) as f:
-            f.write(json.dumps(claim) + "\n")
+        files.write_text(folder / files.RUN_FILE, json.dumps(claim) + "\n", replace=False)
         return True
     except FileExistsError:
         return False
@@ -350,32 +337,23 @@ def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int
             )
     what = "a run" if resumed_from is None else "a resumed run"
     run_id = owned.run_id or claim_new(folder, run_id, what)  # a run started alongside stops here
-    lock(folder)  # until the run ends: one process per folder
+    if owned.lock_fd is None:  # a flock on .lock until `release`: one process per folder
+        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            busy = f"{folder} is in use by another microgpt process (pid {holder})"
+            raise RunFolderError(f"{busy}; wait for it to end or stop it, then run again") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        owned.lock_fd = fd
     run.checkpoints.mkdir(exist_ok=True)
     files.remove_leftovers(run.checkpoints)
     name = CONFIG_FILE if resumed_from is None else f"config.resume-step{step}.yaml"
     files.write_text(folder / name, config_yaml)
     return run_id
-
-
-def lock(folder: str | os.PathLike) -> None:
-    """Hold a flock on <folder>/.lock until `release` (or the process ends), else RunFolderError."""
-    owned = _OWNED.setdefault(_key(folder), _Owned())
-    if owned.lock_fd is not None:
-        return
-    fd = os.open(Path(folder) / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise RunFolderError(
-            f"{folder} is in use by another microgpt process (pid {holder}); wait for it to end "
-            f"or stop it, then run again"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    owned.lock_fd = fd
 
 
 def release(folder: str | os.PathLike, forget: bool = True) -> None:
@@ -387,14 +365,13 @@ def release(folder: str | os.PathLike, forget: bool = True) -> None:
         owned.lock_fd = None
 
 
-def discard(before_removing=lambda folder: None, made_for=None) -> str | None:
+def discard(before_removing=lambda folder: None, made_for: Path | None = None) -> str | None:
     """After an error, remove the folders this process claimed that hold no checkpoint, and
     `made_for` (Hydra's) if it holds only an empty train.log; returns the last one removed."""
     doomed = [Path(key) for key, owned in _OWNED.items() if owned.made]
     for key in list(_OWNED):
         release(key)
     doomed = [f for f in doomed if f.is_dir() and not list(RunFolder(f).checkpoints.glob("*.pt"))]
-    made_for = Path(made_for) if made_for is not None else None
     if made_for and made_for.is_dir() and not _foreign(made_for, claims=True):
         doomed.append(made_for)
     for folder in doomed:

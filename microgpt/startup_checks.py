@@ -94,19 +94,15 @@ def _settings(job: list[str]) -> dict[str, str]:
 
 def _overrides(argv: list[str]) -> list[str]:
     """The key=value arguments; `--heads=4` (a flag Hydra does not know) is a UserError."""
-    overrides = []
     for i, arg in enumerate(argv):
-        if arg in FLAGS or arg.split("=", 1)[0] in FLAGS:
-            continue
-        if arg.startswith("-"):
+        if arg.startswith("-") and arg.split("=", 1)[0] not in FLAGS:
             name, _, value = arg.lstrip("-").partition("=")
             nxt = argv[i + 1] if i + 1 < len(argv) else ""
             if not value and nxt and "=" not in nxt and not nxt.startswith("-"):
                 value = nxt
             written = f"{name}={value or 'VALUE'}"
             raise UserError(f"{arg}: settings are written {written}, without dashes")
-        overrides.append(arg)
-    return overrides
+    return [arg for arg in argv if arg.split("=", 1)[0] not in FLAGS]
 
 
 def _parse(overrides: list[str]) -> list:
@@ -118,10 +114,8 @@ def _parse(overrides: list[str]) -> list:
         except HydraException as e:
             _leave_to_hydra_if_asked()
             why = first_line(e).replace("Error parsing override", "").strip(" '")
-            raise UserError(
-                f"{override}: cannot read the setting ({why}); write key=value, a value with '=' "
-                f"or spaces in quotes: run='multirun/x/heads=4'"
-            ) from None
+            how = "write key=value, a value with '=' or spaces in quotes: run='multirun/x/heads=4'"
+            raise UserError(f"{override}: cannot read the setting ({why}); {how}") from None
         key = o.get_key_element().lstrip("~")
         if o.is_delete() and key not in GROUPS and not key.startswith("hydra"):
             raise UserError(f"{override}: every setting needs a value; set {key}=VALUE")
@@ -137,10 +131,8 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
             overrides = experiment_sweep(overrides, conf_dir) + overrides
         swept = [o for o in _parse(overrides) if o.is_sweep_override()]
         if swept and not multirun:
-            raise UserError(
-                f"{swept[0].input_line}: a list of values is a sweep: add -m (one value that is a "
-                f"list: key=[a,b]; text with a comma: key='a,b')"
-            )
+            how = "add -m (one value that is a list: key=[a,b]; text with a comma: key='a,b')"
+            raise UserError(f"{swept[0].input_line}: a list of values is a sweep: {how}")
         if multirun:  # in the environment: launcher subprocesses see it too
             os.environ[SWEPT_KEYS_ENV] = ",".join(o.get_key_element().lstrip("+~") for o in swept)
         if multirun and config_name == "config":
@@ -165,10 +157,8 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
     # submitit's SLURM launcher on a machine without SLURM would stop in a traceback
     slurm = multirun and _settings(overrides).get("hydra/launcher") == "slurm"
     if not errors and slurm and not shutil.which("srun"):
-        errors.append(
-            "hydra/launcher=slurm: this machine has no SLURM (no srun); run the command on the "
-            "cluster, or use hydra/launcher=joblib for parallel jobs here"
-        )
+        how = "run the command on the cluster, or use hydra/launcher=joblib for parallel jobs here"
+        errors.append(f"hydra/launcher=slurm: this machine has no SLURM (no srun); {how}")
     return errors
 
 
@@ -207,8 +197,7 @@ def _check_keys(task: list[str], known: list[str]) -> None:
             continue
         if not override.startswith("+"):
             _leave_to_hydra_if_asked()  # Hydra refuses the key itself, trace and all
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-        if close:
+        if close := difflib.get_close_matches(key, known, n=1, cutoff=0.75):
             raise UserError(f"{override}: unknown setting {key}; did you mean {close[0]}?")
         parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
         under = sorted({k[len(parent) :].split(".")[0] for k in known if k.startswith(parent)})
@@ -227,10 +216,8 @@ def _explain(e: Exception, task: list[str], conf_dir: Path) -> str:
             if value not in options and value != "null":
                 close = difflib.get_close_matches(value, options, n=1)
                 hint = f"; did you mean {bare}={close[0]}?" if close else ""
-                return (
-                    f"{override}: there is no {bare} named {value!r}; choose one of "
-                    f"{', '.join(options)}{hint}"
-                )
+                choose = f"choose one of {', '.join(options)}{hint}"
+                return f"{override}: there is no {bare} named {value!r}; {choose}"
     cause = e.__cause__ or e
     key = getattr(cause, "full_key", None)
     named = [o for o in task if key and o.split("=", 1)[0].lstrip("+~") == key]

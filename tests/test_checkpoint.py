@@ -32,6 +32,8 @@ def test_a_valid_checkpoint_loads_and_a_null_or_equal_kv_head_count_is_dropped(t
         assert "n_kv_head" not in ckpt.model_config and ckpt.step == 3
         model, tokenizer = ckpt.build_model()
         assert tokenizer.vocab_size == 5 and model.config.n_head == 2
+    split = {"bounds": [0, 2, 3, 4], "digest": "sha256:0"}  # a text's: integer bounds
+    assert Checkpoint.load(saved(tmp_path, split=split)).split == split
 
 
 def test_settings_renamed_or_dropped_since_a_checkpoint_was_written_read_as_they_are_now(tmp_path):
@@ -70,11 +72,6 @@ def test_a_field_of_the_wrong_type_or_range_is_refused_by_name(tmp_path, field, 
     with pytest.raises(CheckpointError) as e:
         Checkpoint.load(path)
     assert str(e.value).startswith(f"checkpoint {path}: field {says}")
-
-
-def test_a_texts_integer_bounds_load(tmp_path):
-    split = {"bounds": [0, 2, 3, 4], "digest": "sha256:0"}
-    assert Checkpoint.load(saved(tmp_path, split=split)).split == split
 
 
 @pytest.mark.parametrize(

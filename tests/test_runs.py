@@ -21,11 +21,7 @@ from microgpt.config import ConfigError
 from microgpt.runs import RunFolderError
 from microgpt.train.trainer import Trainer, train
 from tests.conftest import REPO, TINY, compose_config, make_names
-
-
-def snapshot(folder: Path) -> dict:
-    files = (p for p in sorted(folder.rglob("*")) if p.is_file())
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+from tests.e2e.harness import fingerprint as snapshot
 
 
 def lock_is_free(folder: Path) -> bool:

