@@ -21,14 +21,17 @@ QUOTES = [
      " 95% interval of the mean {names-seeds.test_loss_ci_low} to"
      " {names-seeds.test_loss_ci_high}; {names-seeds.date})"),
     ("README.md", "gives exactly **{names.test_loss}** with one thread ({names.date})"),
-    ("README.md", "**{names-2-threads.test_loss}** in **{names-2-threads.seconds} s** as typed"
-     " (2 threads; {names-2-threads.date}), on a 2-core {names.cpu} with AVX512-BF16 and no AMX"),
+    ("README.md", "**{names-as-typed.test_loss}** in **{names-as-typed.seconds} s** as typed"
+     " (threads=auto measured one thread the fastest and took it; {names-as-typed.date}), on a"
+     " 2-core {names.cpu} with AVX512-BF16 and no AMX, no GPU, nothing else running (one thread:"
+     " {names.seconds} s; with another training on the other core:"
+     " {names-as-typed-busy.seconds} s as typed, {names-busy.seconds} s at one thread)"),
     ("README.md", "train.pack=0`; makemore's transformer of the same size reaches 2.00 on its"
      " names.txt) reaches {adamw.test_loss}"),
     ("README.md", "{sweep.seconds} s for the 12 runs on 2 cores, {sweep.date})"),
     ("README.md", "{sweep.table}"),
     ("README.md", "the text recipe: {shakespeare.seconds} s on one core"),
-    ("README.md", "about {names-2-threads.seconds} s, the study of 12 runs (`-m"
+    ("README.md", "about {names-as-typed.seconds} s, the study of 12 runs (`-m"
      " experiment=heads_seeds hydra/launcher=joblib`) {sweep.seconds} s on 2 cores"),
     ("docs/heads.md", "no AMX: bf16; one thread a job, two jobs at once; {sweep.date};"),
     ("docs/heads.md", "test loss {names-ns.test_loss}, best validation {names-ns.best_val_loss}"),
