@@ -86,10 +86,6 @@ class RunSummary:
     def role_counts(self) -> dict[str, float]:
         return {role: self.summary(f"role/{role}") for role in ROLES}
 
-    @property
-    def label(self) -> str:
-        return f"{self.heads} head{'s' if self.heads != 1 else ''}"
-
 
 def _scalars(run: RunFolder) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} from the run's metrics.jsonl (every run writes one)."""
@@ -105,13 +101,11 @@ def _scalars(run: RunFolder) -> dict[str, list[tuple[int, float]]]:
 
 
 def read_run(folder: RunFolder, root: Path) -> RunSummary:
-    run = folder.path
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
     config = OmegaConf.create(folder.config())  # a RunFolderError: the run is unreadable
-    heads = config.model.n_head  # none: an OmegaConf error
-    scalars = _scalars(folder)
-    r, step = RunSummary(folder.name_under(root), run, heads), None
+    r = RunSummary(folder.name_under(root), folder.path, config.model.n_head)  # none: an error
     r.config, r.seed = OmegaConf.to_container(config), config.get("seed")
+    scalars, step = _scalars(folder), None
     checkpoint, kept = folder.default_checkpoint(), {}  # best.pt, else last.pt
     if checkpoint is not None:  # a CheckpointError makes the run unreadable (read_sweep)
         ckpt = Checkpoint.load(checkpoint)
@@ -123,9 +117,8 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
     r.best_val_loss = kept.get("best_val_loss", min(values.get(VAL_LOSS, []), default=math.nan))
     r.test_loss = kept.get("test_loss", math.nan)
     r.tokens_per_sec = statistics.median(values.get("tokens_per_sec", [math.nan]))
-    r.heads_summary, r.heads_step, r.latest_step, r.heads_from = _heads_summary(
-        checkpoint, folder, scalars, step
-    )
+    heads = _heads_summary(checkpoint, folder, scalars, step)
+    r.heads_summary, r.heads_step, r.latest_step, r.heads_from = heads
     return r
 
 
@@ -157,15 +150,14 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
             found.append(read_run(run, root))
         except (ValueError, KeyError, TypeError, AttributeError, OSError, *config) as e:
             why = first_line(e)  # a UserError (a CheckpointError, ...) is a ValueError
-            if isinstance(e, config):
-                why = f"config.yaml: {why}"
+            why = f"config.yaml: {why}" if isinstance(e, config) else why
             unreadable.append((run.name_under(root), why))
     found.sort(key=lambda r: (r.heads, r.name))
     return found, unreadable
 
 
 def _num(x: float, fmt: str = ".4f") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+    return "-" if math.isnan(x) else format(x, fmt)
 
 
 def _rate(x: float) -> str:
@@ -218,13 +210,9 @@ def table(runs: list[RunSummary], plain: bool = False) -> tuple[list[str], list[
 def _aligned(columns: list[list[str]], left: int = 1) -> list[str]:
     """Columns (header first) as lines: the first `left` left-aligned, the others right-aligned."""
     widths = [max(map(len, col)) for col in columns]
-    lines = []
-    for cells in zip(*columns):
-        just = [
-            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
-        ]
-        lines.append("  ".join(just).rstrip())
-    return lines
+    pads = [str.ljust] * left + [str.rjust] * (len(columns) - left)
+    lines = (zip(pads, cells, widths) for cells in zip(*columns))
+    return ["  ".join(pad(c, w) for pad, c, w in line).rstrip() for line in lines]
 
 
 def format_table(runs: list[RunSummary], wide: bool = False) -> str:
@@ -289,11 +277,7 @@ class Comparison:
 def compare_groups(groups: list[Group[RunSummary]]) -> list[Comparison]:
     """Each group against the one above it, on each loss, with Holm's correction over the
     comparisons of a loss that have a test."""
-    comparisons = [
-        _compare(earlier, later, loss)
-        for earlier, later in zip(groups, groups[1:])
-        for loss in LOSSES
-    ]
+    comparisons = [_compare(a, b, loss) for a, b in zip(groups, groups[1:]) for loss in LOSSES]
     for loss in LOSSES:
         tested = [c for c in comparisons if c.loss == loss and c.result is not None]
         for c, p in zip(tested, holm([c.result.p for c in tested])):
@@ -305,23 +289,17 @@ def _compare(a: Group[RunSummary], b: Group[RunSummary], loss: str) -> Compariso
     figure = LOSSES[loss]
     x, y = _values(b, figure), _values(a, figure)
     difference = statistics.fmean(x) - statistics.fmean(y) if x and y else math.nan
-    c = Comparison(a.name, b.name, loss, difference)
     if {r.data for r in a.runs} != {r.data for r in b.runs}:
-        c.why = "different data"
-        return c
+        return Comparison(a.name, b.name, loss, difference, why="different data")
+    c = Comparison(a.name, b.name, loss, difference, why="under 2 seeds")
     if a.seeds == b.seeds and len(set(a.seeds)) == a.n:  # the same seeds: pairs
-        pairs = [
-            (getattr(rb, figure), getattr(ra, figure), rb.seed) for ra, rb in zip(a.runs, b.runs)
-        ]
+        pairs = [(getattr(q, figure), getattr(p, figure), q.seed) for p, q in zip(a.runs, b.runs)]
         pairs = [pair for pair in pairs if not math.isnan(pair[0] - pair[1])]
         if len(pairs) >= 2:
             later, earlier, c.seeds = map(list, zip(*pairs))
-            c.result = paired_t(later, earlier)
-            return c
+            c.result, c.why = paired_t(later, earlier), ""
     elif len(x) >= 2 and len(y) >= 2:
-        c.result = welch_t(x, y)
-        return c
-    c.why = "under 2 seeds"
+        c.result, c.why = welch_t(x, y), ""
     return c
 
 
@@ -385,11 +363,12 @@ def _roles_lines(records: list[dict]) -> list[str]:
         of = of if analysed == g["n"] else f"of {analysed} analysed"
         roles = ", ".join(f"{role} {have['seeds']} {of}" for role, have in g["roles"].items())
         lines += _wrapped(f"{g['name']}: {roles}", "  ")
-    return (
-        ["roles across seeds (k of n: the runs whose analysis has a head with the role):", *lines]
-        if lines
-        else []
-    )
+    if not lines:
+        return []
+    return [
+        "roles across seeds (k of n: the runs whose analysis has a head with the role):",
+        *lines,
+    ]
 
 
 def _p(p: float) -> str:
@@ -528,6 +507,4 @@ def _main(argv: list[str] | None) -> None:
             print(format_table(runs, args.wide) + "\n")
         print(format_groups(runs))
     for name, why in unreadable:  # on stderr where stdout is for a script
-        print(
-            f"unreadable: {name} ({why})", file=sys.stderr if args.csv or args.json else sys.stdout
-        )
+        print(f"unreadable: {name} ({why})", file=sys.stderr if args.csv or args.json else None)

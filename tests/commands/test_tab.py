@@ -113,9 +113,8 @@ def test_names_and_text_runs_side_by_side_each_get_their_own_boundary(lab):
     status, long = attention(client, run="text/run", input="a" * 16)
     assert status == 200 and len(long["tokens"]) == 16  # a text run fills its whole context
     status, error = attention(client, run="text/run", input="a" * 17)
-    assert status == 400 and error["error"] == (
-        f"text/run: input={'a' * 17!r} has 17 characters but the model reads at most 16; shorten it"
-    )
+    too_long = f"input={'a' * 17!r} has 17 characters but the model reads at most 16; shorten it"
+    assert status == 400 and error["error"] == f"text/run: {too_long}"
 
 
 UNKNOWN = "input='Kalo!' has characters the vocabulary does not know: 'K', '!'"
@@ -285,12 +284,8 @@ def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
     early, late = body["checkpoints"]
     assert (early["checkpoint"], early["step"], late["step"]) == ("step-000006.pt", 6, 12)
     report = json.loads((lab / "sweep" / "heads=2" / "heads-step-000006.json").read_text())
-    assert [label["role"] for label in early["heads"][0]] == [
-        row["role"] for row in report["heads"]
-    ]
-    assert [label["score"] for label in early["heads"][0]] == [
-        row["score"] for row in report["heads"]
-    ]
+    for key in ("role", "score"):
+        assert [label[key] for label in early["heads"][0]] == [row[key] for row in report["heads"]]
     induction = max(row["induction"] for row in report["heads"])  # the best prefix matching
     assert early["summaries"]["induction_max"] == induction
     assert late["heads"] is late["summaries"] is None  # not analysed
@@ -324,9 +319,8 @@ def test_an_analysis_is_read_only_for_its_runs_model_shape(lab, tmp_path):
     assert early["step"] == 6 and early["heads"] is early["summaries"] is None
     status, body = attention(apps["/attention"], run="heads=2", input="ka")
     assert status == 200 and body["heads"] == [[None, None]]
-    assert body["analysis"] == (
-        "heads-best.json is of another model (4096x4096 heads; the run has 1x2)"
-    )
+    other = "heads-best.json is of another model (4096x4096 heads; the run has 1x2)"
+    assert body["analysis"] == other
 
 
 def test_a_run_or_checkpoint_reached_through_a_link_leading_out_is_refused(lab, tmp_path):
@@ -344,9 +338,8 @@ def test_a_run_or_checkpoint_reached_through_a_link_leading_out_is_refused(lab, 
     assert [r["name"] for r in body["runs"]] == ["heads=2"]
     assert "no run 'linked'" in attention(apps["/attention"], run="linked", input="ka")[1]["error"]
     status, body = attention(apps["/attention"], run="heads=2", input="ka")
-    assert status == 400 and body["error"] == (
-        "heads=2: best.pt leads out of the run's folder; not read"
-    )
+    assert status == 400, body
+    assert body["error"] == "heads=2: best.pt leads out of the run's folder; not read"
     args = {"run": "heads=2", "checkpoint": "step-000006.pt", "input": "ka"}
     status, body = attention(apps["/attention"], **args)
     assert status == 200 and "leads out of the run's folder" in body["analysis"]
@@ -504,9 +497,8 @@ def test_a_logdir_spec_is_read_as_tensorboard_documents_it(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)  # name:path, commas between; a path from / keeps its colons
     assert tab_models.log_dirs(None, "a:x,b:/y:z") == {"a": tmp_path / "x", "b": Path("/y:z")}
     assert tab_models.log_dirs(None, "/p:q") == {"": Path("/p:q")}
-    assert tab_models.log_dirs(None, "") == {} and tab_models.log_dirs("d", "a:x") == {
-        "": Path("d")
-    }
+    assert tab_models.log_dirs(None, "") == {}
+    assert tab_models.log_dirs("d", "a:x") == {"": Path("d")}
 
 
 def test_logdir_spec_serves_each_log_dir_under_its_name(lab):
