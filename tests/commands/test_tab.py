@@ -293,29 +293,23 @@ def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
     assert response.status_code == 400 and "no run 'heads=7'" in response.get_data(as_text=True)
 
 
-def test_timeline_names_each_bad_line_of_metrics_jsonl_and_reads_the_rest(lab, tmp_path):
-    """issue 43: a line that is an int, lacks its step or is not UTF-8 was a 500."""
+def test_timeline_skips_bad_metrics_lines_and_reads_analyses_only_of_the_runs_shape(lab, tmp_path):
+    """issue 43: a line that is an int, lacks its step or is not UTF-8 was a 500; an analysis
+    claiming 4096x4096 heads made /timeline answer 201 MB."""
     run = tmp_path / "heads=2"
     shutil.copytree(lab / "sweep" / "heads=2", run)
     good = (run / "metrics.jsonl").read_bytes()
     (run / "metrics.jsonl").write_bytes(b'7\n{"Loss/val": 1.0}\n\xff\xfe{}\n' + good)
-    client = routes(tmp_path)["/timeline"]
-    body = json.loads(client.get("/timeline", query_string={"run": "heads=2"}).get_data())
-    assert [step for step, _ in body["val"]] == [6, 12]
-    assert [re.search(r"metrics\.jsonl line (\d+): ", s)[1] for s in body["skipped"]] == list("123")
-
-
-def test_an_analysis_is_read_only_for_its_runs_model_shape(lab, tmp_path):
-    """issue 43: an analysis claiming 4096x4096 heads made /timeline answer 201 MB."""
-    run = tmp_path / "heads=2"
-    shutil.copytree(lab / "sweep" / "heads=2", run)
     huge = json.dumps({"n_layer": 4096, "n_head": 4096, "heads": []})
     for name in ("heads-step-000006.json", "heads-best.json"):
         (run / name).write_text(huge)
     apps = routes(tmp_path)
     response = apps["/timeline"].get("/timeline", query_string={"run": "heads=2"})
     assert response.status_code == 200 and len(response.get_data()) < 10_000
-    early, _ = json.loads(response.get_data())["checkpoints"]
+    body = json.loads(response.get_data())
+    assert [step for step, _ in body["val"]] == [6, 12]
+    assert [re.search(r"metrics\.jsonl line (\d+): ", s)[1] for s in body["skipped"]] == list("123")
+    early, _ = body["checkpoints"]
     assert early["step"] == 6 and early["heads"] is early["summaries"] is None
     status, body = attention(apps["/attention"], run="heads=2", input="ka")
     assert status == 200 and body["heads"] == [[None, None]]
@@ -493,15 +487,14 @@ def test_a_malformed_analysis_gives_the_panel_a_message_never_a_500_or_a_hang(la
         assert body["heads"] == [[None, None]] and "heads-best.json " in body["analysis"]
 
 
-def test_a_logdir_spec_is_read_as_tensorboard_documents_it(tmp_path, monkeypatch):
+def test_a_logdir_spec_is_read_as_tensorboard_documents_it_each_dir_under_its_name(
+    lab, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)  # name:path, commas between; a path from / keeps its colons
     assert tab_models.log_dirs(None, "a:x,b:/y:z") == {"a": tmp_path / "x", "b": Path("/y:z")}
     assert tab_models.log_dirs(None, "/p:q") == {"": Path("/p:q")}
     assert tab_models.log_dirs(None, "") == {}
     assert tab_models.log_dirs("d", "a:x") == {"": Path("d")}
-
-
-def test_logdir_spec_serves_each_log_dir_under_its_name(lab):
     spec = f"sweep:{lab / 'sweep'},{lab / 'text'}"  # one named, one not (TensorBoard's form)
     plugin = MicrogptPlugin(base_plugin.TBContext(logdir="", flags=Namespace(logdir_spec=spec)))
     assert plugin.is_active()
