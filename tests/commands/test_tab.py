@@ -179,16 +179,6 @@ def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
     assert status == 400 and message in body["error"]
 
 
-def test_a_model_is_loaded_once_and_again_once_its_checkpoint_is_rewritten(lab, tmp_path):
-    best = tmp_path / "best.pt"
-    shutil.copyfile(lab / "sweep" / "heads=2" / "checkpoints" / "best.pt", best)
-    models = ModelCache()
-    first = models.get(best)
-    assert models.get(best) is first
-    os.utime(best, ns=(0, best.stat().st_mtime_ns + 10**9))  # rewritten: another time
-    assert models.get(best) is not first
-
-
 # ----------------------------------------------------------------------------- the head lab
 
 
@@ -275,9 +265,13 @@ def test_the_attribution_adds_up_to_the_logit_and_each_head_gets_a_reading(lab):
     assert body["layers"] == attention(client, run="heads=2", input="kalo")[1]["layers"]
 
 
-def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
-    client = routes(lab / "sweep")["/timeline"]
+def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores_and_loads_them(lab):
+    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(lab / "sweep")))
+    client = Client(plugin.get_plugin_apps()["/timeline"])
     body = json.loads(client.get("/timeline", query_string={"run": "heads=2"}).get_data())
+    settled(plugin.store.models)  # the slider's checkpoints, loaded ahead
+    loaded = {Path(k[0]).name: loaded.step for k, (loaded, _) in plugin.store.models.models.items()}
+    assert loaded == {"step-000006.pt": 6, "step-000012.pt": 12}
     metrics = [json.loads(line) for line in (lab / "sweep" / "heads=2" / "metrics.jsonl").open()]
     assert body["val"] == [[m["step"], m["Loss/val"]] for m in metrics if "Loss/val" in m]
     assert [step for step, _ in body["val"]] == [6, 12]
@@ -357,6 +351,11 @@ def test_the_model_cache_is_bounded_by_count_and_bytes_before_a_load(lab, tmp_pa
     for path in paths:
         shutil.copyfile(best, path)
     cache = ModelCache()
+    first = cache.get(paths[0])  # loaded once, and again once its checkpoint is rewritten
+    assert cache.get(paths[0]) is first
+    os.utime(paths[0], ns=(0, paths[0].stat().st_mtime_ns + 10**9))  # another time
+    assert cache.get(paths[0]) is not first
+    cache = ModelCache()
     kept = lambda: sorted(paths.index(Path(key[0])) for key in cache.models)  # noqa: E731
     monkeypatch.setattr(tab_models, "MAX_MODELS", 3)
     for path in paths[:4]:
@@ -407,15 +406,6 @@ def test_requests_for_one_cold_checkpoint_at_once_wait_for_its_one_load(lab, tmp
     assert loads == [best] and got[0] is not None and all(g is got[0] for g in got)
 
 
-def test_timeline_loads_the_sliders_checkpoints_ahead(lab):
-    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(lab / "sweep")))
-    Client(plugin.get_plugin_apps()["/timeline"]).get("/timeline?run=heads=2")
-    cache = plugin.store.models
-    settled(cache)
-    loaded = {Path(key[0]).name: loaded.step for key, (loaded, _) in cache.models.items()}
-    assert loaded == {"step-000006.pt": 6, "step-000012.pt": 12}
-
-
 # ----------------------------------------------------------------------------- one bad run
 
 
@@ -435,8 +425,7 @@ def _edit(path: Path, field: str, value) -> None:
     [("step", "abc", "heads=1: "), ("train_config", [1, 2], "heads=1: "),
      ("damaged", None, "heads=1: .*corrupt"), ("none", None, "heads=1 has no checkpoint yet")],
 )  # fmt: skip
-def test_a_run_that_cannot_be_read_is_listed_and_the_rest_served(lab, tmp_path, field, value,
-                                                                  message):  # fmt: skip
+def test_a_run_that_cannot_be_read_is_listed_the_rest_served(lab, tmp_path, field, value, message):
     shutil.copytree(lab / "sweep", tmp_path / "sweep")
     for path in (tmp_path / "sweep" / "heads=1" / "checkpoints").glob("*.pt"):
         path.unlink() if field == "none" else _edit(path, field, value)
@@ -487,9 +476,7 @@ def test_a_malformed_analysis_gives_the_panel_a_message_never_a_500_or_a_hang(la
         assert body["heads"] == [[None, None]] and "heads-best.json " in body["analysis"]
 
 
-def test_a_logdir_spec_is_read_as_tensorboard_documents_it_each_dir_under_its_name(
-    lab, tmp_path, monkeypatch
-):
+def test_a_logdir_spec_is_read_as_tensorboard_documents_it(lab, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # name:path, commas between; a path from / keeps its colons
     assert tab_models.log_dirs(None, "a:x,b:/y:z") == {"a": tmp_path / "x", "b": Path("/y:z")}
     assert tab_models.log_dirs(None, "/p:q") == {"": Path("/p:q")}
