@@ -384,25 +384,24 @@ def _verdict_lines(groups: list[Group[RunSummary]], comparisons: list[Comparison
             "groups from seed noise (a run's test loss moves by a few hundredths of a nat with its "
             f"seed); sweep seeds too, e.g. {SWEEP_SEEDS}"
         )
-    m = sum(c.result is not None for c in comparisons if c.loss == "test")
+    tested = [c for c in comparisons if c.loss == "test" and c.result is not None]
     rows = []
     for c in comparisons:
-        pair = f"{c.later} - {c.earlier}" if c.loss == next(iter(LOSSES)) else ""
-        if c.result is None:
+        r, pair = c.result, f"{c.later} - {c.earlier}" if c.loss == next(iter(LOSSES)) else ""
+        if r is None:
             rows.append([pair, c.loss, _num(c.difference, "+.4f"), "", "", c.verdict, c.why])
-            continue
-        r = c.result
-        half = f"{r.difference:+.4f} ± {(r.high - r.low) / 2:.4f}"
-        rows.append([pair, c.loss, half, _p(r.p), _p(c.p_holm), c.verdict, r.test])
+        else:
+            half = f"{r.difference:+.4f} ± {(r.high - r.low) / 2:.4f}"
+            rows.append([pair, c.loss, half, _p(r.p), _p(c.p_holm), c.verdict, r.test])
     header = ["difference", "loss", "later - earlier", "p", "Holm p", "verdict", "test"]
     lines = [
         "verdicts: each group against the one above it (negative: the later has the lower loss),",
-        f"  the 95% CI of the difference; significant: Holm's p < {ALPHA} over {m} comparisons; "
+        f"  the 95% CI of the difference; significant: Holm's p < {ALPHA} over {len(tested)} "
+        "comparisons; "
         "paired t:",
         "  by seed (both groups have the same seeds), else Welch t; p: two-sided",
         *_aligned([list(col) for col in zip(header, *rows)], left=2),
     ]
-    tested = [c for c in comparisons if c.loss == "test" and c.result is not None]
     found = [f"{c.later} vs {c.earlier}" for c in tested if c.verdict == "significant"]
     if tested:
         which = f" ({', '.join(found)})" if found else ": the order of the means is not a finding"

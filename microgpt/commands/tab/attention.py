@@ -306,15 +306,8 @@ class RunStore:
             raise InputError(f"no run {name!r} under {', '.join(map(str, self.roots.values()))}")
         return run
 
-    def attention(
-        self,
-        name: str,
-        checkpoint: str | None,
-        text: str,
-        off: str = "",
-        ablation: str | None = None,
-        pin: str | None = None,
-    ) -> dict:
+    def attention(self, name: str, checkpoint: str | None, text: str, off: str = "",
+                  ablation: str | None = None, pin: str | None = None) -> dict:  # fmt: skip
         """What one run's panel shows for `text` with the heads `off` ("0.1,1.3") switched off
         by `ablation` (zero, mean), the attribution at position `pin` (default: the last); an
         InputError the page shows instead."""
