@@ -363,12 +363,8 @@ def _roles_lines(records: list[dict]) -> list[str]:
         of = of if analysed == g["n"] else f"of {analysed} analysed"
         roles = ", ".join(f"{role} {have['seeds']} {of}" for role, have in g["roles"].items())
         lines += _wrapped(f"{g['name']}: {roles}", "  ")
-    if not lines:
-        return []
-    return [
-        "roles across seeds (k of n: the runs whose analysis has a head with the role):",
-        *lines,
-    ]
+    title = "roles across seeds (k of n: the runs whose analysis has a head with the role):"
+    return [title, *lines] if lines else []
 
 
 def _p(p: float) -> str:
@@ -422,9 +418,7 @@ def records(runs: list[RunSummary]) -> dict[str, list[dict]]:
     group_of = {id(r): g.name for g in groups for r in g.runs}
     keys = ("name", "heads", "seed", "params", "best_val_loss", "test_loss", "tokens_per_sec")
     keys += ("heads_summary", "heads_from", "heads_step", "latest_step", "data")
-    out: dict[str, list[dict]] = {
-        "runs": [{k: getattr(r, k) for k in keys} | {"group": group_of[id(r)]} for r in runs]
-    }
+    out = {"runs": [{k: getattr(r, k) for k in keys} | {"group": group_of[id(r)]} for r in runs]}
     out["groups"] = [group_record(g) for g in groups]
     out["comparisons"] = [_comparison_record(c) for c in compare_groups(groups)]
     return out
@@ -455,9 +449,7 @@ def to_csv(runs: list[RunSummary]) -> list[list[str]]:
 
 
 def _cell(x) -> str:
-    if isinstance(x, list):
-        return " ".join(map(str, x))
-    return "" if x is None else str(x)
+    return " ".join(map(str, x)) if isinstance(x, list) else "" if x is None else str(x)
 
 
 def _no_nan(x):
@@ -471,10 +463,8 @@ def _no_nan(x):
 def _stale(r: RunSummary) -> str:
     if None in (r.heads_step, r.latest_step) or r.heads_step == r.latest_step:
         return ""
-    return (
-        f"* {r.name}: its head columns are of step {r.heads_step}, not {r.latest_step} "
-        f"(python -m microgpt.heads {r.path} measures them again)"
-    )
+    again = f"python -m microgpt.heads {r.path} measures them again"
+    return f"* {r.name}: its head columns are of step {r.heads_step}, not {r.latest_step} ({again})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,9 +46,8 @@ def parse_off(text: str, n_layer: int, n_head: int) -> list[tuple[int, int]]:
                 f"off={text!r}: {part!r} is not a head of this run; give layer.head, "
                 f"comma-separated (as 0.1,0.0), layer {span(n_layer)} and head {span(n_head)}"
             )
-        if (int(layer), int(head)) not in heads:
-            heads.append((int(layer), int(head)))
-    return heads
+        heads.append((int(layer), int(head)))
+    return list(dict.fromkeys(heads))
 
 
 def parse_pin(text: str | None, length: int) -> int | None:
