@@ -54,10 +54,6 @@ def best(trained) -> Path:
     return trained / "outputs" / "run1" / "checkpoints" / "best.pt"
 
 
-def sample_cli(*args, cwd) -> subprocess.CompletedProcess:
-    return sample_clis([args], cwd)[0]
-
-
 def sample_clis(arg_lists, cwd) -> list[subprocess.CompletedProcess]:
     """Run `python sample.py ARGS` once per argument list, side by side (most of each is
     importing torch)."""
@@ -71,9 +67,8 @@ def sample_clis(arg_lists, cwd) -> list[subprocess.CompletedProcess]:
 def names_of(stdout: str) -> list[str]:
     """The items of sample.py's output: between the checkpoint line and the summary line."""
     lines = stdout.splitlines()
-    assert lines[0].startswith("checkpoint ") and re.fullmatch(
-        r"\d+ of \d+ new, \d+ unique(, \d+ empty)?", lines[-1]
-    )
+    assert lines[0].startswith("checkpoint ")
+    assert re.fullmatch(r"\d+ of \d+ new, \d+ unique(, \d+ empty)?", lines[-1])
     return [re.sub(r"\s+\((new|in train|in val|in test)\)$", "", line) for line in lines[1:-1]]
 
 
@@ -86,7 +81,7 @@ def sample(best, **kw):
 
 def test_latest_run_is_found_without_arguments_and_no_files_are_written(trained):
     before = sorted(p.relative_to(trained) for p in trained.rglob("*"))
-    r = sample_cli(cwd=trained)
+    (r,) = sample_clis([[]], trained)
     assert r.returncode == 0, r.stderr
     best = Path("outputs/run1/checkpoints/best.pt")
     assert r.stdout.splitlines()[0].startswith(f"checkpoint {best} (step 20, val loss ")
@@ -98,10 +93,8 @@ def test_latest_run_is_found_without_arguments_and_no_files_are_written(trained)
 def test_ckpt_and_run_pick_the_same_checkpoint_and_a_seed_repeats(trained, best, tmp_path):
     out = tmp_path / "names.txt"
     settings = ["num_samples=12", "seed=7", "prefix=b", "temperature=0.9"]
-    by_ckpt, by_run = sample_clis(
-        [[f"ckpt={best}", *settings, f"out={out}"], [f"run={best.parent.parent}", *settings]],
-        cwd=tmp_path,
-    )
+    by_ckpt = [f"ckpt={best}", *settings, f"out={out}"]
+    by_ckpt, by_run = sample_clis([by_ckpt, [f"run={best.parent.parent}", *settings]], tmp_path)
     assert by_ckpt.returncode == 0 and by_run.returncode == 0, by_ckpt.stderr + by_run.stderr
     assert by_ckpt.stdout == by_run.stdout  # the same file, the same seed: the same names
     assert f"checkpoint {best} (step 20" in by_ckpt.stdout
@@ -112,7 +105,7 @@ def test_ckpt_and_run_pick_the_same_checkpoint_and_a_seed_repeats(trained, best,
 
 
 def test_no_checkpoint_anywhere_says_how_to_train_one(tmp_path):
-    r = sample_cli("num_samples=3", cwd=tmp_path)
+    (r,) = sample_clis([["num_samples=3"]], tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("microgpt: error: no checkpoint found") and r.stderr.count("\n") == 1
     assert "python train.py heads=4" in r.stderr
@@ -140,9 +133,7 @@ def test_sample_yaml_mirrors_the_schema_takes_overrides_refuses_typos_and_writes
 
 def test_cache_on_and_off_give_the_same_names_in_batches_of_a_prefix_and_length(best):
     settings = dict(num_samples=23, seed=5, temperature=1.2, top_p=0.8, prefix="ma", max_len=4)
-    settings["batch_size"] = 5
-    on = sample(best, use_cache=True, **settings)
-    off = sample(best, use_cache=False, **settings)
+    on, off = (sample(best, use_cache=cache, batch_size=5, **settings) for cache in (True, False))
     assert on.names == off.names and on.lines == off.lines
     assert len(on.names) == 23 and all(n.startswith("ma") and len(n) <= 4 for n in on.names)
 

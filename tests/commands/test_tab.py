@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 from argparse import Namespace
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -73,11 +74,10 @@ def test_runs_lists_each_job_by_its_folder_with_its_checkpoints(lab):
     assert runs["heads=1"]["checkpoints"] == ["best.pt", "last.pt"]
     steps = ["step-000006.pt", "step-000012.pt"]
     assert runs["heads=2"]["checkpoints"] == ["best.pt", "last.pt", *steps]
-    assert runs["heads=1"]["analysed"] == []
+    assert runs["heads=1"]["analysed"] == runs["heads=1"]["snapshots"] == []
     assert runs["heads=2"]["analysed"] == ["best.pt", "step-000006.pt"]
     assert body["example"] in make_names()  # the first validation name: an input to start with
     assert runs["heads=2"]["snapshots"] == [["step-000006.pt", 6], ["step-000012.pt", 12]]
-    assert runs["heads=1"]["snapshots"] == []
 
 
 def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
@@ -258,9 +258,8 @@ def test_the_attribution_adds_up_to_the_logit_and_each_head_gets_a_reading(lab):
             target = tokenizer.encode(parts["target"])[0] if parts["target"] != "<s>" else 0
             assert parts["logit"] == pytest.approx(float(logits[where, target]), abs=1e-4)
     assert parts["heads"][0][1] == 0  # switched off
-    line = re.compile(
-        r"L0H0 looks (at its own|\d back at) '(<s>|[a-z])' and adds [+-]\d+\.\d\d to 'l'"
-    )
+    looks = r"L0H0 looks (at its own|\d back at) '(<s>|[a-z])'"
+    line = re.compile(looks + r" and adds [+-]\d+\.\d\d to 'l'")
     assert line.fullmatch(body["reading"][0][0]) and body["reading"][0][1] == "L0H1 is off"
     assert body["layers"] == attention(client, run="heads=2", input="kalo")[1]["layers"]
 
@@ -393,16 +392,8 @@ def test_requests_for_one_cold_checkpoint_at_once_wait_for_its_one_load(lab, tmp
 
     real_load, cache.changed = tab_models.load_model, Noting()
     monkeypatch.setattr(tab_models, "load_model", load)
-    got = [None] * requests
-
-    def ask(n):
-        got[n] = cache.get(best)
-
-    threads = [threading.Thread(target=ask, args=(n,)) for n in range(requests)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    with ThreadPoolExecutor(requests) as pool:  # the requests at once
+        got = list(pool.map(lambda _: cache.get(best), range(requests), timeout=120))
     assert loads == [best] and got[0] is not None and all(g is got[0] for g in got)
 
 
