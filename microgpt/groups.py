@@ -63,7 +63,6 @@ def group_runs(
         names[group.name] = names.get(group.name, 0) + 1
         if names[group.name] > 1:
             group.name = f"{group.name} #{names[group.name]}"
-        order = sorted(range(group.n), key=lambda i: group.seeds[i])
-        group.runs = [group.runs[i] for i in order]
-        group.seeds = [group.seeds[i] for i in order]
+        pairs = sorted(zip(group.seeds, group.runs), key=lambda pair: pair[0])  # stable
+        group.seeds, group.runs = [seed for seed, _ in pairs], [run for _, run in pairs]
     return list(by_key.values())

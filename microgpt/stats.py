@@ -32,8 +32,7 @@ def betainc(a: float, b: float, x: float) -> float:
 def _beta_fraction(a: float, b: float, x: float) -> float:
     tiny = 1e-300
     c, d = 1.0, 1 - (a + b) * x / (a + 1)
-    d = 1 / (d if abs(d) > tiny else tiny)
-    f = d
+    f = d = 1 / (d if abs(d) > tiny else tiny)
     for m in range(1, 500):
         # the even step, then the odd one
         for num in (

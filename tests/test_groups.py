@@ -17,11 +17,8 @@ def test_runs_differing_only_by_seed_are_one_group_in_seed_order():
         run("heads=4,seed=2", 2, 4, optim={"lr": 0.01}),  # another experiment
     ]
     groups = group_runs(runs, lambda r: r["config"], lambda r: r["name"])
-    assert [(g.name, g.seeds) for g in groups] == [
-        ("heads=4", [1, 3]),
-        ("heads=1", [1, 2]),
-        ("heads=4 #2", [2]),
-    ]
+    expected = [("heads=4", [1, 3]), ("heads=1", [1, 2]), ("heads=4 #2", [2])]
+    assert [(g.name, g.seeds) for g in groups] == expected
     assert [r["name"] for r in groups[0].runs] == ["heads=4,seed=1", "heads=4,seed=3"]
     assert groups[1].n == 2
 

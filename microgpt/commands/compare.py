@@ -86,10 +86,6 @@ class RunSummary:
     def role_counts(self) -> dict[str, float]:
         return {role: self.summary(f"role/{role}") for role in ROLES}
 
-    @property
-    def label(self) -> str:
-        return f"{self.heads} head{'s' if self.heads != 1 else ''}"
-
 
 def _scalars(run: RunFolder) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} from the run's metrics.jsonl (every run writes one)."""
@@ -105,13 +101,11 @@ def _scalars(run: RunFolder) -> dict[str, list[tuple[int, float]]]:
 
 
 def read_run(folder: RunFolder, root: Path) -> RunSummary:
-    run = folder.path
     # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
     config = OmegaConf.create(folder.config())  # a RunFolderError: the run is unreadable
-    heads = config.model.n_head  # none: an OmegaConf error
-    scalars = _scalars(folder)
-    r, step = RunSummary(folder.name_under(root), run, heads), None
+    r = RunSummary(folder.name_under(root), folder.path, config.model.n_head)  # none: an error
     r.config, r.seed = OmegaConf.to_container(config), config.get("seed")
+    scalars, step = _scalars(folder), None
     checkpoint, kept = folder.default_checkpoint(), {}  # best.pt, else last.pt
     if checkpoint is not None:  # a CheckpointError makes the run unreadable (read_sweep)
         ckpt = Checkpoint.load(checkpoint)
@@ -123,9 +117,8 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
     r.best_val_loss = kept.get("best_val_loss", min(values.get(VAL_LOSS, []), default=math.nan))
     r.test_loss = kept.get("test_loss", math.nan)
     r.tokens_per_sec = statistics.median(values.get("tokens_per_sec", [math.nan]))
-    r.heads_summary, r.heads_step, r.latest_step, r.heads_from = _heads_summary(
-        checkpoint, folder, scalars, step
-    )
+    heads = _heads_summary(checkpoint, folder, scalars, step)
+    r.heads_summary, r.heads_step, r.latest_step, r.heads_from = heads
     return r
 
 
@@ -157,15 +150,14 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
             found.append(read_run(run, root))
         except (ValueError, KeyError, TypeError, AttributeError, OSError, *config) as e:
             why = first_line(e)  # a UserError (a CheckpointError, ...) is a ValueError
-            if isinstance(e, config):
-                why = f"config.yaml: {why}"
+            why = f"config.yaml: {why}" if isinstance(e, config) else why
             unreadable.append((run.name_under(root), why))
     found.sort(key=lambda r: (r.heads, r.name))
     return found, unreadable
 
 
 def _num(x: float, fmt: str = ".4f") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+    return "-" if math.isnan(x) else format(x, fmt)
 
 
 def _rate(x: float) -> str:
@@ -218,13 +210,9 @@ def table(runs: list[RunSummary], plain: bool = False) -> tuple[list[str], list[
 def _aligned(columns: list[list[str]], left: int = 1) -> list[str]:
     """Columns (header first) as lines: the first `left` left-aligned, the others right-aligned."""
     widths = [max(map(len, col)) for col in columns]
-    lines = []
-    for cells in zip(*columns):
-        just = [
-            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
-        ]
-        lines.append("  ".join(just).rstrip())
-    return lines
+    pads = [str.ljust] * left + [str.rjust] * (len(columns) - left)
+    lines = (zip(pads, cells, widths) for cells in zip(*columns))
+    return ["  ".join(pad(c, w) for pad, c, w in line).rstrip() for line in lines]
 
 
 def format_table(runs: list[RunSummary], wide: bool = False) -> str:
@@ -289,11 +277,7 @@ class Comparison:
 def compare_groups(groups: list[Group[RunSummary]]) -> list[Comparison]:
     """Each group against the one above it, on each loss, with Holm's correction over the
     comparisons of a loss that have a test."""
-    comparisons = [
-        _compare(earlier, later, loss)
-        for earlier, later in zip(groups, groups[1:])
-        for loss in LOSSES
-    ]
+    comparisons = [_compare(a, b, loss) for a, b in zip(groups, groups[1:]) for loss in LOSSES]
     for loss in LOSSES:
         tested = [c for c in comparisons if c.loss == loss and c.result is not None]
         for c, p in zip(tested, holm([c.result.p for c in tested])):
@@ -305,23 +289,17 @@ def _compare(a: Group[RunSummary], b: Group[RunSummary], loss: str) -> Compariso
     figure = LOSSES[loss]
     x, y = _values(b, figure), _values(a, figure)
     difference = statistics.fmean(x) - statistics.fmean(y) if x and y else math.nan
-    c = Comparison(a.name, b.name, loss, difference)
     if {r.data for r in a.runs} != {r.data for r in b.runs}:
-        c.why = "different data"
-        return c
+        return Comparison(a.name, b.name, loss, difference, why="different data")
+    c = Comparison(a.name, b.name, loss, difference, why="under 2 seeds")
     if a.seeds == b.seeds and len(set(a.seeds)) == a.n:  # the same seeds: pairs
-        pairs = [
-            (getattr(rb, figure), getattr(ra, figure), rb.seed) for ra, rb in zip(a.runs, b.runs)
-        ]
+        pairs = [(getattr(q, figure), getattr(p, figure), q.seed) for p, q in zip(a.runs, b.runs)]
         pairs = [pair for pair in pairs if not math.isnan(pair[0] - pair[1])]
         if len(pairs) >= 2:
             later, earlier, c.seeds = map(list, zip(*pairs))
-            c.result = paired_t(later, earlier)
-            return c
+            c.result, c.why = paired_t(later, earlier), ""
     elif len(x) >= 2 and len(y) >= 2:
-        c.result = welch_t(x, y)
-        return c
-    c.why = "under 2 seeds"
+        c.result, c.why = welch_t(x, y), ""
     return c
 
 
@@ -385,11 +363,8 @@ def _roles_lines(records: list[dict]) -> list[str]:
         of = of if analysed == g["n"] else f"of {analysed} analysed"
         roles = ", ".join(f"{role} {have['seeds']} {of}" for role, have in g["roles"].items())
         lines += _wrapped(f"{g['name']}: {roles}", "  ")
-    return (
-        ["roles across seeds (k of n: the runs whose analysis has a head with the role):", *lines]
-        if lines
-        else []
-    )
+    title = "roles across seeds (k of n: the runs whose analysis has a head with the role):"
+    return [title, *lines] if lines else []
 
 
 def _p(p: float) -> str:
@@ -405,25 +380,24 @@ def _verdict_lines(groups: list[Group[RunSummary]], comparisons: list[Comparison
             "groups from seed noise (a run's test loss moves by a few hundredths of a nat with its "
             f"seed); sweep seeds too, e.g. {SWEEP_SEEDS}"
         )
-    m = sum(c.result is not None for c in comparisons if c.loss == "test")
+    tested = [c for c in comparisons if c.loss == "test" and c.result is not None]
     rows = []
     for c in comparisons:
-        pair = f"{c.later} - {c.earlier}" if c.loss == next(iter(LOSSES)) else ""
-        if c.result is None:
+        r, pair = c.result, f"{c.later} - {c.earlier}" if c.loss == next(iter(LOSSES)) else ""
+        if r is None:
             rows.append([pair, c.loss, _num(c.difference, "+.4f"), "", "", c.verdict, c.why])
-            continue
-        r = c.result
-        half = f"{r.difference:+.4f} ± {(r.high - r.low) / 2:.4f}"
-        rows.append([pair, c.loss, half, _p(r.p), _p(c.p_holm), c.verdict, r.test])
+        else:
+            half = f"{r.difference:+.4f} ± {(r.high - r.low) / 2:.4f}"
+            rows.append([pair, c.loss, half, _p(r.p), _p(c.p_holm), c.verdict, r.test])
     header = ["difference", "loss", "later - earlier", "p", "Holm p", "verdict", "test"]
     lines = [
         "verdicts: each group against the one above it (negative: the later has the lower loss),",
-        f"  the 95% CI of the difference; significant: Holm's p < {ALPHA} over {m} comparisons; "
+        f"  the 95% CI of the difference; significant: Holm's p < {ALPHA} over {len(tested)} "
+        "comparisons; "
         "paired t:",
         "  by seed (both groups have the same seeds), else Welch t; p: two-sided",
         *_aligned([list(col) for col in zip(header, *rows)], left=2),
     ]
-    tested = [c for c in comparisons if c.loss == "test" and c.result is not None]
     found = [f"{c.later} vs {c.earlier}" for c in tested if c.verdict == "significant"]
     if tested:
         which = f" ({', '.join(found)})" if found else ": the order of the means is not a finding"
@@ -444,9 +418,7 @@ def records(runs: list[RunSummary]) -> dict[str, list[dict]]:
     group_of = {id(r): g.name for g in groups for r in g.runs}
     keys = ("name", "heads", "seed", "params", "best_val_loss", "test_loss", "tokens_per_sec")
     keys += ("heads_summary", "heads_from", "heads_step", "latest_step", "data")
-    out: dict[str, list[dict]] = {
-        "runs": [{k: getattr(r, k) for k in keys} | {"group": group_of[id(r)]} for r in runs]
-    }
+    out = {"runs": [{k: getattr(r, k) for k in keys} | {"group": group_of[id(r)]} for r in runs]}
     out["groups"] = [group_record(g) for g in groups]
     out["comparisons"] = [_comparison_record(c) for c in compare_groups(groups)]
     return out
@@ -477,9 +449,7 @@ def to_csv(runs: list[RunSummary]) -> list[list[str]]:
 
 
 def _cell(x) -> str:
-    if isinstance(x, list):
-        return " ".join(map(str, x))
-    return "" if x is None else str(x)
+    return " ".join(map(str, x)) if isinstance(x, list) else "" if x is None else str(x)
 
 
 def _no_nan(x):
@@ -493,10 +463,8 @@ def _no_nan(x):
 def _stale(r: RunSummary) -> str:
     if None in (r.heads_step, r.latest_step) or r.heads_step == r.latest_step:
         return ""
-    return (
-        f"* {r.name}: its head columns are of step {r.heads_step}, not {r.latest_step} "
-        f"(python -m microgpt.heads {r.path} measures them again)"
-    )
+    again = f"python -m microgpt.heads {r.path} measures them again"
+    return f"* {r.name}: its head columns are of step {r.heads_step}, not {r.latest_step} ({again})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,6 +496,4 @@ def _main(argv: list[str] | None) -> None:
             print(format_table(runs, args.wide) + "\n")
         print(format_groups(runs))
     for name, why in unreadable:  # on stderr where stdout is for a script
-        print(
-            f"unreadable: {name} ({why})", file=sys.stderr if args.csv or args.json else sys.stdout
-        )
+        print(f"unreadable: {name} ({why})", file=sys.stderr if args.csv or args.json else None)

@@ -24,7 +24,7 @@ from microgpt.data.dataset import (
 from microgpt.files import STDOUT, check_new_file, write_text
 from microgpt.runs import RUN_ROOTS, RunFolderError, latest_checkpoint, resolve
 from microgpt.sample.generate import SamplingError
-from microgpt.sample.report import PASSAGE_LENGTH, Samples, sample_for_run
+from microgpt.sample.report import PASSAGE_LENGTH, sample_for_run
 from microgpt.system import check_memory, items_bytes, pick_device, set_threads
 
 NAMES, PASSAGES = 20, 3  # num_samples=null: names of a lines run, passages of a text run
@@ -109,14 +109,24 @@ def sample_from_config(cfg, progress=None) -> SampleResult:
     fix = "sample fewer at a time (repeat with other seeds for more)"
     check_memory(items_bytes(count, length), torch.device("cpu"), what, fix, SamplingError)
     seed = c.seed if c.seed is not None else int.from_bytes(os.urandom(4), "little")
-    shown = _sample(c, model, data, count, seed, progress)
+    names = ("prefix", "max_len", "use_cache", "temperature", "top_k", "top_p", "batch_size")
+    settings = {name: getattr(c, name) for name in names}
+    try:
+        shown = sample_for_run(model, data, count, seed, progress=progress, **settings)
+    except KeyboardInterrupt as e:  # Ctrl-C says that nothing was written
+        signame = e.args[0] if e.args else "SIGINT"
+        where = f"; nothing was written to out={c.out}" if c.out is not None else ""
+        raise KeyboardInterrupt(signame, f"sampling stopped, the items were discarded{where}")
     metrics = ckpt.metrics  # names -> numbers (Checkpoint.load checks it); none: n/a
     val_loss = metrics.get("val_loss", metrics.get("best_val_loss"))
     loss = "n/a" if val_loss is None else f"{val_loss:.4f}"
     step = "?" if ckpt.step is None else ckpt.step
     header = f"checkpoint {path} (step {step}, val loss {loss}), seed {seed}"
-    if out is not None:
-        _write_out(out, shown.written, c)
+    if out is not None:  # atomically, as a new file unless overwrite: an error (a file made
+        try:  # there by something else while sampling: File exists) leaves it, and names out=
+            write_text(out, "".join(line + "\n" for line in shown.written), replace=c.overwrite)
+        except OSError as e:
+            raise SamplingError(f"cannot write out={c.out}: {e.strerror or e}") from None
     lines = [header, *notes, *([f"[{shown.note}]"] if shown.note else []), *shown.lines]
     stdout = shown.written if c.out == STDOUT else None  # the report then goes to stderr
     return SampleResult(shown.items, shown.marked or [], ckpt.step, lines, stdout)
@@ -137,24 +147,3 @@ def _data(ckpt, tokenizer) -> tuple[Data, list[str]]:
 def run_sampling(**settings) -> SampleResult:
     """sample_from_config with keyword arguments: run_sampling(ckpt=..., num_samples=5, seed=0)."""
     return sample_from_config(SampleConfig(**settings))
-
-
-def _sample(c, model, data: Data, count: int, seed: int, progress) -> Samples:
-    """The names or passages of the run; Ctrl-C says that nothing was written."""
-    names = ("prefix", "max_len", "use_cache", "temperature", "top_k", "top_p", "batch_size")
-    try:
-        settings = {name: getattr(c, name) for name in names}
-        return sample_for_run(model, data, count, seed, progress=progress, **settings)
-    except KeyboardInterrupt as e:
-        signame = e.args[0] if e.args else "SIGINT"
-        where = f"; nothing was written to out={c.out}" if c.out is not None else ""
-        raise KeyboardInterrupt(signame, f"sampling stopped, the items were discarded{where}")
-
-
-def _write_out(out: Path, lines: list[str], c: SampleConfig) -> None:
-    """Write `lines` to `out` atomically (as a new file unless overwrite): an error (a file made
-    there by something else while sampling: File exists) leaves it, and names out=."""
-    try:
-        write_text(out, "".join(line + "\n" for line in lines), replace=c.overwrite)
-    except OSError as e:
-        raise SamplingError(f"cannot write out={c.out}: {e.strerror or e}") from None

@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 from argparse import Namespace
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -73,11 +74,10 @@ def test_runs_lists_each_job_by_its_folder_with_its_checkpoints(lab):
     assert runs["heads=1"]["checkpoints"] == ["best.pt", "last.pt"]
     steps = ["step-000006.pt", "step-000012.pt"]
     assert runs["heads=2"]["checkpoints"] == ["best.pt", "last.pt", *steps]
-    assert runs["heads=1"]["analysed"] == []
+    assert runs["heads=1"]["analysed"] == runs["heads=1"]["snapshots"] == []
     assert runs["heads=2"]["analysed"] == ["best.pt", "step-000006.pt"]
     assert body["example"] in make_names()  # the first validation name: an input to start with
     assert runs["heads=2"]["snapshots"] == [["step-000006.pt", 6], ["step-000012.pt", 12]]
-    assert runs["heads=1"]["snapshots"] == []
 
 
 def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
@@ -113,9 +113,8 @@ def test_names_and_text_runs_side_by_side_each_get_their_own_boundary(lab):
     status, long = attention(client, run="text/run", input="a" * 16)
     assert status == 200 and len(long["tokens"]) == 16  # a text run fills its whole context
     status, error = attention(client, run="text/run", input="a" * 17)
-    assert status == 400 and error["error"] == (
-        f"text/run: input={'a' * 17!r} has 17 characters but the model reads at most 16; shorten it"
-    )
+    too_long = f"input={'a' * 17!r} has 17 characters but the model reads at most 16; shorten it"
+    assert status == 400 and error["error"] == f"text/run: {too_long}"
 
 
 UNKNOWN = "input='Kalo!' has characters the vocabulary does not know: 'K', '!'"
@@ -178,16 +177,6 @@ def test_an_attention_only_model_has_no_mlp_parts(lab, tmp_path):
 def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
     status, body = attention(routes(lab / "sweep")["/attention"], **args)
     assert status == 400 and message in body["error"]
-
-
-def test_a_model_is_loaded_once_and_again_once_its_checkpoint_is_rewritten(lab, tmp_path):
-    best = tmp_path / "best.pt"
-    shutil.copyfile(lab / "sweep" / "heads=2" / "checkpoints" / "best.pt", best)
-    models = ModelCache()
-    first = models.get(best)
-    assert models.get(best) is first
-    os.utime(best, ns=(0, best.stat().st_mtime_ns + 10**9))  # rewritten: another time
-    assert models.get(best) is not first
 
 
 # ----------------------------------------------------------------------------- the head lab
@@ -269,28 +258,27 @@ def test_the_attribution_adds_up_to_the_logit_and_each_head_gets_a_reading(lab):
             target = tokenizer.encode(parts["target"])[0] if parts["target"] != "<s>" else 0
             assert parts["logit"] == pytest.approx(float(logits[where, target]), abs=1e-4)
     assert parts["heads"][0][1] == 0  # switched off
-    line = re.compile(
-        r"L0H0 looks (at its own|\d back at) '(<s>|[a-z])' and adds [+-]\d+\.\d\d to 'l'"
-    )
+    looks = r"L0H0 looks (at its own|\d back at) '(<s>|[a-z])'"
+    line = re.compile(looks + r" and adds [+-]\d+\.\d\d to 'l'")
     assert line.fullmatch(body["reading"][0][0]) and body["reading"][0][1] == "L0H1 is off"
     assert body["layers"] == attention(client, run="heads=2", input="kalo")[1]["layers"]
 
 
-def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
-    client = routes(lab / "sweep")["/timeline"]
+def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores_and_loads_them(lab):
+    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(lab / "sweep")))
+    client = Client(plugin.get_plugin_apps()["/timeline"])
     body = json.loads(client.get("/timeline", query_string={"run": "heads=2"}).get_data())
+    settled(plugin.store.models)  # the slider's checkpoints, loaded ahead
+    loaded = {Path(k[0]).name: loaded.step for k, (loaded, _) in plugin.store.models.models.items()}
+    assert loaded == {"step-000006.pt": 6, "step-000012.pt": 12}
     metrics = [json.loads(line) for line in (lab / "sweep" / "heads=2" / "metrics.jsonl").open()]
     assert body["val"] == [[m["step"], m["Loss/val"]] for m in metrics if "Loss/val" in m]
     assert [step for step, _ in body["val"]] == [6, 12]
     early, late = body["checkpoints"]
     assert (early["checkpoint"], early["step"], late["step"]) == ("step-000006.pt", 6, 12)
     report = json.loads((lab / "sweep" / "heads=2" / "heads-step-000006.json").read_text())
-    assert [label["role"] for label in early["heads"][0]] == [
-        row["role"] for row in report["heads"]
-    ]
-    assert [label["score"] for label in early["heads"][0]] == [
-        row["score"] for row in report["heads"]
-    ]
+    for key in ("role", "score"):
+        assert [label[key] for label in early["heads"][0]] == [row[key] for row in report["heads"]]
     induction = max(row["induction"] for row in report["heads"])  # the best prefix matching
     assert early["summaries"]["induction_max"] == induction
     assert late["heads"] is late["summaries"] is None  # not analysed
@@ -298,35 +286,28 @@ def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
     assert response.status_code == 400 and "no run 'heads=7'" in response.get_data(as_text=True)
 
 
-def test_timeline_names_each_bad_line_of_metrics_jsonl_and_reads_the_rest(lab, tmp_path):
-    """issue 43: a line that is an int, lacks its step or is not UTF-8 was a 500."""
+def test_timeline_skips_bad_metrics_lines_and_reads_analyses_only_of_the_runs_shape(lab, tmp_path):
+    """issue 43: a line that is an int, lacks its step or is not UTF-8 was a 500; an analysis
+    claiming 4096x4096 heads made /timeline answer 201 MB."""
     run = tmp_path / "heads=2"
     shutil.copytree(lab / "sweep" / "heads=2", run)
     good = (run / "metrics.jsonl").read_bytes()
     (run / "metrics.jsonl").write_bytes(b'7\n{"Loss/val": 1.0}\n\xff\xfe{}\n' + good)
-    client = routes(tmp_path)["/timeline"]
-    body = json.loads(client.get("/timeline", query_string={"run": "heads=2"}).get_data())
-    assert [step for step, _ in body["val"]] == [6, 12]
-    assert [re.search(r"metrics\.jsonl line (\d+): ", s)[1] for s in body["skipped"]] == list("123")
-
-
-def test_an_analysis_is_read_only_for_its_runs_model_shape(lab, tmp_path):
-    """issue 43: an analysis claiming 4096x4096 heads made /timeline answer 201 MB."""
-    run = tmp_path / "heads=2"
-    shutil.copytree(lab / "sweep" / "heads=2", run)
     huge = json.dumps({"n_layer": 4096, "n_head": 4096, "heads": []})
     for name in ("heads-step-000006.json", "heads-best.json"):
         (run / name).write_text(huge)
     apps = routes(tmp_path)
     response = apps["/timeline"].get("/timeline", query_string={"run": "heads=2"})
     assert response.status_code == 200 and len(response.get_data()) < 10_000
-    early, _ = json.loads(response.get_data())["checkpoints"]
+    body = json.loads(response.get_data())
+    assert [step for step, _ in body["val"]] == [6, 12]
+    assert [re.search(r"metrics\.jsonl line (\d+): ", s)[1] for s in body["skipped"]] == list("123")
+    early, _ = body["checkpoints"]
     assert early["step"] == 6 and early["heads"] is early["summaries"] is None
     status, body = attention(apps["/attention"], run="heads=2", input="ka")
     assert status == 200 and body["heads"] == [[None, None]]
-    assert body["analysis"] == (
-        "heads-best.json is of another model (4096x4096 heads; the run has 1x2)"
-    )
+    other = "heads-best.json is of another model (4096x4096 heads; the run has 1x2)"
+    assert body["analysis"] == other
 
 
 def test_a_run_or_checkpoint_reached_through_a_link_leading_out_is_refused(lab, tmp_path):
@@ -344,9 +325,8 @@ def test_a_run_or_checkpoint_reached_through_a_link_leading_out_is_refused(lab, 
     assert [r["name"] for r in body["runs"]] == ["heads=2"]
     assert "no run 'linked'" in attention(apps["/attention"], run="linked", input="ka")[1]["error"]
     status, body = attention(apps["/attention"], run="heads=2", input="ka")
-    assert status == 400 and body["error"] == (
-        "heads=2: best.pt leads out of the run's folder; not read"
-    )
+    assert status == 400, body
+    assert body["error"] == "heads=2: best.pt leads out of the run's folder; not read"
     args = {"run": "heads=2", "checkpoint": "step-000006.pt", "input": "ka"}
     status, body = attention(apps["/attention"], **args)
     assert status == 200 and "leads out of the run's folder" in body["analysis"]
@@ -369,6 +349,11 @@ def test_the_model_cache_is_bounded_by_count_and_bytes_before_a_load(lab, tmp_pa
     paths = [tmp_path / f"{n}.pt" for n in range(5)]
     for path in paths:
         shutil.copyfile(best, path)
+    cache = ModelCache()
+    first = cache.get(paths[0])  # loaded once, and again once its checkpoint is rewritten
+    assert cache.get(paths[0]) is first
+    os.utime(paths[0], ns=(0, paths[0].stat().st_mtime_ns + 10**9))  # another time
+    assert cache.get(paths[0]) is not first
     cache = ModelCache()
     kept = lambda: sorted(paths.index(Path(key[0])) for key in cache.models)  # noqa: E731
     monkeypatch.setattr(tab_models, "MAX_MODELS", 3)
@@ -407,26 +392,9 @@ def test_requests_for_one_cold_checkpoint_at_once_wait_for_its_one_load(lab, tmp
 
     real_load, cache.changed = tab_models.load_model, Noting()
     monkeypatch.setattr(tab_models, "load_model", load)
-    got = [None] * requests
-
-    def ask(n):
-        got[n] = cache.get(best)
-
-    threads = [threading.Thread(target=ask, args=(n,)) for n in range(requests)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    with ThreadPoolExecutor(requests) as pool:  # the requests at once
+        got = list(pool.map(lambda _: cache.get(best), range(requests), timeout=120))
     assert loads == [best] and got[0] is not None and all(g is got[0] for g in got)
-
-
-def test_timeline_loads_the_sliders_checkpoints_ahead(lab):
-    plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(lab / "sweep")))
-    Client(plugin.get_plugin_apps()["/timeline"]).get("/timeline?run=heads=2")
-    cache = plugin.store.models
-    settled(cache)
-    loaded = {Path(key[0]).name: loaded.step for key, (loaded, _) in cache.models.items()}
-    assert loaded == {"step-000006.pt": 6, "step-000012.pt": 12}
 
 
 # ----------------------------------------------------------------------------- one bad run
@@ -448,8 +416,7 @@ def _edit(path: Path, field: str, value) -> None:
     [("step", "abc", "heads=1: "), ("train_config", [1, 2], "heads=1: "),
      ("damaged", None, "heads=1: .*corrupt"), ("none", None, "heads=1 has no checkpoint yet")],
 )  # fmt: skip
-def test_a_run_that_cannot_be_read_is_listed_and_the_rest_served(lab, tmp_path, field, value,
-                                                                  message):  # fmt: skip
+def test_a_run_that_cannot_be_read_is_listed_the_rest_served(lab, tmp_path, field, value, message):
     shutil.copytree(lab / "sweep", tmp_path / "sweep")
     for path in (tmp_path / "sweep" / "heads=1" / "checkpoints").glob("*.pt"):
         path.unlink() if field == "none" else _edit(path, field, value)
@@ -500,16 +467,12 @@ def test_a_malformed_analysis_gives_the_panel_a_message_never_a_500_or_a_hang(la
         assert body["heads"] == [[None, None]] and "heads-best.json " in body["analysis"]
 
 
-def test_a_logdir_spec_is_read_as_tensorboard_documents_it(tmp_path, monkeypatch):
+def test_a_logdir_spec_is_read_as_tensorboard_documents_it(lab, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # name:path, commas between; a path from / keeps its colons
     assert tab_models.log_dirs(None, "a:x,b:/y:z") == {"a": tmp_path / "x", "b": Path("/y:z")}
     assert tab_models.log_dirs(None, "/p:q") == {"": Path("/p:q")}
-    assert tab_models.log_dirs(None, "") == {} and tab_models.log_dirs("d", "a:x") == {
-        "": Path("d")
-    }
-
-
-def test_logdir_spec_serves_each_log_dir_under_its_name(lab):
+    assert tab_models.log_dirs(None, "") == {}
+    assert tab_models.log_dirs("d", "a:x") == {"": Path("d")}
     spec = f"sweep:{lab / 'sweep'},{lab / 'text'}"  # one named, one not (TensorBoard's form)
     plugin = MicrogptPlugin(base_plugin.TBContext(logdir="", flags=Namespace(logdir_spec=spec)))
     assert plugin.is_active()

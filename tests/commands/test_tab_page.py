@@ -118,9 +118,7 @@ def deltas(panel: dict) -> list[float | None]:
     return [float(d.removeprefix(" input ")) if d else None for d in panel["deltas"]]
 
 
-def test_clicking_heads_off_changes_the_loss_shown_by_what_the_library_computes(
-    lab, server, browser
-):
+def test_clicking_heads_off_changes_the_loss_by_what_the_library_computes(lab, server, browser):
     show(browser, server, input="kalo", runs=HEADS2)
     base = library_loss(lab, "kalo", [])
     assert abs(float(panels(browser)[HEADS2]["loss"]) - base) < 6e-4
@@ -200,9 +198,7 @@ def test_no_pin_until_a_click_and_the_attribution_bars_sum_to_the_logit(server, 
     assert abs(by_size["last_end"] - by_size["total_end"]) < 1.5
 
 
-def test_four_runs_one_of_8_heads_fit_1600_px_and_an_attention_only_run_has_no_mlp_rows(
-    server, browser
-):
+def test_four_runs_fit_1600_px_and_an_attention_only_run_has_no_mlp_rows(server, browser):
     show(browser, server, "panels.every((p) => p.querySelector('.mg-part'))", input="kalo", q="2")
     shown = panels(browser)  # every group: names, text, 8 heads (attention-only), 3 seeds
     assert list(shown)[:4] == ["sweep/heads=1", HEADS2, "text/run", "wide/heads=8"]

@@ -203,11 +203,9 @@ def captioned() -> list[dict]:
 
 def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[dict | None]]:
     """[layer][head] -> {"role", and each captioned measure's value} (a field of another type:
-    None); None without this model's analysis."""
+    None); None without an analysis (RunFolder.read_analysis: one of this model's shape)."""
     labels = [[None] * n_head for _ in range(n_layer)]
-    if not analysis or (analysis.get("n_layer"), analysis.get("n_head")) != (n_layer, n_head):
-        return labels
-    for row in analysis["heads"]:
+    for row in analysis["heads"] if analysis else []:
         layer, head = row.get("layer"), row.get("head")
         ints = isinstance(layer, int) and isinstance(head, int)
         if ints and 0 <= layer < n_layer and 0 <= head < n_head:
@@ -275,16 +273,14 @@ class RunStore:
         why."""
         out = []
         for name, run in runs_under(self.roots).items():
+            out.append({"name": name, "checkpoints": [], "snapshots": [], "analysed": []})
             try:
                 checkpoints = [p.name for p in run.checkpoint_files()]
                 analysed = [c for c in checkpoints if run.analysis(c).is_file()]
                 snapshots = [[p.name, step] for step, p in run.snapshots()]
-                out.append({"name": name, "checkpoints": checkpoints, "snapshots": snapshots,
-                            "analysed": analysed})  # fmt: skip
+                out[-1].update(checkpoints=checkpoints, snapshots=snapshots, analysed=analysed)
             except OSError as e:
-                error = f"{name} cannot be read: {e.strerror or e}"
-                out.append({"name": name, "checkpoints": [], "snapshots": [], "analysed": [],
-                            "error": error})  # fmt: skip
+                out[-1]["error"] = f"{name} cannot be read: {e.strerror or e}"
         return out
 
     def groups(self) -> list[dict]:
@@ -296,7 +292,7 @@ class RunStore:
         for run in runs_under(self.roots).values():
             with contextlib.suppress(InputError, OSError):  # an unreadable folder: the next run
                 default = run.default_checkpoint()  # None: no checkpoint yet
-                if default is not None and inside(run.path, default):
+                if default and inside(run.path, default):
                     if example := self.models.get(default).example:
                         return example
         return None
@@ -310,15 +306,8 @@ class RunStore:
             raise InputError(f"no run {name!r} under {', '.join(map(str, self.roots.values()))}")
         return run
 
-    def attention(
-        self,
-        name: str,
-        checkpoint: str | None,
-        text: str,
-        off: str = "",
-        ablation: str | None = None,
-        pin: str | None = None,
-    ) -> dict:
+    def attention(self, name: str, checkpoint: str | None, text: str, off: str = "",
+                  ablation: str | None = None, pin: str | None = None) -> dict:  # fmt: skip
         """What one run's panel shows for `text` with the heads `off` ("0.1,1.3") switched off
         by `ablation` (zero, mean), the attribution at position `pin` (default: the last); an
         InputError the page shows instead."""
@@ -348,7 +337,8 @@ class RunStore:
         except (DataError, LabError) as e:  # unknown characters, or too many; a bad parameter
             raise InputError(f"{name}: {e}") from None
         # the head analysis (python -m microgpt.heads), where there is one that can be read
-        analysis, unreadable = self._analysis(run, checkpoint, (config.n_layer, config.n_head))
+        shape = (config.n_layer, config.n_head)
+        analysis, unreadable = self._analysis(run, checkpoint, shape)
         with loaded.lock:  # the model's hooks are its own while a request runs
             try:
                 means = loaded.means() if ablation == "mean" and heads else None
@@ -356,25 +346,15 @@ class RunStore:
                 raise InputError(f"{name}: {e}") from None
             labels, boundary = loaded.tokenizer.labels, loaded.format.boundary
             shown = lab(loaded.model, labels, ids, boundary, heads, means, pin)
-        return {
-            "run": name,
-            "checkpoint": checkpoint,
-            "step": loaded.step,
-            "format": loaded.format.name,
-            "boundary": loaded.format.boundary,  # the tokens start with the boundary token
-            "n_layer": config.n_layer,
-            "n_head": config.n_head,
-            "tokens": loaded.tokenizer.labels(ids),
-            # "layers": [layer][head] -> (T, T) rows of weights, query by key (with `off`)
-            "analysis": run.analysis(checkpoint).name if analysis else unreadable,
-            "heads": head_labels(analysis, config.n_layer, config.n_head),
-            "measures": captioned(),
-            "off": [list(head) for head in heads],
-            "ablation": ablation,
-            "pin": pin,
-            "group": self._group(name, checkpoint, (config.n_layer, config.n_head)),
-            **shown,
-        }
+        out = {"run": name, "checkpoint": checkpoint, "step": loaded.step}
+        # the tokens start with the boundary token, if the format has one
+        out |= {"format": loaded.format.name, "boundary": loaded.format.boundary}
+        out |= {"n_layer": shape[0], "n_head": shape[1], "tokens": loaded.tokenizer.labels(ids)}
+        out["analysis"] = run.analysis(checkpoint).name if analysis else unreadable
+        out |= {"heads": head_labels(analysis, *shape), "measures": captioned()}
+        out |= {"off": [list(head) for head in heads], "ablation": ablation, "pin": pin}
+        # shown: "layers": [layer][head] -> (T, T) rows of weights, query by key (with `off`), ...
+        return out | {"group": self._group(name, checkpoint, shape), **shown}
 
     def _group(self, name: str, checkpoint: str, shape: tuple[int, int]) -> dict:
         """The group of run `name` ({"name", "runs", "seeds"}) and role_counts of its runs'

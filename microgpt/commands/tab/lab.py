@@ -46,9 +46,8 @@ def parse_off(text: str, n_layer: int, n_head: int) -> list[tuple[int, int]]:
                 f"off={text!r}: {part!r} is not a head of this run; give layer.head, "
                 f"comma-separated (as 0.1,0.0), layer {span(n_layer)} and head {span(n_head)}"
             )
-        if (int(layer), int(head)) not in heads:
-            heads.append((int(layer), int(head)))
-    return heads
+        heads.append((int(layer), int(head)))
+    return list(dict.fromkeys(heads))
 
 
 def parse_pin(text: str | None, length: int) -> int | None:
@@ -67,12 +66,6 @@ def parse_ablation(text: str | None) -> str:
     return ablation
 
 
-def next_ids(ids: list[int], boundary: bool) -> list[int]:
-    """The character that follows each position, -1 where none does: a name's last position is
-    followed by the end of the name (the boundary token), a text's by nothing known."""
-    return ids[1:] + [BOUNDARY_ID if boundary else -1]
-
-
 @torch.no_grad()
 def lab(model, labels, ids, boundary, off, means: Tensor | None, pin: int) -> dict:
     """The lab's fields for input `ids` (attention "layers" included): `labels` turns ids into
@@ -86,7 +79,9 @@ def lab(model, labels, ids, boundary, off, means: Tensor | None, pin: int) -> di
         for layer, head in heads:
             drop[row, layer, head] = True
     idx = torch.tensor([ids]).expand(len(rows), -1)  # (1, T) -> (B, T)
-    targets = torch.tensor([next_ids(ids, boundary)])  # (1, T)
+    # (1, T): the character that follows each position, -1 where none does: a name's last
+    # position is followed by the end of the name (the boundary token), a text's by nothing known
+    targets = torch.tensor([ids[1:] + [BOUNDARY_ID if boundary else -1]])
     with replaced_heads(model, drop, means):
         run = traced(model, idx)
     count = int((targets >= 0).sum())  # positions with a next character
@@ -128,14 +123,11 @@ def predictions(logits: Tensor, targets: Tensor, labels) -> list[dict]:
     for t, target in enumerate(targets.tolist()):
         top = zip(labels(best.indices[t]), best.values[t].tolist())
         p = float(probs[t, target]) if target >= 0 else None
-        out.append(
-            {
-                "top": [[label, round(p, DIGITS)] for label, p in top],
-                "next": labels([target])[0] if target >= 0 else None,
-                "p": round(p, DIGITS) if p is not None else None,
-                "loss": round(-math.log(p), DIGITS) if p else None,
-            }
-        )
+        row = {"top": [[label, round(q, DIGITS)] for label, q in top]}
+        row["next"] = labels([target])[0] if target >= 0 else None
+        row["p"] = round(p, DIGITS) if p is not None else None
+        row["loss"] = round(-math.log(p), DIGITS) if p else None
+        out.append(row)
     return out
 
 

@@ -90,11 +90,9 @@ class MicrogptPlugin(base_plugin.TBPlugin):
     def _attention(self, request):
         a = request.args
         run, checkpoint, text = a.get("run", ""), a.get("checkpoint") or None, a.get("input", "")
+        off, ablation, pin = a.get("off", ""), a.get("ablation"), a.get("pin")
         return _answer(
-            request,
-            lambda: self.store.attention(
-                run, checkpoint, text, a.get("off", ""), a.get("ablation"), a.get("pin")
-            ),
+            request, lambda: self.store.attention(run, checkpoint, text, off, ablation, pin)
         )
 
     @wrappers.Request.application
