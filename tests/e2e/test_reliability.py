@@ -211,7 +211,7 @@ def test_non_finite_loss_stops_with_advice_and_keeps_the_last_good_checkpoint(ti
 # and prints the child's pid; the test kills the child with SIGKILL. Nothing has started a thread
 # before the fork (one intra-op thread), so forking is safe.
 SAVER = r"""
-import os, sys, torch
+import os, sys, time, torch
 torch.set_num_threads(1)  # no OpenMP thread pool: a forked child could deadlock on it
 from microgpt.checkpoint import Checkpoint
 from microgpt.model import GPT, GPTConfig
@@ -227,7 +227,8 @@ def stop_before_rename(fd):  # "N mid": the third save says so once written, and
     fsync(fd)
     if n >= start + 3:
         print("mid", flush=True)
-        os.pause()
+        while True:  # until SIGKILL (no os.pause: not every Python build has it)
+            time.sleep(60)
 fsync = os.fsync
 for line in sys.stdin:
     pid = os.fork()
