@@ -89,6 +89,7 @@ BAD = [
     ("train.num_samples=1000000000", r"train.num_samples=1000000000 would sample for about"),
     ("train.precision=fp8", r"train.precision='fp8' is unknown"),
     ("optim.muon_precision=fp8", r"optim.muon_precision='fp8' is unknown"),
+    ("optim.muon_ortho=svd", r"optim.muon_ortho='svd' is unknown; choose one of \['polar-express'"),
     ("optim.lr=0", r"optim.lr=0.0 must be > 0"),
     ("optim.lr=nan", r"optim.lr=nan must be a finite number"),
     ("optim.eps=0", r"optim.eps=0.0 must be > 0"),
