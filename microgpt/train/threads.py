@@ -82,6 +82,6 @@ def measured_threads(trainer, cores: int) -> tuple[int, str]:
     times = ", ".join(f"{n}: {s * 1e3:.1f} ms" for n, s in medians.items())
     line = (
         f"threads=auto chose {chosen} of {cores} cores, the fastest step measured ({times} a "
-        f"step; more threads only where 10% faster); threads=N sets a count"
+        f"step; more threads only where {1 - MARGIN:.0%} faster); threads=N sets a count"
     )
     return chosen, line
