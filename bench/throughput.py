@@ -18,7 +18,7 @@ def run_throughput(args, device, tmp: Path) -> dict:
             for impl in args.impls:
                 name = f"{preset} b{batch} {impl}{' compiled' if args.compile else ''}"
                 case = [f"model={preset}", f"train.batch_size={batch}", f"model.attn_impl={impl}"]
-                case.append(f"train.compile={str(args.compile).lower()}")
+                case += [f"train.compile={str(args.compile).lower()}", *args.row_override]
                 try:
                     ours = make_trainer(case, args, tmp)
                     plain = make_trainer([*case, *PLAIN], args, tmp)
