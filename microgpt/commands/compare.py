@@ -82,10 +82,6 @@ class RunSummary:
         value = self.heads_summary.get(f"heads/{name}")
         return math.nan if value is None else value
 
-    @property
-    def role_counts(self) -> dict[str, float]:
-        return {role: self.summary(f"role/{role}") for role in ROLES}
-
 
 def _scalars(run: RunFolder) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} from the run's metrics.jsonl (every run writes one)."""
@@ -235,21 +231,16 @@ def groups_of(runs: list[RunSummary]) -> list[Group[RunSummary]]:
     return group_runs(runs, lambda r: r.config, lambda r: r.name)
 
 
-def _values(group: Group[RunSummary], figure: str) -> list[float]:
-    values = [getattr(r, figure) for r in group.runs]
+def _finite(values) -> list[float]:
     return [x for x in values if not math.isnan(x)]
-
-
-def _mean_summary(group: Group[RunSummary], name: str) -> float:
-    values = [x for x in (r.summary(name) for r in group.runs) if not math.isnan(x)]
-    return statistics.fmean(values) if values else math.nan
 
 
 def roles_across_seeds(group: Group[RunSummary]) -> tuple[dict[str, int], int]:
     """({role: how many runs have it (a head with it in their analysis)}, how many runs have an
     analysis), the roles most runs have first."""
-    analysed = [r for r in group.runs if any(not math.isnan(x) for x in r.role_counts.values())]
-    have = {role: sum(r.role_counts[role] > 0 for r in analysed) for role in ROLES}
+    counts = [{role: r.summary(f"role/{role}") for role in ROLES} for r in group.runs]
+    analysed = [c for c in counts if any(not math.isnan(x) for x in c.values())]
+    have = {role: sum(c[role] > 0 for c in analysed) for role in ROLES}
     have = dict(sorted(((k, v) for k, v in have.items() if v), key=lambda kv: -kv[1]))
     return have, len(analysed)
 
@@ -287,7 +278,7 @@ def compare_groups(groups: list[Group[RunSummary]]) -> list[Comparison]:
 
 def _compare(a: Group[RunSummary], b: Group[RunSummary], loss: str) -> Comparison:
     figure = LOSSES[loss]
-    x, y = _values(b, figure), _values(a, figure)
+    x, y = (_finite(getattr(r, figure) for r in g.runs) for g in (b, a))
     difference = statistics.fmean(x) - statistics.fmean(y) if x and y else math.nan
     if {r.data for r in a.runs} != {r.data for r in b.runs}:
         return Comparison(a.name, b.name, loss, difference, why="different data")
@@ -309,11 +300,13 @@ def group_record(g: Group[RunSummary]) -> dict:
     out = {"name": g.name, "heads": g.runs[0].heads, "n": g.n, "seeds": g.seeds}
     out["runs"] = [r.name for r in g.runs]
     for figure in LOSSES.values():
-        i = interval(values) if (values := _values(g, figure)) else None
+        i = interval(values) if (values := _finite(getattr(r, figure) for r in g.runs)) else None
         out[figure] = i and {"mean": i.mean, "low": i.low, "high": i.high, "interval": i.kind,
                              "n": i.n}  # fmt: skip
     out["tokens_per_sec"] = statistics.median([r.tokens_per_sec for r in g.runs])
-    out |= {m.name: _mean_summary(g, m.name) for m in _summaries("main")}
+    for m in _summaries("main"):
+        values = _finite(r.summary(m.name) for r in g.runs)
+        out[m.name] = statistics.fmean(values) if values else math.nan
     have, analysed = roles_across_seeds(g)
     return out | {"roles": {role: {"seeds": k, "of": analysed} for role, k in have.items()}}
 
@@ -393,8 +386,7 @@ def _verdict_lines(groups: list[Group[RunSummary]], comparisons: list[Comparison
     lines = [
         "verdicts: each group against the one above it (negative: the later has the lower loss),",
         f"  the 95% CI of the difference; significant: Holm's p < {ALPHA} over {len(tested)} "
-        "comparisons; "
-        "paired t:",
+        "comparisons; paired t:",
         "  by seed (both groups have the same seeds), else Welch t; p: two-sided",
         *_aligned([list(col) for col in zip(header, *rows)], left=2),
     ]
@@ -409,11 +401,12 @@ def _verdict_lines(groups: list[Group[RunSummary]], comparisons: list[Comparison
 
 def to_json(runs: list[RunSummary]) -> str:
     """Everything as JSON (nan: null): the runs, the groups, the comparisons."""
-    return json.dumps(_no_nan(records(runs)), indent=1)
+    return json.dumps(records(runs), indent=1)
 
 
 def records(runs: list[RunSummary]) -> dict[str, list[dict]]:
-    """{"runs": each run's figures, "groups": each group's, "comparisons": the verdicts}."""
+    """{"runs": each run's figures, "groups": each group's, "comparisons": the verdicts}, as
+    plain JSON values (nan: None)."""
     groups = groups_of(runs)
     group_of = {id(r): g.name for g in groups for r in g.runs}
     keys = ("name", "heads", "seed", "params", "best_val_loss", "test_loss", "tokens_per_sec")
@@ -421,7 +414,7 @@ def records(runs: list[RunSummary]) -> dict[str, list[dict]]:
     out = {"runs": [{k: getattr(r, k) for k in keys} | {"group": group_of[id(r)]} for r in runs]}
     out["groups"] = [group_record(g) for g in groups]
     out["comparisons"] = [_comparison_record(c) for c in compare_groups(groups)]
-    return out
+    return json.loads(json.dumps(out), parse_constant=lambda nan: None)
 
 
 def _comparison_record(c: Comparison) -> dict:
@@ -437,7 +430,7 @@ def to_csv(runs: list[RunSummary]) -> list[list[str]]:
     columns are the table's, a group's and a comparison's their JSON keys (nested: `test_loss.low`,
     `roles.previous.seeds`); a cell that does not apply is empty."""
     header, cells = table(runs, plain=True)
-    names, data = ["name", *header[1:]], _no_nan(records(runs))
+    names, data = ["name", *header[1:]], records(runs)
     rows = [
         {"record": "run", **dict(zip(names, row)), "group": r["group"], "seed": r["seed"]}
         for row, r in zip(cells, data["runs"])
@@ -450,14 +443,6 @@ def to_csv(runs: list[RunSummary]) -> list[list[str]]:
 
 def _cell(x) -> str:
     return " ".join(map(str, x)) if isinstance(x, list) else "" if x is None else str(x)
-
-
-def _no_nan(x):
-    if isinstance(x, dict):
-        return {k: _no_nan(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_no_nan(v) for v in x]
-    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def _stale(r: RunSummary) -> str:

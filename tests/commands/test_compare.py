@@ -15,7 +15,6 @@ import yaml
 from microgpt.checkpoint import Checkpoint
 from microgpt.commands.compare import RunSummary, main, read_sweep, table, to_json
 from microgpt.commands.heads import main as heads_main
-from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.train.trainer import train
 from tests.conftest import TINY, compose_config, make_names
@@ -110,7 +109,6 @@ def test_head_columns_from_the_logged_summaries(sweep):
         for line in RunFolder(r.path).metrics():
             last |= {tag: value for tag, value in line.items() if tag.startswith("heads/")}
         assert r.heads_summary == pytest.approx(last)
-        assert r.role_counts == {role: last[f"heads/role/{role}"] for role in ROLES}
     col = columns(runs, "heads=1")
     for column, name, shown_to in [
         ("induction", "induction_max", 0.01), ("repeat gain", "repeat_loss_gain", 1e-3),

@@ -414,7 +414,7 @@ def _edit(path: Path, field: str, value) -> None:
 @pytest.mark.parametrize(
     "field, value, message",
     [("step", "abc", "heads=1: "), ("train_config", [1, 2], "heads=1: "),
-     ("damaged", None, "heads=1: .*corrupt"), ("none", None, "heads=1 has no checkpoint yet")],
+     ("damaged", None, "heads=1: .*corrupt"), ("none", None, "heads=1: no checkpoint yet")],
 )  # fmt: skip
 def test_a_run_that_cannot_be_read_is_listed_the_rest_served(lab, tmp_path, field, value, message):
     shutil.copytree(lab / "sweep", tmp_path / "sweep")

@@ -13,7 +13,7 @@ import functools
 import math
 import os
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,14 +250,10 @@ def groups_of(runs: dict[str, RunFolder]) -> list[Group[str]]:
 def role_counts(analyses: list[dict | None]) -> dict:
     """{"analysed": how many of `analyses` are head analyses, "roles": {role: in how many of them
     some head has it}}."""
-    counts, analysed = {}, 0
-    for labels in (summaries_of(analysis)["heads"] for analysis in analyses):
-        if labels is None:
-            continue
-        analysed += 1
-        for role in {label["role"] for row in labels for label in row if label}:
-            counts[role] = counts.get(role, 0) + 1
-    return {"analysed": analysed, "roles": dict(sorted(counts.items()))}
+    analysed = [h for a in analyses if (h := summaries_of(a)["heads"]) is not None]
+    roles = ({label["role"] for row in heads for label in row if label} for heads in analysed)
+    counts = Counter(role for found in roles for role in found)
+    return {"analysed": len(analysed), "roles": dict(sorted(counts.items()))}
 
 
 class RunStore:
@@ -310,40 +306,38 @@ class RunStore:
                   ablation: str | None = None, pin: str | None = None) -> dict:  # fmt: skip
         """What one run's panel shows for `text` with the heads `off` ("0.1,1.3") switched off
         by `ablation` (zero, mean), the attribution at position `pin` (default: the last); an
-        InputError the page shows instead."""
+        InputError the page shows instead, after the run's name."""
         run = self.run(name)
+        try:
+            return self._attention(name, run, checkpoint, text, off, ablation, pin)
+        except (InputError, DataError, LabError) as e:  # a bad input or parameter, a bad file
+            raise InputError(f"{name}: {e}") from None
+
+    def _attention(self, name, run, checkpoint, text, off, ablation, pin) -> dict:
         checkpoints = [p.name for p in run.checkpoint_files()]  # the default first
         if not checkpoints:
             raise InputError(
-                f"{name} has no checkpoint yet (checkpoints/best.pt or last.pt): it is still "
-                f"training or it stopped before its first evaluation"
+                "no checkpoint yet (checkpoints/best.pt or last.pt): it is still training or it "
+                "stopped before its first evaluation"
             )
         checkpoint = checkpoint or checkpoints[0]
         if checkpoint not in checkpoints:
-            raise InputError(f"{name} has no checkpoint {checkpoint!r}; it has {checkpoints}")
+            raise InputError(f"no checkpoint {checkpoint!r}; it has {checkpoints}")
         if not inside(run.path, run.checkpoints / checkpoint):
-            raise InputError(f"{name}: {checkpoint} leads out of the run's folder; not read")
-        try:
-            loaded = self.models.get(run.checkpoints / checkpoint)
-        except InputError as e:
-            raise InputError(f"{name}: {e}") from None
+            raise InputError(f"{checkpoint} leads out of the run's folder; not read")
+        loaded = self.models.get(run.checkpoints / checkpoint)
         config = loaded.model.config
         if not text:
-            raise InputError(f"type {loaded.format.user_input} to see {name}'s heads at work")
-        try:  # the format's input ids: after the boundary token as trained (<s>emma), but for text
-            ids = loaded.format.input_ids(loaded.tokenizer, text, config.block_size, "input")
-            heads = parse_off(off or "", config.n_layer, config.n_head)
-            ablation, pin = parse_ablation(ablation), parse_pin(pin, len(ids))
-        except (DataError, LabError) as e:  # unknown characters, or too many; a bad parameter
-            raise InputError(f"{name}: {e}") from None
+            raise InputError(f"type {loaded.format.user_input} to see its heads at work")
+        # the format's input ids: after the boundary token as trained (<s>emma), but for text
+        ids = loaded.format.input_ids(loaded.tokenizer, text, config.block_size, "input")
+        heads = parse_off(off or "", config.n_layer, config.n_head)
+        ablation, pin = parse_ablation(ablation), parse_pin(pin, len(ids))
         # the head analysis (python -m microgpt.heads), where there is one that can be read
         shape = (config.n_layer, config.n_head)
         analysis, unreadable = self._analysis(run, checkpoint, shape)
         with loaded.lock:  # the model's hooks are its own while a request runs
-            try:
-                means = loaded.means() if ablation == "mean" and heads else None
-            except InputError as e:  # a text run's file gone
-                raise InputError(f"{name}: {e}") from None
+            means = loaded.means() if ablation == "mean" and heads else None
             labels, boundary = loaded.tokenizer.labels, loaded.format.boundary
             shown = lab(loaded.model, labels, ids, boundary, heads, means, pin)
         out = {"run": name, "checkpoint": checkpoint, "step": loaded.step}
