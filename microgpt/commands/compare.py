@@ -187,15 +187,14 @@ def _legend(measures: list, first: str = "") -> list[str]:
     return _wrapped("; ".join(([first] if first else []) + said))
 
 
-def table(runs: list[RunSummary], plain: bool = False) -> tuple[list[str], list[list[str]]]:
-    """Every column: the header ("entropy L0", "entropy L1", ...) and a row of cells per run;
-    plain: params and tok/s as plain numbers (CSV)."""
+def table(runs: list[RunSummary]) -> tuple[list[str], list[list[str]]]:
+    """Every column: the header ("entropy L0", "entropy L1", ...) and a row of cells per run."""
     columns = head_columns(runs)
     rows = []
     for r in runs:
-        params = "-" if r.params is None else f"{r.params:{'' if plain else ','}}"
-        rate = _num(r.tokens_per_sec, ".0f") if plain else _rate(r.tokens_per_sec)
-        row = [r.name, str(r.heads), params, _num(r.best_val_loss), _num(r.test_loss), rate]
+        params = "-" if r.params is None else f"{r.params:,}"
+        cells = (_num(r.best_val_loss), _num(r.test_loss), _rate(r.tokens_per_sec))
+        row = [r.name, str(r.heads), params, *cells]
         row += [_num(r.summary(name), fmt) for _, name, fmt in columns]
         stale = "*" if _stale(r) else ""
         row.append("-" if r.heads_step is None else f"{r.heads_from} {r.heads_step}{stale}")
@@ -426,17 +425,12 @@ def _comparison_record(c: Comparison) -> dict:
 
 
 def to_csv(runs: list[RunSummary]) -> list[list[str]]:
-    """Everything as one table: `record` says what a row is (run, group, comparison); a run's
-    columns are the table's, a group's and a comparison's their JSON keys (nested: `test_loss.low`,
-    `roles.previous.seeds`); a cell that does not apply is empty."""
-    header, cells = table(runs, plain=True)
-    names, data = ["name", *header[1:]], records(runs)
-    rows = [
-        {"record": "run", **dict(zip(names, row)), "group": r["group"], "seed": r["seed"]}
-        for row, r in zip(cells, data["runs"])
-    ]
-    rows += [{"record": "group", **flatten(g)} for g in data["groups"]]
-    rows += [{"record": "comparison", **flatten(c)} for c in data["comparisons"]]
+    """Everything as one table: `record` says what a row is (run, group, comparison), its columns
+    its JSON keys (nested: `test_loss.low`, `roles.previous.seeds`, `heads_summary.heads/named`);
+    a cell that does not apply is empty."""
+    data = records(runs)
+    kinds = {"run": "runs", "group": "groups", "comparison": "comparisons"}
+    rows = [{"record": kind, **flatten(r)} for kind, key in kinds.items() for r in data[key]]
     columns = list(dict.fromkeys(k for row in rows for k in row))
     return [columns] + [[_cell(row.get(k)) for k in columns] for row in rows]
 
