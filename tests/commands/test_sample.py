@@ -153,22 +153,15 @@ def test_each_name_is_marked_with_its_split(best):
     assert len(r.lines) == 202 and r.lines[0].startswith(f"checkpoint {best} (step 20, val loss ")
 
 
-def test_out_file_is_written_and_an_error_leaves_it_alone(best, tmp_path):
-    out = tmp_path / "names.txt"
-    r = sample(best, num_samples=5, seed=0, out=str(out))
-    assert out.read_text() == "".join(n + "\n" for n in r.names)
-    with pytest.raises(UserError):
-        sample(best, num_samples=5, prefix="Q", out=str(out), overwrite=True)
-    assert out.read_text() == "".join(n + "\n" for n in r.names)
-    assert [p.name for p in tmp_path.iterdir()] == ["names.txt"]  # no temporary files left
-
-
-def test_an_empty_sample_is_counted_and_writes_no_blank_line(best, tmp_path, monkeypatch):
+def test_out_writes_names_but_empty_ones_and_an_error_leaves_it(best, tmp_path, monkeypatch):
     monkeypatch.setattr(report, "sample_items", lambda *args, **kwargs: ["ana", "", "bo"])
     out = tmp_path / "names.txt"
     r = sample(best, num_samples=3, seed=0, out=str(out))
+    assert out.read_text() == "ana\nbo\n" and r.lines[-1].endswith(", 1 empty")  # counted
+    with pytest.raises(UserError):
+        sample(best, num_samples=3, prefix="Q", out=str(out), overwrite=True)
     assert out.read_text() == "ana\nbo\n"
-    assert r.lines[-1].endswith(", 1 empty")
+    assert [p.name for p in tmp_path.iterdir()] == ["names.txt"]  # no temporary files left
     assert sample(best, num_samples=3, seed=0, out="-").stdout == ["ana", "bo"]  # out=- alike
 
 

@@ -19,8 +19,11 @@ PROBS = torch.tensor([0.05, 0.30, 0.02, 0.50, 0.10, 0.03])
 ORDER = [3, 1, 4, 0, 5, 2]  # tokens from most to least likely
 
 
-def draws(n=4000, seed=0, **kw):
-    logits = PROBS.log().repeat(n, 1)  # (n, V): n independent rows
+DYADIC = torch.tensor([0.5, 0.25, 0.125, 0.125])  # exact through log -> softmax in fp32
+
+
+def draws(n=4000, seed=0, probs=PROBS, **kw):
+    logits = probs.log().repeat(n, 1)  # (n, V): n independent rows
     return sample_next(logits, generator=torch.Generator().manual_seed(seed), **kw)
 
 
@@ -31,39 +34,21 @@ def test_temperature_zero_and_a_tiny_one_are_argmax():
     assert torch.equal(tiny, logits.argmax(-1))
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 5, 6, 100])
-def test_top_k_keeps_only_the_k_most_likely(k):
-    assert set(draws(top_k=k).tolist()) == set(ORDER[:k])  # all of them show up, nothing else
+NUCLEI = [(0.3, 1), (0.45, 1), (0.7, 2), (0.85, 3), (0.93, 4), (0.97, 5), (1.0, 6)]
 
 
 @pytest.mark.parametrize(
-    "top_p,nucleus",
-    [
-        (0.3, [3]),
-        (0.45, [3]),
-        (0.7, [3, 1]),
-        (0.85, [3, 1, 4]),
-        (0.93, [3, 1, 4, 0]),
-        (0.97, [3, 1, 4, 0, 5]),
-        (1.0, ORDER),
-    ],
-)
-def test_top_p_keeps_the_smallest_nucleus(top_p, nucleus):
-    """The smallest set of most likely tokens whose probability reaches top_p."""
-    assert set(draws(top_p=top_p).tolist()) == set(nucleus)
-
-
-@pytest.mark.parametrize("top_p,nucleus", [(0.5, {0}), (0.75, {0, 1}), (0.875, {0, 1, 2})])
-def test_top_p_exactly_reached_stops_there(top_p, nucleus):
-    """A set whose probability equals top_p is enough: the next token is not added.
-
-    Dyadic probabilities survive log -> softmax exactly in fp32, so the sums hit top_p exactly.
-    """
-    probs = torch.tensor([0.5, 0.25, 0.125, 0.125])
-    assert torch.equal(probs.log().softmax(-1), probs)
-    g = torch.Generator().manual_seed(0)
-    out = sample_next(probs.log().repeat(2000, 1), top_p=top_p, generator=g)
-    assert set(out.tolist()) == nucleus
+    "probs, settings, kept",
+    [*((PROBS, {"top_k": k}, ORDER[:k]) for k in (1, 2, 3, 5, 6, 100)),
+     # top_p: the smallest set of most likely tokens whose probability reaches it
+     *((PROBS, {"top_p": p}, ORDER[:n]) for p, n in NUCLEI),
+     # a set whose probability equals top_p exactly is enough: the next token is not added
+     *((DYADIC, {"top_p": p}, range(n)) for p, n in ((0.5, 1), (0.75, 2), (0.875, 3))),
+     # top_k=3 keeps {3, 1, 4} renormalised to {0.556, 0.333, 0.111}; top_p=0.6 then {3, 1}
+     (PROBS, {"top_k": 3, "top_p": 0.6}, [3, 1])],
+)  # fmt: skip
+def test_top_k_and_top_p_keep_only_their_tokens(probs, settings, kept):
+    assert set(draws(probs=probs, **settings).tolist()) == set(kept)  # each shows up, no other
 
 
 def test_top_p_renormalises_within_the_nucleus():
@@ -78,11 +63,6 @@ def test_temperature_sharpens_and_flattens_the_distribution(t):
     freq = torch.bincount(draws(n=20000, temperature=t), minlength=6).float() / 20000
     tempered = PROBS ** (1 / t)
     torch.testing.assert_close(freq, tempered / tempered.sum(), atol=0.015, rtol=0)
-
-
-def test_top_k_then_top_p():
-    # top_k=3 keeps {3, 1, 4} renormalised to {0.556, 0.333, 0.111}; top_p=0.6 then keeps {3, 1}
-    assert set(draws(top_k=3, top_p=0.6).tolist()) == {3, 1}
 
 
 def test_rows_are_cut_independently():
