@@ -40,7 +40,7 @@ from microgpt.checkpoint import Checkpoint
 from microgpt.config import flatten
 from microgpt.errors import UserError, first_line
 from microgpt.groups import Group, group_runs
-from microgpt.heads.measures import MEASURES
+from microgpt.heads.measures import summary_measures
 from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.stats import MIN_MAX, T_CI, TTest, holm, interval, paired_t, welch_t
@@ -166,18 +166,13 @@ def head_columns(runs: list[RunSummary]) -> list[tuple[str, str, str]]:
     """(header, summary name, format) of each summary measure with a column; a family's once per
     key some run has other than 0 ("importance L0", "importance L1"; the roles some head has)."""
     out = []
-    for m in _summaries("column"):
+    for m in summary_measures("column"):
         keys = [""]
         if "{}" in m.name:
             tags = (t for r in runs for t, v in r.heads_summary.items() if abs(v or 0) > 0)
             keys = list(dict.fromkeys(k[1] for t in tags if (k := re.fullmatch(m.pattern(), t))))
         out += [(m.column.format(k), m.name.format(k), m.fmt) for k in keys]
     return out
-
-
-def _summaries(view: str) -> list:
-    """The summary measures shown in `view` ("column", "main")."""
-    return [m for m in MEASURES if getattr(m, view) and not m.per_head]
 
 
 def _legend(measures: list, first: str = "") -> list[str]:
@@ -214,14 +209,14 @@ def format_table(runs: list[RunSummary], wide: bool = False) -> str:
     """One row per run, columns aligned (the main measures', or every one), the legend of
     `analysis` and of the wide columns."""
     header, rows = table(runs)
-    narrow = {*RUN_COLUMNS, *(m.column for m in _summaries("main")), "analysis"}
+    narrow = {*RUN_COLUMNS, *(m.column for m in summary_measures("main")), "analysis"}
     keep = [i for i, name in enumerate(header) if wide or name in narrow]
     # a layer's columns after the first: "L1", "L2", ... under "entropy L0"
     shown = [
         h.split()[-1] if i > 0 and h[:-1] == header[i - 1][:-1] else h for i, h in enumerate(header)
     ]
     lines = _aligned([[shown[i], *(row[i] for row in rows)] for i in keep])
-    wide_legend = _legend([m for m in _summaries("column") if not m.main]) if wide else []
+    wide_legend = _legend([m for m in summary_measures("column") if not m.main]) if wide else []
     return "\n".join(lines + [RUN_LEGEND, *wide_legend])
 
 
@@ -303,7 +298,7 @@ def group_record(g: Group[RunSummary]) -> dict:
         out[figure] = i and {"mean": i.mean, "low": i.low, "high": i.high, "interval": i.kind,
                              "n": i.n}  # fmt: skip
     out["tokens_per_sec"] = statistics.median([r.tokens_per_sec for r in g.runs])
-    for m in _summaries("main"):
+    for m in summary_measures("main"):
         values = _finite(r.summary(m.name) for r in g.runs)
         out[m.name] = statistics.fmean(values) if values else math.nan
     have, analysed = roles_across_seeds(g)
@@ -319,7 +314,7 @@ def _interval_cell(i: dict | None) -> str:
 
 def format_groups(runs: list[RunSummary]) -> str:
     """A row per group, its legend, the roles across seeds, the verdicts."""
-    groups, main = groups_of(runs), _summaries("main")
+    groups, main = groups_of(runs), summary_measures("main")
     records = [group_record(g) for g in groups]
     rows = [
         [g["name"], str(g["heads"]), str(g["n"]), _interval_cell(g["best_val_loss"])]

@@ -48,6 +48,12 @@ def summaries(report) -> dict[str, float]:
     return {k: v for m in MEASURES if not m.per_head for k, v in m.summaries(report).items()}
 
 
+def summary_measures(view: str) -> list[Measure]:
+    """The summary measures shown in `view`: "column" (compare's columns), "main" (compare's short
+    tables, HParams, the tab's timeline)."""
+    return [m for m in MEASURES if getattr(m, view) and not m.per_head]
+
+
 def per_head(report) -> list[tuple[Measure, torch.Tensor]]:
     """(measure, (L, H) values) of every per-head measure the report has."""
     return [(m, v) for m in MEASURES if m.per_head and (v := m.of(report)) is not None]

@@ -50,14 +50,6 @@ def band_tags(loss: str) -> tuple[str, str, str]:
     return f"seeds/{loss}/mean", f"seeds/{loss}/min", f"seeds/{loss}/max"
 
 
-def bands_layout() -> dict:
-    """A margin chart per loss (SummaryWriter.add_custom_scalars' form): each run with the three
-    tags draws its mean as a line, its band between min and max."""
-    charts = {f"{loss}: mean over seeds, band min to max": ["Margin", list(band_tags(loss))]
-              for loss in LOSSES}  # fmt: skip
-    return {CATEGORY: charts}
-
-
 def band(
     series: list[dict[int, tuple[float, float]]],
 ) -> list[tuple[int, float, float, float, float]]:
@@ -142,7 +134,11 @@ def _write_group(folder: Path, group: Group[RunFolder]) -> bool:
             for step, walltime, *values in points:
                 for tag, value in zip(band_tags(loss), values):
                     writer.add_scalar(tag, value, step, walltime=walltime)
-        writer.add_custom_scalars(bands_layout())
+        # a margin chart per loss: each run with the three tags draws its mean as a line, its
+        # band between min and max
+        charts = {f"{loss}: mean over seeds, band min to max": ["Margin", list(band_tags(loss))]
+                  for loss in LOSSES}  # fmt: skip
+        writer.add_custom_scalars({CATEGORY: charts})
     finally:
         writer.close()
     return True

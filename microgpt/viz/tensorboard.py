@@ -152,7 +152,7 @@ class TensorBoardLogger:
         and the last summaries of the main head measures."""
         values = {f"result/{k}": v for k, v in results.items() if v is not None}
         self.scalars(step, values)
-        main = [f"heads/{m.name}" for m in MEASURES if m.main and not m.per_head]
+        main = [f"heads/{m.name}" for m in measures.summary_measures("main")]
         heads = {t: self.last_head_summary.get(t, math.nan) for t in main}
         metrics = {t: v for t, v in {**values, **heads}.items() if not math.isnan(v)}
         # the experiment, session start and session end

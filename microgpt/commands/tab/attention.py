@@ -26,7 +26,7 @@ from microgpt.data.dataset import Data, DataError, checkpoint_format, data_of_ch
 from microgpt.groups import Group, group_name, group_runs
 from microgpt.heads.analyse import length_batches
 from microgpt.heads.circuits import mean_outputs
-from microgpt.heads.measures import MEASURES
+from microgpt.heads.measures import MEASURES, summary_measures
 from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
 from microgpt.viz.tensorboard import VAL_LOSS
@@ -347,16 +347,12 @@ class RunStore:
         out["analysis"] = run.analysis(checkpoint).name if analysis else unreadable
         out |= {"heads": head_labels(analysis, *shape), "measures": captioned()}
         out |= {"off": [list(head) for head in heads], "ablation": ablation, "pin": pin}
-        # shown: "layers": [layer][head] -> (T, T) rows of weights, query by key (with `off`), ...
-        return out | {"group": self._group(name, checkpoint, shape), **shown}
-
-    def _group(self, name: str, checkpoint: str, shape: tuple[int, int]) -> dict:
-        """The group of run `name` ({"name", "runs", "seeds"}) and role_counts of its runs'
-        analyses of `checkpoint` (of models of `shape`, as the group's runs are)."""
+        # the run's group and role_counts of its runs' analyses of `checkpoint` (of this shape)
         found = runs_under(self.roots)
         group = next(group for group in groups_of(found) if name in group.runs)
         analyses = [self._analysis(found[run], checkpoint, shape)[0] for run in group.runs]
-        return {**vars(group), **role_counts(analyses)}
+        # shown: "layers": [layer][head] -> (T, T) rows of weights, query by key (with `off`), ...
+        return out | {"group": {**vars(group), **role_counts(analyses)}, **shown}
 
     def timeline(self, name: str) -> dict:
         """The run's validation loss over training, and each step checkpoint with its heads'
@@ -399,5 +395,5 @@ def summaries_of(analysis: dict | None) -> dict:
         return {"heads": None, "summaries": None}
     heads, values = head_labels(analysis, *shape), analysis.get("summaries")
     values = values if isinstance(values, dict) else {}
-    names = [m.name for m in MEASURES if m.main and not m.per_head]
-    return {"heads": heads, "summaries": {n: _number(values.get(f"heads/{n}")) for n in names}}
+    main = {m.name: _number(values.get(f"heads/{m.name}")) for m in summary_measures("main")}
+    return {"heads": heads, "summaries": main}
