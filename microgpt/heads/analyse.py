@@ -59,19 +59,13 @@ def probe_attention(model, ids: Sequence[int]) -> list[Tensor]:
 def _first_pass(model, batches, members, chars, width: int):
     """One pass: each head's mean output (W_O's input) over the real positions (L, H, hd) and at
     each position (L, H, width, hd), and the pattern sums per layer (roles.pattern_sums)."""
-    c = model.config
-    L, H, hd = c.n_layer, c.n_head, c.head_dim
-    sums: list[dict[str, Tensor]] = [{} for _ in range(L)]
+    sums: list[dict[str, Tensor]] = [{} for _ in range(model.config.n_layer)]
 
     def add_patterns(layer: int, att: Tensor, x: Tensor, real: Tensor) -> None:
         for key, value in roles.pattern_sums(att, x, real, members, chars).items():
             sums[layer][key] = sums[layer].get(key, 0) + value.cpu()
 
-    out_sums, per_position = circuits.output_sums(model, batches, width, add_patterns)
-    means = out_sums.sum(dim=1) / per_position.sum().clamp(min=1)  # (L, C)
-    at = out_sums / per_position.clamp(min=1)[None, :, None]  # (L, T, C)
-    at = at.view(L, width, H, hd).transpose(1, 2)  # (L, T, C) -> (L, H, T, hd)
-    return means.view(L, H, hd).float(), at.float(), sums
+    return *circuits.mean_outputs(model, batches, width, add_patterns), sums
 
 
 @torch.no_grad()

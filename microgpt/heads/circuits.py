@@ -102,13 +102,17 @@ def output_sums(model, batches, width: int, each=None) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def mean_outputs(model, batches) -> Tensor:
-    """(L, H, hd) each head's mean output z over every real position (y >= 0) of the batches: the
-    value of mean ablation, as the analysis computes it (output_sums)."""
-    c = model.config
-    sums, per_position = output_sums(model, batches, max(x.shape[1] for x, _ in batches))
+def mean_outputs(model, batches, width: int | None = None, each=None) -> tuple[Tensor, Tensor]:
+    """Each head's mean output z over every real position (y >= 0) of the batches (L, H, hd), the
+    value of mean ablation, and at each of `width` positions (L, H, width, hd), the value of
+    per-position mean ablation (output_sums; `each` as there)."""
+    L, H, hd = model.config.n_layer, model.config.n_head, model.config.head_dim
+    width = width or max(x.shape[1] for x, _ in batches)
+    sums, per_position = output_sums(model, batches, width, each)
     means = sums.sum(dim=1) / per_position.sum().clamp(min=1)  # (L, C)
-    return means.view(c.n_layer, c.n_head, c.head_dim).float()
+    at = sums / per_position.clamp(min=1)[None, :, None]  # (L, T, C)
+    at = at.view(L, width, H, hd).transpose(1, 2)  # (L, T, C) -> (L, H, T, hd)
+    return means.view(L, H, hd).float(), at.float()
 
 
 # ----------------------------------------------------------------------------- importance

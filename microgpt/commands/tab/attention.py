@@ -62,7 +62,7 @@ class Loaded:
                     rows = analysis_rows(data_of_checkpoint(self.checkpoint))
                 except DataError as e:
                     raise InputError(f"ablation=mean needs the validation split: {e}") from None
-                self._means = mean_outputs(self.model, length_batches(*rows))
+                self._means = mean_outputs(self.model, length_batches(*rows))[0]
             return self._means
 
 
