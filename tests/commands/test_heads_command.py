@@ -1,4 +1,5 @@
-"""`python -m microgpt.heads RUN --all-checkpoints`: every checkpoint of a run, a line each."""
+"""`python -m microgpt.heads`: a run's checkpoint, each of its checkpoints (a line each), or each
+job of a sweep; every analysis named after its checkpoint."""
 
 from __future__ import annotations
 
@@ -6,7 +7,35 @@ import json
 import re
 import shutil
 
+from microgpt.commands.compare import read_sweep
 from microgpt.commands.heads import main
+
+
+def test_a_run_is_analysed_into_a_file_named_after_its_checkpoint(lab, tmp_path, capsys):
+    """Analysing another checkpoint never replaces the run's analysis (of best.pt), and compare
+    reads best.pt's."""
+    run = tmp_path / "heads=2"
+    shutil.copytree(lab / "sweep" / "heads=2", run)
+    assert main([str(run), "--threads", "1"]) == 0
+    out, md = capsys.readouterr().out, (run / "heads-best.md").read_text()
+    assert "| layer | head | role |" in out and "Prunable:" in out and "| 0 | 1 |" in md
+    # the layer-0 letter tables go to the file, not the terminal
+    assert "looks for" not in out and "L0H1 looks for" in md
+    best = json.loads((run / "heads-best.json").read_text())
+    assert best["n_head"] == 2 and len(best["heads"]) == 2
+    assert best["checkpoint"].endswith("best.pt")
+    kept = (run / "heads-best.json").read_bytes()
+    assert main([str(run / "checkpoints" / "last.pt"), "--threads", "1"]) == 0  # into the run
+    assert json.loads((run / "heads-last.json").read_text())["checkpoint"].endswith("last.pt")
+    assert (run / "heads-last.md").is_file() and (run / "heads-best.json").read_bytes() == kept
+    assert main([str(run / "checkpoints"), "--threads", "1"]) == 0  # the same run
+    assert json.loads((run / "heads-best.json").read_text())["checkpoint"] == best["checkpoint"]
+    # compare reports best.pt's analysis, whatever else was analysed last
+    step = json.loads((run / "heads-step-000006.json").read_text())
+    step["summaries"]["heads/prunable"] = 99.0
+    (run / "heads-step-000006.json").write_text(json.dumps(step))
+    (row,) = read_sweep(run)[0]
+    assert row.heads_summary == best["summaries"]
 
 
 def test_all_checkpoints_analyses_each_one_not_analysed_since_it_was_written(lab, tmp_path, capsys):

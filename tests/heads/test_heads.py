@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from microgpt.commands.heads import main
 from microgpt.heads import circuits
 from microgpt.heads.analyse import analyse, length_batches
 from microgpt.heads.report import ROLES
@@ -276,45 +275,6 @@ def test_report_is_json_summaries_do_not_depend_on_head_count(rows):
     assert table[0].startswith("| layer | head | role | score | lift | entropy")
     head_rows = table[2 : 2 + 16]  # then the notes and the layer-0 circuits
     assert len([line for line in head_rows if line.startswith("| 1 |")]) == 8
-
-
-# ----------------------------------------------------------------------------- the command
-
-
-def test_command_on_a_run_and_on_its_checkpoints_names_each_analysis_after_its_checkpoint(
-    tiny_cfg, tmp_path, capsys
-):
-    """Analysing a step checkpoint never replaces the run's analysis (of best.pt): each analysis
-    is named after the checkpoint it analysed, and compare reads best.pt's."""
-    from microgpt.commands.compare import read_sweep
-    from microgpt.train.trainer import train
-
-    train(tiny_cfg("train.num_samples=0", "train.save_every=6"))
-    run = tmp_path / "run"
-    assert main([str(run)]) == 0
-    out = capsys.readouterr().out
-    assert "| layer | head | role |" in out and "Prunable:" in out
-    # the layer-0 letter tables go to the file, not the terminal
-    assert "looks for" not in out and "L0H1 looks for" in (run / "heads-best.md").read_text()
-    best = json.loads((run / "heads-best.json").read_text())
-    assert best["n_head"] == 2 and len(best["heads"]) == 2
-    assert best["checkpoint"].endswith("best.pt")
-    assert "| 0 | 1 |" in (run / "heads-best.md").read_text()
-    kept = (run / "heads-best.json").read_bytes()
-    for checkpoint, name in (("last.pt", "heads-last"), ("step-000006.pt", "heads-step-000006")):
-        assert main([str(run / "checkpoints" / checkpoint)]) == 0  # into the run folder
-        assert json.loads((run / f"{name}.json").read_text())["checkpoint"].endswith(checkpoint)
-        assert (run / f"{name}.md").is_file()
-    assert (run / "heads-best.json").read_bytes() == kept
-    assert main([str(run / "checkpoints")]) == 0  # the checkpoints/ folder names the same run
-    assert json.loads((run / "heads-best.json").read_text())["checkpoint"] == best["checkpoint"]
-    capsys.readouterr()
-    # compare reports best.pt's analysis, whatever else was analysed last
-    step = json.loads((run / "heads-step-000006.json").read_text())
-    step["summaries"]["heads/prunable"] = 99.0
-    (run / "heads-step-000006.json").write_text(json.dumps(step))
-    (row,) = read_sweep(run)[0]
-    assert row.heads_summary == best["summaries"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
