@@ -103,24 +103,11 @@ def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
     assert early["layers"] != late["layers"]
 
 
-def test_names_and_text_runs_side_by_side_each_get_their_own_boundary(lab):
-    client = routes(lab)["/attention"]
-    status, names = attention(client, run="sweep/heads=1", input="ka")
-    assert status == 200 and names["tokens"] == ["<s>", "k", "a"] and names["format"] == "lines"
-    status, text = attention(client, run="text/run", input="Thou art")
-    assert status == 200 and text["format"] == "text"
-    assert text["tokens"] == ["T", "h", "o", "u", "·", "a", "r", "t"]  # no boundary token
-    status, long = attention(client, run="text/run", input="a" * 16)
-    assert status == 200 and len(long["tokens"]) == 16  # a text run fills its whole context
-    status, error = attention(client, run="text/run", input="a" * 17)
-    too_long = f"input={'a' * 17!r} has 17 characters but the model reads at most 16; shorten it"
-    assert status == 400 and error["error"] == f"text/run: {too_long}"
-
-
 UNKNOWN = "input='Kalo!' has characters the vocabulary does not know: 'K', '!'"
 NO_HEAD = "%r is not a head of this run; give layer.head, comma-separated (as 0.1,0.0), layer 0 "
 NO_HEAD += "and head 0 to 1"
 LONG = f"input={'ka' * 20!r} has 40 characters but the model reads at most 8 after the boundary"
+TEXT_LONG = f"input={'a' * 17!r} has 17 characters but the model reads at most 16; shorten it"
 
 
 def test_runs_that_differ_only_by_seed_form_a_group_whose_roles_are_counted(lab, tmp_path):
@@ -160,7 +147,8 @@ def test_an_attention_only_model_has_no_mlp_parts(lab, tmp_path):
     "args, message",
     [({"run": "heads=1", "input": "Kalo!"}, f"heads=1: {UNKNOWN}; use characters of the training"),
      ({"run": "heads=1", "input": ""}, "type a name"),
-     ({"run": "heads=9", "input": "ka"}, "no run 'heads=9'"),
+     ({"run": "heads=9", "input": "ka"}, "no run 'sweep/heads=9'"),
+     ({"run": "text/run", "input": "a" * 17}, f"text/run: {TEXT_LONG}"),
      ({"run": "heads=1", "checkpoint": "../x.pt", "input": "ka"}, "no checkpoint '../x.pt'"),
      ({"run": "heads=1", "input": "ka" * 20}, f"heads=1: {LONG} token; shorten it"),
      ({"run": "heads=2", "input": "ka", "off": "9.9"}, f"heads=2: off='9.9': {NO_HEAD % '9.9'}"),
@@ -175,7 +163,9 @@ def test_an_attention_only_model_has_no_mlp_parts(lab, tmp_path):
      ({"run": "heads=2", "input": "ka", "off": "\u00b2.0"}, "'\u00b2.0' is not a head")],
 )  # fmt: skip
 def test_bad_requests_get_a_message_the_page_shows(lab, args, message):
-    status, body = attention(routes(lab / "sweep")["/attention"], **args)
+    run = args.pop("run")
+    run = run if run == "text/run" else f"sweep/{run}"
+    status, body = attention(routes(lab)["/attention"], run=run, **args)
     assert status == 400 and message in body["error"]
 
 
@@ -189,10 +179,11 @@ def model_of(lab: Path, run: str = "heads=2", checkpoint: str = "best.pt"):
     return model.requires_grad_(False), tokenizer, data_of_checkpoint(ckpt)
 
 
-def test_the_lab_gives_what_the_model_predicts_at_each_position(lab):
+def test_the_lab_gives_what_the_model_predicts_at_each_position_of_a_name_or_text(lab):
     client = routes(lab)["/attention"]
     status, body = attention(client, run="sweep/heads=2", input="kalo")
     assert status == 200 and (body["off"], body["ablation"], body["pin"]) == ([], "zero", None)
+    assert body["tokens"] == ["<s>", "k", "a", "l", "o"] and body["format"] == "lines"
     assert body["attribution"] is body["reading"] is None  # nothing pinned until asked
     model, tokenizer, _ = model_of(lab)
     probs = model(torch.tensor([[0, *tokenizer.encode("kalo")]]))[0][0].softmax(-1)  # (T, V)
@@ -208,6 +199,9 @@ def test_the_lab_gives_what_the_model_predicts_at_each_position(lab):
     assert body["loss"] == body["base_loss"] == pytest.approx(loss, abs=1e-4)
     assert body["off_loss"] == []
     assert attention(client, run="sweep/heads=2", input="kalo", off="0.1,0.1")[1]["off"] == [[0, 1]]
+    status, text = attention(client, run="text/run", input="Thou art")  # no boundary token
+    assert status == 200 and text["format"] == "text" and text["tokens"] == list("Thou·art")
+    assert attention(client, run="text/run", input="a" * 16)[0] == 200  # its whole context
     status, text = attention(client, run="text/run", input="Thou")  # its next is not known
     assert status == 200 and [p["next"] for p in text["predictions"]] == ["h", "o", "u", None]
     assert text["predictions"][-1]["p"] is None and text["attribution"] is None
