@@ -103,12 +103,10 @@ def lab(model, labels, ids, boundary, off, means: Tensor | None, pin: int) -> di
     shown["attribution"] = parts and {
         "position": pin,
         "target": labels([target])[0],
-        "logit": round(parts.logit, LOGIT_DIGITS),
-        "embed": round(parts.embed, LOGIT_DIGITS),
+        **{k: round(getattr(parts, k), LOGIT_DIGITS) for k in ("logit", "embed", "rest")},
         "heads": parts.heads.round(decimals=LOGIT_DIGITS).tolist(),
         # an attention-only model (model.mlp false) has no MLP to list
         "mlps": parts.mlps.round(decimals=LOGIT_DIGITS).tolist() if model.config.mlp else [],
-        "rest": round(parts.rest, LOGIT_DIGITS),
     }
     shown["reading"] = readings(run.attention, ids, pin, labels, off, shown["attribution"])
     return shown
