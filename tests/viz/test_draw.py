@@ -44,7 +44,7 @@ def test_render_attention_shape_dtype_and_brightness():
     assert luminance(colormap(0.9)) > luminance(colormap(0.1))  # the brighter cell weighs more
 
 
-def test_render_attention_accepts_a_tensor_and_draws_labels():
+def test_render_attention_accepts_a_tensor_draws_labels_and_greys_masked_cells():
     w = torch.full((3, 3), 1 / 3)
     plain = render_attention(w, [" "] * 3, [" "] * 3)  # blank labels: the margins stay blank
     labelled = render_attention(w, [".", "x", "y"], [".", "x", "y"])
@@ -57,12 +57,9 @@ def test_render_attention_accepts_a_tensor_and_draws_labels():
     assert len(np.unique(left_margin.reshape(-1, 3), axis=0)) > 1
     assert len(np.unique(top_margin.reshape(-1, 3), axis=0)) > 1
     assert len(np.unique(plain[top:, :left].reshape(-1, 3), axis=0)) == 1
-
-
-def test_render_attention_greys_masked_cells():
-    w = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]
+    w = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]  # causal: the upper triangle masked
     img = render_attention(w, list("abc"), list("abc"), mask=np.tri(3, dtype=bool))
-    assert not (img == colormap(0.0)).all(axis=-1).any()  # the upper triangle is not "weight 0"
+    assert not (img == colormap(0.0)).all(axis=-1).any()  # masked cells are grey, not "weight 0"
 
 
 def test_a_layer_puts_two_heads_in_a_row_then_the_rest_below():
