@@ -27,7 +27,6 @@ VARIANTS = {  # each case's steps, alternated with AdamW's and the plain GPT's
     "recipe": (),
     "recipe, no autocast": ("train.precision=fp32",),  # Newton-Schulz still in bf16
     "recipe, Newton-Schulz": ("optim.muon_ortho=newton-schulz",),  # before issue 44
-    "recipe, polar-express-2": ("optim.muon_ortho=polar-express-2",),  # the candidate
 }
 
 

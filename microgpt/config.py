@@ -24,7 +24,7 @@ from microgpt.system import DEVICES, Precision, check_threads
 
 DECAYS = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")
-MUON_ORTHOS = ("polar-express", "polar-express-2", "newton-schulz")  # microgpt.train.optim.ORTHOGONALISERS
+MUON_ORTHOS = ("polar-express", "newton-schulz")  # microgpt.train.optim.ORTHOGONALISERS
 MAX_EPS = 1.0  # optim.eps at or above it leaves the weights where they started
 MAX_TRAIN_SAMPLES = 100_000  # train.num_samples, sampled after the last step (sample.py: more)
 
@@ -96,8 +96,7 @@ class OptimConfig:
     # Muon's orthogonalisation: auto (bf16 where the device multiplies it natively: a GPU
     # with bf16, a CPU with AVX512-BF16 or AMX; else fp32) | fp32 | bf16
     muon_precision: str = "auto"
-    # its orthogonalisation: polar-express (3 iterations on the Gram side) | polar-express-2
-    # (2, after a tighter scale) | newton-schulz (5)
+    # its orthogonalisation: polar-express (3 iterations on the Gram side) | newton-schulz (5)
     muon_ortho: str = "polar-express"
 
     def __post_init__(self):

@@ -78,8 +78,7 @@ class Muon(torch.optim.Optimizer):
         for ids, stack in zip(same, stacks):
             for i, row in zip(ids, stack):
                 torch.lerp(grads[i], momenta[i], beta, out=row)
-        quintics, gram, tight = self.ortho
-        orthos = orthogonalise(stacks, quintics, gram, self.ns_dtype, tight)
+        orthos = orthogonalise(stacks, *self.ortho, self.ns_dtype)
         for shape, ids, ortho in zip(shapes, same, orthos):
             step = fp32(-group["lr"] * max(1.0, shape[0] / shape[1]) ** 0.5)
             torch._foreach_add_([params[i] for i in ids], list(ortho), alpha=step)
@@ -122,30 +121,18 @@ POLAR_EXPRESS = (
     (3.6005797587167274, -2.6418752876167533, 0.5105053840872436),
     (2.6349504800860997, -1.9190066995354877, 0.4306489809873331),
 )
-# The same fit in two, from [0.03, 1] -> [0.22, 1.78] -> [0.62, 1.38], after the tighter scale
-# x / ||x x^T||_F^(1/2) (a top singular value of 1 at rank 1, 0.30 at 128 equal ones, against
-# 0.088 at ||x||_F = 1; about 1.9x ||x||_F's on Muon's updates): 5 m^3 matmuls, not 9.
-POLAR_EXPRESS_2 = (
-    (7.2896314435918725, -20.133335448739885, 14.424744803574514),
-    (2.8886515289404446, -2.1182211633930685, 0.4524497355778972),
-)
-# optim.muon_ortho: (the quintics, iterate on the Gram side, scale by the Gram matrix's norm)
-ORTHOGONALISERS = {
-    "newton-schulz": (NEWTON_SCHULZ, False, False),
-    "polar-express": (POLAR_EXPRESS, True, False),
-    "polar-express-2": (POLAR_EXPRESS_2, True, True),
-}
+# optim.muon_ortho: (the quintics, iterate on the Gram side)
+ORTHOGONALISERS = {"newton-schulz": (NEWTON_SCHULZ, False), "polar-express": (POLAR_EXPRESS, True)}
 
 
-def orthogonalise(gs, quintics=NEWTON_SCHULZ, gram=False, dtype=None, tight=False) -> list:
+def orthogonalise(gs, quintics=NEWTON_SCHULZ, gram=False, dtype=None) -> list[torch.Tensor]:
     """The semi-orthogonal matrices nearest gs (singular values pushed towards 1) by `quintics`,
     computed and returned in `dtype` (None: g's); each (n, rows, cols) -> (n, rows, cols).
-    On the wide orientation (m <= n columns); `gram`: the iteration on the m x m Gram matrices,
-    `tight` scaling x by ||x x^T||_F^(1/2) rather than ||x||_F."""
+    On the wide orientation (m <= n columns); `gram`: the iteration on the m x m Gram matrices."""
     tall = [g.size(-2) > g.size(-1) for g in gs]
     xs = [(g / (g.norm(dim=(-2, -1), keepdim=True) + 1e-7)).to(dtype or g.dtype) for g in gs]
     xs = [x.mT if t else x for x, t in zip(xs, tall)]
-    ys = gram_side(xs, quintics, tight) if gram else [direct(x, quintics) for x in xs]
+    ys = gram_side(xs, quintics) if gram else [direct(x, quintics) for x in xs]
     return [y.mT if t else y for y, t in zip(ys, tall)]
 
 
@@ -159,7 +146,7 @@ def direct(x: torch.Tensor, quintics) -> torch.Tensor:
     return x
 
 
-def gram_side(xs: list[torch.Tensor], quintics, tight=False) -> list[torch.Tensor]:
+def gram_side(xs: list[torch.Tensor], quintics) -> list[torch.Tensor]:
     """The iteration of `direct` carried by an m x m matrix Q (x_k = Q_k x): Q <- p(A) Q with
     A = Q G Q^T the current Gram matrix, G = x x^T; each step four m x m x m matmuls, batched
     over every x of one m, then one m x m x cols a matrix. A comes from G each step, not from
@@ -170,14 +157,11 @@ def gram_side(xs: list[torch.Tensor], quintics, tight=False) -> list[torch.Tenso
         grams = xs[ids[0]].new_empty(sum(len(xs[i]) for i in ids), m, m)  # (N, m, m)
         for i, gram in zip(ids, grams.split([len(xs[i]) for i in ids])):
             torch.bmm(xs[i], xs[i].mT, out=gram)
-        scale = grams.norm(dim=(-2, -1), keepdim=True).add_(1e-7) if tight else None
-        grams = grams / scale if tight else grams  # x / scale^(1/2): G's top eigenvalue <= 1
         eye, q = torch.eye(m, dtype=grams.dtype), None
         for a, b, c in quintics:
             now = grams if q is None else q @ grams @ q.mT
             poly = torch.add(a * eye, now, alpha=b).baddbmm_(now, now, alpha=c)
             q = poly if q is None else poly @ q
-        q = q / scale.sqrt() if tight else q
         for i, qi in zip(ids, q.split([len(xs[i]) for i in ids])):
             # in x's memory order: y = x^T q^T, transposed, where x is a transposed view
             ys[i] = (xs[i].mT @ qi.mT).mT if xs[i].mT.is_contiguous() else qi @ xs[i]
