@@ -53,41 +53,23 @@ def test_polar_express_on_the_gram_side_lands_in_its_band_as_the_direct_iteratio
         assert 0.7 < sv.min() and sv.max() < 1.32, (sv.min(), sv.max())
 
 
-@pytest.mark.parametrize("name, tight", [("polar-express", False), ("polar-express-2", True)])
-def test_the_gram_side_is_the_textbook_iteration(name, tight):
-    """Q <- p(A) Q, A = Q G Q^T, y = Q x; polar-express-2 scales G to Frobenius norm 1 first
-    (x by its square root), polar-express does not."""
-    assert ORTHOGONALISERS[name][1:] == (True, tight)  # on the Gram side
-    quintics = ORTHOGONALISERS[name][0]
-    g = torch.randn(3, 16, 40, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    x = g / (g.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    G = x @ x.mT
-    scale = G.norm(dim=(-2, -1), keepdim=True) + 1e-7 if tight else torch.ones(3, 1, 1)
-    G, Q = G / scale, torch.eye(16, dtype=torch.float64)
-    for a, b, c in quintics:
-        A = Q @ G @ Q.mT
-        Q = (a * torch.eye(16, dtype=torch.float64) + b * A + c * A @ A) @ Q
-    expected = Q / scale.sqrt() @ x
-    y = orthogonalise([g], quintics, True, None, tight)[0]
-    torch.testing.assert_close(y, expected, rtol=0, atol=1e-12)
-    # a tall g as a parameter is (contiguous): the same, transposed
-    tall = orthogonalise([g.mT.contiguous()], quintics, True, None, tight)[0]
-    torch.testing.assert_close(tall, y.mT, rtol=0, atol=1e-12)
-
-
-def test_polar_express_2_maps_the_singular_values_by_hand():
-    """Singular values 4, 2, 1, 0.25, scaled by (4^4 + 2^4 + 1 + 0.25^4)^(1/4) = 4.0648 (the
-    Frobenius norm: 4.589) to 0.9841, 0.4920, 0.2460, 0.0615, which the two quintics take (worked
-    in double precision) to 0.7833, 0.6965, 0.6203, 1.1044; the singular vectors kept."""
-    gen = torch.Generator().manual_seed(0)
-    u = torch.linalg.qr(torch.randn(4, 4, generator=gen))[0]
-    v = torch.linalg.qr(torch.randn(8, 4, generator=gen))[0]  # (8, 4), orthonormal columns
-    g = u @ torch.diag(torch.tensor([4.0, 2.0, 1.0, 0.25])) @ v.T  # (4, 8)
-    expected = u @ torch.diag(torch.tensor([0.78333, 0.69653, 0.62031, 1.10439])) @ v.T
-    quintics, gram, tight = ORTHOGONALISERS["polar-express-2"]
-    y = orthogonalise([g[None], g.T.contiguous()[None]], quintics, gram, None, tight)
-    torch.testing.assert_close(y[0][0], expected, rtol=0, atol=1e-4)
-    torch.testing.assert_close(y[1][0], expected.T, rtol=0, atol=1e-4)
+def test_polar_express_is_the_textbook_gram_side_iteration():
+    """Q <- p(A) Q, A = Q G Q^T, y = Q x, G = x x^T, for each of two stacks batched together
+    (one m); a tall g (a parameter: contiguous) alike."""
+    assert ORTHOGONALISERS["polar-express"] == (POLAR_EXPRESS, True)
+    gen, eye = torch.Generator().manual_seed(0), torch.eye(16, dtype=torch.float64)
+    gs = [torch.randn(3, 16, n, generator=gen, dtype=torch.float64) for n in (40, 24)]
+    ys = orthogonalise(gs, POLAR_EXPRESS, gram=True)
+    for g, y in zip(gs, ys):
+        x = g / (g.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+        G, Q = x @ x.mT, eye
+        for a, b, c in POLAR_EXPRESS:
+            A = Q @ G @ Q.mT
+            Q = (a * eye + b * A + c * A @ A) @ Q
+        torch.testing.assert_close(y, Q @ x, rtol=0, atol=1e-12)
+    tall = orthogonalise([g.mT.contiguous() for g in gs], POLAR_EXPRESS, gram=True)
+    for t, y in zip(tall, ys):
+        torch.testing.assert_close(t, y.mT, rtol=0, atol=1e-12)
 
 
 def test_orthogonalise_in_bf16_is_the_float32_iteration_rounded():
