@@ -70,12 +70,14 @@ class Muon(torch.optim.Optimizer):
                 self.state[p]["momentum"] = torch.zeros_like(p)
         momenta = [self.state[p]["momentum"] for p in params]
         torch._foreach_lerp_(momenta, grads, 1 - beta)
-        # Nesterov: the gradient moved towards the new momentum
-        updates = torch._foreach_lerp(grads, momenta, beta)
-        # the updates stacked by shape: (n, rows, cols) each
+        # the updates stacked by shape, (n, rows, cols) each; Nesterov: the gradient moved
+        # towards the new momentum, written into its stack
         shapes = list(dict.fromkeys(p.shape for p in params))
         same = [[i for i, p in enumerate(params) if p.shape == shape] for shape in shapes]
-        stacks = [torch.stack([updates[i] for i in ids]) for ids in same]
+        stacks = [params[ids[0]].new_empty(len(ids), *shape) for ids, shape in zip(same, shapes)]
+        for ids, stack in zip(same, stacks):
+            for i, row in zip(ids, stack):
+                torch.lerp(grads[i], momenta[i], beta, out=row)
         orthos = orthogonalise(stacks, *self.ortho, self.ns_dtype)
         for shape, ids, ortho in zip(shapes, same, orthos):
             step = fp32(-group["lr"] * max(1.0, shape[0] / shape[1]) ** 0.5)
@@ -125,13 +127,13 @@ ORTHOGONALISERS = {"newton-schulz": (NEWTON_SCHULZ, False), "polar-express": (PO
 
 def orthogonalise(gs, quintics=NEWTON_SCHULZ, gram=False, dtype=None) -> list[torch.Tensor]:
     """The semi-orthogonal matrices nearest gs (singular values pushed towards 1) by `quintics`,
-    computed in `dtype` (None: g's), returned in g's; each (n, rows, cols) -> (n, rows, cols).
+    computed and returned in `dtype` (None: g's); each (n, rows, cols) -> (n, rows, cols).
     On the wide orientation (m <= n columns); `gram`: the iteration on the m x m Gram matrices."""
     tall = [g.size(-2) > g.size(-1) for g in gs]
-    xs = [g.mT if t else g for g, t in zip(gs, tall)]
-    xs = [(x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)).to(dtype or x.dtype) for x in xs]
+    xs = [(g / (g.norm(dim=(-2, -1), keepdim=True) + 1e-7)).to(dtype or g.dtype) for g in gs]
+    xs = [x.mT if t else x for x, t in zip(xs, tall)]
     ys = gram_side(xs, quintics) if gram else [direct(x, quintics) for x in xs]
-    return [(y.mT if t else y).to(g.dtype) for y, g, t in zip(ys, gs, tall)]
+    return [y.mT if t else y for y, t in zip(ys, tall)]
 
 
 def direct(x: torch.Tensor, quintics) -> torch.Tensor:
@@ -152,14 +154,17 @@ def gram_side(xs: list[torch.Tensor], quintics) -> list[torch.Tensor]:
     ys = list(xs)
     for m in dict.fromkeys(x.size(-2) for x in xs):  # (n, m, cols): the stacks of one m at once
         ids = [i for i, x in enumerate(xs) if x.size(-2) == m]
-        grams = torch.cat([xs[i] @ xs[i].mT for i in ids])  # (N, m, m)
+        grams = xs[ids[0]].new_empty(sum(len(xs[i]) for i in ids), m, m)  # (N, m, m)
+        for i, gram in zip(ids, grams.split([len(xs[i]) for i in ids])):
+            torch.bmm(xs[i], xs[i].mT, out=gram)
         eye, q = torch.eye(m, dtype=grams.dtype), None
         for a, b, c in quintics:
             now = grams if q is None else q @ grams @ q.mT
-            poly = torch.baddbmm(torch.add(a * eye, now, alpha=b), now, now, alpha=c)
+            poly = torch.add(a * eye, now, alpha=b).baddbmm_(now, now, alpha=c)
             q = poly if q is None else poly @ q
         for i, qi in zip(ids, q.split([len(xs[i]) for i in ids])):
-            ys[i] = qi @ xs[i]
+            # in x's memory order: y = x^T q^T, transposed, where x is a transposed view
+            ys[i] = (xs[i].mT @ qi.mT).mT if xs[i].mT.is_contiguous() else qi @ xs[i]
     return ys
 
 

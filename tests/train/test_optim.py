@@ -10,7 +10,7 @@ import torch
 from microgpt import runs, system
 from microgpt.config import ConfigError, load_config
 from microgpt.model import GPT, GPTConfig
-from microgpt.train.optim import POLAR_EXPRESS, Muon, make_optimizer, orthogonalise
+from microgpt.train.optim import ORTHOGONALISERS, POLAR_EXPRESS, Muon, make_optimizer, orthogonalise
 from microgpt.train.trainer import Trainer, TrainingError, train
 
 
@@ -49,14 +49,33 @@ def test_polar_express_on_the_gram_side_lands_in_its_band_as_the_direct_iteratio
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
     # in bf16 (as Muon runs it on a CPU with bf16): the same band, to bf16's rounding
     for y in orthogonalise(gs, POLAR_EXPRESS, gram=True, dtype=torch.bfloat16):
-        sv = torch.linalg.svdvals(y)
+        sv = torch.linalg.svdvals(y.float())
         assert 0.7 < sv.min() and sv.max() < 1.32, (sv.min(), sv.max())
 
 
-def test_orthogonalise_in_bf16_rounds_the_iteration_not_the_update():
+def test_polar_express_is_the_textbook_gram_side_iteration():
+    """Q <- p(A) Q, A = Q G Q^T, y = Q x, G = x x^T, for each of two stacks batched together
+    (one m); a tall g (a parameter: contiguous) alike."""
+    assert ORTHOGONALISERS["polar-express"] == (POLAR_EXPRESS, True)
+    gen, eye = torch.Generator().manual_seed(0), torch.eye(16, dtype=torch.float64)
+    gs = [torch.randn(3, 16, n, generator=gen, dtype=torch.float64) for n in (40, 24)]
+    ys = orthogonalise(gs, POLAR_EXPRESS, gram=True)
+    for g, y in zip(gs, ys):
+        x = g / (g.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+        G, Q = x @ x.mT, eye
+        for a, b, c in POLAR_EXPRESS:
+            A = Q @ G @ Q.mT
+            Q = (a * eye + b * A + c * A @ A) @ Q
+        torch.testing.assert_close(y, Q @ x, rtol=0, atol=1e-12)
+    tall = orthogonalise([g.mT.contiguous() for g in gs], POLAR_EXPRESS, gram=True)
+    for t, y in zip(tall, ys):
+        torch.testing.assert_close(t, y.mT, rtol=0, atol=1e-12)
+
+
+def test_orthogonalise_in_bf16_is_the_float32_iteration_rounded():
     g = torch.randn(4, 64, 256, generator=torch.Generator().manual_seed(0))
-    exact, bf16 = orthogonalise([g])[0], orthogonalise([g], dtype=torch.bfloat16)[0]
-    assert bf16.dtype == torch.float32 and not torch.equal(bf16, exact)  # it ran in bf16
+    exact, bf16 = orthogonalise([g])[0], orthogonalise([g], dtype=torch.bfloat16)[0].float()
+    assert not torch.equal(bf16, exact)  # it ran in bf16
     # the same semi-orthogonal matrix to bf16's precision: singular values near 1 alike
     torch.testing.assert_close(bf16, exact, rtol=0, atol=0.03)
     sv = torch.linalg.svdvals(bf16)
