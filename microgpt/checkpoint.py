@@ -261,11 +261,7 @@ class Checkpoint:
 
 def _model_settings(values: dict, name: str) -> dict:
     """A checkpoint's model settings, checked as GPTConfig checks them (a setting added since
-    takes its default; one dropped since is refused: n_kv_head other than n_head was grouped-query
-    attention)."""
-    values = dict(values)
-    if values.get("n_kv_head") in (None, values.get("n_head")):  # plain multi-head attention
-        values.pop("n_kv_head", None)
+    takes its default; one dropped since is refused)."""
     defaults = asdict(GPTConfig())
     if unknown := sorted(values.keys() - defaults.keys()):
         raise ValueError(f"{name} holds settings this microgpt does not have: {unknown}; retrain")
@@ -287,11 +283,6 @@ def validated(raw: dict) -> dict:
     out["model_config"] = _model_settings(out["model_config"], "model_config")
     out["metrics"] = out["metrics"] or {}
     if (config := out["train_config"]) is not None:
-        # settings renamed or dropped since, which a resume would otherwise meet as unknown
-        config["train"].pop("group_by_length", None)
-        config["data"].pop("name", None)  # a label nothing read
-        if "entropy_items" in config["log"]:  # log.head_items' name before issue 22
-            config["log"].setdefault("head_items", config["log"].pop("entropy_items"))
         config["model"] = _model_settings(config["model"], "train_config.model")
         # a run from before data.split_seed split its items by its seed: say so where it is read
         if "split_seed" not in config["data"] and _is(int, config.get("seed")):
