@@ -4,6 +4,7 @@ load, saved atomically (a killed save leaves the previous checkpoint whole)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -78,9 +79,7 @@ def _checked(must: str, ok, **default):
     return field(**default, metadata={"must": must, "ok": check})
 
 
-def _optional(must: str, ok):
-    """A Checkpoint field that may be None (not saved), else ok(value)."""
-    return _checked(must, ok, default=None)
+_optional = functools.partial(_checked, default=None)  # a field that may be None (not saved)
 
 
 @dataclass
@@ -158,8 +157,6 @@ class Checkpoint:
             problem = "is empty (0 bytes): it was never written completely"
         elif not isinstance(raw := _read(path, map_location), dict) or raw.get("format") != FORMAT:
             problem = f"is not a microgpt checkpoint (no {FORMAT!r} format marker)"
-        elif not {"model", "model_config", "tokenizer"} <= raw.keys():
-            problem = "is not a microgpt checkpoint (no model, model_config or tokenizer)"
         elif not isinstance(version := raw.get("version", 0), int) or version > VERSION:
             problem = f"was written by a newer microgpt (version {version!r} > {VERSION}); upgrade"
         elif "checksum" in raw and raw["checksum"] != checksum(raw):
@@ -168,7 +165,7 @@ class Checkpoint:
             try:
                 loaded = cls(**validated(raw), path=path)
             except (ValueError, TypeError) as e:
-                why = f"checkpoint {path}: field {e}; it is not in microgpt's checkpoint format"
+                why = f"checkpoint {path}: field {e}; it is not a microgpt checkpoint"
                 raise CheckpointError(why) from None
             loaded.check_weights()
             return loaded

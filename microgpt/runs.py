@@ -336,7 +336,8 @@ def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int
         os.write(fd, f"{os.getpid()}\n".encode())
         owned.lock_fd = fd
     run.checkpoints.mkdir(exist_ok=True)
-    files.remove_leftovers(run.checkpoints)
+    for p in run.checkpoints.glob(".*.tmp"):  # of atomic writes killed mid-way (.NAME.XXXX.tmp)
+        p.unlink(missing_ok=True)
     name = CONFIG_FILE if resumed_from is None else f"config.resume-step{step}.yaml"
     files.write_text(folder / name, config_yaml)
     return run_id
