@@ -37,11 +37,6 @@ class RunFolderError(UserError):
     """A folder a run may not use, or no run where one was expected."""
 
 
-def new_run_id() -> str:
-    """When the run started, and 8 random hex digits."""
-    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)
-
-
 class RunFolder:
     """One run's folder: where each of its files lies, and THE reading of each (a regular file of
     bounded size, never a hang on a FIFO; what is not of the expected type said, never a crash)."""
@@ -285,7 +280,7 @@ def claim_new(folder: str | os.PathLike, run_id: str | None = None, what: str = 
     RunFolderError if it may not (check_new) or another process claimed it first."""
     owned = _OWNED.setdefault(_key(folder), _Owned())
     if owned.run_id is None:
-        run_id = run_id or new_run_id()
+        run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)  # started, random
         check_new(folder, what=what)
         path = Path(folder).expanduser()
         path.mkdir(parents=True, exist_ok=True)
