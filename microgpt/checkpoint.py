@@ -212,19 +212,17 @@ class Checkpoint:
 
     def check_resumable(self, current: Checkpoint, global_batch: int, world_size: int) -> None:
         """Refuse a resume from this last.pt into the run whose own checkpoint would be `current`,
-        naming what differs: the head count, settings outside RESUMABLE_CHANGES, the model, the
-        data, the global batch, or no steps left."""
+        naming what differs: the head count, settings outside RESUMABLE_CHANGES (the model's
+        among them), the data, the global batch, or no steps left."""
         if self.resume is None:
             raise CheckpointError(f"{self.path} has no training state (best.pt holds weights "
                                   f"only); resume from checkpoints/last.pt")  # fmt: skip
-        mine = current.model_config
-        heads, asked = self.model_config["n_head"], mine["n_head"]
+        heads, asked = self.model_config["n_head"], current.model_config["n_head"]
         # a setting added to microgpt after the checkpoint was written counts as its default
         was = {**flatten(asdict(Config())), **flatten(self.train_config or {})}
         now = flatten(current.train_config)
         changed = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
         refused = [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
-        differing = sorted(k for k, v in self.model_config.items() if v != mine.get(k))
         max_steps, saved_batch = now["train.max_steps"], self.resume["sampler"]["batch_size"]
         ranks = self.resume.get("world_size", 1)
         if heads != asked:
@@ -237,8 +235,6 @@ class Checkpoint:
             allowed = ", ".join(r.rstrip(".") for r in RESUMABLE_CHANGES)
             why = (f"settings differ from the checkpoint's ({details}); only {allowed} may "
                    f"change, or start a new run")  # fmt: skip
-        elif differing:
-            why = f"the model differs in {', '.join(differing)}"
         elif self.split != current.split or self.tokenizer != current.tokenizer:
             why = (f"the data of a run cannot change, and data.path={now['data.path']} holds other "
                    f"data than the run's {self.data.get('path')}; resume with the run's own data, "
