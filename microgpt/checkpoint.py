@@ -157,6 +157,8 @@ class Checkpoint:
             problem = "is empty (0 bytes): it was never written completely"
         elif not isinstance(raw := _read(path, map_location), dict) or raw.get("format") != FORMAT:
             problem = f"is not a microgpt checkpoint (no {FORMAT!r} format marker)"
+        elif not {"model", "model_config", "tokenizer"} <= raw.keys():
+            problem = "is not a microgpt checkpoint (no model, model_config or tokenizer)"
         elif not isinstance(version := raw.get("version", 0), int) or version > VERSION:
             problem = f"was written by a newer microgpt (version {version!r} > {VERSION}); upgrade"
         elif "checksum" in raw and raw["checksum"] != checksum(raw):
@@ -165,7 +167,7 @@ class Checkpoint:
             try:
                 loaded = cls(**validated(raw), path=path)
             except (ValueError, TypeError) as e:
-                why = f"checkpoint {path}: field {e}; it is not a microgpt checkpoint"
+                why = f"checkpoint {path}: field {e}; it is not in microgpt's checkpoint format"
                 raise CheckpointError(why) from None
             loaded.check_weights()
             return loaded
