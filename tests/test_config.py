@@ -10,7 +10,7 @@ import threading
 import pytest
 from omegaconf import OmegaConf
 
-from microgpt.config import SampleConfig, load_config
+from microgpt.config import ConfigError, SampleConfig, load_config
 from microgpt.errors import UserError
 from tests.conftest import compose_config
 
@@ -51,8 +51,11 @@ def test_experiments_measured_with_adamw_keep_it_and_microgpt_is_microgpt_py():
 
 
 def test_heads_sets_the_models_head_count_and_the_config_round_trips_through_yaml():
-    config = load_config(compose_config(["heads=8", "out_dir=/tmp/x"]))
-    assert config.model.n_head == 8 and config.heads == 8
+    config = load_config(compose_config(["model=base", "heads=8", "out_dir=/tmp/x"]))
+    assert config.model.n_head == 8 and config.heads == 8  # the preset's 6 replaced
+    # a head count given twice, whoever builds the config (a dict: both keys given)
+    with pytest.raises(ConfigError, match=r"^heads=4 and model.n_head=2 differ; give one of them"):
+        load_config({"heads": 4, "model": {"n_head": 2}})
     again = load_config(OmegaConf.create(OmegaConf.to_yaml(OmegaConf.structured(config))))
     assert again == config
 
