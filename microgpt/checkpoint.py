@@ -4,6 +4,7 @@ load, saved atomically (a killed save leaves the previous checkpoint whole)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -78,9 +79,7 @@ def _checked(must: str, ok, **default):
     return field(**default, metadata={"must": must, "ok": check})
 
 
-def _optional(must: str, ok):
-    """A Checkpoint field that may be None (not saved), else ok(value)."""
-    return _checked(must, ok, default=None)
+_optional = functools.partial(_checked, default=None)  # a field that may be None (not saved)
 
 
 @dataclass
@@ -215,19 +214,17 @@ class Checkpoint:
 
     def check_resumable(self, current: Checkpoint, global_batch: int, world_size: int) -> None:
         """Refuse a resume from this last.pt into the run whose own checkpoint would be `current`,
-        naming what differs: the head count, settings outside RESUMABLE_CHANGES, the model, the
-        data, the global batch, or no steps left."""
+        naming what differs: the head count, settings outside RESUMABLE_CHANGES (the model's
+        among them), the data, the global batch, or no steps left."""
         if self.resume is None:
             raise CheckpointError(f"{self.path} has no training state (best.pt holds weights "
                                   f"only); resume from checkpoints/last.pt")  # fmt: skip
-        mine = current.model_config
-        heads, asked = self.model_config["n_head"], mine["n_head"]
+        heads, asked = self.model_config["n_head"], current.model_config["n_head"]
         # a setting added to microgpt after the checkpoint was written counts as its default
         was = {**flatten(asdict(Config())), **flatten(self.train_config or {})}
         now = flatten(current.train_config)
         changed = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
         refused = [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
-        differing = sorted(k for k, v in self.model_config.items() if v != mine.get(k))
         max_steps, saved_batch = now["train.max_steps"], self.resume["sampler"]["batch_size"]
         ranks = self.resume.get("world_size", 1)
         if heads != asked:
@@ -240,8 +237,6 @@ class Checkpoint:
             allowed = ", ".join(r.rstrip(".") for r in RESUMABLE_CHANGES)
             why = (f"settings differ from the checkpoint's ({details}); only {allowed} may "
                    f"change, or start a new run")  # fmt: skip
-        elif differing:
-            why = f"the model differs in {', '.join(differing)}"
         elif self.split != current.split or self.tokenizer != current.tokenizer:
             why = (f"the data of a run cannot change, and data.path={now['data.path']} holds other "
                    f"data than the run's {self.data.get('path')}; resume with the run's own data, "
@@ -261,11 +256,7 @@ class Checkpoint:
 
 def _model_settings(values: dict, name: str) -> dict:
     """A checkpoint's model settings, checked as GPTConfig checks them (a setting added since
-    takes its default; one dropped since is refused: n_kv_head other than n_head was grouped-query
-    attention)."""
-    values = dict(values)
-    if values.get("n_kv_head") in (None, values.get("n_head")):  # plain multi-head attention
-        values.pop("n_kv_head", None)
+    takes its default; one dropped since is refused)."""
     defaults = asdict(GPTConfig())
     if unknown := sorted(values.keys() - defaults.keys()):
         raise ValueError(f"{name} holds settings this microgpt does not have: {unknown}; retrain")
@@ -287,11 +278,6 @@ def validated(raw: dict) -> dict:
     out["model_config"] = _model_settings(out["model_config"], "model_config")
     out["metrics"] = out["metrics"] or {}
     if (config := out["train_config"]) is not None:
-        # settings renamed or dropped since, which a resume would otherwise meet as unknown
-        config["train"].pop("group_by_length", None)
-        config["data"].pop("name", None)  # a label nothing read
-        if "entropy_items" in config["log"]:  # log.head_items' name before issue 22
-            config["log"].setdefault("head_items", config["log"].pop("entropy_items"))
         config["model"] = _model_settings(config["model"], "train_config.model")
         # a run from before data.split_seed split its items by its seed: say so where it is read
         if "split_seed" not in config["data"] and _is(int, config.get("seed")):

@@ -79,13 +79,6 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def remove_leftovers(folder: str | os.PathLike) -> None:
-    """Remove the temporary files of atomic writes killed mid-way (.NAME.XXXX.tmp) in `folder`."""
-    for p in Path(folder).glob(".*.tmp"):
-        with contextlib.suppress(OSError):
-            p.unlink()
-
-
 class OutputRefused(UserError):
     """A user-named output that would replace or damage something."""
 

@@ -15,9 +15,8 @@ from microgpt.config import flatten
 
 T = TypeVar("T")
 # settings that never make two runs different experiments: the seed (what a group varies), where
-# the run lies and how it ran (the machine's cores, a resume, the progress bar); data.name: a label
-# older runs' config.yaml holds
-NOT_THE_EXPERIMENT = tuple("seed out_dir resume threads device train.progress data.name".split())
+# the run lies and how it ran (the machine's cores, a resume, the progress bar)
+NOT_THE_EXPERIMENT = tuple("seed out_dir resume threads device train.progress".split())
 SEED_PART = re.compile(r"(^|,)seed=[^,]*")  # "heads=4,seed=2" -> "heads=4"
 
 

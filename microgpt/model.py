@@ -305,9 +305,10 @@ def check_gpt_settings(values: dict, name=lambda field: field) -> None:
             raise ValueError(f"{name(f)}={v.get(f)!r} must be a positive integer (1 or more)")
     C, H = v["n_embd"], v["n_head"]
     if C % H != 0:
+        divisors = [d for d in range(1, C + 1) if C % d == 0]
         raise ValueError(
             f"{name('n_embd')}={C} is not divisible by {name('n_head')}={H}: each head owns "
-            f"n_embd/n_head channels. Use {name('n_head')} in {_divisors(C)} or change "
+            f"n_embd/n_head channels. Use {name('n_head')} in {divisors} or change "
             f"{name('n_embd')}."
         )
     if not isinstance(v.get("mlp", True), bool):
@@ -317,7 +318,3 @@ def check_gpt_settings(values: dict, name=lambda field: field) -> None:
     for f, choices in (("attn_impl", ATTN_IMPLS), ("norm", NORMS), ("activation", ACTIVATIONS)):
         if f in v and v[f] not in choices:
             raise ValueError(f"{name(f)}={v[f]!r} is unknown; choose one of {list(choices)}")
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]

@@ -37,11 +37,6 @@ class RunFolderError(UserError):
     """A folder a run may not use, or no run where one was expected."""
 
 
-def new_run_id() -> str:
-    """When the run started, and 8 random hex digits."""
-    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)
-
-
 class RunFolder:
     """One run's folder: where each of its files lies, and THE reading of each (a regular file of
     bounded size, never a hang on a FIFO; what is not of the expected type said, never a crash)."""
@@ -280,25 +275,19 @@ def check_new(folder, setting: str = "", what: str | None = "a run", ours: bool 
     raise RunFolderError((f"{setting}={folder}" if setting else str(folder)) + why)
 
 
-def _write_claim(folder: Path, run_id: str) -> bool:
-    """Create folder/run.json holding run_id in one exclusive step; False if it exists."""
-    folder.mkdir(parents=True, exist_ok=True)
-    claim = {"run_id": run_id, "pid": os.getpid(), "started": time.time(), "argv": sys.argv}
-    try:
-        files.write_text(folder / files.RUN_FILE, json.dumps(claim) + "\n", replace=False)
-        return True
-    except FileExistsError:
-        return False
-
-
 def claim_new(folder: str | os.PathLike, run_id: str | None = None, what: str = "a run") -> str:
     """Claim `folder` for a new run (or `what`: a resume, with its run id) and return the run id;
     RunFolderError if it may not (check_new) or another process claimed it first."""
     owned = _OWNED.setdefault(_key(folder), _Owned())
     if owned.run_id is None:
-        run_id = run_id or new_run_id()
+        run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)  # started, random
         check_new(folder, what=what)
-        if not _write_claim(Path(folder).expanduser(), run_id):
+        path = Path(folder).expanduser()
+        path.mkdir(parents=True, exist_ok=True)
+        claim = {"run_id": run_id, "pid": os.getpid(), "started": time.time(), "argv": sys.argv}
+        try:  # run.json made in one exclusive step
+            files.write_text(path / files.RUN_FILE, json.dumps(claim) + "\n", replace=False)
+        except FileExistsError:
             check_new(folder, what=what)
             raise RunFolderError(f"{folder} was claimed by another process; name another folder")
         owned.run_id, owned.made = run_id, True
@@ -306,12 +295,11 @@ def claim_new(folder: str | os.PathLike, run_id: str | None = None, what: str = 
 
 
 def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int = 0) -> str:
-    """Claim `folder` for a new run, or for the resume of run `run_id` (None: written before run
-    ids) from the checkpoint `resumed_from` at `step`: its own folder (holding the same run) or a
-    new or empty one; lock it until `release`; write its config (a resume:
-    config.resume-stepN.yaml beside the run's config.yaml); remove the .tmp files of saves
-    killed mid-write. A link (files.refuse_link), a FIFO or a device among its files is refused.
-    Returns the run id."""
+    """Claim `folder` for a new run, or for the resume of run `run_id` from the checkpoint
+    `resumed_from` at `step`: its own folder (holding the same run) or a new or empty one; lock it
+    until `release`; write its config (a resume: config.resume-stepN.yaml beside the run's
+    config.yaml); remove the .tmp files of saves killed mid-write. A link (files.refuse_link), a
+    FIFO or a device among its files is refused. Returns the run id."""
     folder = Path(folder).expanduser()
     run, owned = RunFolder(folder), _OWNED.setdefault(_key(folder), _Owned())
     for inner in (folder, run.checkpoints):  # a link planted there never redirects a write
@@ -321,20 +309,13 @@ def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int
                 raise RunFolderError(f"{p} is not a regular file (a FIFO, device or socket) in "
                                      f"the run's folder; remove it")  # fmt: skip
     if resumed_from is not None and owned.run_id is None and files.is_run_folder(folder):
-        here = run.run_id()
-        own_checkpoint = run_of(resumed_from).path.resolve() == folder.resolve()
-        if here is not None and (here == run_id or (run_id is None and own_checkpoint)):
-            owned.run_id = here
-        elif here is None and run.checkpoints.is_dir() and own_checkpoint:
-            # a run from before run.json: claimed now, under the checkpoint's id
-            owned.run_id = run_id or new_run_id()
-            _write_claim(folder, owned.run_id)
-        else:
+        if (here := run.run_id()) is None or here != run_id:
             raise RunFolderError(
                 f"cannot resume {resumed_from} (run {run_id or 'without an id'}) in {run}: that "
                 f"folder holds another run ({here or 'without an id'}); resume in the run's own "
                 f"folder (resume={run_of(resumed_from)}) or a new one (hydra.run.dir=NEW_FOLDER)"
             )
+        owned.run_id = here
     what = "a run" if resumed_from is None else "a resumed run"
     run_id = owned.run_id or claim_new(folder, run_id, what)  # a run started alongside stops here
     if owned.lock_fd is None:  # a flock on .lock until `release`: one process per folder
@@ -350,7 +331,8 @@ def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int
         os.write(fd, f"{os.getpid()}\n".encode())
         owned.lock_fd = fd
     run.checkpoints.mkdir(exist_ok=True)
-    files.remove_leftovers(run.checkpoints)
+    for p in run.checkpoints.glob(".*.tmp"):  # of atomic writes killed mid-way (.NAME.XXXX.tmp)
+        p.unlink(missing_ok=True)
     name = CONFIG_FILE if resumed_from is None else f"config.resume-step{step}.yaml"
     files.write_text(folder / name, config_yaml)
     return run_id

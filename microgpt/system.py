@@ -219,16 +219,6 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
-def available_memory(device: torch.device) -> int | None:
-    """Bytes free on `device`: the GPU's free memory, or MemAvailable on Linux; else None."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    unknown = (OSError, ValueError, IndexError, StopIteration)
-    with contextlib.suppress(*unknown), open("/proc/meminfo") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    return None
-
-
 # what holding one generated or sampled item costs at its peak: the Python string and its place
 # in lists, and per character the int64 ids and masks it is made from (about 60 bytes measured)
 ITEM_BYTES, CHAR_BYTES = 200, 100
@@ -258,8 +248,14 @@ def items_bytes(items: int, chars: int) -> int:
 
 def check_memory(need: int, device: torch.device, what: str, fix: str, error=UserError) -> None:
     """The one rule for every estimate: `what` (the settings that size it) needing `need` bytes
-    is refused, naming `fix`, where `device` has less free; unknown free memory passes."""
-    free = available_memory(device)
+    is refused, naming `fix`, where `device` has less free (the GPU's free memory, else Linux's
+    MemAvailable); unknown free memory passes."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free, unknown = None, (OSError, ValueError, IndexError, StopIteration)
+        with contextlib.suppress(*unknown), open("/proc/meminfo") as f:
+            free = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
     if free is not None and need > free:
         need_gib, free_gib = f"{need / 2**30:.1f} GiB", f"{free / 2**30:.1f} GiB"
         raise error(f"{what} needs about {need_gib}, but {device} has {free_gib} free; {fix}")

@@ -128,7 +128,7 @@ def load_resume(t) -> None:
             f"the learning rate goes from {lr_at(t.step - 1, c, was):.3g} at step "
             f"{t.step} to {lr_at(t.step, c):.3g}"
         )
-    t.run_id = ckpt.run_id  # None: written before run ids existed
+    t.run_id = ckpt.run_id
 
 
 def tested_best(t, metrics: dict) -> nn.Module:

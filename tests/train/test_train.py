@@ -14,10 +14,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from microgpt.checkpoint import Checkpoint
 from microgpt.commands.compare import main as compare_main
 from microgpt.commands.heads import main as heads_main
-from microgpt.config import ConfigError, load_config
+from microgpt.config import load_config
 from microgpt.train.listeners import HeadAnalysis
 from microgpt.train.trainer import Trainer, lr_at, train
-from tests.conftest import REPO, TINY, compose_config
+from tests.conftest import REPO, TINY
 
 
 def run(script: str, *args, cwd: Path) -> subprocess.CompletedProcess:
@@ -130,10 +130,3 @@ def test_a_signal_during_the_final_analysis_stops_it_at_once(tiny_cfg):
     analysis.log = final_analysis_interrupted
     with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
         trainer.run()
-
-
-def test_heads_and_another_model_n_head_are_refused_whoever_builds_the_config():
-    with pytest.raises(ConfigError, match=r"^heads=4 and model.n_head=2 differ; give one of them"):
-        load_config({"heads": 4, "model": {"n_head": 2}})
-    # a preset's n_head is replaced by heads=N
-    assert load_config(compose_config(["model=base", "heads=2", "out_dir=."])).model.n_head == 2
