@@ -3,12 +3,11 @@ and without the KV cache; and the base preset filling long contexts (generate)."
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
-from bench.common import compose, figure, make_trainer, step, sync
+from bench.common import compose, figure, make_trainer, step, timed
 from microgpt.checkpoint import Checkpoint
 from microgpt.config import load_config
 from microgpt.model import GPT
@@ -26,19 +25,11 @@ def names_model(args, device, tmp: Path):
     return tr.model.eval(), tr.tokenizer, f"small preset trained here for {args.sample_steps} steps"
 
 
-def decode(model: GPT, context: int, use_cache: bool, generator: torch.Generator) -> int:
-    """Fill `context` positions (the boundary token, then sampled tokens, block_size permitting,
-    not stopping at a boundary); the tokens sampled."""
+def decode(model: GPT, context: int, use_cache: bool, generator: torch.Generator) -> None:
+    """Fill `context` positions: the boundary token, then sampled tokens, block_size permitting,
+    not stopping at a boundary."""
     fill = {"max_new_tokens": context - 1, "stop_at_boundary": False}
-    return generate(model, 1, generator=generator, use_cache=use_cache, **fill).size(1)
-
-
-def timed(fn, device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
+    generate(model, 1, generator=generator, use_cache=use_cache, **fill)
 
 
 def run_sampling(args, device, tmp: Path) -> dict:
