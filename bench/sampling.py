@@ -40,9 +40,8 @@ def run_sampling(args, device, tmp: Path) -> dict:
             kw, runs = {"batch_size": batch_size, "use_cache": use_cache}, range(args.repeats)
             times = [timed(lambda: sample_items(model, tok, n, seed=r, **kw), device) for r in runs]
             target = ("<", limit) if n == 1000 and use_cache and not args.quick else None
-            figures[f"{n} names {how}, {'cache' if use_cache else 'no cache'}"] = figure(
-                times, "s", target
-            )
+            cache = "cache" if use_cache else "no cache"
+            figures[f"{n} names {how}, {cache}"] = figure(times, "s", target)
     cfg = load_config(compose(["model=base", "device=cpu", "out_dir=."]))
     base = GPT(cfg.model_for_data(tok.vocab_size, cfg.model.block_size)).to(device).eval()
     for context in args.contexts:
@@ -52,10 +51,9 @@ def run_sampling(args, device, tmp: Path) -> dict:
                 g = torch.Generator(device=device).manual_seed(r)
                 per[use_cache].append(timed(lambda: decode(base, context, use_cache, g), device))
         sampled = min(context, cfg.model.block_size) - 1
-        for use_cache, times in per.items():
-            figures[f"base {context} tokens, {'cache' if use_cache else 'no cache'}"] = figure(
-                [sampled / t for t in times], "tokens/s"
-            )
+        for cache, times in zip(("cache", "no cache"), per.values()):
+            speed = [sampled / t for t in times]
+            figures[f"base {context} tokens, {cache}"] = figure(speed, "tokens/s")
         target = (">=", 5.0) if context == 256 and not args.quick else None
         speedup = [nc / c for c, nc in zip(per[True], per[False])]
         figures[f"base {context} tokens, cache speedup"] = figure(speedup, "x", target)

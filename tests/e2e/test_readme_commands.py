@@ -91,16 +91,12 @@ def fake_play(n_chars: int, seed: int) -> str:
         "love night fair sweet death light heart thou thee my the and of to a is in doth hath "
         "swear moon star wherefore art name rose by any other word would smell as"
     ).split()
-    parts, size = [], 0
-    while size < n_chars:
-        lines = [
-            " ".join(rng.choice(words) for _ in range(rng.randint(4, 9))).capitalize()
-            + rng.choice(".,;!?")
-            for _ in range(rng.randint(1, 4))
-        ]
-        parts.append(f"{rng.choice(speakers)}.\n" + "\n".join(lines) + "\n\n")
-        size += len(parts[-1])
-    return "".join(parts)
+    speeches = []
+    while sum(map(len, speeches)) < n_chars:
+        lines = [" ".join(rng.choices(words, k=rng.randint(4, 9))).capitalize() + "."
+                 for _ in range(rng.randint(1, 4))]  # fmt: skip
+        speeches.append(f"{rng.choice(speakers)}.\n" + "\n".join(lines) + "\n\n")
+    return "".join(speeches)
 
 
 class Sandbox:
@@ -350,7 +346,7 @@ def execute(sandbox: Sandbox, command: str) -> None:
     )(sandbox, words, how)
 
 
-def _run(sandbox: Sandbox, words: list[str], how: How) -> Result:
+def _run(sandbox: Sandbox, words: list[str], how: How) -> None:
     cwd = REPO if how.cwd == "repo" else sandbox.root
     if words[0] == "ruff":
         pytest.importorskip("ruff", reason="ruff comes with the test extra")
@@ -366,24 +362,21 @@ def _run(sandbox: Sandbox, words: list[str], how: How) -> Result:
         r = run_command(argv_for(words), cwd, env=env)
     assert r.code == 0 and "Traceback" not in r.text, f"{shlex.join(words)}\n{r.text[-4000:]}"
     assert "microgpt: error" not in r.stderr, r.stderr
-    if how.makes:
-        folders = run_folders(r)
-        assert folders, r.stdout[-2000:]
-        sandbox.folders[how.makes] = folders[0] if len(folders) == 1 else folders[0].parent
+    folders = run_folders(r)  # a training command's: every job's
     if "train.py" in words:
-        folders = run_folders(r)  # every job's
         assert "test loss" in r.stdout, r.stdout[-2000:]
         assert folders and all((f / "checkpoints" / "best.pt").is_file() for f in folders), folders
+    if how.makes:  # a run, or a sweep
+        sandbox.folders[how.makes] = folders[0] if len(folders) == 1 else folders[0].parent
     for said in how.says:
         assert re.search(said, r.stdout), (said, r.stdout[-3000:])
     if how.warmup:
         steps, cut = how.warmup
         line = f"warmup_steps=100 is longer than the run (train.max_steps={steps}): using {cut}"
         assert r.stdout.count("is longer than the run") == 1 and line in r.stdout, r.stdout
-        assert f"warmup_steps: {cut}\n" in (run_folders(r)[0] / "config.yaml").read_text()
+        assert f"warmup_steps: {cut}\n" in (folders[0] / "config.yaml").read_text()
     if how.check:
         how.check(sandbox, r)
-    return r
 
 
 def _pip(sandbox: Sandbox, words: list[str], how: How) -> None:
