@@ -173,12 +173,10 @@ def format_table(results: dict) -> str:
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
-    if args.memory_child is None:
-        check_args(args)
     set_threads(args.threads or "auto")  # as the Trainers built here will
     if args.memory_child is not None:
-        memory_child(args)
-        return None
+        return memory_child(args)
+    check_args(args)
     given = sys.argv[1:] if argv is None else argv
     results = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
