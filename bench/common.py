@@ -86,6 +86,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def timed(work, device: torch.device) -> float:
+    """work()'s seconds, the device's queue drained before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    work()
+    sync(device)
+    return time.perf_counter() - t0
+
+
 def step(tr: Trainer) -> StepResult:
     """Trainer.train_step, its loss checked for finiteness when Trainer.run would check it."""
     every = 1 if tr.device.type == "cpu" else tr.config.train.log_every
@@ -94,12 +103,9 @@ def step(tr: Trainer) -> StepResult:
 
 def time_steps(tr: Trainer, n: int) -> tuple[float, int]:
     """(seconds, real characters) of n steps."""
-    sync(tr.device)
-    t0, chars = time.perf_counter(), 0
-    for _ in range(n):
-        chars += step(tr).tokens
-    sync(tr.device)
-    return time.perf_counter() - t0, chars
+    chars = []
+    seconds = timed(lambda: chars.extend(step(tr).tokens for _ in range(n)), tr.device)
+    return seconds, sum(chars)
 
 
 def alternate(trainers: list[Trainer], rounds: int, block_s: float, warmup: int) -> list[list]:
@@ -150,13 +156,9 @@ def busy(folder: Path, quick: bool = False):
 
 def git_commit() -> str:
     """The short commit of the repository, with +dirty when tracked files are changed."""
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True)
-        return done.stdout.strip()
-
+    git = ["git", "describe", "--always", "--dirty=+dirty", "--exclude=*"]  # no tag names
     try:
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-        return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+        done = subprocess.run(git, cwd=REPO, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -16,9 +16,9 @@ Time one recipe at a time on a quiet machine (`cpu-slot --all`): the wall times 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -66,12 +66,9 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
     command = ["python", "train.py", *settings]
     run, sweep = folder / name, "-m" in settings
     seeds = "seed=" in " ".join(settings) or "experiment=heads_seeds" in settings
-    extra = [
-        *(QUICK if quick else []),
-        *([f"threads={threads}"] if threads else []),
-        *([] if seeds else [f"seed={SEED}"]),
-        "train.progress=false",
-    ]
+    extra = [*(QUICK if quick else []), "train.progress=false"]
+    extra += [f"threads={threads}"] if threads else []
+    extra += [] if seeds else [f"seed={SEED}"]
     from bench.common import busy
 
     with busy(folder / f"{name}-load", quick) if name in BUSY else contextlib.nullcontext():
@@ -90,8 +87,7 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
         return {"made_by": made, "figures": figures}  # seconds: the training of every job
     if sweep:  # a figure over seeds: each seed's, their mean, spread and interval (no time)
         return {"made_by": made, "figures": _over_seeds(run)}
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    result = next(line for line in reversed(lines) if "result/test_loss" in line)
+    result = _result(run)
     figures = {
         "test_loss": _figure(result["result/test_loss"], 4),
         "best_val_loss": _figure(result["result/best_val_loss"], 4),
@@ -102,10 +98,8 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
         analysis = json.loads((run / "heads-best.json").read_text())
         figures["heads_loss"] = _figure(analysis["loss"], 4)
         figures["prunable"] = _figure(analysis["pruning"]["prunable"], 0)
-        lines = (run / "heads-best.md").read_text().splitlines()
-        first = next(i for i, line in enumerate(lines) if line.startswith("|"))
-        table = itertools.takewhile(lambda line: line.startswith("|"), lines[first:])
-        figures["table"] = {"value": None, "text": "\n".join(table)}  # the head table, as written
+        table = re.search(r"^\|.*(\n\|.*)*", (run / "heads-best.md").read_text(), re.MULTILINE)
+        figures["table"] = {"value": None, "text": table[0]}  # the head table, as written
         for row in analysis["heads"]:
             if row["role"] != "mixed":  # a named head: its role, score and importance
                 head = f"L{row['layer']}H{row['head']}"
@@ -120,27 +114,23 @@ def _over_seeds(sweep: Path) -> dict:
     and the t-based 95% interval of the mean (microgpt.stats, as compare draws it)."""
     from microgpt.stats import interval
 
-    losses = {}
-    for metrics in sorted(sweep.glob("*/metrics.jsonl")):
-        lines = [json.loads(line) for line in metrics.read_text().splitlines()]
-        losses[metrics.parent.name] = next(
-            line["result/test_loss"] for line in reversed(lines) if "result/test_loss" in line
-        )
+    jobs = sorted(m.parent for m in sweep.glob("*/metrics.jsonl"))
+    losses = {job.name: _result(job)["result/test_loss"] for job in jobs}
     values, mean = list(losses.values()), interval(list(losses.values()))
     figures = {f"test_loss {job}": _figure(v, 4) for job, v in losses.items()}
     figures["seeds"] = _figure(len(values), 0)
-    figures["test_loss_mean"] = _figure(mean.mean, 4)
-    figures["test_loss_sd"] = _figure(statistics.stdev(values) if len(values) > 1 else 0.0, 4)
-    figures["test_loss_min"], figures["test_loss_max"] = (
-        _figure(min(values), 4),
-        _figure(max(values), 4),
-    )
-    figures["test_loss_ci_low"], figures["test_loss_ci_high"] = (
-        _figure(mean.low, 4),
-        _figure(mean.high, 4),
-    )
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    spread = {"mean": mean.mean, "sd": sd, "min": min(values), "max": max(values)}
+    spread |= {"ci_low": mean.low, "ci_high": mean.high}
+    figures |= {f"test_loss_{k}": _figure(v, 4) for k, v in spread.items()}
     figures["interval"] = {"value": None, "text": mean.kind}
     return figures
+
+
+def _result(run: Path) -> dict:
+    """The result line of a run's metrics.jsonl: its last holding result/test_loss."""
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return next(line for line in reversed(lines) if "result/test_loss" in line)
 
 
 def _figure(value: float, digits: int) -> dict:
@@ -182,9 +172,8 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"--update={args.update} is not a figures file of bench/figures.py")
     out = args.update or args.out or REPO / "bench" / f"figures-{now:%Y-%m-%d-%H%M%S}.json"
     setting = "--update" if args.update else "--out"
-    hint = "--update in place of --out"
-    out = check_new_file(out, setting, own=bool(args.update), overwrite_hint=hint,
-                         protected=project_data())  # fmt: skip
+    out = check_new_file(out, setting, own=bool(args.update), protected=project_data(),
+                         overwrite_hint="--update in place of --out")  # fmt: skip
     from bench.common import git_commit, machine_info  # torch loads here, after the arguments
 
     made = {"date": f"{now:%Y-%m-%d}", "machine": machine_info(), "commit": git_commit()}

@@ -4,12 +4,11 @@ validation split (the same shapes and work as the default run's analysis, so the
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
-from bench.common import figure, make_trainer
+from bench.common import figure, make_trainer, timed
 from microgpt.checkpoint import Checkpoint
 from microgpt.data.lines import CharDataset
 from microgpt.heads.analyse import analyse
@@ -33,11 +32,7 @@ def heads_setting(args, tmp: Path):
 def run_heads(args, device, tmp: Path) -> dict:
     model, x, y, tokenizer, what = heads_setting(args, tmp)
     report = analyse(model, x, y, tokenizer)  # a warm-up
-    times = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        analyse(model, x, y, tokenizer)
-        times.append(time.perf_counter() - t0)
+    times = [timed(lambda: analyse(model, x, y, tokenizer), device) for _ in range(args.repeats)]
     c = model.config
     target = None if args.quick else ("<", TARGET_S)
     info = {

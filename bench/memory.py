@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -19,11 +18,8 @@ from microgpt.kv_cache import KVCache
 def peak_rss_kib() -> int:
     """This process's peak resident memory in KiB: /proc's VmHWM, which exec resets (ru_maxrss
     would carry over the peak of the benchmark process that started this one)."""
-    status = Path("/proc/self/status")
-    for line in status.read_text().splitlines() if status.exists() else []:
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    lines = Path("/proc/self/status").read_text().splitlines()
+    return int(next(line for line in lines if line.startswith("VmHWM:")).split()[1])
 
 
 def memory_child(args) -> None:
@@ -50,7 +46,7 @@ def child_peak(args, steps: int) -> dict:
 def run_memory(args, device, tmp: Path) -> dict:
     figures = {}
     for n in (0, args.memory_steps):
-        runs = [child_peak(args, n) for _ in range(1 if args.quick else args.repeats)]
+        runs = [child_peak(args, n) for _ in range(args.repeats)]
         label = f"small train, {n} steps"
         figures[f"{label}, peak RSS"] = figure([r["rss_kib"] / 1024 for r in runs], "MiB")
         if "cuda_bytes" in runs[0]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -62,10 +63,11 @@ SECTIONS = {
 HEADER = ["section", "case", "median", "min", "max", "unit", "target", "pass/miss"]
 
 
-def listed(kind=int, least: float | None = 1, known=None):
-    """An argparse type: comma-separated values of `kind`, each >= least or one of `known`."""
+def listed(kind=int, least: float | None = 1, known=None, single: bool = False):
+    """An argparse type: comma-separated values of `kind`, each >= least or one of `known`
+    (single: one value, not a list)."""
 
-    def parse(text: str) -> list:
+    def parse(text: str):
         try:
             values = [kind(v) for v in text.split(",")]
         except ValueError:
@@ -74,21 +76,14 @@ def listed(kind=int, least: float | None = 1, known=None):
             raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(known)}")
         if least is not None and not all(math.isfinite(v) and v >= least for v in values):
             raise argparse.ArgumentTypeError(f"{text!r}: each must be at least {least}")
-        return values
-
-    return parse
-
-
-def one(kind=int, least: float = 1):
-    """An argparse type: one value of `kind`, at least `least`."""
-
-    def parse(text: str):
-        values = listed(kind, least)(text)
-        if len(values) > 1:
+        if single and len(values) > 1:
             raise argparse.ArgumentTypeError(f"{text!r}: give one value")
-        return values[0]
+        return values[0] if single else values
 
     return parse
+
+
+one = functools.partial(listed, single=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -170,24 +165,18 @@ def format_table(results: dict) -> str:
             if "error" in f:
                 numbers, verdict = ["error", "", ""], f["error"][:60]
             rows.append([section, case, *numbers, f["unit"], f.get("target", ""), verdict])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
-    lines = []
-    for r in rows:
-        cells = [
-            c.rjust(w) if 2 <= i <= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+    widths = [max(map(len, column)) for column in zip(*rows)]
+    rows.insert(1, ["-" * w for w in widths])
+    align = [str.ljust] * 2 + [str.rjust] * 3 + [str.ljust] * 3  # the numbers to the right
+    return "\n".join("  ".join(a(c, w) for a, c, w in zip(align, r, widths)).rstrip() for r in rows)
 
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
-    if args.memory_child is None:
-        check_args(args)
     set_threads(args.threads or "auto")  # as the Trainers built here will
     if args.memory_child is not None:
-        memory_child(args)
-        return None
+        return memory_child(args)
+    check_args(args)
     given = sys.argv[1:] if argv is None else argv
     results = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -230,10 +219,5 @@ def main(argv=None) -> dict | None:
     return results
 
 
-def command(main, argv=None) -> int:
-    """`main(argv)` behind microgpt's one front door: its exit status."""
-    return entry.run(lambda: main(argv))
-
-
 if __name__ == "__main__":
-    sys.exit(command(main))
+    sys.exit(entry.run(main))

@@ -3,12 +3,11 @@ and without the KV cache; and the base preset filling long contexts (generate)."
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
-from bench.common import compose, figure, make_trainer, step, sync
+from bench.common import compose, figure, make_trainer, step, timed
 from microgpt.checkpoint import Checkpoint
 from microgpt.config import load_config
 from microgpt.model import GPT
@@ -26,19 +25,11 @@ def names_model(args, device, tmp: Path):
     return tr.model.eval(), tr.tokenizer, f"small preset trained here for {args.sample_steps} steps"
 
 
-def decode(model: GPT, context: int, use_cache: bool, generator: torch.Generator) -> int:
-    """Fill `context` positions (the boundary token, then sampled tokens, block_size permitting,
-    not stopping at a boundary); the tokens sampled."""
+def decode(model: GPT, context: int, use_cache: bool, generator: torch.Generator) -> None:
+    """Fill `context` positions: the boundary token, then sampled tokens, block_size permitting,
+    not stopping at a boundary."""
     fill = {"max_new_tokens": context - 1, "stop_at_boundary": False}
-    return generate(model, 1, generator=generator, use_cache=use_cache, **fill).size(1)
-
-
-def timed(fn, device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
+    generate(model, 1, generator=generator, use_cache=use_cache, **fill)
 
 
 def run_sampling(args, device, tmp: Path) -> dict:
@@ -49,9 +40,8 @@ def run_sampling(args, device, tmp: Path) -> dict:
             kw, runs = {"batch_size": batch_size, "use_cache": use_cache}, range(args.repeats)
             times = [timed(lambda: sample_items(model, tok, n, seed=r, **kw), device) for r in runs]
             target = ("<", limit) if n == 1000 and use_cache and not args.quick else None
-            figures[f"{n} names {how}, {'cache' if use_cache else 'no cache'}"] = figure(
-                times, "s", target
-            )
+            cache = "cache" if use_cache else "no cache"
+            figures[f"{n} names {how}, {cache}"] = figure(times, "s", target)
     cfg = load_config(compose(["model=base", "device=cpu", "out_dir=."]))
     base = GPT(cfg.model_for_data(tok.vocab_size, cfg.model.block_size)).to(device).eval()
     for context in args.contexts:
@@ -61,10 +51,9 @@ def run_sampling(args, device, tmp: Path) -> dict:
                 g = torch.Generator(device=device).manual_seed(r)
                 per[use_cache].append(timed(lambda: decode(base, context, use_cache, g), device))
         sampled = min(context, cfg.model.block_size) - 1
-        for use_cache, times in per.items():
-            figures[f"base {context} tokens, {'cache' if use_cache else 'no cache'}"] = figure(
-                [sampled / t for t in times], "tokens/s"
-            )
+        for cache, times in zip(("cache", "no cache"), per.values()):
+            speed = [sampled / t for t in times]
+            figures[f"base {context} tokens, {cache}"] = figure(speed, "tokens/s")
         target = (">=", 5.0) if context == 256 and not args.quick else None
         speedup = [nc / c for c, nc in zip(per[True], per[False])]
         figures[f"base {context} tokens, cache speedup"] = figure(speedup, "x", target)

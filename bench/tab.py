@@ -23,7 +23,7 @@ from pathlib import Path
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
-from bench.common import compose, figure
+from bench.common import compose, figure, timed
 from microgpt.commands.heads import main as analyse_run
 from microgpt.commands.tab import MicrogptPlugin
 from microgpt.train.trainer import train
@@ -64,13 +64,6 @@ def ask(apps, route: str, **query) -> dict:
     return body
 
 
-def timed(work) -> float:
-    """work()'s time in ms."""
-    t0 = time.perf_counter()
-    work()
-    return (time.perf_counter() - t0) * 1000
-
-
 def run_tab(args, device, tmp: Path) -> dict:
     root = tmp / "tab-sweep"
     make_sweep(args, root)
@@ -90,6 +83,9 @@ def run_tab(args, device, tmp: Path) -> dict:
     def every_run(**query):
         return lambda: [ask(apps, "/attention", run=run, input=name, **query) for run in runs]
 
+    def ms(work) -> float:
+        return 1000 * timed(work, device)
+
     times = {"first_load": []}
     for _ in range(args.repeats + 1):  # the first: a warm-up of the code, not measured
         t0 = time.perf_counter()
@@ -98,8 +94,8 @@ def run_tab(args, device, tmp: Path) -> dict:
         settled(plugin)  # its prefetching, not measured, out of the next one's way
     times["first_load"] = times["first_load"][1:]
     every_run()()  # warm: each run's best.pt loaded
-    times["switch_head"] = [timed(every_run(off="0.0" * (n % 2))) for n in range(args.repeats * 3)]
-    times["pin"] = [timed(every_run(pin=str(n % (len(name) + 1)))) for n in range(args.repeats * 3)]
+    times["switch_head"] = [ms(every_run(off="0.0" * (n % 2))) for n in range(args.repeats * 3)]
+    times["pin"] = [ms(every_run(pin=str(n % (len(name) + 1)))) for n in range(args.repeats * 3)]
     for case in ("slider", "slider_cold"):
         times[case] = []
         for n in range(args.repeats):
@@ -108,8 +104,8 @@ def run_tab(args, device, tmp: Path) -> dict:
             if case == "slider":  # the page asks for each run's timeline beside the slider
                 [ask(apps, "/timeline", run=run) for run in runs]
                 settled(plugin)
-            times[case].append(timed(every_run(checkpoint=snapshots[n % 2])))
-    times["mean_first"] = [timed(every_run(off="0.0", ablation="mean"))]
+            times[case].append(ms(every_run(checkpoint=snapshots[n % 2])))
+    times["mean_first"] = [ms(every_run(off="0.0", ablation="mean"))]
     quick = args.quick
     figures = {
         case: figure(ms, "ms", None if quick or case not in TARGETS else ("<=", TARGETS[case]))

@@ -121,13 +121,11 @@ def format_targets(results: dict) -> str:
         return f"{f['median']:.{digits}f}{spread}"
 
     lines = ["recipe | budget (runs) | cost (runs) | target | loss (median, min-max)"]
-    for row in ROWS:
-        if f"{row.key}: cost" not in figs:
-            continue
+    for row in (r for r in ROWS if f"{r.key}: cost" in figs):
         budget = "nanoGPT's characters" if row.budget is None else f"<= {row.budget:g}"
         target = f"<= {row.target:g}" if row.target else "the nanogpt row beats it"
-        loss = show(f"{row.key}: {row.metric}")
-        lines.append(f"{row.recipe} | {budget} | {show(f'{row.key}: cost', 2)} | {target} | {loss}")
+        cost, loss = show(f"{row.key}: cost", 2), show(f"{row.key}: {row.metric}")
+        lines.append(" | ".join([row.recipe, budget, cost, target, loss]))
         if row.second_file:
             second = show(f"{row.key} [names-1980s]: {row.metric}")
             lines.append(f"  on names-1980s | | | | {second}")

@@ -4,6 +4,7 @@ one process, per preset, batch and attention implementation."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from bench.common import PLAIN, alternate, error_figure, figure, make_trainer
@@ -13,27 +14,25 @@ SPEED_TARGET = 1.5  # the default's real characters/s against the plain GPT's (i
 
 def run_throughput(args, device, tmp: Path) -> dict:
     figures = {}
-    for preset in args.presets:
-        for batch in args.batches:
-            for impl in args.impls:
-                name = f"{preset} b{batch} {impl}{' compiled' if args.compile else ''}"
-                case = [f"model={preset}", f"train.batch_size={batch}", f"model.attn_impl={impl}"]
-                case += [f"train.compile={str(args.compile).lower()}", *args.row_override]
-                try:
-                    ours = make_trainer(case, args, tmp)
-                    plain = make_trainer([*case, *PLAIN], args, tmp)
-                    warmup = 1 if args.quick else 5
-                    per = alternate([ours, plain], args.rounds, args.block_s, warmup)
-                except Exception as e:  # noqa: BLE001 -- a compiler that fails ends one case only
-                    figures[f"{name} chars/s"] = error_figure(e, "chars/s")
-                    continue
-                default = (preset, batch, impl) == ("small", 128, "sdpa") and not args.quick
-                speed = [a / b for (_, a), (_, b) in zip(*per)]
-                figures[f"{name} chars/s"] = figure([c for _, c in per[0]], "chars/s")
-                figures[f"{name} steps/s"] = figure([1 / s for s, _ in per[0]], "steps/s")
-                figures[f"{name} plain chars/s"] = figure([c for _, c in per[1]], "chars/s")
-                target = (">=", SPEED_TARGET) if default else None
-                figures[f"{name} / plain"] = figure(speed, "x", target)
+    for preset, batch, impl in itertools.product(args.presets, args.batches, args.impls):
+        name = f"{preset} b{batch} {impl}{' compiled' if args.compile else ''}"
+        case = [f"model={preset}", f"train.batch_size={batch}", f"model.attn_impl={impl}"]
+        case += [f"train.compile={str(args.compile).lower()}", *args.row_override]
+        try:
+            ours = make_trainer(case, args, tmp)
+            plain = make_trainer([*case, *PLAIN], args, tmp)
+            warmup = 1 if args.quick else 5
+            per = alternate([ours, plain], args.rounds, args.block_s, warmup)
+        except Exception as e:  # noqa: BLE001 -- a compiler that fails ends one case only
+            figures[f"{name} chars/s"] = error_figure(e, "chars/s")
+            continue
+        default = (preset, batch, impl) == ("small", 128, "sdpa") and not args.quick
+        speed = [a / b for (_, a), (_, b) in zip(*per)]
+        figures[f"{name} chars/s"] = figure([c for _, c in per[0]], "chars/s")
+        figures[f"{name} steps/s"] = figure([1 / s for s, _ in per[0]], "steps/s")
+        figures[f"{name} plain chars/s"] = figure([c for _, c in per[1]], "chars/s")
+        target = (">=", SPEED_TARGET) if default else None
+        figures[f"{name} / plain"] = figure(speed, "x", target)
     info = {
         "plain": " ".join(PLAIN),
         "counting": "chars/s: real targets a second (characters and end tokens, no padding); "

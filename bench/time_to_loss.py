@@ -43,15 +43,11 @@ def run_time_to_loss(args, device, tmp: Path) -> dict:
         ref_s = next(s for s, loss in reference if loss <= ref_loss)
         reached = next((s for s, loss in ours if loss <= ref_loss), None)
         speed, target = ref_s / reached if reached else None, None if args.quick else (">=", 1.0)
-        figures.update(
-            {
-                f"{case}: reference's final val loss": figure([ref_loss], "nats"),
-                f"{case}: reference's wall time to it": figure([ref_s], "s"),
-                f"{case}: microgpt's final val loss": figure([ours[-1][1]], "nats"),
-                f"{case}: microgpt's wall time to the reference's": figure([reached], "s"),
-                f"{case}: reference's time / microgpt's": figure([speed], "x", target),
-            }
-        )
+        figures[f"{case}: reference's final val loss"] = figure([ref_loss], "nats")
+        figures[f"{case}: reference's wall time to it"] = figure([ref_s], "s")
+        figures[f"{case}: microgpt's final val loss"] = figure([ours[-1][1]], "nats")
+        figures[f"{case}: microgpt's wall time to the reference's"] = figure([reached], "s")
+        figures[f"{case}: reference's time / microgpt's"] = figure([speed], "x", target)
         curves = {"reference": reference, "microgpt": ours}
         info[case] = {"reference": " ".join(plain), "microgpt": " ".join(recipe), "curves": curves}
     info["timing"] = (

