@@ -36,16 +36,23 @@ SETTINGS += ["train.precision=fp32", "optim.muon_precision=fp32"]  # bf16 rounds
 def run_bounded(cmd: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
     """subprocess.run, but a timeout kills the whole process group (torchrun and its workers)."""
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc = subprocess.Popen(cmd, cwd=cwd, **pipes, text=True, start_new_session=True)
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a fatal signal prints every thread's stack
+    proc = subprocess.Popen(cmd, cwd=cwd, **pipes, text=True, start_new_session=True, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail(f"{' '.join(cmd[:6])} ... did not finish in {timeout} s (a hung rank?)")
+        os.killpg(proc.pid, signal.SIGABRT)  # where each process waits, then the end of it
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+        where = f"{' '.join(cmd[:6])} ... did not finish in {timeout} s (a hung rank?)"
+        pytest.fail(f"{where}; its stderr ends:\n{err[-6000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def torchrun_train(cwd: Path, *settings: str, ok=True, timeout=240) -> subprocess.CompletedProcess:
+def torchrun_train(cwd: Path, *settings: str, ok=True, timeout=120) -> subprocess.CompletedProcess:
     """torchrun --standalone --nproc_per_node=2 train.py <settings> device=cpu, in `cwd`."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += [str(REPO / "train.py"), *settings, "device=cpu"]

@@ -6,6 +6,7 @@ progress bar); it returns the final metrics.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -295,4 +296,8 @@ def train(cfg) -> dict:
         if trainer is not None:
             # the lock goes with the run; after an error, what it made stays known for clean-up
             runs.release(trainer.out_dir, forget=ended)
+        # the DDP model (its reducer holds the process group) freed here, before the group goes:
+        # freed later by the garbage collector, a rank hung at exit now and then under load
+        trainer = None
+        gc.collect()
         system.teardown()
