@@ -8,6 +8,7 @@ Every subprocess has a timeout and is killed with its whole process group, so a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -34,22 +35,34 @@ SETTINGS += ["train.precision=fp32", "optim.muon_precision=fp32"]  # bf16 rounds
 
 
 def run_bounded(cmd: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
-    """subprocess.run, but a timeout kills the whole process group (torchrun and its workers)."""
+    """subprocess.run, but a timeout stops torchrun and its workers (each its own session): a
+    SIGABRT first, which makes each print where it waited (faulthandler), then SIGKILL."""
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a fatal signal prints every thread's stack
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(cmd, cwd=cwd, **pipes, text=True, start_new_session=True, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGABRT)  # where each process waits, then the end of it
-        try:
-            _, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            _, err = proc.communicate()
+        err = ""
+        for sig in (signal.SIGABRT, signal.SIGKILL):
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                err = proc.communicate(timeout=10)[1]
+                break
         where = f"{' '.join(cmd[:6])} ... did not finish in {timeout} s (a hung rank?)"
         pytest.fail(f"{where}; its stderr ends:\n{err[-6000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process started by pid or its children (Linux's /proc)."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return [d for c in children for d in (c, *descendants(c))]
 
 
 def torchrun_train(cwd: Path, *settings: str, ok=True, timeout=120) -> subprocess.CompletedProcess:
