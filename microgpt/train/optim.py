@@ -154,15 +154,16 @@ def gram_side(xs: list[torch.Tensor], quintics) -> list[torch.Tensor]:
     ys = list(xs)
     for m in dict.fromkeys(x.size(-2) for x in xs):  # (n, m, cols): the stacks of one m at once
         ids = [i for i, x in enumerate(xs) if x.size(-2) == m]
-        grams = xs[ids[0]].new_empty(sum(len(xs[i]) for i in ids), m, m)  # (N, m, m)
-        for i, gram in zip(ids, grams.split([len(xs[i]) for i in ids])):
+        sizes = [len(xs[i]) for i in ids]
+        grams = xs[ids[0]].new_empty(sum(sizes), m, m)  # (N, m, m)
+        for i, gram in zip(ids, grams.split(sizes)):
             torch.bmm(xs[i], xs[i].mT, out=gram)
         eye, q = torch.eye(m, dtype=grams.dtype), None
         for a, b, c in quintics:
             now = grams if q is None else q @ grams @ q.mT
             poly = torch.add(a * eye, now, alpha=b).baddbmm_(now, now, alpha=c)
             q = poly if q is None else poly @ q
-        for i, qi in zip(ids, q.split([len(xs[i]) for i in ids])):
+        for i, qi in zip(ids, q.split(sizes)):
             # in x's memory order: y = x^T q^T, transposed, where x is a transposed view
             ys[i] = (xs[i].mT @ qi.mT).mT if xs[i].mT.is_contiguous() else qi @ xs[i]
     return ys
