@@ -1,8 +1,9 @@
 """Time to a loss: for names and text, a plain reference trained whole (names: the default run
 before issue 27, bench.targets.UNIT; text: nanoGPT's documented CPU recipe on microgpt's model
 and nanoGPT's budget, REFERENCE), then microgpt's recipe at the same budget (the default run;
-NANOGPT_ROW); the wall time each takes to reach the reference's final loss, each timed alike: at
-its first evaluation at or below it."""
+NANOGPT_ROW); the wall time each takes to reach the reference's final loss, each timed alike: where
+its curve of evaluations first crosses it, interpolated linearly between the evaluation above it
+and the first at or below it (the evaluations' own times are given too)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,18 @@ def val_curve(overrides, args, tmp: Path) -> list[tuple[float, float]]:
     return [(line["time"] - t0, line[VAL_LOSS]) for line in lines if VAL_LOSS in line]
 
 
+def crossing(curve: list[tuple[float, float]], loss: float) -> tuple[float, float] | None:
+    """(the time the curve [(seconds, loss)] first reaches `loss`, interpolated linearly from the
+    evaluation before; the time of the first evaluation at or below it), None if never."""
+    for i, (s, value) in enumerate(curve):
+        if value <= loss:
+            if i == 0:
+                return s, s
+            s0, value0 = curve[i - 1]
+            return s0 + (s - s0) * (value0 - loss) / (value0 - value), s
+    return None
+
+
 def run_time_to_loss(args, device, tmp: Path) -> dict:
     shrink, figures, info = QUICK if args.quick else (), {}, {}
     for case, (plain, recipe) in CASES.items():
@@ -37,22 +50,25 @@ def run_time_to_loss(args, device, tmp: Path) -> dict:
         except Exception as e:  # noqa: BLE001 -- a case that cannot run (no text file) is told
             figures[f"{case}: reference's time / microgpt's"] = error_figure(e, "x")
             continue
-        # timed alike: each side's first evaluation at or below the reference's final loss (a
-        # reference whose curve ends going up reached it before its end)
+        # timed alike: where each side's curve first crosses the reference's final loss (a
+        # reference whose curve ends going up crossed it before its end)
         ref_loss = reference[-1][1]
-        ref_s = next(s for s, loss in reference if loss <= ref_loss)
-        reached = next((s for s, loss in ours if loss <= ref_loss), None)
-        speed, target = ref_s / reached if reached else None, None if args.quick else (">=", 1.0)
+        (ref_s, ref_eval), reached = crossing(reference, ref_loss), crossing(ours, ref_loss)
+        s, at_eval = reached or (None, None)
+        target = None if args.quick else (">=", 1.0)
         figures[f"{case}: reference's final val loss"] = figure([ref_loss], "nats")
         figures[f"{case}: reference's wall time to it"] = figure([ref_s], "s")
         figures[f"{case}: microgpt's final val loss"] = figure([ours[-1][1]], "nats")
-        figures[f"{case}: microgpt's wall time to the reference's"] = figure([reached], "s")
+        figures[f"{case}: microgpt's wall time to the reference's"] = figure([s], "s")
+        speed = ref_s / s if s else None
         figures[f"{case}: reference's time / microgpt's"] = figure([speed], "x", target)
+        by_eval = [ref_eval / at_eval if at_eval else None]
+        figures[f"{case}: the same at the first evaluations at or below it"] = figure(by_eval, "x")
         curves = {"reference": reference, "microgpt": ours}
         info[case] = {"reference": " ".join(plain), "microgpt": " ".join(recipe), "curves": curves}
     info["timing"] = (
-        "wall time from train()'s call (start-up and evaluations included) to each side's first "
-        "validation at or below the reference's final loss (a large split is estimated on fixed "
-        "rows while a run trains, read whole at its end)"
+        "wall time from train()'s call (start-up and evaluations included) to where each side's "
+        "validation curve first crosses the reference's final loss, linear between evaluations (a "
+        "large split is estimated on fixed rows while a run trains, read whole at its end)"
     )
     return {"figures": figures, "info": info}

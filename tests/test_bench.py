@@ -123,18 +123,21 @@ def test_the_step_section_times_the_optimizer_and_the_average_apart(tmp_path):
     assert names["orthogonalisation FLOPs / model's"]["median"] > 0
 
 
-def test_time_to_loss_takes_the_first_evaluation_at_or_below_the_references_final_loss(
+def test_time_to_loss_interpolates_each_sides_crossing_of_the_references_final_loss(
     tmp_path, monkeypatch
 ):
-    """The crossing, timed alike on both sides: each one's first validation at or below (equal
-    counts) the reference's last one, from train()'s call."""
-    # (seconds, val loss): the reference ends at 2.0 going up, having reached it at 20 s
+    """The crossing, timed alike on both sides: linear between the last validation above the
+    reference's last one and the first at or below it (equal counts), from train()'s call."""
+    # (seconds, val loss): the reference ends at 2.0 going up, having crossed it between 10 s
+    # (3.0) and 20 s (1.99): at 10 + 10 * 1.0 / 1.01 s
     reference = [(10.0, 3.0), (20.0, 1.99), (30.0, 2.0)]
-    ours = [(5.0, 2.6), (8.0, 2.0), (12.0, 1.9), (15.0, 2.1)]  # 2.0 at 8 s: the crossing
+    ours = [(5.0, 2.6), (8.0, 2.0), (12.0, 1.9), (15.0, 2.1)]  # 2.0 at 8 s exactly
     curves = iter([reference, ours] * len(time_to_loss.CASES))
     monkeypatch.setattr(time_to_loss, "val_curve", lambda *args: next(curves))
     args = argparse.Namespace(quick=False, row_override=[])
     figures = time_to_loss.run_time_to_loss(args, "cpu", tmp_path)["figures"]
     assert figures["names: microgpt's wall time to the reference's"]["median"] == 8.0
-    assert figures["names: reference's wall time to it"]["median"] == 20.0
-    assert figures["names: reference's time / microgpt's"]["median"] == 20.0 / 8.0
+    assert figures["names: reference's wall time to it"]["median"] == pytest.approx(19.90099)
+    assert figures["names: reference's time / microgpt's"]["median"] == pytest.approx(2.487624)
+    by_eval = figures["names: the same at the first evaluations at or below it"]["median"]
+    assert by_eval == 20.0 / 8.0

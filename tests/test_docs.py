@@ -50,12 +50,15 @@ QUOTES = [
 # (doc, a passage with {figure name of docs/benchmarks-time-to-loss.json's time_to_loss})
 TIME_TO_LOSS = [
     ("README.md", "final loss (AdamW, padded rows, float32: {names: reference's final val"
-     " loss:.3f}, first reached in {names: reference's wall time to it:.0f} s) in {names:"
+     " loss:.3f}, reached in {names: reference's wall time to it:.0f} s) in {names:"
      " microgpt's wall time to the reference's:.0f} s, **{names: reference's time /"
      " microgpt's:.1f}x** sooner"),
     ("README.md", "final loss ({text: reference's final val loss:.3f} in {text: reference's wall"
      " time to it:.0f} s) in {text: microgpt's wall time to the reference's:.0f} s, **{text:"
      " reference's time / microgpt's:.1f}x** sooner"),
+    ("README.md", "at the first evaluation at or below it, {names: the same at the first"
+     " evaluations at or below it:.1f}x and {text: the same at the first evaluations at or"
+     " below it:.1f}x"),
 ]  # fmt: skip
 
 

@@ -368,10 +368,16 @@ def test_the_model_cache_is_bounded_by_count_and_bytes_before_a_load(lab, tmp_pa
     assert kept() == [0, 1, 3, 4]
 
 
-def test_requests_for_one_cold_checkpoint_at_once_wait_for_its_one_load(lab, tmp_path, monkeypatch):
-    """issue 43: two threads could load one checkpoint at once (each its own copy)."""
+@pytest.mark.parametrize("damaged", [False, True])
+def test_requests_for_one_cold_checkpoint_at_once_wait_for_its_one_load(
+    lab, tmp_path, monkeypatch, damaged
+):
+    """issue 43: two threads could load one checkpoint at once (each its own copy); the requests
+    that waited for a load that failed each loaded it again."""
     best, requests = tmp_path / "best.pt", 4
     shutil.copyfile(lab / "sweep" / "heads=2" / "checkpoints" / "best.pt", best)
+    if damaged:
+        _edit(best, "damaged", None)
     cache, loads, waiting = ModelCache(), [], threading.Semaphore(0)
 
     class Noting(threading.Condition):  # says when a request waits for the load
@@ -386,9 +392,21 @@ def test_requests_for_one_cold_checkpoint_at_once_wait_for_its_one_load(lab, tmp
 
     real_load, cache.changed = tab_models.load_model, Noting()
     monkeypatch.setattr(tab_models, "load_model", load)
+
+    def get(_):
+        try:
+            return cache.get(best)
+        except tab_models.InputError as e:
+            return str(e)
+
     with ThreadPoolExecutor(requests) as pool:  # the requests at once
-        got = list(pool.map(lambda _: cache.get(best), range(requests), timeout=120))
-    assert loads == [best] and got[0] is not None and all(g is got[0] for g in got)
+        got = list(pool.map(get, range(requests), timeout=120))
+    got.append(get(None))  # a request after them: the model, or the error, kept
+    assert loads == [best]
+    if damaged:
+        assert len(set(got)) == 1 and "corrupt" in got[0], got
+    else:
+        assert got[0] is not None and all(g is got[0] for g in got)
 
 
 # ----------------------------------------------------------------------------- one bad run

@@ -117,14 +117,16 @@ class ModelCache:
     """The models of the checkpoints used last, at most MAX_MODELS of them and MAX_BYTES, counted
     before each load: a checkpoint's file size (no more than torch.load reads) is set aside, the
     models used longest ago pushed out first, then its model's parameter bytes kept; a checkpoint
-    rewritten since (another size or time) is loaded again. Thread-safe: one load per checkpoint
-    at a time (a request for one being loaded waits for that load), other models served
+    rewritten since (another size or time) is loaded again; one that failed to load answers its
+    error until then, without loading again. Thread-safe: one load per checkpoint at a time (a
+    request for one being loaded waits for that load, and shares its error), other models served
     meanwhile. `prefetch` loads checkpoints ahead in one background thread, only while they fit
     (it never pushes a model out): a slider's next step is then ready."""
 
     def __init__(self):
         self.models: OrderedDict[tuple, tuple[Loaded, int]] = OrderedDict()  # key: (loaded, bytes)
         self.loading: dict[tuple, int] = {}  # key: its file's bytes, while it loads
+        self.failed: dict[str, tuple[tuple, str]] = {}  # path: (its key, its load's error)
         self.changed = threading.Condition()  # a load began or ended
         self.pending: list[Path] = []  # checkpoints to prefetch, in order
         self.worker: threading.Thread | None = None  # the prefetching thread, while it runs
@@ -148,17 +150,25 @@ class ModelCache:
             if key in self.models:
                 self.models.move_to_end(key)
                 return self.models[key][0]
+            failed_key, error = self.failed.get(key[0], (None, ""))
+            if failed_key == key:  # not rewritten since its load failed
+                raise InputError(error)
             self.loading[key] = size
-        loaded = None
+        loaded = error = None
         try:
             loaded = load_model(path)
             return loaded
+        except InputError as e:
+            error = str(e)
+            raise
         finally:
             with self.changed:
                 del self.loading[key]
                 if loaded is not None:
                     weights = loaded.model.state_dict().values()
                     self.models[key] = (loaded, sum(t.numel() * t.element_size() for t in weights))
+                if error is not None:
+                    self.failed[key[0]] = (key, error)
                 self.changed.notify_all()
 
     def _room(self, size: int, evict: bool) -> bool:
