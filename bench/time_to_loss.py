@@ -3,14 +3,17 @@ before issue 27, bench.targets.UNIT; text: nanoGPT's documented CPU recipe on mi
 and nanoGPT's budget, REFERENCE), then microgpt's recipe at the same budget (the default run;
 NANOGPT_ROW); the wall time each takes to reach the reference's final loss, each timed alike: where
 its curve of evaluations first crosses it, interpolated linearly between the evaluation above it
-and the first at or below it (the evaluations' own times are given too)."""
+and the first at or below it (the evaluations' own times are given too). Wall times of two runs
+minutes apart move with the machine's load; so the same speed-up is also given as the ratio of
+the steps to the loss (exact) times the ratio of the two steps' times, alternated in one process
+(bench.common.alternate: a spread over rounds, start-up and evaluations left out)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from bench.common import compose, error_figure, figure, run_overrides
+from bench.common import alternate, compose, error_figure, figure, make_trainer, run_overrides
 from bench.targets import NANOGPT_ROW, QUICK, REFERENCE, UNIT
 from microgpt.runs import RunFolder
 from microgpt.train.trainer import train
@@ -19,25 +22,26 @@ from microgpt.viz.tensorboard import VAL_LOSS
 CASES = {"names": (UNIT, ("heads=4",)), "text": (REFERENCE, NANOGPT_ROW)}  # (reference, ours)
 
 
-def val_curve(overrides, args, tmp: Path) -> list[tuple[float, float]]:
-    """python train.py with overrides, whole: [(seconds since the call, val loss)] of each
+def val_curve(overrides, args, tmp: Path) -> list[tuple[float, int, float]]:
+    """python train.py with overrides, whole: [(seconds since the call, step, val loss)] of each
     evaluation, the last one the final loss (on the whole validation split)."""
     cfg = compose([*overrides, *run_overrides(args, tmp)])
     t0 = time.time()
     train(cfg)
     lines = RunFolder(cfg.out_dir).metrics()
-    return [(line["time"] - t0, line[VAL_LOSS]) for line in lines if VAL_LOSS in line]
+    return [(line["time"] - t0, line["step"], line[VAL_LOSS]) for line in lines if VAL_LOSS in line]
 
 
-def crossing(curve: list[tuple[float, float]], loss: float) -> tuple[float, float] | None:
-    """(the time the curve [(seconds, loss)] first reaches `loss`, interpolated linearly from the
-    evaluation before; the time of the first evaluation at or below it), None if never."""
-    for i, (s, value) in enumerate(curve):
-        if value <= loss:
+def crossing(curve: list[tuple], loss: float, at: int = 0) -> tuple[float, float] | None:
+    """(where the curve [(seconds, step, loss)] first reaches `loss`, interpolated linearly from
+    the evaluation before; where its first evaluation at or below it is), None if never; in
+    seconds, or with at=1 in steps."""
+    for i, point in enumerate(curve):
+        if point[-1] <= loss:
             if i == 0:
-                return s, s
-            s0, value0 = curve[i - 1]
-            return s0 + (s - s0) * (value0 - loss) / (value0 - value), s
+                return point[at], point[at]
+            (x0, value0), (x, value) = (curve[i - 1][at], curve[i - 1][-1]), (point[at], point[-1])
+            return x0 + (x - x0) * (value0 - loss) / (value0 - value), x
     return None
 
 
@@ -52,18 +56,31 @@ def run_time_to_loss(args, device, tmp: Path) -> dict:
             continue
         # timed alike: where each side's curve first crosses the reference's final loss (a
         # reference whose curve ends going up crossed it before its end)
-        ref_loss = reference[-1][1]
+        ref_loss = reference[-1][2]
         (ref_s, ref_eval), reached = crossing(reference, ref_loss), crossing(ours, ref_loss)
         s, at_eval = reached or (None, None)
         target = None if args.quick else (">=", 1.0)
         figures[f"{case}: reference's final val loss"] = figure([ref_loss], "nats")
         figures[f"{case}: reference's wall time to it"] = figure([ref_s], "s")
-        figures[f"{case}: microgpt's final val loss"] = figure([ours[-1][1]], "nats")
+        figures[f"{case}: microgpt's final val loss"] = figure([ours[-1][2]], "nats")
         figures[f"{case}: microgpt's wall time to the reference's"] = figure([s], "s")
         speed = ref_s / s if s else None
         figures[f"{case}: reference's time / microgpt's"] = figure([speed], "x", target)
         by_eval = [ref_eval / at_eval if at_eval else None]
         figures[f"{case}: the same at the first evaluations at or below it"] = figure(by_eval, "x")
+        # the same from steps and step times: (steps to the loss, reference's / ours) x (a step's
+        # seconds, reference's / ours), per round of the steps alternated
+        ref_steps, our_steps = (crossing(c, ref_loss, at=1) for c in (reference, ours))
+        steps = ref_steps[0] / our_steps[0] if our_steps else None
+        figures[f"{case}: steps to it, reference's / microgpt's"] = figure([steps], "x")
+        trainers = [
+            make_trainer([*o, *args.row_override, *shrink], args, tmp) for o in (plain, recipe)
+        ]
+        per = alternate(trainers, args.rounds, args.block_s, 1 if args.quick else 5)
+        step_ratio = [ref / our for (ref, _), (our, _) in zip(*per)]
+        figures[f"{case}: step time, reference's / microgpt's"] = figure(step_ratio, "x")
+        product = [steps * r if steps else None for r in step_ratio]
+        figures[f"{case}: steps ratio x step time ratio"] = figure(product, "x", target)
         curves = {"reference": reference, "microgpt": ours}
         info[case] = {"reference": " ".join(plain), "microgpt": " ".join(recipe), "curves": curves}
     info["timing"] = (

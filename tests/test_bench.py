@@ -127,17 +127,25 @@ def test_time_to_loss_interpolates_each_sides_crossing_of_the_references_final_l
     tmp_path, monkeypatch
 ):
     """The crossing, timed alike on both sides: linear between the last validation above the
-    reference's last one and the first at or below it (equal counts), from train()'s call."""
-    # (seconds, val loss): the reference ends at 2.0 going up, having crossed it between 10 s
-    # (3.0) and 20 s (1.99): at 10 + 10 * 1.0 / 1.01 s
-    reference = [(10.0, 3.0), (20.0, 1.99), (30.0, 2.0)]
-    ours = [(5.0, 2.6), (8.0, 2.0), (12.0, 1.9), (15.0, 2.1)]  # 2.0 at 8 s exactly
+    reference's last one and the first at or below it (equal counts), from train()'s call; and
+    the same from the steps to it and the two steps' times alternated, round by round."""
+    # (seconds, step, val loss): the reference ends at 2.0 going up, having crossed it between
+    # 10 s (3.0, step 250) and 20 s (1.99, step 500): at 10 + 10 / 1.01 s, 250 + 250 / 1.01 steps
+    reference = [(10.0, 250, 3.0), (20.0, 500, 1.99), (30.0, 750, 2.0)]
+    ours = [(5.0, 100, 2.6), (8.0, 200, 2.0), (12.0, 300, 1.9), (15.0, 400, 2.1)]  # at 8 s, 200
     curves = iter([reference, ours] * len(time_to_loss.CASES))
     monkeypatch.setattr(time_to_loss, "val_curve", lambda *args: next(curves))
-    args = argparse.Namespace(quick=False, row_override=[])
+    monkeypatch.setattr(time_to_loss, "make_trainer", lambda *args: None)
+    # two rounds of (seconds a step, characters a second): the reference's, then ours
+    rounds = [[(0.04, 0), (0.06, 0)], [(0.02, 0), (0.02, 0)]]
+    monkeypatch.setattr(time_to_loss, "alternate", lambda *args: rounds)
+    args = argparse.Namespace(quick=False, row_override=[], rounds=2, block_s=1.0)
     figures = time_to_loss.run_time_to_loss(args, "cpu", tmp_path)["figures"]
-    assert figures["names: microgpt's wall time to the reference's"]["median"] == 8.0
-    assert figures["names: reference's wall time to it"]["median"] == pytest.approx(19.90099)
-    assert figures["names: reference's time / microgpt's"]["median"] == pytest.approx(2.487624)
-    by_eval = figures["names: the same at the first evaluations at or below it"]["median"]
-    assert by_eval == 20.0 / 8.0
+    median = lambda name: figures[f"names: {name}"]["median"]  # noqa: E731
+    assert median("microgpt's wall time to the reference's") == 8.0
+    assert median("reference's wall time to it") == pytest.approx(19.90099)
+    assert median("reference's time / microgpt's") == pytest.approx(2.487624)
+    assert median("the same at the first evaluations at or below it") == 20.0 / 8.0
+    assert median("steps to it, reference's / microgpt's") == pytest.approx(2.487624)
+    assert median("step time, reference's / microgpt's") == 2.5  # rounds of 2x and 3x
+    assert median("steps ratio x step time ratio") == pytest.approx(2.487624 * 2.5)
