@@ -59,6 +59,11 @@ TIME_TO_LOSS = [
     ("README.md", "at the first evaluation at or below it, {names: the same at the first"
      " evaluations at or below it:.1f}x and {text: the same at the first evaluations at or"
      " below it:.1f}x"),
+    ("README.md", "as {names: steps to it, reference's / microgpt's:.1f}x and {text: steps to it,"
+     " reference's / microgpt's:.1f}x fewer steps, each step {names: step time, reference's /"
+     " microgpt's:.2f}x and {text: step time, reference's / microgpt's:.2f}x cheaper (the two"
+     " alternated in one process), the same speed-ups are {names: steps ratio x step time"
+     " ratio:.1f}x and {text: steps ratio x step time ratio:.1f}x"),
 ]  # fmt: skip
 
 
