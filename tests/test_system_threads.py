@@ -60,11 +60,18 @@ def test_the_trainer_applies_the_setting(tiny_cfg, monkeypatch, request):
     assert trainer.threads == 2
     assert trainer.notes[-1].startswith("threads=auto chose 2 of 3 cores, the fastest step")
     assert "1: 20.0 ms, 2: 10.0 ms, 3: 20.0 ms" in trainer.notes[-1]
+    assert trainer.describe().endswith("2 threads (threads=auto measured it the fastest)")
     trainer = Trainer(load_config(tiny_cfg("threads=3")))  # a count: as given, not measured
     assert trainer.threads == torch.get_num_threads() == 3 and not trainer.notes
+    assert trainer.describe().endswith("3 threads (threads=3)")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     trainer = Trainer(load_config(tiny_cfg()))  # auto: the environment's share
     assert trainer.threads == torch.get_num_threads() == 2
+    assert trainer.describe().endswith("2 threads (from OMP_NUM_THREADS=2, not measured)")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4}, raising=False)
+    trainer = Trainer(load_config(tiny_cfg()))  # one usable core: nothing to measure
+    assert trainer.describe().endswith("1 thread (the 1 core this process may use, not measured)")
 
 
 def hydra_config(overrides):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import os
 import time
 
 import torch
@@ -58,7 +59,10 @@ class Trainer:
         self.precision = system.pick_precision(c.train.precision, self.device, ConfigError)
         # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-        self.notes += [line] if (line := state.measure_threads(self)) else []
+        self.threads_from = system.threads_origin(c.threads, system.usable_cores(), os.environ)
+        if line := state.measure_threads(self):
+            self.notes.append(line)
+            self.threads_from = "threads=auto measured it the fastest"
         # the training batches: the global batch's order, each process taking its share
         self.global_batch = c.train.batch_size * self.dist.world_size
         self.batches = data.train_batches(self.global_batch, c.seed, pack=c.train.pack)
@@ -267,7 +271,8 @@ class Trainer:
             f"{self.tokenizer.vocab_size}, block {m.block_size}{split}\n"
             f"train {c.train.max_steps} steps x batch {self.global_batch}{ranks}, lr "
             f"{c.optim.lr:g} ({c.optim.warmup_steps} warmup, {c.optim.decay}), seed {c.seed} | "
-            f"{self.device}{precision}{compiled}, {threads} thread{'s' if threads > 1 else ''}"
+            f"{self.device}{precision}{compiled}, {threads} thread{'s' if threads > 1 else ''} "
+            f"({self.threads_from})"
         )
 
     def _finish(self, metrics: dict) -> None:
