@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -21,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint, CheckpointError
 from microgpt.config import Config, SampleConfig
-from microgpt.errors import first_line
+from microgpt.errors import UserError, first_line
 from microgpt.startup_checks import SWEPT_KEYS_ENV, check_command_line, sweep_jobs
 from microgpt.system import THREADS_ENV, env_threads, share, usable_cores
 from microgpt.train.trainer import Interrupted
@@ -54,7 +55,51 @@ def main(hydra_main, conf_dir: Path, config_name: str) -> None:
                 sys.argv.append(f"hydra.run.dir={given['out_dir']}")  # not outputs/<date>/<time>
         sys.argv[1:] = quote_values(sys.argv[1:])
         check_command_line(sys.argv[1:], conf_dir, config_name)
-        hydra_main()
+        with scheduler_refusals(sys.argv[1:]):
+            hydra_main()
+
+
+# what sbatch refuses (its message, lower case) -> the launcher setting that asked for it
+SBATCH_SETTINGS = (
+    ("gres", "hydra.launcher.gpus_per_node (0 on a cluster without GPUs)"),
+    ("partition", "hydra.launcher.partition (sinfo lists them)"),
+    ("account", "hydra.launcher.account"),
+    ("feature", "hydra.launcher.constraint"),
+    ("time limit", "hydra.launcher.timeout_min"),
+    ("memory", "hydra.launcher.mem_gb"),
+    ("node configuration", "hydra.launcher's cpus_per_task, mem_gb, nodes or tasks_per_node"),
+)
+
+
+@contextlib.contextmanager
+def scheduler_refusals(argv: list[str]):
+    """A SLURM sweep (hydra/launcher=slurm): a job sbatch refuses, or one that fails in the
+    scheduler, becomes one UserError naming the launcher setting (docs/cluster.md), not the
+    traceback Hydra prints of submitit's FailedJobError (HYDRA_FULL_ERROR makes it re-raise)."""
+    if not any(a.startswith("hydra/launcher=") and "slurm" in a for a in argv):
+        yield
+        return
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        yield
+    except Exception as e:
+        if type(e).__name__ not in ("FailedJobError", "UncompletedJobError"):
+            raise
+        said = next((line for line in str(e).splitlines() if "error" in line), first_line(e))
+        if "sbatch: error" not in str(e):  # a job that failed once running: its log says why
+            raise UserError(f"a SLURM job failed: {said}; its log: the sweep's .submitit/")
+        said = said.split("error:", 1)[-1].strip()
+        setting = next((s for key, s in SBATCH_SETTINGS if key in said.lower()), "hydra.launcher")
+        remove_unsubmitted_sweep()
+        raise UserError(f"SLURM refused the jobs ({said}); check {setting}; docs/cluster.md")
+
+
+def remove_unsubmitted_sweep() -> None:
+    """The sweep folder of jobs sbatch refused, which holds only what Hydra and submitit wrote
+    before (it was new or empty: startup_checks), removed like a run's that failed at start."""
+    sweep, made = SeedBands.sweep, {".submitit", "multirun.yaml"}
+    if sweep is not None and sweep.is_dir() and set(os.listdir(sweep)) <= made:
+        shutil.rmtree(sweep)
 
 
 def quote_values(argv: list[str]) -> list[str]:
@@ -128,7 +173,12 @@ class ShareCores(Callback):
 class SeedBands(Callback):
     """After a sweep, each group of its runs that differ only by seed as a mean with a band in
     TensorBoard (microgpt.viz.bands); a problem writing them is one warning line, never the
-    sweep's failure (its runs are done and intact)."""
+    sweep's failure (its runs are done and intact). `sweep`: the folder of the sweep begun."""
+
+    sweep: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        SeedBands.sweep = Path(str(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))

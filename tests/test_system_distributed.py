@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -250,3 +251,45 @@ def test_ddp_resume_with_dropout_is_exact(tmp_path):
     b = Checkpoint.load(last)
     assert a.step == b.step == 8
     assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)
+
+
+@pytest.mark.slow
+def test_two_nodes_by_c10d_rendezvous_write_one_run(tmp_path):
+    """Two torchrun agents, one rank each, meet by c10d rendezvous as two nodes would, each in
+    its own working folder: one run, in rank 0's folder; the other node's folder is removed, and
+    its weights are one process's with the whole batch."""
+    data = tmp_path / "names.txt"
+    data.write_text("\n".join(make_names()) + "\n")
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1"]
+    node += ["--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=microgpt"]
+    node += [str(REPO / "train.py"), *SETTINGS, f"train.batch_size={PER_RANK}"]
+    node += [f"data.path={data}", "device=cpu"]
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folders = [tmp_path / "a", tmp_path / "b"]
+    procs = []
+    for cwd in folders:
+        cwd.mkdir()
+        procs.append(subprocess.Popen(node, cwd=cwd, **pipes, start_new_session=True))
+    try:
+        results = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err[-4000:]
+    made = [p for cwd in folders for p in cwd.glob("outputs/*/*")]
+    assert len(made) == 1, made  # rank 0's; the other node made its own, then removed it
+    (run,) = made
+    assert (run / "checkpoints" / "last.pt").is_file()
+    log = "".join(out + err for out, err in results)
+    assert f"batch {2 * PER_RANK} ({PER_RANK} x 2 ranks)" in log
+    whole = [f"train.batch_size={2 * PER_RANK}", f"out_dir={tmp_path}/one", f"data.path={data}"]
+    train(compose_config([*SETTINGS, *whole, "device=cpu"]))
+    a = Checkpoint.load(tmp_path / "one" / "checkpoints" / "last.pt")
+    b = Checkpoint.load(run / "checkpoints" / "last.pt")
+    worst = max((a.model[k] - b.model[k]).abs().max().item() for k in a.model)
+    assert worst < 1e-5, f"largest weight difference {worst:.3g}"
