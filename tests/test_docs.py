@@ -12,27 +12,12 @@ import pytest
 from tests.conftest import REPO
 
 FIGURES = json.loads((REPO / "docs" / "figures.json").read_text())
-BENCH = json.loads((REPO / "docs" / "benchmarks-time-to-loss.json").read_text())
 
 # (doc, a passage with {recipe.figure} or {recipe.date} fields): in the doc, whitespace aside
 QUOTES = [
-    ("README.md", "reaches a test loss of **{names-seeds.test_loss_mean}** nats per character,"
-     " the mean over seeds 1 to 5 with one thread (standard deviation {names-seeds.test_loss_sd};"
-     " 95% interval of the mean {names-seeds.test_loss_ci_low} to"
-     " {names-seeds.test_loss_ci_high}; {names-seeds.date})"),
-    ("README.md", "gives exactly **{names.test_loss}** with one thread ({names.date})"),
-    ("README.md", "**{names-as-typed.test_loss}** in **{names-as-typed.seconds} s** as typed"
-     " (threads=auto measured one thread the fastest and took it; {names-as-typed.date}), on a"
-     " 2-core {names.cpu} with AVX512-BF16 and no AMX, no GPU, nothing else running (one thread:"
-     " {names.seconds} s; with another training on the other core:"
-     " {names-as-typed-busy.seconds} s as typed, {names-busy.seconds} s at one thread)"),
-    ("README.md", "train.pack=0`; makemore's transformer of the same size reaches 2.00 on its"
-     " names.txt) reaches {adamw.test_loss}"),
     ("README.md", "{sweep.seconds} s for the 12 runs on 2 cores, {sweep.date})"),
-    ("README.md", "{sweep.table}"),
+    ("README.md", "{sweep.table-columns}"),  # compare's table, its legend left out
     ("README.md", "the text recipe: {shakespeare.seconds} s on one core"),
-    ("README.md", "about {names-as-typed.seconds} s, the study of 12 runs (`-m"
-     " experiment=heads_seeds hydra/launcher=joblib`) {sweep.seconds} s on 2 cores"),
     ("docs/heads.md", "no AMX: bf16; one thread a job, two jobs at once; {sweep.date};"),
     ("docs/heads.md", "test loss {names-ns.test_loss}, best validation {names-ns.best_val_loss}"),
     ("docs/heads.md", "{names-ns.table}"),
@@ -47,23 +32,34 @@ QUOTES = [
      " {shakespeare-seeds.date},"),
 ]  # fmt: skip
 
-# (doc, a passage with {figure name of docs/benchmarks-time-to-loss.json's time_to_loss})
-TIME_TO_LOSS = [
-    ("README.md", "final loss (AdamW, padded rows, float32: {names: reference's final val"
-     " loss:.3f}, reached in {names: reference's wall time to it:.0f} s) in {names:"
-     " microgpt's wall time to the reference's:.0f} s, **{names: reference's time /"
-     " microgpt's:.1f}x** sooner"),
-    ("README.md", "final loss ({text: reference's final val loss:.3f} in {text: reference's wall"
-     " time to it:.0f} s) in {text: microgpt's wall time to the reference's:.0f} s, **{text:"
-     " reference's time / microgpt's:.1f}x** sooner"),
-    ("README.md", "at the first evaluation at or below it, {names: the same at the first"
-     " evaluations at or below it:.1f}x and {text: the same at the first evaluations at or"
-     " below it:.1f}x"),
-    ("README.md", "as {names: steps to it, reference's / microgpt's:.1f}x and {text: steps to it,"
-     " reference's / microgpt's:.1f}x fewer steps, each step {names: step time, reference's /"
-     " microgpt's:.2f}x and {text: step time, reference's / microgpt's:.2f}x cheaper (the two"
-     " alternated in one process), the same speed-ups are {names: steps ratio x step time"
-     " ratio:.1f}x and {text: steps ratio x step time ratio:.1f}x"),
+BENCH = {kind: json.loads((REPO / "docs" / f"benchmarks-time-to-loss{kind}.json").read_text())
+         for kind in ("", "-fp32")}  # fmt: skip
+
+
+def speed(kind: str) -> list[str]:
+    """A speed row's cells from docs/benchmarks-time-to-loss<kind>.json: names' and text's
+    speed-ups, then the step ratios."""
+    to, step = "reference's time / microgpt's:.1f", "step time, reference's / microgpt's:.2f"
+    return [f"{{{kind}|names: {to}}}x", f"{{{kind}|text: {to}}}x",
+            f"{{{kind}|names: {step}}}, {{{kind}|text: {step}}}"]  # fmt: skip
+
+
+# (doc, the start of a table row, the figures its cells hold: {recipe.figure} of docs/figures.json,
+# {kind|figure name:format} of docs/benchmarks-time-to-loss<kind>.json): figures, not prose
+ROWS = [
+    ("README.md", "test loss, mean", ["{names-seeds.test_loss_mean}", "{names-seeds.test_loss_sd}",
+     "{names-seeds.test_loss_ci_low} to {names-seeds.test_loss_ci_high}", "{names-seeds.date}"]),
+    ("README.md", "`python train.py heads=4` |", ["about {names-as-typed.seconds} s",
+     "{names-as-typed.date}"]),
+    ("README.md", "the study of 12 runs", ["{sweep.seconds} s", "{sweep.date}"]),
+    ("README.md", "`python train.py experiment=shakespeare`, one core",
+     ["{shakespeare.seconds} s", "{shakespeare.date}"]),
+    ("README.md", "test loss, the default seed", ["{names.test_loss}", "{names.date}"]),
+    ("README.md", "the recipe before Muon", ["{adamw.test_loss}", "{adamw.date}"]),
+    ("README.md", "AMD EPYC, AVX512-BF16", ["{names-as-typed.seconds} s", "{names-as-typed.cpu}",
+     *speed("")]),
+    ("README.md", "Intel Xeon, AMX, forced fp32", ["{names-fp32.seconds} s", "{names-fp32.date}",
+     *speed("-fp32")]),
 ]  # fmt: skip
 
 
@@ -76,6 +72,10 @@ def figure(field: str) -> str:
     {recipe.cpu}: on what."""
     recipe, name = field.split(".", 1)
     made = FIGURES[recipe]["made_by"]
+    if name == "table-columns":  # the table less the lines that say what each column means
+        legend = re.compile(r"(group:|best val:|--runs|verdicts:|  (?!heads=)\S)")
+        table = FIGURES[recipe]["figures"]["table"]["text"].splitlines()
+        return "\n".join(line for line in table if not legend.match(line))
     if name in ("date", "cpu"):
         return made["date"] if name == "date" else made["machine"]["cpu"]
     return FIGURES[recipe]["figures"][name]["text"]
@@ -87,12 +87,26 @@ def test_a_quoted_figure_is_the_one_its_command_wrote(doc, passage):
     assert squeezed(expected) in squeezed((REPO / doc).read_text())
 
 
-@pytest.mark.parametrize("doc, passage", TIME_TO_LOSS, ids=[p[:40] for _, p in TIME_TO_LOSS])
-def test_the_time_to_a_loss_is_the_benchs(doc, passage):
-    figures = BENCH["sections"]["time_to_loss"]["figures"]
-    figure_at = lambda m: f"{figures[m[1]]['median']:{m[2]}}"  # noqa: E731 -- {name:format}
-    quoted = re.sub(r"\{([^{}]+):([^:{}]+)\}", figure_at, passage)
-    assert squeezed(quoted) in squeezed((REPO / doc).read_text())
+def bench_figure(kind: str, name: str, fmt: str) -> str:
+    figures = BENCH[kind]["sections"]["time_to_loss"]["figures"]
+    return f"{figures[name]['median']:{fmt}}"
+
+
+def filled(text: str) -> str:
+    """{recipe.figure} and {kind|name:format} replaced by the figures their JSON holds."""
+    text = re.sub(r"\{([^{}|]*)\|([^{}]+):([^:{}]+)\}", lambda m: bench_figure(*m.groups()), text)
+    return re.sub(r"\{([\w.-]+)\}", lambda m: figure(m[1]), text)
+
+
+@pytest.mark.parametrize("doc, start, cells", ROWS, ids=[f"{d}:{r}" for d, r, _ in ROWS])
+def test_a_table_row_holds_the_figures_its_commands_wrote(doc, start, cells):
+    lines = (REPO / doc).read_text().splitlines()
+    (row,) = [line for line in lines if line.startswith(f"| {start}")]
+    for cell in cells:
+        assert filled(cell) in row, (cell, row)
+    if "forced fp32" in start:  # the fp32 figures were made with fp32 forced
+        assert "train.precision=fp32" in FIGURES["names-fp32"]["made_by"]["command"]
+        assert "--row-override optim.muon_precision=fp32" in BENCH["-fp32"]["command"]
 
 
 def test_every_figure_says_how_it_was_made():
