@@ -44,6 +44,8 @@ RECIPES = {
     "names-as-typed": (["heads=4"], None, False),  # threads=auto: its measured choice
     # the stand-in for a CPU without bf16 (the same fp32 kernels), as typed
     "names-fp32": (["heads=4", "train.precision=fp32", "optim.muon_precision=fp32"], None, False),
+    # names-as-typed again, kept apart: the speed table's row for a second bf16 CPU kind
+    "names-as-typed-amx": (["heads=4"], None, False),
     "names-busy": (["heads=4"], 1, False),  # BUSY: another training holds the other core
     "names-as-typed-busy": (["heads=4"], None, False),
     "names-seeds": (["-m", "heads=4", "seed=1,2,3,4,5"], 1, False),  # the headline over seeds

@@ -15,7 +15,7 @@ FIGURES = json.loads((REPO / "docs" / "figures.json").read_text())
 
 # (doc, a passage with {recipe.figure} or {recipe.date} fields): in the doc, whitespace aside
 QUOTES = [
-    ("README.md", "{sweep.seconds} s for the 12 runs on 2 cores, {sweep.date})"),
+    ("README.md", "seed=1,2,3`: {sweep.seconds} s on 2 cores, {sweep.date})"),
     ("README.md", "{sweep.table-columns}"),  # compare's table, its legend left out
     ("README.md", "the text recipe: {shakespeare.seconds} s on one core"),
     ("docs/heads.md", "no AMX: bf16; one thread a job, two jobs at once; {sweep.date};"),
