@@ -149,3 +149,7 @@ def test_time_to_loss_interpolates_each_sides_crossing_of_the_references_final_l
     assert median("steps to it, reference's / microgpt's") == pytest.approx(2.487624)
     assert median("step time, reference's / microgpt's") == 2.5  # rounds of 2x and 3x
     assert median("steps ratio x step time ratio") == pytest.approx(2.487624 * 2.5)
+    # a crossing at the fourth evaluation: from the one before it (2.5 at 12 s) to 1.5 at 16 s
+    later = [(5.0, 100, 3.0), (8.0, 200, 2.8), (12.0, 300, 2.5), (16.0, 400, 1.5)]
+    assert time_to_loss.crossing(later, 2.0) == (14.0, 16.0)
+    assert time_to_loss.crossing(later, 2.0, at=1) == (350.0, 400)

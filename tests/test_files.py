@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from microgpt.files import atomic_write, write_text
+from microgpt.files import OutputRefused, atomic_write, check_new_file, write_text
 from microgpt.train.trainer import train
 from tests.conftest import REPO, TINY, compose_config, make_names
 from tests.e2e.harness import Case, changes, check_one_line, fingerprint, process, sdist
@@ -47,6 +47,12 @@ def test_a_new_file_never_replaces_a_file_that_appeared_meanwhile(tmp_path):
         write_text(path, "other\n", replace=False)
     assert path.read_text() == "new\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]  # no temporary file left
+
+
+def test_the_write_rule_refuses_a_fifo_even_with_overwrite(tmp_path):
+    os.mkfifo(fifo := tmp_path / "fifo")  # never opened: a reader would hang it
+    with pytest.raises(OutputRefused, match=r"out=.*fifo is not a regular file \(a device, FIFO"):
+        check_new_file(fifo, overwrite=True)
 
 
 # ----------------------------------------------------------------------------- every writer

@@ -11,9 +11,9 @@ def run(name: str, seed: int, heads: int, **other) -> dict:
 def test_runs_differing_only_by_seed_are_one_group_in_seed_order():
     runs = [
         run("heads=4,seed=3", 3, 4),
-        run("heads=1,seed=1", 1, 1),
+        run("heads=1,seed=1", 1, 1, train={"progress": True}),
         run("heads=4,seed=1", 1, 4, threads=2, device="cpu"),  # how it ran: not the experiment
-        run("heads=1,seed=2", 2, 1),
+        run("heads=1,seed=2", 2, 1, train={"progress": None}),  # nor the progress bar
         run("heads=4,seed=2", 2, 4, optim={"lr": 0.01}),  # another experiment
     ]
     groups = group_runs(runs, lambda r: r["config"], lambda r: r["name"])

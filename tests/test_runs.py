@@ -68,6 +68,10 @@ def test_resuming_into_another_runs_folder_is_refused_naming_both(tiny_cfg, tmp_
         train(tiny_cfg(f"resume={a.path}", "heads=4", "train.max_steps=9", out=a.path))
     train(tiny_cfg(f"resume={a.path}", "train.max_steps=9", out=a.path))
     assert Checkpoint.load(a.last).step == 9
+    before = snapshot(a.path)  # a finished run: nothing to resume, nothing written
+    with pytest.raises(ConfigError, match=r"nothing to resume: .*last\.pt is at step 9 and train"):
+        train(tiny_cfg(f"resume={a.path}", "train.max_steps=9", out=a.path))
+    assert snapshot(a.path) == before
     assert "train.max_steps=9 on a run of 6 steps: the cosine schedule now spans 9" in caplog.text
 
 

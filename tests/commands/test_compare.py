@@ -13,8 +13,10 @@ import pytest
 import yaml
 
 from microgpt.checkpoint import Checkpoint
+from microgpt.commands import compare
 from microgpt.commands.compare import RunSummary, main, read_sweep, table, to_json
 from microgpt.commands.heads import main as heads_main
+from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.train.trainer import train
 from tests.conftest import TINY, compose_config, make_names
@@ -242,3 +244,38 @@ def test_verdicts_say_which_difference_is_beyond_the_seed_noise(seeded, capsys):
     assert (group["n"], group["seeds"]) == (3, [1, 2, 3])
     assert group["test_loss"]["interval"] == "t 95% CI"
     assert group["roles"]["previous"] == {"seeds": 2, "of": 3}
+
+
+def summaries(test_loss: dict, roles: dict | None = None) -> list[RunSummary]:
+    """Runs as read_sweep gives them, without files: {(heads, seed): test loss}; `roles`:
+    {(heads, seed): {role: heads with it}} (a run not in it has no analysis)."""
+    out = []
+    for (heads, seed), loss in test_loss.items():
+        run = RunSummary(f"heads={heads},seed={seed}", Path(), heads, test_loss=loss, seed=seed)
+        run.config = {"seed": seed, "model": {"n_head": heads}}
+        if (counts := (roles or {}).get((heads, seed))) is not None:
+            run.heads_summary = {f"heads/role/{r}": float(counts.get(r, 0)) for r in ROLES}
+        out.append(run)
+    return out
+
+
+def test_a_raw_p_under_alpha_is_within_noise_when_holms_p_is_not():
+    """heads=2 is heads=1 plus 0.02, 0.03, 0.04 by seed (paired: mean 0.03, sd 0.01, t = sqrt(27)
+    on 2 df: p = 1 - t / sqrt(t^2 + 2) = 0.03510); heads=4 is heads=2 plus 0.01, -0.01, 0 (p 1).
+    Holm over the 2: 2 x 0.03510 = 0.07020, not under 0.05."""
+    losses = {(1, 1): 2.00, (1, 2): 2.10, (1, 3): 1.95, (2, 1): 2.02, (2, 2): 2.13,
+              (2, 3): 1.99, (4, 1): 2.03, (4, 2): 2.12, (4, 3): 1.99}  # fmt: skip
+    runs = summaries(losses)
+    test = [c for c in compare.records(runs)["comparisons"] if c["loss"] == "test_loss"]
+    assert (test[0]["p"], test[0]["p_holm"]) == pytest.approx((0.03510, 0.07020), abs=1e-5)
+    assert [c["verdict"] for c in test] == ["within noise", "within noise"]
+    assert "differences in test loss beyond the noise: 0 of 2" in compare.format_groups(runs)
+
+
+def test_roles_across_seeds_count_the_seeds_with_an_analysis_only():
+    roles = {(2, 1): {"previous": 1, "self": 1}, (2, 2): {"self": 2}}  # seed 3: no analysis
+    runs = summaries({(2, 1): 2.0, (2, 2): 2.1, (2, 3): 2.2}, roles)
+    of_2 = {"self": {"seeds": 2, "of": 2}, "previous": {"seeds": 1, "of": 2}}
+    assert compare.records(runs)["groups"][0]["roles"] == of_2
+    line = "  heads=2: self 2 of 2 analysed, previous 1 of 2 analysed"
+    assert line in compare.format_groups(runs).splitlines()

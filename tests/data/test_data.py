@@ -3,6 +3,7 @@ packing), generated repeats, and each format's round trip through what a checkpo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -244,6 +245,9 @@ def test_generated_repeats_are_seeded_hashed_and_checked_by_the_schema():
     settings = DataConfig(format="repeats", repeats=RepeatsConfig(items=30, length=12, span=[2, 4]))
     a, b = (load_data(settings) for _ in "ab")
     assert a.sha256() == b.sha256() and a.source == "generated repeats (seed 0)"
+    # another data.split_seed: the same items, split otherwise
+    split, moved = (load_data(replace(settings, split_seed=s)).split.to_dict() for s in (1, 2))
+    assert sorted(sum(moved.values(), [])) == sorted(sum(split.values(), [])) and moved != split
     assert not FORMATS["repeats"].reads_file
     with pytest.raises(DataError, match=r"data.repeats.span=\[2, 9\] must be \[lo, hi\]"):
         FORMATS["repeats"].check_settings(SimpleNamespace(repeats=RepeatsConfig(span=[2, 9],

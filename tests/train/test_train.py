@@ -73,6 +73,13 @@ def test_training_lowers_the_loss_below_what_character_frequencies_reach(tiny_cf
     assert unigram > 2.8 and metrics["best_val_loss"] < unigram - 0.25
 
 
+def test_each_seed_draws_its_own_training_batches_from_the_shared_split(tiny_cfg):
+    a, b = (Trainer(load_config(tiny_cfg(f"seed={seed}"))) for seed in (1, 2))
+    assert a.data.split == b.data.split  # data.split_seed's
+    # the first global batch's items (one seed's order: tests/data's ItemBatches tests)
+    assert not torch.equal(a.batches.next_batch(), b.batches.next_batch())
+
+
 def test_lr_schedule_warms_up_then_decays():
     optim = {"warmup_steps": 10, "lr": 1e-3, "min_lr_ratio": 0.1}
     config = load_config({"optim": optim, "train": {"max_steps": 100}})
