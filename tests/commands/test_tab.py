@@ -32,7 +32,7 @@ from microgpt.heads.roles import class_members
 from microgpt.train.trainer import train
 from tests.commands.conftest import seeded
 from tests.conftest import REPO, TINY, compose_config, make_names
-from tests.e2e.harness import changes, fingerprint
+from tests.e2e.harness import LAUGHS, changes, fingerprint
 
 
 def routes(logdir: Path | str, spec: str | None = None) -> dict[str, Client]:
@@ -449,11 +449,6 @@ def test_a_run_that_cannot_be_read_is_listed_the_rest_served(lab, tmp_path, fiel
     assert status == 400 and re.match(message, body["error"]), body
     assert attention(apps["/attention"], run="heads=2", input="ka")[0] == 200
     assert changes(before, fingerprint(tmp_path)) == ([], [], [])
-
-
-LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefghi", "bcdefghij")
-)  # 420 bytes that expand to 9**10 values wherever the config is walked
 
 
 @pytest.mark.parametrize("config", [LAUGHS, "seed: abc\n", "seed: null\n", "seed: [1, 2]\n"])

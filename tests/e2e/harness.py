@@ -286,6 +286,11 @@ def environ(**values):
     return mock.patch.dict(os.environ, values)
 
 
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefghi", "bcdefghij")
+)  # a "billion laughs": 420 bytes of YAML that expand to 9**10 values where they are walked
+
+
 class EvilPickle:
     """Unpickling it runs a command: what a malicious checkpoint would do."""
 
