@@ -62,10 +62,10 @@ class Result:
 
 @contextlib.contextmanager
 def _restored_process_state(cwd: Path, argv: list[str]):
-    from microgpt import runs
+    from microgpt import entry, runs
 
     old_cwd = os.getcwd()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {s: signal.getsignal(s) for s in entry.SIGNALS}
     os.chdir(cwd)
     try:
         with mock.patch.object(sys, "argv", argv), environ(HYDRA_FULL_ERROR="0"):
