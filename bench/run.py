@@ -201,6 +201,7 @@ def main(argv=None) -> dict | None:
                 body = SECTIONS[section](args, args.device_found, Path(tmp))
             except Exception as e:  # noqa: BLE001 -- one broken section keeps the others' figures
                 body = {"figures": {"section": error_figure(e, "")}, "info": {}}
+            if all("error" in f for f in body["figures"].values()):  # it, or each of its rows
                 failed.append(section)
             body["info"]["section_s"] = time.perf_counter() - t0
             results["sections"][section] = body

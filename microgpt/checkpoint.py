@@ -178,6 +178,11 @@ class Checkpoint:
         nothing allocated) and finite, for every reader (a resume's load_state_dict, an
         eigen-solver on NaN), else a CheckpointError; a config that builds no model: build_model's
         error."""
+        layers = len({k.split(".")[1] for k in self.model if k.startswith("blocks.")})
+        if _is(int, claimed := self.model_config.get("n_layer")) and claimed != layers:
+            why = f"n_layer: {layers} in the weights, its config gives {claimed}"  # none built
+            raise CheckpointError(f"{self.path} holds weights of the wrong shape for its model "
+                                  f"({why}); use another checkpoint")  # fmt: skip
         try:
             with torch.device("meta"):
                 expected = GPT(GPTConfig(**self.model_config)).state_dict()

@@ -22,7 +22,7 @@ import sys
 from microgpt.errors import UserError, print_error
 
 USER_ERROR = 2  # bad input, or the OS refused (exit 128 + N: stopped by signal N)
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -64,7 +64,7 @@ def _raise_interrupt(signum, frame):
 
 
 def set_handlers(handler) -> dict:
-    """Set `handler` (one for both, or {signal: handler} as returned) for SIGINT and SIGTERM;
+    """Set `handler` (one for all, or {signal: handler} as returned) for SIGNALS;
     returns the previous ones ({} outside the main thread: signals are not ours to take there)."""
     handlers = handler if isinstance(handler, dict) else dict.fromkeys(SIGNALS, handler)
     with contextlib.suppress(ValueError):

@@ -12,10 +12,13 @@ import stat
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from microgpt.errors import UserError
 
 PROJECT_DATA = Path(__file__).resolve().parents[1] / "data"  # the checkout's (project_data)
 RUN_FILE, CHECKPOINTS = "run.json", "checkpoints"  # a run's claim and checkpoints (microgpt.runs)
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where installed
 STDOUT = "-"  # out=- : standard output, asked for by name (never /dev/stdout, which may be a file)
 
 
@@ -178,3 +181,13 @@ def read_json(path: str | os.PathLike, limit: int = 16 * 2**20):
         return json.loads(read_regular(path, limit))
     except RecursionError:
         raise ValueError(f"{path} is nested too deep to be a JSON file of microgpt's") from None
+
+
+def read_yaml(path: str | os.PathLike, limit: int = 16 * 2**20):
+    """The YAML value of a regular file of at most `limit` bytes (read_regular), plain data only
+    (no tags); one with an alias (*name: what a few hundred bytes can expand into billions of
+    values where the value is walked) is a yaml.YAMLError, like one that is not YAML."""
+    data = read_regular(path, limit)
+    if any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(data, Loader=YAML_LOADER)):
+        raise yaml.YAMLError("it holds a YAML alias (*name), which microgpt never writes")
+    return yaml.load(data, Loader=YAML_LOADER)

@@ -56,7 +56,7 @@ def group_runs(
         config = config_of(run)
         group = by_key.setdefault(experiment_key(config), Group(group_name(name_of(run))))
         group.runs.append(run)
-        group.seeds.append(int(config.get("seed", 0)))
+        group.seeds.append(config.get("seed", 0))  # an int: runs.TYPED
     names: dict[str, int] = {}
     for group in by_key.values():
         names[group.name] = names.get(group.name, 0) + 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import secrets
@@ -30,7 +31,8 @@ CONFIG_FILE, METRICS_FILE, SAMPLES_FILE = "config.yaml", "metrics.jsonl", "sampl
 HYDRA_LOG = "train.log"  # Hydra makes it (empty) in the folder before the run can claim it
 SNAPSHOT = re.compile(r"step-(\d+)\.pt")  # checkpoints/step-NNNNNN.pt: train.save_every's
 METRICS_LIMIT = 256 * 2**20  # bytes: a long run's metrics.jsonl holds far fewer
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where installed
+# the settings of config.yaml that readers use, each an integer of at least (runs.config)
+TYPED = {"seed": None, "model.n_layer": 1, "model.n_head": 1}
 
 
 class RunFolderError(UserError):
@@ -49,14 +51,21 @@ class RunFolder:
         self.samples_file = self.path / SAMPLES_FILE  # the names or passages sampled at its end
 
     def config(self) -> dict:
-        """The settings the run trained with (config.yaml); a RunFolderError says why it cannot
-        be read."""
+        """The settings the run trained with (config.yaml), those readers use typed (TYPED); a
+        RunFolderError says why it cannot be read, naming the file and the setting."""
         try:
-            config = yaml.load(files.read_regular(self.config_file), Loader=YAML_LOADER)
+            config = files.read_yaml(self.config_file)  # no aliases: bounded by content
         except (OSError, yaml.YAMLError) as e:
             raise RunFolderError(f"cannot read {self.config_file}: {reason(e)}") from None
         if not isinstance(config, dict):
             raise RunFolderError(f"{self.config_file} is not a mapping of settings")
+        for key, low in TYPED.items():  # absent: the reader's default
+            value = config
+            for part in key.split("."):
+                value = value.get(part, ...) if isinstance(value, dict) else ...
+            if value is not ... and not (type(value) is int and value >= (low or -math.inf)):
+                least = f"an integer of at least {low}" if low else "an integer"
+                raise RunFolderError(f"{self.config_file}: {key} is {value!r}, not {least}")
         return config
 
     def metrics(self, skipped: list[str] | None = None) -> list[dict]:
@@ -67,7 +76,7 @@ class RunFolder:
         for number, raw in enumerate(lines, 1):
             try:
                 record = json.loads(raw.decode("utf-8"))
-            except ValueError:  # not UTF-8 (UnicodeDecodeError), not JSON
+            except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
                 record = None
             values = record.values() if isinstance(record, dict) else [None]
             numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from microgpt.entry import SIGNALS
 from microgpt.errors import UserError
 
 DEVICES = ("auto", "cpu", "cuda", "mps")  # the choices of every command's `device` setting
@@ -291,17 +292,16 @@ def check_threads(value, name: str = "threads") -> None:
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held while the block runs, delivered when it ends: for library code
-    (OmegaConf) that an exception raised inside it would leave half-updated. Held by handlers
-    that note them, not by a signal mask: a mask holds them in the calling thread only, and the
-    kernel hands a process's signal to any thread (tqdm's monitor), after which Python runs the
-    handler in the main thread anyway, inside the block."""
+    """SIGINT, SIGTERM and SIGHUP (entry.SIGNALS) held while the block runs, delivered when it
+    ends: for library code (OmegaConf) that an exception raised inside it would leave
+    half-updated. Held by handlers that note them, not by a signal mask: a mask holds them in the
+    calling thread only, and the kernel hands a process's signal to any thread (tqdm's monitor),
+    after which Python runs the handler in the main thread anyway, inside the block."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread runs Python's signal handlers
         return
     caught: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in SIGNALS}
     try:
         yield
     finally:

@@ -93,6 +93,10 @@ def test_a_failed_section_is_an_exit_2_after_the_figures_are_written(tmp_path, c
     assert "error" in json.loads(out.read_text())["sections"]["memory"]["figures"]["section"]
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == "microgpt: error: section memory failed (see the table); the rest stand"
+    # a section every row of which failed (issue 52: an unknown --row-override was exit 0)
+    bad = ("--only", "throughput", "--row-override", "nosuch=1", "--out", str(tmp_path / "t"))
+    assert bench("--quick", "--device", "cpu", *bad) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("microgpt: error: section through")
 
 
 def test_a_tiny_run_prints_the_table_and_replaces_the_named_file(tmp_path, capsys):

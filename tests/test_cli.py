@@ -181,19 +181,20 @@ def test_odd_characters_and_home_paths_reach_the_run(world, tmp_path, monkeypatc
     assert changes(before, fingerprint(tmp_path)) == ([], [], [])
 
 
-def test_a_sigterm_stop_says_so_and_exits_143(world, tmp_path, monkeypatch):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])  # SIGHUP: the terminal closed (issue 52)
+def test_a_sigterm_stop_says_so_and_exits_143(world, tmp_path, monkeypatch, sig):
     from microgpt.train import trainer
 
     real = trainer.Trainer.train_step
 
     def train_step(self, *a, **k):
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), getattr(signal, sig))
         return real(self, *a, **k)
 
     monkeypatch.setattr(trainer.Trainer, "train_step", train_step)
     r = harness_run("train.py", *BASE, f"data.path={world / 'names.txt'}", "hydra.run.dir=r",
                     "train.max_steps=6", cwd=tmp_path)  # fmt: skip
-    assert r.code == 143 and "SIGTERM received: stopped at step" in r.stderr, r.text
+    assert r.code == 128 + getattr(signal, sig) and f"{sig} received: stopped" in r.stderr, r.text
     assert r.stderr.strip().splitlines()[-1].startswith("microgpt: resume with: python ")
     assert r.stderr.count("resume=") == 1, r.stderr  # the command once
 

@@ -31,10 +31,6 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint
 from microgpt.config import flatten
@@ -97,25 +93,32 @@ def _scalars(run: RunFolder) -> dict[str, list[tuple[int, float]]]:
 
 
 def read_run(folder: RunFolder, root: Path) -> RunSummary:
-    # config.yaml is the validated Config: model.n_head is the head count, whatever heads= said
-    config = OmegaConf.create(folder.config())  # a RunFolderError: the run is unreadable
-    r = RunSummary(folder.name_under(root), folder.path, config.model.n_head)  # none: an error
-    r.config, r.seed = OmegaConf.to_container(config), config.get("seed")
+    # config.yaml is the validated Config (runs.TYPED: its fields read here typed; a
+    # RunFolderError: the run is unreadable): model.n_head the head count until a checkpoint's
+    config = folder.config()
+    r = RunSummary(folder.name_under(root), folder.path, config["model"]["n_head"])
+    r.config, r.seed = config, config.get("seed")
     scalars, step = _scalars(folder), None
     checkpoint, kept = folder.default_checkpoint(), {}  # best.pt, else last.pt
     if checkpoint is not None:  # a CheckpointError makes the run unreadable (read_sweep)
         ckpt = Checkpoint.load(checkpoint)
         kept = ckpt.metrics  # best.pt's: its exact validation loss and its test loss
-        r.params, step = ckpt.build_model()[0].num_params(), ckpt.step  # as training counts them
+        model, step = ckpt.build_model()[0], ckpt.step
+        r.params, r.heads = model.num_params(), model.config.n_head  # as trained, whatever said
         split = hashlib.sha256(json.dumps(ckpt.split, sort_keys=True).encode()).hexdigest()[:8]
         r.data = f"{ckpt.data.get('path', '?')} #{split}"  # the data: its path and split's hash
     values = {tag: [value for _, value in points] for tag, points in scalars.items()}
-    r.best_val_loss = kept.get("best_val_loss", min(values.get(VAL_LOSS, []), default=math.nan))
-    r.test_loss = kept.get("test_loss", math.nan)
+    best = kept.get("best_val_loss", min(values.get(VAL_LOSS, []), default=math.nan))
+    r.best_val_loss, r.test_loss = _loss(best), _loss(kept.get("test_loss"))
     r.tokens_per_sec = statistics.median(values.get("tokens_per_sec", [math.nan]))
     heads = _heads_summary(checkpoint, folder, scalars, step)
     r.heads_summary, r.heads_step, r.latest_step, r.heads_from = heads
     return r
+
+
+def _loss(value) -> float:
+    """A loss as read: a finite number, else nan (absent: left out of every mean and test)."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.nan
 
 
 def _heads_summary(checkpoint: Path | None, folder: RunFolder, scalars: dict, checkpoint_step):
@@ -140,13 +143,12 @@ def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, st
     others: what a damaged run raises makes it unreadable, not compare)."""
     root = Path(folder)
     found, unreadable = [], []
-    config = (OmegaConfBaseException, yaml.YAMLError)
     for run in runs.find_runs(root):
         try:
             found.append(read_run(run, root))
-        except (ValueError, KeyError, TypeError, AttributeError, OSError, *config) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
             why = first_line(e)  # a UserError (a CheckpointError, ...) is a ValueError
-            why = f"config.yaml: {why}" if isinstance(e, config) else why
+            why = f"config.yaml has no {e}" if isinstance(e, KeyError) else why
             unreadable.append((run.name_under(root), why))
     found.sort(key=lambda r: (r.heads, r.name))
     return found, unreadable
@@ -312,12 +314,18 @@ def _interval_cell(i: dict | None) -> str:
     return f"{i['mean']:.4f}" if i["n"] == 1 else f"{i['mean']:.4f} ± {half:.4f}"
 
 
+def _seeds(g: dict) -> str:
+    """How many seeds the group's means used: "3", or "2 of 3" (a run's loss not finite)."""
+    used = min(i["n"] if (i := g[figure]) else 0 for figure in LOSSES.values())
+    return str(g["n"]) if used == g["n"] else f"{used} of {g['n']}"
+
+
 def format_groups(runs: list[RunSummary]) -> str:
     """A row per group, its legend, the roles across seeds, the verdicts."""
     groups, main = groups_of(runs), summary_measures("main")
     records = [group_record(g) for g in groups]
     rows = [
-        [g["name"], str(g["heads"]), str(g["n"]), _interval_cell(g["best_val_loss"])]
+        [g["name"], str(g["heads"]), _seeds(g), _interval_cell(g["best_val_loss"])]
         + [_interval_cell(g["test_loss"]), _rate(g["tokens_per_sec"])]
         + [_num(g[m.name], ".1f" if m.fmt == ".0f" else m.fmt) for m in main]  # counts: means
         for g in records

@@ -22,7 +22,7 @@ import torch
 from microgpt import entry, runs
 from microgpt.checkpoint import Checkpoint
 from microgpt.data.dataset import Data, data_of_checkpoint
-from microgpt.errors import UserError
+from microgpt.errors import UserError, first_line
 from microgpt.files import check_new_file, write_text
 from microgpt.heads.analyse import analyse
 from microgpt.heads.report import HeadReport
@@ -101,20 +101,29 @@ def _sweep_jobs(folder: Path) -> list[runs.RunFolder]:
 
 def _analyse_each(checkpoints: list[tuple[runs.RunFolder, Path]], device: str, root=None) -> None:
     """Each (run, checkpoint) analysed and written, a line each (`root`: a sweep's folder, the
-    lines name the jobs under it); one whose analysis is newer than it is skipped."""
+    lines name the jobs under it); one whose analysis is newer than it is skipped, one that cannot
+    be analysed (a damaged checkpoint, a read-only run) said and passed, and named at the end."""
+    failed = []
     for run, ckpt_path in checkpoints:
-        done = run.analysis(ckpt_path)
-        name = f"{run.name_under(root)}: " if root is not None else ""
+        done, name = run.analysis(ckpt_path), f"{run.name_under(root)}: " if root else ""
         if done.is_file() and done.stat().st_mtime_ns >= ckpt_path.stat().st_mtime_ns:
             print(f"{name}{ckpt_path.name}: {done.name} is up to date")
             continue
-        report, _, _ = analyse_checkpoint(ckpt_path, device)
+        try:
+            report, _, _ = analyse_checkpoint(ckpt_path, device)
+            _write(report, run, ckpt_path)
+        except (UserError, OSError) as e:  # the others are still analysed
+            failed.append(f"{name}{ckpt_path.name}")
+            print(f"{name}{ckpt_path.name}: not analysed: {first_line(e)}", flush=True)
+            continue
         step, roles = report.extra["step"], Counter(r for row in report.roles for r in row)
         heads = ", ".join(f"{n} {role}" for role, n in roles.most_common())
-        _write(report, run, ckpt_path)
         print(
             f"{name}{ckpt_path.name}: step {step}, loss {report.loss:.4f}, {heads} -> {done.name}"
         )
+    if failed:
+        raise UserError(f"{len(failed)} of {len(checkpoints)} checkpoints not analysed (said "
+                        f"above, the others written): {'; '.join(failed)}")  # fmt: skip
 
 
 def _write(report: HeadReport, run: runs.RunFolder, ckpt_path: Path) -> tuple[Path, Path]:

@@ -17,7 +17,7 @@ class TrainingError(UserError):
 
 
 class Interrupted(TrainingError):
-    """Stopped by SIGINT/SIGTERM after writing last.pt (`checkpoint`), from which it can resume."""
+    """Stopped by a signal (entry.SIGNALS) after writing last.pt (`checkpoint`): resumable."""
 
     def __init__(self, signal_name: str, step: int, max_steps: int, checkpoint: Path):
         super().__init__(
@@ -43,9 +43,9 @@ def diverged(step: int, loss: float, grad_norm: float, setting: str, last: Path,
 
 
 class StopFlag:
-    """The first SIGINT/SIGTERM asks the loop to stop after this step; a second one, or one after
-    the last step (`at_once`: the final evaluation and analysis), stops now: KeyboardInterrupt
-    carrying the signal's name."""
+    """The first SIGINT, SIGTERM or SIGHUP asks the loop to stop after this step; a second one,
+    or one after the last step (`at_once`: the final evaluation and analysis), stops now:
+    KeyboardInterrupt carrying the signal's name."""
 
     def __init__(self):
         self.requested, self.signal_name, self.at_once = False, "", False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import yaml
 
 from microgpt.checkpoint import Checkpoint
 from microgpt.commands import compare
-from microgpt.commands.compare import RunSummary, main, read_sweep, table, to_json
+from microgpt.commands.compare import RunSummary, format_groups, main, read_sweep, table, to_json
 from microgpt.commands.heads import main as heads_main
 from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
@@ -190,11 +191,12 @@ def seeded(sweep, tmp_path_factory) -> Path:
         run = root / f"heads={heads},seed={seed}"
         shutil.copytree(sweep[0] / "heads=2", run)
         config = yaml.safe_load((run / "config.yaml").read_text())
-        config["seed"], config["heads"], config["model"]["n_head"] = seed, heads, heads
+        config["seed"], config["heads"] = seed, heads  # its model.n_head stays 2: compare's
         (run / "config.yaml").write_text(yaml.safe_dump(config))
         best = run / "checkpoints" / "best.pt"
         ckpt = Checkpoint.load(best)
         ckpt.metrics |= {"test_loss": loss, "best_val_loss": loss + 0.01}
+        ckpt.model_config["n_head"] = heads  # head count is the checkpoint's (issue 52)
         ckpt.save(best)
         roles = {"heads/role/self": 1.0, "heads/role/previous": float(heads > 1 or seed < 3)}
         summaries = {**roles, "heads/prunable": float(seed - 1) if heads == 1 else 0.0}
@@ -279,3 +281,18 @@ def test_roles_across_seeds_count_the_seeds_with_an_analysis_only():
     assert compare.records(runs)["groups"][0]["roles"] == of_2
     line = "  heads=2: self 2 of 2 analysed, previous 1 of 2 analysed"
     assert line in compare.format_groups(runs).splitlines()
+
+
+def test_a_loss_that_is_not_finite_is_left_out_and_the_seeds_column_says_so(seeded, tmp_path):
+    """issue 52: an infinite test loss crashed the verdicts; a NaN one was counted as a seed."""
+    shutil.copytree(seeded, tmp_path / "sweep")
+    for seed, loss in ((1, math.inf), (2, math.nan)):
+        best = tmp_path / "sweep" / f"heads=1,seed={seed}" / "checkpoints" / "best.pt"
+        ckpt = Checkpoint.load(best)
+        ckpt.metrics |= {"test_loss": loss}
+        ckpt.save(best)
+    runs = read_sweep(tmp_path / "sweep")[0]
+    out = format_groups(runs)
+    assert next(line for line in out.splitlines() if line.startswith("heads=1 ")).split()[:5] == [
+        "heads=1", "1", "1", "of", "3"]  # fmt: skip
+    assert "heads=2 - heads=1  test" in out  # one seed left: cannot tell, no traceback

@@ -92,6 +92,9 @@ def _damaged(root: Path) -> None:
     dataclasses.replace(good, model=nan).save(bad / "nan.pt")
     short = {**last.model, key: last.model[key][:-1]}
     dataclasses.replace(last, model=short).save(bad / "wrong-shape.pt")
+    # issue 52: a config claiming 100,000 layers (a model of them took minutes to build)
+    deep = {**last.model_config, "n_layer": 100_000}
+    dataclasses.replace(last, model_config=deep).save(bad / "deep.pt")
 
 
 @pytest.fixture(scope="session")

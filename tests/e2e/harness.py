@@ -62,10 +62,10 @@ class Result:
 
 @contextlib.contextmanager
 def _restored_process_state(cwd: Path, argv: list[str]):
-    from microgpt import runs
+    from microgpt import entry, runs
 
     old_cwd = os.getcwd()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {s: signal.getsignal(s) for s in entry.SIGNALS}
     os.chdir(cwd)
     try:
         with mock.patch.object(sys, "argv", argv), environ(HYDRA_FULL_ERROR="0"):
@@ -284,6 +284,11 @@ def signal_at(target: str, signame: str, replacement=None):
 
 def environ(**values):
     return mock.patch.dict(os.environ, values)
+
+
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefghi", "bcdefghij")
+)  # a "billion laughs": 420 bytes of YAML that expand to 9**10 values where they are walked
 
 
 class EvilPickle:

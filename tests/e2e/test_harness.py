@@ -30,6 +30,7 @@ import pytest
 from tests.conftest import REPO
 from tests.e2e.conftest import BEST, LAST, TEXT, T, play
 from tests.e2e.harness import (
+    LAUGHS,
     Case,
     Result,
     changes,
@@ -242,6 +243,8 @@ DAMAGED = {
     "nan": r"bad/nan\.pt holds weights that are not finite \(wte\.weight holds NaN",
     "wrong-shape": r"bad/wrong-shape\.pt holds weights of the wrong shape for its model "
     r"\(wte\.weight: 23x16, its config gives 24x16\)",
+    "deep": r"bad/deep\.pt holds weights of the wrong shape for its model \(n_layer: 1 in the "
+    r"weights, its config gives 100000\)",
     "folder": r"is a folder|holds no checkpoints",
     "missing": r"does not exist",
 }
@@ -544,12 +547,29 @@ ISSUE_43 = [
         message=r"(?s)\bb\b +2 +.*note: runs/b/metrics\.jsonl line \d+: not a .*record",
         setup=lambda root, line=line: appended(root, "runs/b/metrics.jsonl", line))
       for k, line in (("int-line", b"7\n"), ("no-step", b'{"Loss/val": 1.0}\n'),
-                      ("bad-utf8", b"\xff\xfe{}\n"))],
+                      ("bad-utf8", b"\xff\xfe{}\n"), ("too-deep", b"[" * 100_000 + b"\n"))],
     # an analysis nested 100,000 deep: compare falls back to the logged summaries
     C("compare-analysis-too-deep", "compare", ["runs/b"], r"\bb\b +2 +", code=0,
       added=("runs/b/heads-best.json",), stdout=True,
       setup=lambda root: instead(root, "runs/b/heads-best.json",
                                  lambda p, k: p.write_text("[" * 100_000 + "]" * 100_000))),
+    # issue 52: content that is small but hostile: one line naming the file and the setting
+    *[C(f"compare-config-{k}", "compare", ["runs"], rf"unreadable: b \(.*runs/b/config\.yaml: {m}",
+        code=0, changed=("runs/b/config.yaml",),
+        setup=lambda root, edit=edit: instead(root, "runs/b/config.yaml",
+                                              lambda p, kept: p.write_text(edit(kept.read_text()))))
+      for k, edit, m in (
+          ("aliases", lambda text: LAUGHS, r"it holds a YAML alias"),
+          ("seed-text", lambda text: text.replace("seed: 7", "seed: abc"),
+           r"seed is 'abc', not an integer"),
+          ("seed-null", lambda text: text.replace("seed: 7", "seed: null"), r"seed is None"),
+          ("seed-list", lambda text: text.replace("seed: 7", "seed: [1, 2]"), r"seed is \[1, 2\]"),
+          ("heads-text", lambda text: re.sub(r"n_head: \d+", "n_head: one", text),
+           r"model\.n_head is 'one', not an integer of at least 1"))],
+    # a sweep's damaged job is said and passed, the others analysed, and all named at the end
+    C("heads-sweep-damaged-job", "heads", ["broken-sweep"],
+      r"1 of 6 checkpoints not analysed \(said above, the others written\): bad-ckpt: best\.pt$",
+      added=("broken-sweep/*/heads-best.*",)),
     # out_dir= alone: Hydra's folder (train.log) is out_dir's, no stray outputs/<date>/<time>
     C("out-dir-alone", "train.py", [*T, "train.max_steps=2", "out_dir=runs/od"], code=0,
       added=("runs/od*",)),
@@ -591,6 +611,9 @@ FAST = {
     "heads-json-link-to-config", "resume-metrics-fifo", "compare-metrics-fifo",
     "compare-metrics-int-line", "compare-analysis-too-deep", "heads-nan", "resume-wrong-shape",
     "out-dir-alone",
+    # issue 52: content small but hostile
+    "heads-deep", "compare-config-aliases", "compare-config-seed-text", "compare-metrics-too-deep",
+    "heads-sweep-damaged-job",
 }  # fmt: skip
 
 

@@ -109,4 +109,8 @@ def _answer(request, body):
 
 
 def _json(request, body: dict, code: int = 200):
-    return http_util.Respond(request, json.dumps(body), "application/json", code=code)
+    try:
+        text = json.dumps(body, allow_nan=False)
+    except ValueError:  # NaN or Infinity (a diverged run's loss) are not JSON: null
+        text = json.dumps(json.loads(json.dumps(body), parse_constant=lambda constant: None))
+    return http_util.Respond(request, text, "application/json", code=code)
