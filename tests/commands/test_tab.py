@@ -4,6 +4,7 @@ test_tab_page.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -94,8 +95,13 @@ def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
         assert label["zero_importance"] == report["heads"][head]["zero_importance"]
     assert [m["name"] for m in two["measures"]] == ["score", "zero_importance"]  # captioned
     assert two["analysis"] == "heads-best.json"
-    for row, weights in enumerate(two["layers"][0][1]):  # causal rows that sum to 1
-        assert all(w == 0 for w in weights[row + 1 :]) and abs(sum(weights) - 1) < 0.01
+    shades = base64.b64decode(two["layers"][0][1])  # query q's keys 0..q, a byte each
+    assert len(shades) == 5 * 6 // 2
+    model, tokenizer, _ = model_of(lab)
+    ids = torch.tensor([[0, *tokenizer.encode("kalo")]])
+    weights = model.eval().forward_with_attention(ids)[2][0][0, 1]  # (T, T): layer 0, head 1
+    q, k = torch.tril_indices(5, 5)
+    assert [s / 255 for s in shades] == pytest.approx(weights[q, k].tolist(), abs=0.5 / 255)
     status, late = attention(client, run="heads=2", checkpoint="step-000012.pt", input="kalo")
     assert status == 200 and late["step"] == 12 and late["heads"] == [[None, None]]
     status, early = attention(client, run="heads=2", checkpoint="step-000006.pt", input="kalo")
