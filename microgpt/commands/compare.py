@@ -12,10 +12,10 @@ difference of their losses with its 95% CI and p, paired by seed where both grou
 seeds (else Welch's t-test), significant or within noise after Holm's correction over the
 comparisons. One seed per group cannot tell a difference from noise, and says so.
 
-Under 100 columns with a legend; --runs adds a row per run (`analysis` says where its head
-columns come from, `*` where they are of an older step); --wide: the runs with every column (each
-layer's entropy and importance, the roles); --csv and --json: everything, for scripts. It writes
-nothing (TensorBoard draws the curves).
+Under 100 columns with a legend, and a note where a run's head columns are of an older step than
+its checkpoint; --runs adds a row per run; --wide: the runs with every column (each layer's
+entropy and importance, the roles); --csv and --json: everything, for scripts. It writes nothing
+(TensorBoard draws the curves).
 """
 
 from __future__ import annotations
@@ -48,9 +48,6 @@ ALPHA = 0.05  # a difference is significant when its Holm-corrected p is below
 SWEEP_SEEDS = "python train.py -m heads=1,2,4,8 seed=1,2,3"
 LEGEND = "best val: lowest validation loss; test: best.pt's test loss (nats per character); tok/s: "
 LEGEND += "median training speed"
-RUN_LEGEND = """\
-analysis: where the head columns come from: "best.pt 3500": python -m microgpt.heads on best.pt
-  (step 3500); "log 3500": the analysis the run logged at step 3500 (on log.head_items items)"""
 GROUP_LEGEND = f"""\
 group: runs that differ only by seed; seeds: how many; each figure the mean over its seeds, best
   val and test ± half their interval: the {T_CI} of the mean (3+ seeds), {MIN_MAX} (2 seeds)"""
@@ -69,7 +66,6 @@ class RunSummary:
     data: str = "?"  # the data it was trained on: path and a hash of its split's items
     heads_step: int | None = None  # the step the head columns were measured at
     latest_step: int | None = None  # the step they should be of (the checkpoint's, else last)
-    heads_from: str = "log"  # "best.pt" (python -m microgpt.heads on it), or "log" (training's)
     seed: int | None = None
     config: dict = field(default_factory=dict, repr=False)  # config.yaml: what groups the runs
 
@@ -112,7 +108,7 @@ def read_run(folder: RunFolder, root: Path) -> RunSummary:
     r.best_val_loss, r.test_loss = _loss(best), _loss(kept.get("test_loss"))
     r.tokens_per_sec = statistics.median(values.get("tokens_per_sec", [math.nan]))
     heads = _heads_summary(checkpoint, folder, scalars, step)
-    r.heads_summary, r.heads_step, r.latest_step, r.heads_from = heads
+    r.heads_summary, r.heads_step, r.latest_step = heads
     return r
 
 
@@ -122,20 +118,20 @@ def _loss(value) -> float:
 
 
 def _heads_summary(checkpoint: Path | None, folder: RunFolder, scalars: dict, checkpoint_step):
-    """(summaries, the step they are of, the step they should be of, where they come from): the
-    analysis of the row's checkpoint (best.pt, else last.pt), else each logged summary's last
-    value (of the last step)."""
+    """(summaries, the step they are of, the step they should be of): the analysis of the row's
+    checkpoint (best.pt, else last.pt), else each logged summary's last value (of the last
+    step)."""
     if checkpoint is not None:
         # the JSON python -m microgpt.heads wrote (HeadReport.to_dict, with the checkpoint's step)
         try:
             data = folder.read_analysis(checkpoint)[0]  # bounded in size and depth
-            return dict(data["summaries"]), data.get("step"), checkpoint_step, checkpoint.name
+            return dict(data["summaries"]), data.get("step"), checkpoint_step
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # none, or unreadable: the logged scalars below
     logged = {t: max(points) for t, points in scalars.items() if t.startswith("heads/") and points}
     step = max((s for s, _ in logged.values()), default=None)
     last = max((s for points in scalars.values() for s, _ in points), default=None)
-    return {tag: value for tag, (_, value) in logged.items()}, step, last, "log"
+    return {tag: value for tag, (_, value) in logged.items()}, step, last
 
 
 def read_sweep(folder: str | Path) -> tuple[list[RunSummary], list[tuple[str, str]]]:
@@ -192,11 +188,8 @@ def table(runs: list[RunSummary]) -> tuple[list[str], list[list[str]]]:
         params = "-" if r.params is None else f"{r.params:,}"
         cells = (_num(r.best_val_loss), _num(r.test_loss), _rate(r.tokens_per_sec))
         row = [r.name, str(r.heads), params, *cells]
-        row += [_num(r.summary(name), fmt) for _, name, fmt in columns]
-        stale = "*" if _stale(r) else ""
-        row.append("-" if r.heads_step is None else f"{r.heads_from} {r.heads_step}{stale}")
-        rows.append(row)
-    return [*RUN_COLUMNS, *(c[0] for c in columns), "analysis"], rows
+        rows.append(row + [_num(r.summary(name), fmt) for _, name, fmt in columns])
+    return [*RUN_COLUMNS, *(c[0] for c in columns)], rows
 
 
 def _aligned(columns: list[list[str]], left: int = 1) -> list[str]:
@@ -208,10 +201,10 @@ def _aligned(columns: list[list[str]], left: int = 1) -> list[str]:
 
 
 def format_table(runs: list[RunSummary], wide: bool = False) -> str:
-    """One row per run, columns aligned (the main measures', or every one), the legend of
-    `analysis` and of the wide columns."""
+    """One row per run, columns aligned (the main measures', or every one), the legend of the wide
+    columns."""
     header, rows = table(runs)
-    narrow = {*RUN_COLUMNS, *(m.column for m in summary_measures("main")), "analysis"}
+    narrow = {*RUN_COLUMNS, *(m.column for m in summary_measures("main"))}
     keep = [i for i, name in enumerate(header) if wide or name in narrow]
     # a layer's columns after the first: "L1", "L2", ... under "entropy L0"
     shown = [
@@ -219,7 +212,7 @@ def format_table(runs: list[RunSummary], wide: bool = False) -> str:
     ]
     lines = _aligned([[shown[i], *(row[i] for row in rows)] for i in keep])
     wide_legend = _legend([m for m in summary_measures("column") if not m.main]) if wide else []
-    return "\n".join(lines + [RUN_LEGEND, *wide_legend])
+    return "\n".join(lines + wide_legend)
 
 
 def groups_of(runs: list[RunSummary]) -> list[Group[RunSummary]]:
@@ -412,7 +405,7 @@ def records(runs: list[RunSummary]) -> dict[str, list[dict]]:
     groups = groups_of(runs)
     group_of = {id(r): g.name for g in groups for r in g.runs}
     keys = ("name", "heads", "seed", "params", "best_val_loss", "test_loss", "tokens_per_sec")
-    keys += ("heads_summary", "heads_from", "heads_step", "latest_step", "data")
+    keys += ("heads_summary", "heads_step", "latest_step", "data")
     out = {"runs": [{k: getattr(r, k) for k in keys} | {"group": group_of[id(r)]} for r in runs]}
     out["groups"] = [group_record(g) for g in groups]
     out["comparisons"] = [_comparison_record(c) for c in compare_groups(groups)]

@@ -79,10 +79,9 @@ def _main(argv: list[str] | None) -> None:
         return _analyse_each([(job, job.default_checkpoint()) for job in jobs], device, root)
     if not args.all_checkpoints:
         report, run, ckpt_path = analyse_checkpoint(args.run, device)
-        print(report.markdown(circuits=False))  # the layer-0 letter tables: in the .md only
+        print(report.markdown())
         written = _write(report, run, ckpt_path)
-        tables = " (the .md adds layer 0's QK/OV tables)" if report.qk is not None else ""
-        return print(f"wrote {' and '.join(map(str, written))}{tables} ({report.seconds:.1f} s)")
+        return print(f"wrote {' and '.join(map(str, written))} ({report.seconds:.1f} s)")
     run = runs.resolve(args.run)[0]
     _analyse_each([(run, ckpt_path) for ckpt_path in run.checkpoint_files()], device)
 

@@ -4,9 +4,8 @@
     print(report.markdown())                   # one row per head
 
 On validation rows x, y (N, T) (y = -1 at padding), batched by length: one pass with the
-attention for the patterns (microgpt.heads.roles) and the heads' mean outputs, the ablations,
-gradient and pruning (microgpt.heads.circuits), the induction test on repeated spans, the
-layer-0 circuits.
+attention for the patterns (microgpt.heads.roles) and the heads' mean outputs, the ablations and
+pruning (microgpt.heads.circuits), the induction test on repeated spans, layer 0's copying scores.
 `spread`: the attention's entropy over log(i + 1), 0 one key, 1 uniform; `entropy` in nats.
 """
 
@@ -22,9 +21,8 @@ from microgpt.data.repeats import repeated_passages, repeated_spans, span_for
 from microgpt.errors import UserError
 from microgpt.heads import circuits, roles
 from microgpt.heads.circuits import ablated_losses, single_heads, token_losses
-from microgpt.heads.report import CORRELATIONS, PRUNE_TOLERANCE, HeadReport, InductionTest
+from microgpt.heads.report import PRUNE_TOLERANCE, HeadReport, InductionTest
 from microgpt.system import eval_mode
-from microgpt.tokenizer import BOUNDARY_LABEL
 
 BATCH_SIZE = 256  # rows per forward pass
 INDUCTION_ROWS = 200  # rows of repeated spans in the induction test
@@ -119,11 +117,11 @@ def analyse(
     boundary: bool = True,
 ) -> HeadReport:
     """The HeadReport of `model` on rows x, y (N, T). tokenizer: for the key classes of characters
-    (else only `boundary` and `rare`) and the circuits' labels; counts (V,): each token's training
+    (else only `boundary` and `rare`); counts (V,): each token's training
     frequency, for `rare` (default: in these rows); induction: run the induction test; boundary:
     whether rows start with the boundary token (the data format's; False: text windows); light: on
-    1/LIGHT_SHARE of the rows and of the test's, no layer-0 tables (a run's analyses while it
-    trains). The model's mode is kept."""
+    1/LIGHT_SHARE of the rows and of the test's (a run's analyses while it trains). The model's
+    mode is kept."""
     if x.shape[0] == 0:
         raise UserError("no rows to analyse")
     share = LIGHT_SHARE if light else 1
@@ -142,15 +140,12 @@ def analyse(
         # text windows (no boundary token at their start): the test repeats passages of them
         text = x[y >= 0] if not boundary else None
         found = induction_test(model, text, share) if induction else None
-        qk, ov, copying = circuits.layer0_circuits(model)
+        copying = circuits.copying(model)
         # importance: the loss rise by zero, mean and per-position mean ablation of each head
         ablations = [(drop, value) for value in (None, means, at) for drop in single_heads(model)]
         losses = ablated_losses(model, batches, ablations)
         zero, mean, position = (losses[1:] - losses[0]).view(3, L, H)
         order, curve, prunable = circuits.pruning(model, batches, zero, tolerance)
-    with eval_mode(model):
-        gradient = circuits.gradient_importance(model, batches)
-    by = {"gradient": gradient, "zero": zero, "mean": mean, "position_mean": position}
     return HeadReport(
         n_layer=L,
         n_head=H,
@@ -160,21 +155,12 @@ def analyse(
         zero_importance=zero,
         mean_importance=mean,
         position_importance=position,
-        gradient=gradient,
         pruning_order=order,
         pruning_losses=curve,
         prunable=prunable,
-        # e.g. "gradient_vs_zero": the rank correlation of the gradient and zero ablation
-        correlations={
-            pair: circuits.rank_correlation(*(by[m] for m in pair.split("_vs_")))
-            for pair in CORRELATIONS
-        },
         **roles.patterns_of(sums),
         induction=found,
-        qk=None if light else qk,  # large images: left to the whole analysis
-        ov=None if light else ov,
         copying=copying,
-        labels=[BOUNDARY_LABEL] + list(chars if chars is not None else map(str, range(1, V))),
         tolerance=tolerance,
         seconds=time.perf_counter() - t0,
     )

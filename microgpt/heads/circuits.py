@@ -1,19 +1,17 @@
-"""Whether a head matters (importance) and what it reads and writes (its layer-0 circuits).
+"""Whether a head matters (importance) and whether a layer-0 head copies what it reads.
 
 Functions on a GPT and batches of rows (x, y); losses are mean nats per real target (y >= 0). Every
 intervention is a forward hook on the one hook point before W_O, `attn.hook_z`. A head's
 importance is the loss rise when it alone is zeroed, or replaced by its mean output (over every
-real position, or at each position: fair to a positional head); its gradient importance (Michel
-et al. 2019) the mean over rows of |d loss(row) / d mask_h|, a sensitivity. Layer 0's circuits
-through the embeddings (Elhage et al. 2021), e_a = norm1(wte[a]): QK[a, b] = (e_a W_Q) . (e_b W_K)
-/ sqrt(hd); OV[b, c] = lm_head(W_O (e_b W_V))[c], the rise of c's logit when attending to b;
-copying = sum(l) / sum(|l|) over OV's eigenvalues, 1 raising the token read, -1 lowering it.
+real position, or at each position: fair to a positional head). Layer 0's OV circuit through the
+embeddings (Elhage et al. 2021), e_a = norm1(wte[a]): OV[b, c] = lm_head(W_O (e_b W_V))[c], the
+rise of c's logit when attending to b; copying = sum(l) / sum(|l|) over OV's eigenvalues, 1
+raising the token read, -1 lowering it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 
 import torch
@@ -48,14 +46,6 @@ def hooked_heads(model, hook) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
-
-
-def scaled_heads(model, head_mask: Tensor):
-    """While open, head h of layer l in row b outputs head_mask[b, l, h] times its output (a mask
-    that requires grad gives d loss / d mask)."""
-    # (B, L, H) -> (L, B, 1, H, 1): layer l's (B, 1, H, 1) broadcasts over z (B, T, H, hd)
-    scale = head_mask.transpose(0, 1)[:, :, None, :, None]
-    return hooked_heads(model, lambda layer, z: z * scale[layer].to(z.dtype))
 
 
 def replaced_heads(model, drop: Tensor, value: Tensor | None = None):
@@ -144,25 +134,6 @@ def ablated_losses(model, batches, ablations: list[tuple[Tensor, Tensor | None]]
     return totals / max(count, 1)
 
 
-def gradient_importance(model, batches) -> Tensor:
-    """(L, H) the mean over rows with a real target of |d loss(row) / d head_mask| at all ones;
-    the parameters' .grad are left untouched. Call outside torch.inference_mode."""
-    L, H = model.config.n_layer, model.config.n_head
-    total, rows = torch.zeros(L, H, dtype=torch.float64), 0
-    with torch.enable_grad():
-        for x, y in batches:
-            mask = torch.ones(x.shape[0], L, H, device=x.device, requires_grad=True)
-            with scaled_heads(model, mask):
-                logits, _ = model(x)
-            real = (y >= 0).sum(dim=1)  # (B,)
-            # row i's loss depends on mask[i] alone: the sum's gradient is every row's own
-            row_loss = token_losses(logits, y).sum(dim=1) / real.clamp(min=1)
-            grad = torch.autograd.grad(row_loss.sum(), mask)[0]  # (B, L, H)
-            total += grad[real > 0].abs().sum(dim=0).double().cpu()
-            rows += int((real > 0).sum())
-    return total / max(rows, 1)
-
-
 def pruning(model, batches, importance: Tensor, tolerance: float):
     """Heads removed one at a time, least important first: (order, the losses with the first k
     removed, k = 0..L*H, prunable = how many go before the loss has risen by `tolerance`)."""
@@ -176,23 +147,7 @@ def pruning(model, batches, importance: Tensor, tolerance: float):
     return [(k // H, k % H) for k in order], losses, prunable
 
 
-def rank_correlation(a: Tensor, b: Tensor) -> float:
-    """Spearman's rank correlation of two equal-size tensors (ties: their mean rank); nan when
-    either is constant or has fewer than 2 values (the ranks' norm is then 0)."""
-    a, b = a.flatten().double(), b.flatten().double()
-
-    def ranks(v: Tensor) -> Tensor:
-        _, inverse, counts = torch.unique(v, return_inverse=True, return_counts=True)
-        first = counts.cumsum(0) - counts  # each distinct value's first rank, in sorted order
-        r = (first + (counts - 1) / 2).double()[inverse]  # ties: their mean rank
-        return r - r.mean()
-
-    ra, rb = ranks(a), ranks(b)
-    denom = float(ra.norm() * rb.norm())
-    return float((ra * rb).sum()) / denom if denom > 0 else math.nan
-
-
-# ----------------------------------------------------------------------------- circuits
+# ----------------------------------------------------------------------------- copying
 
 
 def copying_score(matrix: Tensor) -> Tensor:
@@ -204,18 +159,17 @@ def copying_score(matrix: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def layer0_circuits(model) -> tuple[Tensor, Tensor, Tensor]:
-    """The layer-0 heads' QK (H, V, V) [query, key token] and OV (H, V, V) [key, output token]
-    tables and their copying scores (H,), float64 on the CPU: see the module's docstring."""
+def copying(model) -> Tensor:
+    """(H,) float64 on the CPU: each layer-0 head's copying score, of its OV table (V, V) [key
+    token, output token]: see the module's docstring."""
     H, hd, block = model.config.n_head, model.config.head_dim, model.blocks[0]
     e = block.norm1(model.wte.weight)  # (V, C): the attention's input for each token
-    q, k, v = block.attn.qkv(e).split(model.config.n_embd, dim=1)  # 3 x (V, C)
+    v = block.attn.qkv(e).split(model.config.n_embd, dim=1)[2]  # (V, C)
     wo = block.attn.proj.weight  # (C, C): column block h is head h's W_O
-    qk, ov = [], []
+    scores = []
     for h in range(H):
         mine = slice(h * hd, (h + 1) * hd)  # the head's channels
-        qk.append(q[:, mine] @ k[:, mine].T / math.sqrt(hd))  # (V, hd) @ (hd, V) -> (V, V)
         # what attending to each token writes, then its logits: (V, hd) @ (hd, C) @ (C, V)
-        ov.append(v[:, mine] @ wo[:, mine].T @ model.lm_head.weight.T)  # [key, output token]
-    qk, ov = torch.stack(qk).double().cpu(), torch.stack(ov).double().cpu()
-    return qk, ov, torch.stack([copying_score(t) for t in ov])
+        ov = v[:, mine] @ wo[:, mine].T @ model.lm_head.weight.T  # (V, V)
+        scores.append(copying_score(ov.cpu()))
+    return torch.stack(scores)

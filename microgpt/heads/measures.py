@@ -87,8 +87,6 @@ MEASURES = [  # a test may append one
             "rise, nats)")),
     Measure("position_mean_importance", lambda r: r.position_importance, "the loss rise with its "
             "output replaced by its mean at each position", per_head=True),
-    Measure("gradient_importance", lambda r: r.gradient, "mean over rows of |d loss(row) / d "
-            "head_mask|, Michel et al. 2019", per_head=True),
     Measure("induction", lambda r: r.induction and r.induction.prefix, "prefix matching: mean "
             "attention of repeats on the key after the earlier occurrence", per_head=True,
             charts=("prefix matching of each head",)),
@@ -142,6 +140,4 @@ MEASURES = [  # a test may append one
             charts=(ENTROPIES,)),
     Measure("layer{}/entropy_max", _layers("entropy", "max"), "each layer's largest entropy",
             charts=(ENTROPIES,)),
-    Measure("gradient_vs_zero", lambda r: r.correlations["gradient_vs_zero"], "Spearman rank "
-            "correlation of gradient and zero-ablation importance"),
 ]  # fmt: skip

@@ -1,6 +1,6 @@
 """What the head analysis found, as one object: per-head tensors, roles, the patterns behind them,
-importance four ways, the induction test, layer-0 circuits, the pruning curve, the summaries that
-read the same whatever the head count, JSON and markdown."""
+importance three ways, the induction test, layer 0's copying scores, the pruning curve, the
+summaries that read the same whatever the head count, JSON and markdown."""
 
 from __future__ import annotations
 
@@ -12,18 +12,15 @@ from torch import Tensor
 
 from microgpt.heads import measures
 from microgpt.heads.measures import PRUNE_TOLERANCE
-from microgpt.tokenizer import char_label
 
 POSITIONAL = ("self", "previous", "two_back", "three_back", "start")
 CLASSES = ("boundary", "vowel", "consonant", "capital", "space", "newline", "punctuation", "rare")
-CORRELATIONS = ("gradient_vs_zero", "gradient_vs_mean", "zero_vs_mean", "zero_vs_position_mean")
 RELATIONS = ("duplicate", "induction", "line_start", "word_start")
 ROLES = (*POSITIONAL, *CLASSES, *RELATIONS, "mixed")  # the patterns, in order of precedence
 MIN_MASS = 0.5  # a pattern names a head when it holds at least this share of its attention...
 MIN_LIFT = 1.5  # ...and at least this many times what uniform attention would put there
 RARE_FRACTION = 0.2  # the `rare` class: the least frequent fifth of the characters
 THRESHOLDS = {"min_mass": MIN_MASS, "min_lift": MIN_LIFT, "rare_fraction": RARE_FRACTION}
-CIRCUITS = "the first LayerNorm of the token embeddings, without position embeddings"
 
 
 @dataclass
@@ -76,7 +73,6 @@ class HeadReport:
     zero_importance: Tensor  # zero ablation (its output times 0): loss rise
     mean_importance: Tensor  # mean ablation (one mean per head): loss rise
     position_importance: Tensor  # mean ablation with one mean per position: loss rise
-    gradient: Tensor  # mean over rows of |d loss(row) / d head_mask| (Michel et al. 2019)
     entropy: Tensor  # nats, mean over real queries
     spread: Tensor  # entropy / log(keys seen), in [0, 1]
     offsets: Tensor  # (L, H, K): mean weight on offset 0, 1, ..., K-1
@@ -89,13 +85,7 @@ class HeadReport:
     pruning_losses: list[float]  # loss with the first k heads removed, k = 0..L*H
     prunable: int  # heads that can go with a loss rise < tolerance
     induction: InductionTest | None = None  # None where the block is too short for a span of 2
-    qk: Tensor | None = None  # (H, V, V) layer 0: [query token, key token] scores
-    ov: Tensor | None = None  # (H, V, V) layer 0: [key token, output token] logit rises
     copying: Tensor | None = None  # (H,) layer 0: OV eigenvalues' sum(l) / sum(|l|), -1 to 1
-    labels: list[str] = field(default_factory=list)  # the V tokens, for the circuit tables
-    # Spearman rank correlations of the importance measures over the heads: gradient_vs_zero,
-    # gradient_vs_mean, zero_vs_mean, zero_vs_position_mean (nan where one is constant)
-    correlations: dict[str, float] = field(default_factory=dict)
     tolerance: float = PRUNE_TOLERANCE
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
@@ -112,12 +102,11 @@ class HeadReport:
     def to_dict(self) -> dict:
         """Plain lists and numbers (JSON): the fields, the per-head rows and the summaries."""
         L, values = self.n_layer, measures.per_head(self)
-        out = {
+        return {
             **{k: getattr(self, k) for k in ("n_layer", "n_head", "items", "tokens", "loss")},
             "roles": list(ROLES),
             "thresholds": THRESHOLDS,
             "heads": [self._row(a, b, values) for a in range(L) for b in range(self.n_head)],
-            "correlations": {k: _number(v) for k, v in self.correlations.items()},
             # "probe": the key heads-*.json files on disk already use
             "probe": self.induction.to_dict() if self.induction is not None else None,
             "pruning": {
@@ -127,16 +116,10 @@ class HeadReport:
                 "prunable": self.prunable,
             },
             "summaries": {k: _number(v) for k, v in self.summaries().items()},
-            "measures": {m.name: m.help for m in measures.MEASURES} | {"layer0_circuits": CIRCUITS},
+            "measures": {m.name: m.help for m in measures.MEASURES},
             "seconds": self.seconds,
             **self.extra,
         }
-        if self.qk is not None:
-            tables = {"tokens": list(self.labels), "qk": self.qk.tolist(), "ov": self.ov.tolist()}
-            for name in ("qk", "ov"):  # [head][row][column], to 4 decimals
-                tables[name] = [[[round(v, 4) for v in r] for r in t] for t in tables[name]]
-            out["layer0_circuits"] = tables
-        return out
 
     def _row(self, layer: int, h: int, values: list) -> dict:
         """The head's row in heads-*.json: every per-head measure it has (not nan)."""
@@ -148,16 +131,12 @@ class HeadReport:
         row["offsets"] = self.offsets[at].tolist()
         return row | {m.name: float(v[at]) for m, v in values if not math.isnan(v[at])}
 
-    def markdown(self, circuits: bool = True) -> str:
-        """A row per head, lines on importance, induction and pruning, then (`circuits`) any
-        layer-0 circuits: the letter table a file keeps and a terminal leaves out."""
+    def markdown(self) -> str:
+        """A row per head, then lines on importance, induction and pruning."""
         header = ["layer", "head", "role", "score", "lift", "entropy (nats)", "zero-ablated"]
-        header += ["mean-ablated (per position)", "gradient", "prefix match", "copying"]
+        header += ["mean-ablated (per position)", "prefix match", "copying"]
         rows = [self._head_cells(a, b) for a in range(self.n_layer) for b in range(self.n_head)]
-        lines = _table(header, "rrl" + "r" * 8, rows) + self._notes()
-        if self.qk is not None and circuits:
-            lines.append("\n" + self.circuits_markdown())
-        return "\n".join(lines)
+        return "\n".join(_table(header, "rrl" + "r" * 7, rows) + self._notes())
 
     def _head_cells(self, layer: int, h: int) -> list[str]:
         at, test, role = (layer, h), self.induction, self.roles[layer][h]
@@ -166,14 +145,13 @@ class HeadReport:
         return [
             *(str(layer), str(h), role, f"{self.scores[at]:.2f}", lift),
             *(f"{self.entropy[at]:.3f}", f"{self.zero_importance[at]:+.4f}"),
-            *(f"{self.position_importance[at]:+.4f}", f"{self.gradient[at]:.4f}"),
+            f"{self.position_importance[at]:+.4f}",
             *("-" if test is None else f"{test.prefix[at]:.2f}", copying),
         ]
 
     def _notes(self) -> list[str]:
         """The lines under the table: loss and pruning, what the columns mean, induction."""
         gone = _heads(self.pruning_order[: self.prunable])
-        corr = self.correlations  # every pair of CORRELATIONS
         meaning = {m.name: m.help for m in measures.MEASURES}
         lines = [
             f"\nLoss {self.loss:.4f} nats/char over {self.items:,} items ({self.tokens:,} "
@@ -182,10 +160,7 @@ class HeadReport:
             f"Role: a pattern holding mass >= {MIN_MASS} of the attention at lift >= {MIN_LIFT} "
             f"(times uniform attention); score = the role's mass (mixed: the largest above-chance "
             f"mass). Importance = loss rise (nats) when the head is zeroed, or replaced by its "
-            f"mean at each position; gradient = the {meaning['gradient_importance']}; copying = "
-            f"{meaning['copying']}. Rank correlation (Spearman) of gradient and zero ablation "
-            f"{corr['gradient_vs_zero']:.2f}, zero and mean ablation {corr['zero_vs_mean']:.2f}, "
-            f"zero and per-position mean {corr['zero_vs_position_mean']:.2f}.",
+            f"mean at each position; copying = {meaning['copying']}.",
         ]
         test = self.induction
         if test is not None:
@@ -208,25 +183,6 @@ class HeadReport:
             )
         return lines
 
-    def circuits_markdown(self) -> str:
-        """Per token, the key token each layer-0 head's query scores highest and the output token
-        attending to it raises most."""
-        H, labels = self.qk.shape[0], self.labels
-        header = ["token"] + [f"L0H{h} {w}" for h in range(H) for w in ("looks for", "raises")]
-        looks, raises = self.qk.argmax(dim=2), self.ov.argmax(dim=2)  # (H, V) each
-        rows = [
-            [_cell(label)]
-            + [_cell(labels[table[h, t]]) for h in range(H) for table in (looks, raises)]
-            for t, label in enumerate(labels)
-        ]
-        intro = (
-            "Layer-0 circuits through the embeddings: for each token, the key token each head's "
-            "query scores highest (QK) and the output token that attending to it raises most (OV). "
-            "The tokens enter as the first LayerNorm of their embeddings without position "
-            "embeddings, an input the model never sees: a sketch of layer 0, not its real scores."
-        )
-        return "\n".join([intro, "", *_table(header, "l" + " " * (2 * H), rows)])
-
 
 def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
     """A markdown table's lines; align: a letter per column, r(ight), l(eft) or " " (none)."""
@@ -238,8 +194,3 @@ def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
 def _heads(pairs) -> str:
     """(layer, head) pairs -> "L1H0, L1H3", or "none"."""
     return ", ".join(f"L{a}H{b}" for a, b in pairs) or "none"
-
-
-def _cell(label: str) -> str:
-    """A token as a markdown table cell: whitespace and pipes made visible."""
-    return char_label(label).replace("|", "\\|")

@@ -53,7 +53,6 @@ def measure_threads(t) -> str | None:
 
 def load(c: Config, device: torch.device) -> tuple[Config, Data]:
     """The data, encoded on the device, and the config naming them by their absolute path."""
-    check_training_memory(c, device)  # before the data are encoded: lower bounds
     # compiled graphs want fixed shapes: no trimming of batches to their longest item
     d, trim = c.data, not c.train.compile
     data = load_data(d, c.model.block_size, device, trim)
@@ -66,6 +65,7 @@ def build_model(c: Config, data: Data, device, dist) -> tuple[GPTConfig, GPT, nn
     documents (checkpoints hold the GPT itself)."""
     torch.manual_seed(c.seed)
     model_config = c.model_for_data(data.tokenizer.vocab_size, data.block_size)
+    # once, with the data's sizes (the start-up checks ran it with lower bounds before the data)
     check_training_memory(c, device, data.tokenizer.vocab_size, data.block_size)
     model = GPT(model_config).to(device)
     train_model: nn.Module = model

@@ -10,8 +10,6 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from microgpt.tokenizer import char_label
-
 # Viridis at 9 evenly spaced points (matplotlib's values, rounded); linear between them.
 _HEX = "440154 472d7b 3b528b 2c728e 21918c 28ae80 5ec962 addc30 fde725"
 _VIRIDIS = np.array([list(bytes.fromhex(c)) for c in _HEX.split()], dtype=np.float64)
@@ -134,9 +132,3 @@ def render_offset_profile(profile, start, title: str = "layer 0", cell=(36, 20))
     heads = [f"head {h}" for h in range(p.shape[0])]
     offsets = [str(-k) for k in range(p.shape[1])] + ["start"]
     return _heatmap(np.column_stack([p, s]), heads, offsets, title, *cell, annotate=True)
-
-
-def render_table(values, labels: Sequence[str], title: str | None = None, cell: int = 14):
-    """A (V, V) table in [0, 1] over the vocabulary (a QK or OV circuit) -> a labelled heatmap."""
-    names = [char_label(c) for c in labels]
-    return _heatmap(values, names, names, title, cell, cell)

@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
@@ -33,7 +32,7 @@ from microgpt.heads import measures
 from microgpt.heads.measures import MEASURES
 from microgpt.heads.report import HeadReport
 from microgpt.runs import RunFolder
-from microgpt.viz.draw import compose_layer, render_attention, render_offset_profile, render_table
+from microgpt.viz.draw import compose_layer, render_attention, render_offset_profile
 
 TRAIN_LOSS, VAL_LOSS = "Loss/train", "Loss/val"  # the tags, and the keys in metrics.jsonl
 
@@ -96,8 +95,7 @@ class TensorBoardLogger:
     def heads(self, step: int, report: HeadReport) -> None:
         """A head report: its measures (microgpt.heads.measures), the summaries under `heads/`
         (the same tags for any head count) and `per_head/layer{l}/head{h}/<tag>`, offset profiles
-        (`heads/offsets/layer{l}`), layer-0 circuits, `heads/table` and, the first time, the
-        layout."""
+        (`heads/offsets/layer{l}`), `heads/table` and, the first time, the layout."""
         if not self.last_head_summary:
             self.writer.add_custom_scalars(heads_layout(report.n_layer))
         self.last_head_summary = report.summaries()
@@ -112,17 +110,6 @@ class TensorBoardLogger:
         for layer, (profile, start) in enumerate(zip(report.offsets, report.start)):
             img = render_offset_profile(profile, start, f"layer {layer}")
             self._image(f"heads/offsets/layer{layer}", img, step)
-        # the layer-0 heads' QK and OV tables, one panel per head, each row softmaxed
-        for name, table, title in (
-            ("qk", report.qk, "query token looks for key token (no positions)"),
-            ("ov", report.ov, "key token raises output token"),
-        ):
-            if table is not None:
-                rows = torch.softmax(table.float(), dim=-1)  # (H, V, V)
-                panels = [
-                    render_table(p, report.labels, f"head {h}: {title}") for h, p in enumerate(rows)
-                ]
-                self._image(f"heads/{name}/layer0", compose_layer(panels, 0), step)
         self._text("heads/table", report.markdown(), step)
 
     def _image(self, tag: str, img: np.ndarray, step: int) -> None:

@@ -74,7 +74,7 @@ def test_a_single_seed_sweep_prints_a_row_per_group_and_says_it_cannot_tell(swee
     out = capsys.readouterr().out
     assert max(map(len, out.splitlines())) <= 100
     runs = {line.split()[0]: line.split() for line in out.splitlines()[1:3]}
-    assert runs["heads=1"][2] == f"{metrics[1]['params']:,}" and "analysis:" in out
+    assert runs["heads=1"][2] == f"{metrics[1]['params']:,}"
     assert out.index("run  ") < out.index("group  ")
     assert main([str(root), "--wide"]) == 0
     wide = capsys.readouterr().out.splitlines()
@@ -96,7 +96,7 @@ def test_csv_and_json_hold_runs_groups_and_comparisons_for_scripts(sweep, capsys
     records = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in records["runs"]] == ["heads=1", "heads=2"]
     assert records["runs"][1]["test_loss"] == pytest.approx(metrics[2]["test_loss"])
-    assert records["runs"][0]["heads_from"] == "log" and records["runs"][0]["heads_step"] == 12
+    assert records["runs"][0]["heads_step"] == 12  # the analysis the run logged at its last step
     assert [(g["name"], g["n"]) for g in records["groups"]] == [("heads=1", 1), ("heads=2", 1)]
     assert {c["verdict"] for c in records["comparisons"]} == {"cannot tell"}
     # a figure a run lacks is null, not NaN (which is not JSON)
@@ -120,13 +120,12 @@ def test_head_columns_from_the_logged_summaries(sweep):
         assert float(col[column]) == pytest.approx(runs[0].summary(name), abs=shown_to)
     # a role's column where some run has a head with it: mixed, unless none has
     assert int(col["named"]) + int(col.get("mixed", 0)) == 1  # its one head: named, or mixed
-    assert col["analysis"] == "log 12"  # the analysis the run logged at its last step
 
 
 def test_the_analysis_of_best_pt_wins_with_its_step_and_a_stale_one_is_flagged(sweep, capsys):
-    """heads-best.json (the whole validation split) wins over the logged summaries, and the
-    analysis column says so. The resumed-sweep case: an analysis of best.pt made before the run
-    went on (its step is not the checkpoint's) gets a `*` and a line saying so."""
+    """heads-best.json (the whole validation split) wins over the logged summaries, with its step.
+    The resumed-sweep case: an analysis of best.pt made before the run went on (its step is not
+    the checkpoint's) gets a line saying so."""
     root, _ = sweep
     analysis = root / "heads=2" / "heads-best.json"
     assert heads_main([str(root / "heads=2")]) == 0
@@ -138,15 +137,13 @@ def test_the_analysis_of_best_pt_wins_with_its_step_and_a_stale_one_is_flagged(s
     try:
         runs = read_sweep(root)[0]
         assert (runs[1].summary("prunable"), runs[1].summary("layer0/importance_max")) == (2, 0.125)
-        assert columns(runs, "heads=2")["analysis"] == f"best.pt {best_step}"
-        assert columns(runs, "heads=1")["analysis"] == f"log {last_logged}"
+        assert (runs[1].heads_step, runs[0].heads_step) == (best_step, last_logged)
         capsys.readouterr()
         assert main([str(root), "--runs"]) == 0
-        out = capsys.readouterr().out
-        assert f"best.pt {best_step}\n" in out and "\n* " not in out
+        assert "\n* " not in capsys.readouterr().out
         data["step"] = best_step - 1
         analysis.write_text(json.dumps(data))
-        assert columns(read_sweep(root)[0], "heads=2")["analysis"] == f"best.pt {best_step - 1}*"
+        assert read_sweep(root)[0][1].heads_step == best_step - 1
         assert main([str(root)]) == 0
         out = capsys.readouterr().out
         assert f"* heads=2: its head columns are of step {best_step - 1}, not {best_step} " in out

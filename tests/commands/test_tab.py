@@ -4,6 +4,7 @@ test_tab_page.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -94,8 +95,13 @@ def test_attention_gives_every_head_on_the_input_with_its_analysis(lab):
         assert label["zero_importance"] == report["heads"][head]["zero_importance"]
     assert [m["name"] for m in two["measures"]] == ["score", "zero_importance"]  # captioned
     assert two["analysis"] == "heads-best.json"
-    for row, weights in enumerate(two["layers"][0][1]):  # causal rows that sum to 1
-        assert all(w == 0 for w in weights[row + 1 :]) and abs(sum(weights) - 1) < 0.01
+    shades = base64.b64decode(two["layers"][0][1])  # query q's keys 0..q, a byte each
+    assert len(shades) == 5 * 6 // 2
+    model, tokenizer, _ = model_of(lab)
+    ids = torch.tensor([[0, *tokenizer.encode("kalo")]])
+    weights = model.eval().forward_with_attention(ids)[2][0][0, 1]  # (T, T): layer 0, head 1
+    q, k = torch.tril_indices(5, 5)
+    assert [s / 255 for s in shades] == pytest.approx(weights[q, k].tolist(), abs=0.5 / 255)
     status, late = attention(client, run="heads=2", checkpoint="step-000012.pt", input="kalo")
     assert status == 200 and late["step"] == 12 and late["heads"] == [[None, None]]
     status, early = attention(client, run="heads=2", checkpoint="step-000006.pt", input="kalo")
@@ -258,13 +264,10 @@ def test_the_attribution_adds_up_to_the_logit_and_each_head_gets_a_reading(lab):
     assert body["layers"] == attention(client, run="heads=2", input="kalo")[1]["layers"]
 
 
-def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores_and_loads_them(lab):
+def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
     plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(lab / "sweep")))
     client = Client(plugin.get_plugin_apps()["/timeline"])
     body = json.loads(client.get("/timeline", query_string={"run": "heads=2"}).get_data())
-    settled(plugin.store.models)  # the slider's checkpoints, loaded ahead
-    loaded = {Path(k[0]).name: loaded.step for k, (loaded, _) in plugin.store.models.models.items()}
-    assert loaded == {"step-000006.pt": 6, "step-000012.pt": 12}
     metrics = [json.loads(line) for line in (lab / "sweep" / "heads=2" / "metrics.jsonl").open()]
     assert body["val"] == [[m["step"], m["Loss/val"]] for m in metrics if "Loss/val" in m]
     assert [step for step, _ in body["val"]] == [6, 12]
@@ -332,21 +335,14 @@ def test_a_run_or_checkpoint_reached_through_a_link_leading_out_is_refused(lab, 
     assert status == 200 and "leads out of the run's folder" in body["analysis"]
 
 
-def settled(cache: ModelCache) -> None:
-    """Wait for the cache's prefetching to end."""
-    deadline = time.monotonic() + 60
-    while cache.worker is not None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert cache.worker is None, "the prefetching did not end"
-
-
-def test_the_model_cache_is_bounded_by_count_and_bytes_before_a_load(lab, tmp_path, monkeypatch):
-    """A load sets its file's size aside first (what torch.load reads), then keeps its
-    parameters' bytes."""
+def test_the_model_cache_is_bounded_in_bytes(lab, tmp_path, monkeypatch):
+    """The models used longest ago go first, while their parameters' bytes pass MAX_BYTES; a
+    checkpoint file over it is refused before it is read."""
     best = lab / "sweep" / "heads=2" / "checkpoints" / "best.pt"
     size = sum(t.numel() * t.element_size() for t in Checkpoint.load(best).model.values())
     file = best.stat().st_size
-    paths = [tmp_path / f"{n}.pt" for n in range(5)]
+    kept_at_most = max(2, -(-file // size))  # a bound the file fits under
+    paths = [tmp_path / f"{n}.pt" for n in range(kept_at_most + 2)]
     for path in paths:
         shutil.copyfile(best, path)
     cache = ModelCache()
@@ -356,22 +352,14 @@ def test_the_model_cache_is_bounded_by_count_and_bytes_before_a_load(lab, tmp_pa
     assert cache.get(paths[0]) is not first
     cache = ModelCache()
     kept = lambda: sorted(paths.index(Path(key[0])) for key in cache.models)  # noqa: E731
-    monkeypatch.setattr(tab_models, "MAX_MODELS", 3)
-    for path in paths[:4]:
+    monkeypatch.setattr(tab_models, "MAX_BYTES", kept_at_most * size + size // 2)
+    for path in paths:
         cache.get(path)
-    assert kept() == [1, 2, 3]  # the one used longest ago went
-    monkeypatch.setattr(tab_models, "MAX_BYTES", size + file)  # one kept, and room for a file
-    cache.get(paths[4])
-    assert kept() == [3, 4]
-    monkeypatch.setattr(tab_models, "MAX_BYTES", file - 1)  # a file over the bound alone
+    assert kept() == list(range(2, len(paths)))  # the two used longest ago went
+    monkeypatch.setattr(tab_models, "MAX_BYTES", file - 1)  # a file over the bound
     with pytest.raises(tab_models.InputError, match=r"0\.pt is 0 MiB, more than the tab loads"):
         cache.get(paths[0])
-    assert kept() == [3, 4]  # refused before loading: nothing pushed out
-    monkeypatch.setattr(tab_models, "MAX_MODELS", 32)
-    monkeypatch.setattr(tab_models, "MAX_BYTES", 3 * size + file)
-    cache.prefetch(paths)  # in the background, while they fit without pushing one out: 2 more
-    settled(cache)
-    assert kept() == [0, 1, 3, 4]
+    assert kept() == list(range(2, len(paths)))  # refused before loading: nothing pushed out
 
 
 @pytest.mark.parametrize("damaged", [False, True])
@@ -384,22 +372,19 @@ def test_requests_for_one_cold_checkpoint_at_once_wait_for_its_one_load(
     shutil.copyfile(lab / "sweep" / "heads=2" / "checkpoints" / "best.pt", best)
     if damaged:
         _edit(best, "damaged", None)
-    cache, loads, waiting = ModelCache(), [], threading.Semaphore(0)
+    cache, loads, together = ModelCache(), [], threading.Barrier(requests)
 
-    class Noting(threading.Condition):  # says when a request waits for the load
-        def wait(self, timeout=None):
-            waiting.release()
-            return super().wait(timeout)
-
-    def load(path):  # the one load ends once every other request waits for it
+    def load(path):  # slow enough for the other requests to come meanwhile
         loads.append(path)
-        assert all(waiting.acquire(timeout=60) for _ in range(requests - 1))
+        time.sleep(0.3)
         return real_load(path)
 
-    real_load, cache.changed = tab_models.load_model, Noting()
+    real_load = tab_models.load_model
     monkeypatch.setattr(tab_models, "load_model", load)
 
-    def get(_):
+    def get(n):
+        if n is not None:  # one of the requests at once
+            together.wait(timeout=60)
         try:
             return cache.get(best)
         except tab_models.InputError as e:

@@ -4,7 +4,6 @@ the command."""
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 import math
 
@@ -15,7 +14,7 @@ from microgpt.heads import circuits
 from microgpt.heads.analyse import analyse, length_batches
 from microgpt.heads.report import ROLES
 from microgpt.heads.roles import roles_of
-from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
+from microgpt.model import GPT, GPTConfig
 
 BLOCK = 8
 
@@ -28,11 +27,6 @@ def random_model(tok, impl="sdpa", n_head=4, n_layer=2, seed=0, **kw) -> GPT:
         for p in model.parameters():
             p.mul_(8.0 if p.dim() > 1 else 1.0)
     return model.eval()
-
-
-def gradient(model: GPT, x, y) -> torch.Tensor:
-    """analyse's gradient importance (L, H), alone: rows too short for a role (one character)."""
-    return circuits.gradient_importance(model.eval(), length_batches(x, y))
 
 
 @torch.no_grad()
@@ -54,30 +48,6 @@ def scaled(model: GPT, scales: dict) -> GPT:
         for (layer, h), s in scales.items():
             other.blocks[layer].attn.proj.weight[:, h * hd : (h + 1) * hd] *= s
     return other
-
-
-# ----------------------------------------------------------------------------- head_mask
-
-
-@pytest.mark.parametrize("impl", ATTN_IMPLS)
-def test_head_mask_scales_each_heads_wo_columns(rows, impl):
-    """A mask (B, L, H) on the hook point = each head's columns of W_O scaled by its value, row by
-    row; a mask of ones changes nothing, bit for bit; the hooks go when the context closes."""
-    x, y, tok = rows
-    model = random_model(tok, impl)
-    mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 0.25]])
-    rows_mask = torch.ones(len(x), 2, 4)
-    rows_mask[1:] = mask  # row 0 keeps every head
-    with circuits.scaled_heads(model, rows_mask):
-        out, _ = model(x)
-    heads = itertools.product(range(2), range(4))
-    expected = scaled(model, dict(zip(heads, mask.flatten().tolist())))(x)[0]
-    torch.testing.assert_close(out[1:], expected[1:], rtol=0, atol=1e-5)
-    plain, loss = model(x, y)
-    assert torch.equal(out[0], plain[0]) and not torch.allclose(out, plain, atol=1e-3)
-    with circuits.scaled_heads(model, torch.ones(len(x), 2, 4)):
-        assert all(map(torch.equal, model(x, y), (plain, loss)))
-    assert not any(b.attn.hook_z._forward_hooks for b in model.blocks)  # hooks removed
 
 
 # ----------------------------------------------------------------------------- roles
@@ -150,7 +120,7 @@ def test_a_head_with_zero_wo_columns_has_importance_exactly_zero(rows):
     assert model.training and all(p.grad is None for p in model.parameters())
     others = torch.ones(2, 4, dtype=torch.bool)
     others[1, 2] = False
-    for field in ("zero_importance", "mean_importance", "position_importance", "gradient"):
+    for field in ("zero_importance", "mean_importance", "position_importance"):
         measure = getattr(report, field)
         assert measure[1, 2] == 0.0 and (measure[others].abs() > 1e-6).all(), field
 
@@ -161,7 +131,7 @@ def test_the_analysis_agrees_across_implementations(rows):
     sdpa = GPT(GPTConfig(**{**loop.config.to_dict(), "attn_impl": "sdpa"}))
     sdpa.load_state_dict(loop.state_dict())
     expected, got = analyse(loop, x, y), analyse(sdpa.eval(), x, y)
-    for field in ("zero_importance", "mean_importance", "gradient", "offsets", "entropy"):
+    for field in ("zero_importance", "mean_importance", "offsets", "entropy"):
         a, b = getattr(expected, field), getattr(got, field)
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=field)
     assert got.roles == expected.roles
@@ -273,7 +243,7 @@ def test_report_is_json_summaries_do_not_depend_on_head_count(rows):
     assert "no head reaches prefix matching 0.5" in text and "nan" not in text
     table = text.splitlines()
     assert table[0].startswith("| layer | head | role | score | lift | entropy")
-    head_rows = table[2 : 2 + 16]  # then the notes and the layer-0 circuits
+    head_rows = table[2 : 2 + 16]  # then the notes
     assert len([line for line in head_rows if line.startswith("| 1 |")]) == 8
 
 
@@ -296,25 +266,7 @@ def test_a_role_needs_the_majority_of_the_attention_above_chance():
     torch.testing.assert_close(scores, torch.tensor([[0.6, 0.45, 0.8]], dtype=torch.float64))
 
 
-# ----------------------------------------------------------------------------- gradient, circuits
-
-
-def test_gradient_importance_is_the_mean_of_each_rows_absolute_slope(rows):
-    """Michel et al.'s score by hand: each row alone, its loss with one head scaled by 1 - eps
-    and by 1 + eps (a central difference), |slope| averaged over the rows."""
-    x, y, tok = rows
-    model = random_model(tok)
-    grad = gradient(model, x, y)
-    eps = 1e-3
-    for at in ((0, 0), (1, 2)):
-        down, up = scaled(model, {at: 1 - eps}), scaled(model, {at: 1 + eps})
-        slopes = []
-        for i in range(x.shape[0]):
-            if (y[i] >= 0).any():
-                row = length_batches(x[i : i + 1], y[i : i + 1])
-                rise = batches_loss(up, row) - batches_loss(down, row)
-                slopes.append(abs(rise) / (2 * eps))
-        assert float(grad[at]) == pytest.approx(sum(slopes) / len(slopes), rel=0.02)
+# ----------------------------------------------------------------------------- copying
 
 
 def hand_model() -> GPT:
@@ -327,43 +279,6 @@ def hand_model() -> GPT:
             p.zero_()
         model.wte.weight.copy_(2.0 * torch.eye(3, 4))
     return model
-
-
-def test_gradient_importance_counts_slopes_of_opposite_sign():
-    """Two rows whose losses move in opposite directions with the head: the derivative of their
-    mean loss mostly cancels, Michel et al.'s score is the mean of the two |slopes|. Hand-built:
-    one layer, one head whose output adds +/- to the logit of token 1, read by rows of token 1
-    or 2."""
-    model = hand_model()
-    with torch.no_grad():
-        w = model.blocks[0].attn.qkv.weight  # (12, 4): v[0] = x[1] - x[2]
-        w[8, 1], w[8, 2] = 1.0, -1.0
-        model.blocks[0].attn.proj.weight[3, 0] = 1.0  # out[3] = v[0]
-        model.lm_head.weight[1, 3] = 1.0  # logit of token 1 = out[3]
-    # row of token 1 -> target 1: the head raises the right logit; token 2 -> target 1: lowers it
-    x, y = torch.tensor([[1], [2]]), torch.tensor([[1], [1]])
-    grad = gradient(model, x, y)
-    # the residual is 2 at the token's channel and s = +/-2 m at channel 3 (norm1 leaves the
-    # embedding as it is); the final RMSNorm divides by sqrt((4 + s^2) / 4), so the logit of
-    # token 1 is l = 2 s / sqrt(4 + s^2), dl/dm = +/-2 * 8 / (4 + s^2)^1.5 at m = 1, and the
-    # loss log(2 + e^l) - l has dloss/dl = e^l / (2 + e^l) - 1
-    slopes = []
-    for sign in (1.0, -1.0):
-        s = 2.0 * sign
-        logit, dl_dm = 2 * s / math.sqrt(4 + s * s), sign * 16 / (4 + s * s) ** 1.5
-        slopes.append(abs((math.exp(logit) / (2 + math.exp(logit)) - 1) * dl_dm))
-    # (0.231 and 0.631 here: the derivative of the mean loss would be 0.2, its mean |.| 0.43)
-    assert float(grad[0, 0]) == pytest.approx(sum(slopes) / 2, rel=1e-3)
-
-
-def test_rank_correlation():
-    a = torch.tensor([0.1, 0.5, 0.3, 0.9])
-    assert circuits.rank_correlation(a, a**3) == pytest.approx(1.0)
-    assert circuits.rank_correlation(a, -a) == pytest.approx(-1.0)
-    # ranks 1 2 3 4 against 1 3 2 4: 1 - 6 * 2 / (4 * 15) = 0.8
-    swapped = torch.tensor([1.0, 2, 3, 4]), torch.tensor([1.0, 3, 2, 4])
-    assert circuits.rank_correlation(*swapped) == pytest.approx(0.8)
-    assert math.isnan(circuits.rank_correlation(a, torch.ones(4)))
 
 
 def test_position_mean_ablation_spares_heads_that_see_positions_only(rows):
@@ -379,34 +294,24 @@ def test_position_mean_ablation_spares_heads_that_see_positions_only(rows):
     assert report.mean_importance.abs().max() > 1e-3
 
 
-def test_layer0_circuits_match_a_hand_computation():
-    """hand_model's head: QK and OV by hand."""
+def test_layer0_copying_matches_a_hand_computation():
+    """hand_model's head: its OV table by hand, then its copying score."""
     model = hand_model()
     with torch.no_grad():
-        w = model.blocks[0].attn.qkv.weight  # (12, 4)
-        w[0, 0] = 1.0  # q[0] = x[0]
-        w[4, 1] = 3.0  # k[0] = 3 x[1]
+        w = model.blocks[0].attn.qkv.weight  # (12, 4): rows [8, 12) are V's
         w[8, 2] = 1.0  # v[0] = x[2]
         w[9, 0] = -1.0  # v[1] = -x[0]
         model.blocks[0].attn.proj.weight[3, 0] = 1.0  # out[3] = v[0]
         model.blocks[0].attn.proj.weight[2, 1] = 1.0  # out[2] = v[1]
         model.lm_head.weight.copy_(torch.tensor([[0, 0, 0, 1.0], [0, 0, 1.0, 0], [0, 0, 0, 0]]))
-    qk, ov, copying = circuits.layer0_circuits(model)
-    # e_a = 2 one_hot(a): q(token 0) = 2, k(token 1) = 6; score 12 / sqrt(4) = 6, all else 0
-    expected_qk = torch.tensor([[0, 6.0, 0], [0, 0, 0], [0, 0, 0]], dtype=torch.float64)
-    torch.testing.assert_close(qk[0], expected_qk, rtol=1e-4, atol=1e-6)  # RMSNorm's eps
-    # token 2: v = (2, 0) -> out[3] = 2 -> logit of token 0 = 2; token 0: v = (0, -2) ->
-    # out[2] = -2 -> logit of token 1 = -2
-    expected_ov = torch.tensor([[0, -2.0, 0], [0, 0, 0], [2, 0, 0]], dtype=torch.float64)
-    torch.testing.assert_close(ov[0], expected_ov, rtol=1e-4, atol=1e-6)
-    # [[0, -2, 0], [0, 0, 0], [2, 0, 0]] is nilpotent: every eigenvalue 0, no preference
-    assert copying[0] == 0.0
+    # e_a = 2 one_hot(a); token 2: v = (2, 0) -> out[3] = 2 -> logit of token 0 = 2; token 0:
+    # v = (0, -2) -> out[2] = -2 -> logit of token 1 = -2: OV = [[0, -2, 0], [0, 0, 0], [2, 0, 0]]
+    # is nilpotent: every eigenvalue 0, no preference
+    assert circuits.copying(model)[0] == 0.0
     with torch.no_grad():  # a copying head: OV = diag(2, 2, 0), each token raises itself
         w[8:12].zero_()
         w[8, 0] = w[9, 1] = 1.0
-        model.blocks[0].attn.proj.weight.zero_()
-        model.blocks[0].attn.proj.weight[3, 0] = model.blocks[0].attn.proj.weight[2, 1] = 1.0
-    assert circuits.layer0_circuits(model)[2][0] == pytest.approx(1.0)
+    assert circuits.copying(model)[0] == pytest.approx(1.0)
 
 
 def test_copying_score_of_known_matrices():

@@ -97,7 +97,6 @@ def test_the_head_analyses_are_light_while_the_run_trains_and_whole_at_its_end(t
     train(tiny_cfg("train.num_samples=0", "log.head_items=16"))
     acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0, "images": 0})
     acc.Reload()
-    assert [e.step for e in acc.Images("heads/qk/layer0")] == [12]  # the whole analysis's
     assert [e.step for e in acc.Images("heads/offsets/layer0")] == [0, 6, 12]
     tables = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("heads/table")}
     items = {step: int(re.search(r"over ([\d,]+) items", t)[1]) for step, t in tables.items()}

@@ -125,7 +125,7 @@ def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
     }
     names = ("entropy_min", "entropy_mean", "entropy_max", "importance_max", "importance_sum")
     expected = {f"heads/layer{layer}/{name}" for layer in range(2) for name in names}
-    names = ("prunable", "prunable_fraction", "named", "gradient_vs_zero")
+    names = ("prunable", "prunable_fraction", "named")
     expected |= {f"heads/{name}" for name in names} | {f"heads/role/{role}" for role in ROLES}
     names = ("induction", "duplicate", "copying", "induction_ablation")
     expected |= {f"heads/{name}_max" for name in names}
@@ -136,7 +136,7 @@ def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
     roles = sum(acc.Scalars(f"heads/role/{role}")[-1].value for role in ROLES)
     assert roles == 16  # every head of both layers has one role
     per_head_tags = {t for t in acc.Tags()["scalars"] if t.startswith("per_head/")}
-    names = ("entropy", "importance", "position_mean_importance", "gradient_importance", "score")
+    names = ("entropy", "importance", "position_mean_importance", "score")
     names += ("induction", "duplicate")
     expected_per_head = {f"per_head/layer{n}/head{h}/{name}" for n in range(2) for h in range(8)
                          for name in names}  # fmt: skip
@@ -145,7 +145,6 @@ def test_head_summaries_have_the_same_tags_for_1_and_8_heads(head_runs):
     for heads, (_, acc) in head_runs.items():
         images = set(acc.Tags()["images"])
         assert {"heads/offsets/layer0", "heads/offsets/layer1"} <= images
-        assert {"heads/qk/layer0", "heads/ov/layer0"} <= images
         table = acc.Tensors("heads/table")[-1].tensor_proto.string_val[0].decode()
         assert table.startswith("| layer | head | role |") and f"| 1 | {heads - 1} |" in table
 

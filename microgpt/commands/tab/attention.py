@@ -1,7 +1,7 @@
 """What the microgpt tab shows, as JSON (`RunStore`): the runs under a log directory; every
 head's attention of one run's checkpoint on a typed input, with the head lab's fields
 (microgpt/commands/tab/lab.py); a run's timeline. Checkpoints load lazily and safely onto the
-CPU (Checkpoint.load) into a cache bounded before each load (ModelCache); only what lies under
+CPU (Checkpoint.load) into a cache bounded in bytes (ModelCache); only what lies under
 the log dirs is read (`inside`), each file through its run (RunFolder). Runs whose config.yaml
 differ only by seed form a group (microgpt.groups), which the page shows seed by seed. A user's
 mistake is an `InputError`, which the page shows."""
@@ -14,7 +14,8 @@ import math
 import os
 import threading
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,8 +32,7 @@ from microgpt.runs import RunFolder, RunFolderError, find_runs
 from microgpt.tokenizer import CharTokenizer
 from microgpt.viz.tensorboard import VAL_LOSS
 
-MAX_MODELS = 32  # models kept loaded at once: the slider's checkpoints of a sweep
-MAX_BYTES = 512 * 2**20  # and their bytes at most (a load counts its file's, what torch.load reads)
+MAX_BYTES = 256 * 2**20  # the loaded models' parameters at most, and a checkpoint file's size
 
 
 class InputError(ValueError):
@@ -49,21 +49,21 @@ class Loaded:
     step: int
     example: str | None  # the first validation item, for a names run
     checkpoint: Checkpoint  # its settings and split (the weights are in `model`), for `means`
-    lock: threading.RLock = field(default_factory=threading.RLock)  # one request at a time
+    bytes: int  # its parameters'
     _means: torch.Tensor | None = None
 
     def means(self) -> torch.Tensor:
         """(L, H, hd) each head's mean output over the run's validation split, computed once, as
         the head analysis computes it (its rows, circuits.mean_outputs). A text run reads its text
-        file again, at the path its checkpoint holds (a request names no path)."""
-        with self.lock:
-            if self._means is None:
-                try:
-                    rows = analysis_rows(data_of_checkpoint(self.checkpoint))
-                except DataError as e:
-                    raise InputError(f"ablation=mean needs the validation split: {e}") from None
-                self._means = mean_outputs(self.model, length_batches(*rows))[0]
-            return self._means
+        file again, at the path its checkpoint holds (a request names no path). In RunStore's
+        worker."""
+        if self._means is None:
+            try:
+                rows = analysis_rows(data_of_checkpoint(self.checkpoint))
+            except DataError as e:
+                raise InputError(f"ablation=mean needs the validation split: {e}") from None
+            self._means = mean_outputs(self.model, length_batches(*rows))[0]
+        return self._means
 
 
 def log_dirs(logdir: str | None, logdir_spec: str | None = None) -> dict[str, Path]:
@@ -106,7 +106,9 @@ def load_model(path: Path) -> Loaded:
         ckpt.model, ckpt.resume = {}, None  # the weights live in the model; no optimizer state
         # the schema's split: lists of items (names), or a text's bounds (no "val")
         example = next(iter((ckpt.split or {}).get("val") or []), None)
-        return Loaded(model, tokenizer, checkpoint_format(ckpt), ckpt.step or 0, example, ckpt)
+        size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        fmt = checkpoint_format(ckpt)
+        return Loaded(model, tokenizer, fmt, ckpt.step or 0, example, ckpt, size)
     except (CheckpointError, DataError) as e:
         raise InputError(str(e)) from None
     except Exception as e:  # anything else (a model that cannot be built): this run only
@@ -114,94 +116,40 @@ def load_model(path: Path) -> Loaded:
 
 
 class ModelCache:
-    """The models of the checkpoints used last, at most MAX_MODELS of them and MAX_BYTES, counted
-    before each load: a checkpoint's file size (no more than torch.load reads) is set aside, the
-    models used longest ago pushed out first, then its model's parameter bytes kept; a checkpoint
-    rewritten since (another size or time) is loaded again; one that failed to load answers its
-    error until then, without loading again. Thread-safe: one load per checkpoint at a time (a
-    request for one being loaded waits for that load, and shares its error), other models served
-    meanwhile. `prefetch` loads checkpoints ahead in one background thread, only while they fit
-    (it never pushes a model out): a slider's next step is then ready."""
+    """The models of the checkpoints used last, their parameters at most MAX_BYTES together (the
+    one used longest ago pushed out first); a checkpoint rewritten since (another size or time) is
+    loaded again, one whose load failed answers its error until then. One lock, held through a
+    load: one checkpoint loads at a time, once, however many threads ask for it (the tab asks
+    from one, RunStore.worker)."""
 
     def __init__(self):
-        self.models: OrderedDict[tuple, tuple[Loaded, int]] = OrderedDict()  # key: (loaded, bytes)
-        self.loading: dict[tuple, int] = {}  # key: its file's bytes, while it loads
-        self.failed: dict[str, tuple[tuple, str]] = {}  # path: (its key, its load's error)
-        self.changed = threading.Condition()  # a load began or ended
-        self.pending: list[Path] = []  # checkpoints to prefetch, in order
-        self.worker: threading.Thread | None = None  # the prefetching thread, while it runs
+        self.models: OrderedDict[tuple, Loaded | str] = OrderedDict()  # its model, or its error
+        self.lock = threading.Lock()
 
-    def get(self, path: Path, evict: bool = True) -> Loaded | None:
-        """The model of checkpoint `path`, loaded if it is not here; not `evict`: only if it fits
-        beside the models here (else None)."""
+    def get(self, path: Path) -> Loaded:
         try:
             stat = path.stat()
         except OSError:
             raise InputError(f"checkpoint {path} does not exist") from None
-        key, size = (str(path), stat.st_size, stat.st_mtime_ns), stat.st_size
-        if size > MAX_BYTES:
-            mib = f"{size / 2**20:.0f} MiB, more than the tab loads ({MAX_BYTES // 2**20} MiB)"
+        if stat.st_size > MAX_BYTES:  # what torch.load would read
+            mib = f"{stat.st_size / 2**20:.0f} MiB, more than the tab loads ({MAX_BYTES >> 20} MiB)"
             raise InputError(f"{path} is {mib}; analyse it with python -m microgpt.heads")
-        with self.changed:
-            while key in self.loading or key not in self.models and not self._room(size, evict):
-                if key not in self.loading and not evict:
-                    return None
-                self.changed.wait()  # for the load of this checkpoint, or of those taking room
-            if key in self.models:
-                self.models.move_to_end(key)
-                return self.models[key][0]
-            failed_key, error = self.failed.get(key[0], (None, ""))
-            if failed_key == key:  # not rewritten since its load failed
-                raise InputError(error)
-            self.loading[key] = size
-        loaded = error = None
-        try:
-            loaded = load_model(path)
-            return loaded
-        except InputError as e:
-            error = str(e)
-            raise
-        finally:
-            with self.changed:
-                del self.loading[key]
-                if loaded is not None:
-                    weights = loaded.model.state_dict().values()
-                    self.models[key] = (loaded, sum(t.numel() * t.element_size() for t in weights))
-                if error is not None:
-                    self.failed[key[0]] = (key, error)
-                self.changed.notify_all()
-
-    def _room(self, size: int, evict: bool) -> bool:
-        """Whether one more model of `size` bytes fits beside those here and those loading, the
-        ones used longest ago pushed out first if `evict`."""
-        while True:
-            count = len(self.models) + len(self.loading)
-            total = sum(n for _, n in self.models.values()) + sum(self.loading.values())
-            if count < MAX_MODELS and total + size <= MAX_BYTES:
-                return True
-            if not (evict and self.models):
-                return False
-            self.models.popitem(last=False)
-
-    def prefetch(self, paths: list[Path]) -> None:
-        """Load `paths` in the background, in order, until one would not fit."""
-        with self.changed:
-            self.pending += [p for p in paths if p not in self.pending]
-            if self.worker is None:
-                self.worker = threading.Thread(target=self._prefetching, daemon=True)
-                self.worker.start()
-
-    def _prefetching(self) -> None:
-        while True:
-            with self.changed:
-                if not self.pending:
-                    self.worker = None
-                    return
-                path = self.pending.pop(0)
-            with contextlib.suppress(InputError):  # a bad checkpoint: its request will say so
-                if self.get(path, evict=False) is None:  # it would not fit: the rest neither
-                    with self.changed:
-                        self.pending = []
+        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        with self.lock:
+            if key not in self.models:
+                try:
+                    self.models[key] = load_model(path)
+                except InputError as e:
+                    self.models[key] = str(e)
+            self.models.move_to_end(key)
+            total = sum(m.bytes for m in self.models.values() if isinstance(m, Loaded))
+            while len(self.models) > 1 and total > MAX_BYTES:  # the oldest pushed out
+                gone = self.models.popitem(last=False)[1]
+                total -= gone.bytes if isinstance(gone, Loaded) else 0
+            found = self.models[key]
+        if isinstance(found, str):
+            raise InputError(found)
+        return found
 
 
 def captioned() -> list[dict]:
@@ -272,6 +220,11 @@ class RunStore:
     def __init__(self, roots: dict[str, Path]):
         self.roots = roots  # {} when TensorBoard was started without --logdir: no runs
         self.models = ModelCache()
+        # every model's work (a load, a request's passes) in one thread, one at a time: a model's
+        # hooks are its own while it runs, a model pushed out lives on in no request, and what
+        # they allocate stays in one thread's memory arena (64 request threads, each loading
+        # models in its own, held 2.4 GB at peak and 1.3 GB idle)
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="microgpt-models")
 
     def runs(self) -> list[dict]:
         """Every run: its name, its checkpoints (the default first), its snapshots ([name, step]
@@ -299,7 +252,7 @@ class RunStore:
             with contextlib.suppress(InputError, OSError):  # an unreadable folder: the next run
                 default = run.default_checkpoint()  # None: no checkpoint yet
                 if default and inside(run.path, default):
-                    if example := self.models.get(default).example:
+                    if example := self.worker.submit(self.models.get, default).result().example:
                         return example
         return None
 
@@ -335,21 +288,14 @@ class RunStore:
             raise InputError(f"no checkpoint {checkpoint!r}; it has {checkpoints}")
         if not inside(run.path, run.checkpoints / checkpoint):
             raise InputError(f"{checkpoint} leads out of the run's folder; not read")
-        loaded = self.models.get(run.checkpoints / checkpoint)
-        config = loaded.model.config
-        if not text:
-            raise InputError(f"type {loaded.format.user_input} to see its heads at work")
-        # the format's input ids: after the boundary token as trained (<s>emma), but for text
-        ids = loaded.format.input_ids(loaded.tokenizer, text, config.block_size, "input")
-        heads = parse_off(off or "", config.n_layer, config.n_head)
-        ablation, pin = parse_ablation(ablation), parse_pin(pin, len(ids))
+        path = run.checkpoints / checkpoint
+        loaded, ids, heads, ablation, pin, shown = self.worker.submit(
+            self._lab, path, text, off, ablation, pin
+        ).result()
         # the head analysis (python -m microgpt.heads), where there is one that can be read
+        config = loaded.model.config
         shape = (config.n_layer, config.n_head)
         analysis, unreadable = self._analysis(run, checkpoint, shape)
-        with loaded.lock:  # the model's hooks are its own while a request runs
-            means = loaded.means() if ablation == "mean" and heads else None
-            labels, boundary = loaded.tokenizer.labels, loaded.format.boundary
-            shown = lab(loaded.model, labels, ids, boundary, heads, means, pin)
         out = {"run": name, "checkpoint": checkpoint, "step": loaded.step}
         # the tokens start with the boundary token, if the format has one
         out |= {"format": loaded.format.name, "boundary": loaded.format.boundary}
@@ -363,6 +309,22 @@ class RunStore:
         analyses = [self._analysis(found[run], checkpoint, shape)[0] for run in group.runs]
         # shown: "layers": [layer][head] -> (T, T) rows of weights, query by key (with `off`), ...
         return out | {"group": {**vars(group), **role_counts(analyses)}, **shown}
+
+    def _lab(self, path: Path, text: str, off: str, ablation: str | None, pin: str | None):
+        """In the worker: the checkpoint's model, the request's ids, heads off, ablation and pin,
+        and the lab's fields."""
+        loaded = self.models.get(path)
+        config = loaded.model.config
+        if not text:
+            raise InputError(f"type {loaded.format.user_input} to see its heads at work")
+        # the format's input ids: after the boundary token as trained (<s>emma), but for text
+        ids = loaded.format.input_ids(loaded.tokenizer, text, config.block_size, "input")
+        heads = parse_off(off or "", config.n_layer, config.n_head)
+        ablation, pin = parse_ablation(ablation), parse_pin(pin, len(ids))
+        means = loaded.means() if ablation == "mean" and heads else None
+        labels, boundary = loaded.tokenizer.labels, loaded.format.boundary
+        shown = lab(loaded.model, labels, ids, boundary, heads, means, pin)
+        return loaded, ids, heads, ablation, pin, shown
 
     def timeline(self, name: str) -> dict:
         """The run's validation loss over training, and each step checkpoint with its heads'
@@ -378,13 +340,10 @@ class RunStore:
             val = [[line["step"], line[VAL_LOSS]] for line in lines if VAL_LOSS in line]
         model = config_of(run).get("model")  # its analyses are of its model's heads, no more
         shape = (model.get("n_layer"), model.get("n_head")) if isinstance(model, dict) else None
-        checkpoints, ahead = [], []
+        checkpoints = []
         for step, path in run.snapshots():  # the slider runs over the steps
             analysis, _ = self._analysis(run, path.name, shape or (None, None))
             checkpoints.append({"checkpoint": path.name, "step": step, **summaries_of(analysis)})
-            if inside(run.path, path):
-                ahead.append(path)
-        self.models.prefetch(ahead)  # the slider's checkpoints, loaded while the page is read
         return {"run": name, "val": val, "checkpoints": checkpoints, "skipped": skipped}
 
     @staticmethod

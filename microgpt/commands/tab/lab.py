@@ -10,6 +10,7 @@ output over the run's validation split (circuits.mean_outputs, on the head analy
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 
@@ -90,7 +91,7 @@ def lab(model, labels, ids, boundary, off, means: Tensor | None, pin: int) -> di
         return round(total / count, DIGITS) if count else None
 
     shown = {
-        "layers": [att[0].double().round(decimals=3).tolist() for att in run.attention],
+        "layers": [[causal_bytes(head) for head in att[0]] for att in run.attention],
         "predictions": predictions(run.logits[0], targets[0], labels),
         "loss": mean(sums[0]),
         "base_loss": mean(sums[1 if off else 0]),
@@ -109,6 +110,15 @@ def lab(model, labels, ids, boundary, off, means: Tensor | None, pin: int) -> di
     }
     shown["reading"] = readings(run.attention, ids, pin, labels, off, shown["attribution"])
     return shown
+
+
+def causal_bytes(weights: Tensor) -> str:
+    """A head's (T, T) attention as the page draws it: each query's keys 0..q, query by query, a
+    byte each (the weight times 255, rounded: the canvas's shades), in base64."""
+    T = weights.shape[0]
+    q, k = torch.tril_indices(T, T)  # row-major: (0, 0), (1, 0), (1, 1), (2, 0), ...
+    shades = (weights[q, k].float() * 255).round().to(torch.uint8)  # (T (T + 1) / 2,)
+    return base64.b64encode(shades.numpy().tobytes()).decode("ascii")
 
 
 def predictions(logits: Tensor, targets: Tensor, labels) -> list[dict]:

@@ -13,7 +13,8 @@ answer JSON, or 400 and {"error": message} (a message naming the parameter and t
         ("zero", the default, or "mean": the head's mean output over the validation split), the
         position `pin` (default: none) attributed:
         {"run", "checkpoint", "step", "format", "boundary", "n_layer", "n_head", "tokens",
-         "layers": [layer][head] (T, T) attention weights with the heads off,
+         "layers": [layer][head] the attention with the heads off: query q's weights on keys
+             0..q, q = 0..T-1 in order, a byte each (weight x 255), base64 (lab.causal_bytes),
          "analysis", "heads": [layer][head] {"role", and a value of each of "measures"} | null,
          "measures": [{"name", "caption", "fmt", "help"}]: what a head's caption shows of its
              analysis (the measures with a caption, microgpt/heads/measures.py),

@@ -368,7 +368,10 @@ function showResult(run, panel, result) {
   const body = panel.querySelector(".mg-body");
   if (panel.mapsKey !== key) {
     panel.mapsKey = key;
-    const layers = result.layers.map((heads, layer) => layerRow(run, result, heads, layer));
+    const T = result.tokens.length;
+    const layers = result.layers.map((heads, layer) =>
+      layerRow(run, result, heads.map((sent) => weightsOf(sent, T)), layer),
+    );
     const side = el("div", "mg-side");
     side.append(predictions(result), el("div", "mg-attribution"));
     const maps = el("div", "mg-maps");
@@ -496,6 +499,19 @@ function bar(value, scale) {
   return track;
 }
 
+// A head's weights as /attention sends them (query q's weights on keys 0..q, q = 0..T-1 in order,
+// a byte each, base64) -> T rows of T weights, 0 after the query.
+function weightsOf(sent, T) {
+  const bytes = Uint8Array.from(atob(sent), (c) => c.charCodeAt(0));
+  const rows = [];
+  for (let q = 0, at = 0; q < T; at += q + 1, q++) {
+    const row = new Float32Array(T);
+    for (let k = 0; k <= q; k++) row[k] = bytes[at + k] / 255;
+    rows.push(row);
+  }
+  return rows;
+}
+
 // Token t of a names run is character t - 1 (token 0 is the boundary, character -1); a text run
 // has no boundary token. Highlights go by character, so that both kinds of run line up.
 function charOf(result, token) {
@@ -536,7 +552,7 @@ function heatmap(result, weights, cell) {
   canvas.addEventListener("mousemove", (event) => {
     const q = Math.min(T - 1, Math.floor(event.offsetY / cell));
     const k = Math.min(T - 1, Math.floor(event.offsetX / cell));
-    canvas.title = `${result.tokens[q]} → ${result.tokens[k]}: ${weights[q][k].toFixed(3)}`;
+    canvas.title = `${result.tokens[q]} → ${result.tokens[k]}: ${weights[q][k].toFixed(2)}`;
     if (q !== map.query) showQuery(map.chars[q]);
   });
   map.addEventListener("mouseover", (event) => {
