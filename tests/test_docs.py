@@ -33,15 +33,16 @@ QUOTES = [
 ]  # fmt: skip
 
 BENCH = {kind: json.loads((REPO / "docs" / f"benchmarks-time-to-loss{kind}.json").read_text())
-         for kind in ("", "-fp32")}  # fmt: skip
+         for kind in ("", "-fp32", "-amx")}  # fmt: skip
 
 
 def speed(kind: str) -> list[str]:
     """A speed row's cells from docs/benchmarks-time-to-loss<kind>.json: names' and text's
     speed-ups, then the step ratios."""
     to, step = "reference's time / microgpt's:.1f", "step time, reference's / microgpt's:.2f"
-    return [f"{{{kind}|names: {to}}}x", f"{{{kind}|text: {to}}}x",
-            f"{{{kind}|names: {step}}}, {{{kind}|text: {step}}}"]  # fmt: skip
+    apart = "steps ratio x step time ratio:.1f"
+    cells = [f"**{{{kind}|{c}: {to}}}x** ({{{kind}|{c}: {apart}}}x)" for c in ("names", "text")]
+    return [*cells, f"{{{kind}|names: {step}}}, {{{kind}|text: {step}}}"]
 
 
 # (doc, the start of a table row, the figures its cells hold: {recipe.figure} of docs/figures.json,
@@ -58,6 +59,8 @@ ROWS = [
     ("README.md", "the recipe before Muon", ["{adamw.test_loss}", "{adamw.date}"]),
     ("README.md", "AMD EPYC, AVX512-BF16", ["{names-as-typed.seconds} s", "{names-as-typed.cpu}",
      *speed("")]),
+    ("README.md", "Intel Xeon, AMX: bf16", ["{names-as-typed-amx.seconds} s",
+     "{names-as-typed-amx.date}", *speed("-amx")]),
     ("README.md", "Intel Xeon, AMX, forced fp32", ["{names-fp32.seconds} s", "{names-fp32.date}",
      *speed("-fp32")]),
 ]  # fmt: skip
