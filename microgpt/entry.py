@@ -19,10 +19,9 @@ import os
 import signal
 import sys
 
-from microgpt.errors import UserError, print_error
+from microgpt.errors import SIGNALS, UserError, print_error
 
 USER_ERROR = 2  # bad input, or the OS refused (exit 128 + N: stopped by signal N)
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -2,8 +2,12 @@
 command prints one: `microgpt: error: ...` on stderr."""
 
 import re
+import signal
 import sys
 from pathlib import Path
+
+# the signals that stop a command, each after its step (SIGHUP: the terminal closed)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class UserError(ValueError):

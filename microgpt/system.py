@@ -22,8 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from microgpt.entry import SIGNALS
-from microgpt.errors import UserError
+from microgpt.errors import SIGNALS, UserError
 
 DEVICES = ("auto", "cpu", "cuda", "mps")  # the choices of every command's `device` setting
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -292,7 +291,7 @@ def check_threads(value, name: str = "threads") -> None:
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP (entry.SIGNALS) held while the block runs, delivered when it
+    """SIGINT, SIGTERM and SIGHUP (errors.SIGNALS) held while the block runs, delivered when it
     ends: for library code (OmegaConf) that an exception raised inside it would leave
     half-updated. Held by handlers that note them, not by a signal mask: a mask holds them in the
     calling thread only, and the kernel hands a process's signal to any thread (tqdm's monitor),

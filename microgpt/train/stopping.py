@@ -17,7 +17,7 @@ class TrainingError(UserError):
 
 
 class Interrupted(TrainingError):
-    """Stopped by a signal (entry.SIGNALS) after writing last.pt (`checkpoint`): resumable."""
+    """Stopped by a signal (errors.SIGNALS) after writing last.pt (`checkpoint`): resumable."""
 
     def __init__(self, signal_name: str, step: int, max_steps: int, checkpoint: Path):
         super().__init__(
