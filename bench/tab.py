@@ -5,31 +5,45 @@ checkpoints, each best.pt analysed (the time of a request does not depend on tra
     first_load   a new plugin (cold cache): /runs, then /attention and /timeline for every run
     switch_head  /attention with a head off, for every run
     pin          /attention pinned on another position, for every run
-    slider       /attention on another step checkpoint, for every run, once /timeline's
-                 prefetching has loaded them (a reader's pause after the first load)
-    slider_cold  the same on checkpoints not loaded yet (no /timeline, no prefetching)
+    slider_cold  /attention on another step checkpoint, not loaded yet, for every run
+    slider       /attention back on a step checkpoint loaded before, for every run
     mean_first   the first mean ablation of every run (the means over the validation split)
+
+and, in a fresh process (tab_memory), the tab's memory under load: MEMORY_REQUESTS requests at
+once to /attention on the MEMORY_STEPS step checkpoints of a large run (a 10.7M-parameter text
+model, nanoGPT's shakespeare-char size; --quick: a small one), each on a LINE-character input:
+its peak resident memory, its resident memory once idle, and an answer's bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
 from argparse import Namespace
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
-from bench.common import compose, figure, timed
+from bench.common import REPO, compose, figure, timed
+from bench.memory import peak_rss_kib
 from microgpt.commands.heads import main as analyse_run
 from microgpt.commands.tab import MicrogptPlugin
 from microgpt.train.trainer import train
 
 HEADS = (1, 2, 4, 8)
 TARGETS = {"first_load": 1000.0, "switch_head": 150.0, "slider": 150.0, "pin": 150.0}  # ms
+MEMORY_TARGETS = {"peak": 1500.0, "idle": 1000.0}  # MB, issue 52
+MEMORY_REQUESTS, MEMORY_STEPS, LINE = 64, 32, 256
+LARGE = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "model.block_size=256"]
 
 
 def make_sweep(args, root: Path) -> None:
@@ -48,12 +62,6 @@ def plugin_routes(root: Path) -> tuple[dict[str, Client], MicrogptPlugin]:
     """Clients of each route of a new plugin (its own, empty model cache) on --logdir root."""
     plugin = MicrogptPlugin(base_plugin.TBContext(logdir=str(root), flags=Namespace()))
     return {path: Client(app) for path, app in plugin.get_plugin_apps().items()}, plugin
-
-
-def settled(plugin: MicrogptPlugin) -> None:
-    """Wait until the plugin's prefetching ends."""
-    while plugin.store.models.worker is not None:
-        time.sleep(0.01)
 
 
 def ask(apps, route: str, **query) -> dict:
@@ -91,29 +99,90 @@ def run_tab(args, device, tmp: Path) -> dict:
         t0 = time.perf_counter()
         plugin = first_load()
         times["first_load"].append((time.perf_counter() - t0) * 1000)
-        settled(plugin)  # its prefetching, not measured, out of the next one's way
     times["first_load"] = times["first_load"][1:]
     every_run()()  # warm: each run's best.pt loaded
     times["switch_head"] = [ms(every_run(off="0.0" * (n % 2))) for n in range(args.repeats * 3)]
     times["pin"] = [ms(every_run(pin=str(n % (len(name) + 1)))) for n in range(args.repeats * 3)]
-    for case in ("slider", "slider_cold"):
-        times[case] = []
-        for n in range(args.repeats):
-            apps, plugin = plugin_routes(root)  # the step checkpoints not loaded yet
-            every_run()()
-            if case == "slider":  # the page asks for each run's timeline beside the slider
-                [ask(apps, "/timeline", run=run) for run in runs]
-                settled(plugin)
-            times[case].append(ms(every_run(checkpoint=snapshots[n % 2])))
+    times["slider_cold"], times["slider"] = [], []
+    for n in range(args.repeats):
+        apps, plugin = plugin_routes(root)  # the step checkpoints not loaded yet
+        every_run()()
+        times["slider_cold"].append(ms(every_run(checkpoint=snapshots[n % 2])))
+        every_run()()  # back to best.pt, then to the step loaded above
+        times["slider"].append(ms(every_run(checkpoint=snapshots[n % 2])))
     times["mean_first"] = [ms(every_run(off="0.0", ablation="mean"))]
     quick = args.quick
     figures = {
         case: figure(ms, "ms", None if quick or case not in TARGETS else ("<=", TARGETS[case]))
         for case, ms in times.items()
     }
+    memory, memory_info = tab_memory(args, tmp)
+    figures |= memory
     info = {
         "sweep": f"heads={','.join(map(str, HEADS))}, {'micro' if quick else 'small'} preset",
         "input": name,
         "requests": "4 runs an interaction, one after the other, in this process",
+        "memory": memory_info,
     }
     return {"figures": figures, "info": info}
+
+
+def make_large_run(args, root: Path) -> None:
+    """root/large: a text run of the LARGE model (one step: its weights' values do not matter
+    here), its best.pt copied to MEMORY_STEPS step checkpoints (each a model of its own)."""
+    root.mkdir(parents=True, exist_ok=True)
+    text = root / "names.txt"
+    text.write_text((REPO / "data" / "names.txt").read_text())  # a text of a-z and newlines
+    out = root / "large"
+    overrides = ["data.format=text", f"data.path='{text}'", "train.max_steps=1"]
+    overrides += ["train.num_samples=0", "train.progress=false", "device=cpu", f"out_dir='{out}'"]
+    train(compose([*overrides, *([] if args.quick else LARGE), f"threads={args.threads or 1}"]))
+    for step in range(1, MEMORY_STEPS + 1):
+        shutil.copyfile(
+            out / "checkpoints" / "best.pt", out / "checkpoints" / f"step-{step:06d}.pt"
+        )
+
+
+def tab_memory(args, tmp: Path) -> tuple[dict, str]:
+    """The memory figures of memory_child, in a fresh process on make_large_run's run."""
+    root = tmp / "tab-memory"
+    make_large_run(args, root)
+    line = LINE if not args.quick else 64  # the quick model's block is 128
+    code = f"from bench.tab import memory_child; memory_child({str(root)!r}, {line})"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the memory child failed: {done.stderr.strip().splitlines()[-1]}")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    quick = args.quick
+    figures = {
+        f"memory_{k}": figure([found[k]], "MB", None if quick else ("<=", MEMORY_TARGETS[k]))
+        for k in ("peak", "idle")
+    }
+    figures["attention_answer"] = figure([found["answer"]], "MB")
+    what = f"{found['params']:,}-parameter model, {MEMORY_REQUESTS} requests at once"
+    return figures, f"{what} on {MEMORY_STEPS} step checkpoints, a {line}-character input"
+
+
+def memory_child(root: str, length: int = LINE) -> None:
+    """MEMORY_REQUESTS requests at once to /attention on root/large's step checkpoints; prints
+    {"peak", "idle" (MB resident), "answer" (MB of one answer), "params"} as JSON."""
+    apps, plugin = plugin_routes(Path(root))
+    line = ("abcdefghijklmnopqrstuvwxyz" * 20)[:length]
+
+    def request(n: int) -> int:
+        query = {"run": "large", "checkpoint": f"step-{n % MEMORY_STEPS + 1:06d}.pt", "input": line}
+        response = apps["/attention"].get("/attention", query_string=query)
+        assert response.status_code == 200, response.get_data(as_text=True)
+        return len(response.get_data())
+
+    with ThreadPoolExecutor(MEMORY_REQUESTS) as pool:
+        sizes = list(pool.map(request, range(MEMORY_REQUESTS)))
+    peak = peak_rss_kib() / 1024
+    gc.collect()
+    time.sleep(1.0)  # idle
+    status = Path("/proc/self/status").read_text().splitlines()
+    idle = int(next(x for x in status if x.startswith("VmRSS:")).split()[1]) / 1024
+    model = next(m for m in plugin.store.models.models.values() if not isinstance(m, str)).model
+    found = {"peak": peak, "idle": idle, "answer": max(sizes) / 2**20, "params": model.num_params()}
+    print(json.dumps(found))
