@@ -131,6 +131,8 @@ SETTINGS = [
     train("list-without-m", "heads=1,2", message=r"heads=1,2: a list of values is a sweep: add -m"),
     train("range-without-m", "seed=range(3)", message=r"seed=range\(3\): .*add -m"),
     train("list-of-groups-without-m", "model=micro,small", message=r"model=micro,small: .*add -m"),
+    train("experiment-sweep-without-m", "experiment=heads_seeds",  # issue 52: trained one run
+          message=r"experiment=heads_seeds is a sweep \(seed=1,2,3\): add -m"),  # heads=2: T's
     train("remove-heads", "~heads", message=r"^microgpt: error: ~heads: every setting[^~]*$"),
     train("remove-an-unknown-key", "~nothing", message=r"~nothing: every setting"),
     train("threads-huge", "threads=100000", message=r"threads=100000 is more threads than"),
@@ -613,7 +615,7 @@ FAST = {
     "out-dir-alone",
     # issue 52: content small but hostile
     "heads-deep", "compare-config-aliases", "compare-config-seed-text", "compare-metrics-too-deep",
-    "heads-sweep-damaged-job",
+    "heads-sweep-damaged-job", "experiment-sweep-without-m",
 }  # fmt: skip
 
 
