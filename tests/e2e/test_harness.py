@@ -568,6 +568,10 @@ ISSUE_43 = [
           ("seed-list", lambda text: text.replace("seed: 7", "seed: [1, 2]"), r"seed is \[1, 2\]"),
           ("heads-text", lambda text: re.sub(r"n_head: \d+", "n_head: one", text),
            r"model\.n_head is 'one', not an integer of at least 1"))],
+    train("resume-run-json-too-deep", *RESUME_A, changed=("runs/a/run.json",),
+          message=r"runs/a: that folder holds another run \(without an id\)",
+          setup=lambda root: instead(root, "runs/a/run.json",
+                                     lambda p, k: p.write_text("[" * 100_000))),
     # a sweep's damaged job is said and passed, the others analysed, and all named at the end
     C("heads-sweep-damaged-job", "heads", ["broken-sweep"],
       r"1 of 6 checkpoints not analysed \(said above, the others written\): bad-ckpt: best\.pt$",
