@@ -135,7 +135,7 @@ class RunFolder:
 
     def run_id(self) -> str | None:
         try:
-            return str(json.loads(files.read_regular(self.path / files.RUN_FILE))["run_id"])
+            return str(files.read_json(self.path / files.RUN_FILE)["run_id"])  # bounded in depth
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

@@ -129,6 +129,9 @@ def _command_line_errors(argv, conf_dir: Path, config_name: str) -> list[str]:
         overrides = _overrides(argv)
         if multirun:  # a named experiment's own sweep (experiment=heads_seeds), as Hydra runs it
             overrides = experiment_sweep(overrides, conf_dir) + overrides
+        elif sweep := experiment_sweep(overrides, conf_dir):  # Hydra would train one run
+            name = f"experiment={_settings(overrides)['experiment']}"
+            raise UserError(f"{name} is a sweep ({' '.join(sweep)}): add -m, or set each once")
         swept = [o for o in _parse(overrides) if o.is_sweep_override()]
         if swept and not multirun:
             how = "add -m (one value that is a list: key=[a,b]; text with a comma: key='a,b')"

@@ -44,6 +44,7 @@ from microgpt.viz.tensorboard import VAL_LOSS
 
 RUN_COLUMNS = ("run", "heads", "params", "best val", "test", "tok/s")  # then the head measures'
 LOSSES = {"test": "test_loss", "best val": "best_val_loss"}  # the figures groups are compared on
+NO_DATA = "?"  # a run's data before its first checkpoint (which names it)
 ALPHA = 0.05  # a difference is significant when its Holm-corrected p is below
 SWEEP_SEEDS = "python train.py -m heads=1,2,4,8 seed=1,2,3"
 LEGEND = "best val: lowest validation loss; test: best.pt's test loss (nats per character); tok/s: "
@@ -63,7 +64,7 @@ class RunSummary:
     test_loss: float = math.nan
     tokens_per_sec: float = math.nan
     heads_summary: dict[str, float] = field(default_factory=dict)  # HeadReport.summaries()
-    data: str = "?"  # the data it was trained on: path and a hash of its split's items
+    data: str = NO_DATA  # the data it was trained on: path and a hash of its split's items
     heads_step: int | None = None  # the step the head columns were measured at
     latest_step: int | None = None  # the step they should be of (the checkpoint's, else last)
     seed: int | None = None
@@ -269,7 +270,7 @@ def _compare(a: Group[RunSummary], b: Group[RunSummary], loss: str) -> Compariso
     figure = LOSSES[loss]
     x, y = (_finite(getattr(r, figure) for r in g.runs) for g in (b, a))
     difference = statistics.fmean(x) - statistics.fmean(y) if x and y else math.nan
-    if {r.data for r in a.runs} != {r.data for r in b.runs}:
+    if len({r.data for r in a.runs + b.runs} - {NO_DATA}) > 1:  # a run with no checkpoint: any
         return Comparison(a.name, b.name, loss, difference, why="different data")
     c = Comparison(a.name, b.name, loss, difference, why="under 2 seeds")
     if a.seeds == b.seeds and len(set(a.seeds)) == a.n:  # the same seeds: pairs
@@ -328,7 +329,7 @@ def format_groups(runs: list[RunSummary]) -> str:
     lines += [line for line in map(_stale, runs) if line]
     lines += [GROUP_LEGEND, *_legend(main, LEGEND)]
     lines.append("--runs: a row per run too; --wide: every column; --csv, --json")
-    data = {r.data for r in runs}
+    data = {r.data for r in runs} - {NO_DATA}
     if len(data) > 1:
         lines.append(
             f"these runs were trained on {len(data)} different data sets (path or items differ): "

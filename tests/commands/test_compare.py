@@ -281,15 +281,19 @@ def test_roles_across_seeds_count_the_seeds_with_an_analysis_only():
 
 
 def test_a_loss_that_is_not_finite_is_left_out_and_the_seeds_column_says_so(seeded, tmp_path):
-    """issue 52: an infinite test loss crashed the verdicts; a NaN one was counted as a seed."""
+    """issue 52: an infinite test loss crashed the verdicts; a NaN one was counted as a seed; a
+    run with no checkpoint (its data unknown) kept its group from being compared."""
     shutil.copytree(seeded, tmp_path / "sweep")
     for seed, loss in ((1, math.inf), (2, math.nan)):
         best = tmp_path / "sweep" / f"heads=1,seed={seed}" / "checkpoints" / "best.pt"
         ckpt = Checkpoint.load(best)
         ckpt.metrics |= {"test_loss": loss}
         ckpt.save(best)
+    shutil.rmtree(tmp_path / "sweep" / "heads=2,seed=3" / "checkpoints")  # its data unknown
     runs = read_sweep(tmp_path / "sweep")[0]
     out = format_groups(runs)
+    assert "different data" not in out
+    assert next(line for line in out.splitlines() if "heads=4 - heads=2" in line).endswith("t")
     assert next(line for line in out.splitlines() if line.startswith("heads=1 ")).split()[:5] == [
         "heads=1", "1", "1", "of", "3"]  # fmt: skip
     assert "heads=2 - heads=1  test" in out  # one seed left: cannot tell, no traceback

@@ -131,6 +131,8 @@ SETTINGS = [
     train("list-without-m", "heads=1,2", message=r"heads=1,2: a list of values is a sweep: add -m"),
     train("range-without-m", "seed=range(3)", message=r"seed=range\(3\): .*add -m"),
     train("list-of-groups-without-m", "model=micro,small", message=r"model=micro,small: .*add -m"),
+    train("experiment-sweep-without-m", "experiment=heads_seeds",  # issue 52: trained one run
+          message=r"experiment=heads_seeds is a sweep \(seed=1,2,3\): add -m"),  # heads=2: T's
     train("remove-heads", "~heads", message=r"^microgpt: error: ~heads: every setting[^~]*$"),
     train("remove-an-unknown-key", "~nothing", message=r"~nothing: every setting"),
     train("threads-huge", "threads=100000", message=r"threads=100000 is more threads than"),
@@ -566,6 +568,10 @@ ISSUE_43 = [
           ("seed-list", lambda text: text.replace("seed: 7", "seed: [1, 2]"), r"seed is \[1, 2\]"),
           ("heads-text", lambda text: re.sub(r"n_head: \d+", "n_head: one", text),
            r"model\.n_head is 'one', not an integer of at least 1"))],
+    train("resume-run-json-too-deep", *RESUME_A, changed=("runs/a/run.json",),
+          message=r"runs/a: that folder holds another run \(without an id\)",
+          setup=lambda root: instead(root, "runs/a/run.json",
+                                     lambda p, k: p.write_text("[" * 100_000))),
     # a sweep's damaged job is said and passed, the others analysed, and all named at the end
     C("heads-sweep-damaged-job", "heads", ["broken-sweep"],
       r"1 of 6 checkpoints not analysed \(said above, the others written\): bad-ckpt: best\.pt$",
@@ -613,7 +619,7 @@ FAST = {
     "out-dir-alone",
     # issue 52: content small but hostile
     "heads-deep", "compare-config-aliases", "compare-config-seed-text", "compare-metrics-too-deep",
-    "heads-sweep-damaged-job",
+    "heads-sweep-damaged-job", "experiment-sweep-without-m",
 }  # fmt: skip
 
 
