@@ -58,6 +58,8 @@ RECIPES = {
     # the study on 2 cores as typed: each job analysed, then compare's table
     # (made when Newton-Schulz was Muon's default, as docs/heads.md's analyses)
     "sweep": (["-m", "experiment=heads_seeds", "hydra/launcher=joblib", NS], None, True),
+    # the README's table: today's default, 5 seeds, one job at a time on one thread
+    "sweep-5": (["-m", "heads=1,2,4,8", "seed=1,2,3,4,5"], 1, True),
 }
 BUSY = ("names-busy", "names-as-typed-busy")
 QUICK = ["train.max_steps=6", "train.eval_every=3", "log.attn_every=6", "log.head_items=8"]
