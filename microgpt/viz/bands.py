@@ -147,15 +147,16 @@ def _write_group(folder: Path, group: Group[RunFolder]) -> bool:
 def write_bands(sweep: str | os.PathLike) -> list[Group[RunFolder]]:
     """For each group of two runs or more under `sweep` (find_runs, group_runs by config.yaml),
     its bands in <sweep>/groups/<group>/, replacing what an earlier call wrote there; returns the
-    groups written (none: nothing is written)."""
+    groups written (none: nothing is written, and the bands an earlier call wrote are removed)."""
     root = Path(sweep).expanduser()
     found = find_runs(root)
     groups = group_runs(found, _config, lambda run: run.name_under(root))
     groups = [g for g in groups if g.n >= 2]
     out = root / GROUPS_DIR
-    if not groups:
-        return []
     _check_ours(out)
+    if not groups:  # bands follow their seeds: those of an earlier call go with them
+        shutil.rmtree(out, ignore_errors=True)
+        return []
     # built beside `out` (hidden: find_runs skips it), then given its name in one step
     new, old = (root / f".{GROUPS_DIR}.{secrets.token_hex(4)}.{end}" for end in ("tmp", "old"))
     new.mkdir()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 import urllib.parse
 import urllib.request
@@ -131,6 +132,10 @@ def test_a_second_call_replaces_its_own_groups_and_nothing_else(tmp_path):
         write_bands(sweep)
     assert changes(before, fingerprint(sweep)) == ([], [], [])
     assert not [p for p in sweep.iterdir() if p.name.startswith(".")]  # no leftovers
+    mine.unlink()
+    for job in [p for p in sweep.iterdir() if p.name.endswith(("seed=2", "seed=3"))]:
+        shutil.rmtree(job)  # one seed left in each group
+    assert write_bands(sweep) == [] and not groups.exists()  # its bands went with it
 
 
 @pytest.mark.parametrize("kind", ["folder", "link", "file"])
