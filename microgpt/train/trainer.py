@@ -242,8 +242,9 @@ class Trainer:
             log.warning(line)
         self.emit("on_start")
 
-    # ---- checkpoints (the trainer's, not a listener's: last.pt gathers every rank's RNG and loss
-    # window, where listeners run on rank 0 alone, and a stop saves it from inside the loop)
+    # ---- checkpoints: the trainer's, not a listener's, since last.pt gathers every rank's RNG and
+    # loss window (listeners run on rank 0 alone) and a stop saves it from inside the loop; best.pt
+    # and the snapshots stay beside it: one writer of the run's checkpoints, heard as on_saved
 
     def checkpoint(self, metrics: dict, model=None, resume=None) -> Checkpoint:
         """The run's checkpoint at its step: `model`'s weights (default: self.model) and all that
