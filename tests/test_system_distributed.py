@@ -23,7 +23,6 @@ from microgpt import system
 from microgpt.checkpoint import Checkpoint
 from microgpt.config import ConfigError, load_config
 from microgpt.model import GPT, GPTConfig
-from microgpt.train import state
 from microgpt.train.trainer import Trainer, train
 from tests.conftest import CONF, REPO, TINY, compose_config, make_names
 
@@ -192,7 +191,7 @@ def test_a_compiled_model_trains_the_plain_modules_weights_and_saves_its_keys(ti
     the plain module's own tensors, and checkpoints hold its keys (no `_orig_mod.` prefix)."""
     trainer = Trainer(load_config(tiny_cfg("train.compile=true", "device=cpu")))
     assert trainer.train_model._orig_mod is trainer.model
-    saved = state.checkpoint(trainer, {}).model
+    saved = trainer.checkpoint({}).model
     assert list(saved) == list(GPT(trainer.model_config).state_dict())
 
 

@@ -1,7 +1,8 @@
-"""The training loop: `train(cfg)` builds a `Trainer` (train.state: the machine, the data, the
-model, a resume's state) and runs it: `train_step`, evaluation and checkpoints, each point of the
-loop an event its listeners hear (train.listeners: TensorBoard, the head analysis, samples, the
-progress bar); it returns the final metrics.
+"""The training loop: `train(cfg)` builds a `Trainer` (from train.state's set-up steps: the
+machine, the data, the model; then its own state, a resume's taken back from last.pt) and runs
+it: `train_step`, evaluation and checkpoints, each point of the loop an event its listeners hear
+(train.listeners: TensorBoard, the head analysis, samples, the progress bar); it returns the final
+metrics.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import torch
 from omegaconf import OmegaConf
 
 from microgpt import runs, system
+from microgpt.checkpoint import Checkpoint
 from microgpt.config import Config, ConfigError, load_config
 from microgpt.train import state
 from microgpt.train.listeners import Listener, default_listeners
 from microgpt.train.loss import LossWindow, StepResult, eval_rows, evaluate, rank_batch
 from microgpt.train.optim import WeightAverage, fit_warmup, lr_at, make_optimizer
 from microgpt.train.stopping import Interrupted, StopFlag, TrainingError, diverged
+from microgpt.train.threads import measured_threads
 
 log = logging.getLogger("microgpt")
 HUGE_WEIGHT = 1e4  # a weight beyond it (or not finite) marks the group that diverged
@@ -60,17 +63,52 @@ class Trainer:
         # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.threads_from = system.threads_origin(c.threads, system.usable_cores(), os.environ)
-        if line := state.measure_threads(self):
+        # threads=auto on a CPU of several cores (no OMP_NUM_THREADS, no torchrun): measured
+        auto = c.threads == "auto" and system.env_threads(os.environ) is None
+        if auto and self.threads > 1 and self.device.type == "cpu" and not self.dist.enabled:
+            self.threads, line = measured_threads(self, self.threads)
             self.notes.append(line)
             self.threads_from = "threads=auto measured it the fastest"
         # the training batches: the global batch's order, each process taking its share
         self.global_batch = c.train.batch_size * self.dist.world_size
         self.batches = data.train_batches(self.global_batch, c.seed, pack=c.train.pack)
-        self.step, self.best_val_loss, self.history = 0, math.inf, {}
-        self.window, self.run_id = LossWindow(), None  # run_id: set at the claim (rank 0)
+        # metrics: the last of each figure (a resume's from last.pt); run_id: set at the claim
+        self.step, self.best_val_loss, self.metrics, self.run_id = 0, math.inf, {}, None
+        self.window = LossWindow()
         if self.resume_path is not None:
-            state.load_resume(self)
+            self._resume()
         self.listeners: list[Listener] = default_listeners() if self.dist.is_main else []
+
+    def _resume(self) -> None:
+        """The state of last.pt (resume_path) taken back: weights, optimizer, sampler, averaged
+        weights, scaler, RNG, loss window, step, best score, metrics and run id. Each rank takes
+        its own RNG and loss window where the world size is the checkpoint's, else rank 0's RNG."""
+        # on the CPU: RNG states must stay CPU byte tensors; the weights and the optimizer's
+        # state are copied to the device by load_state_dict
+        ckpt = Checkpoint.load(self.resume_path, map_location="cpu")
+        ckpt.check_resumable(self.checkpoint({}), self.global_batch, self.dist.world_size)
+        r, c = ckpt.resume, self.config
+        self.model.load_state_dict(ckpt.model)
+        self.optimizer.load_state_dict(r["optimizer"])
+        self.batches.load_state_dict(r["sampler"])
+        if self.ema is not None and r.get("ema") is not None:
+            self.ema.load_state_dict(r["ema"])
+        if r.get("scaler"):
+            self.scaler.load_state_dict(r["scaler"])
+        per_rank = r.get("ranks") or []
+        mine = per_rank[self.dist.rank] if len(per_rank) == self.dist.world_size else r
+        state.set_rng_state(mine["rng"])
+        self.window = LossWindow(mine.get("window"))
+        self.best_val_loss, self.step, self.run_id = r["best_val_loss"], ckpt.step, ckpt.run_id
+        self.metrics = {k: v for k, v in ckpt.metrics.items() if k != "interrupted_at"}
+        was = ckpt.train_config["train"]["max_steps"]
+        if was != c.train.max_steps and c.optim.decay != "constant":  # said once claimed
+            self.notes.append(
+                f"train.max_steps={c.train.max_steps} on a run of {was} steps: the {c.optim.decay} "
+                f"schedule now spans {c.train.max_steps} steps, as a run started with it would; "
+                f"the learning rate goes from {lr_at(self.step - 1, c, was):.3g} at step "
+                f"{self.step} to {lr_at(self.step, c):.3g}"
+            )
 
     @property
     def final(self) -> bool:
@@ -143,29 +181,28 @@ class Trainer:
             system.run_on_main(self._open_run_folder, self.dist)
             start, tokens_done, other_work = time.perf_counter(), 0, 0.0
             self.window.start_clock()  # throughput counts training alone, not the set-up
-            metrics: dict = dict(self.history)
             with StopFlag() as stop:
                 self.model.train()
                 while self.step < self.config.train.max_steps:
-                    out, spent = self.loop_step(metrics, stop)
+                    out, spent = self.loop_step(stop)
                     tokens_done, other_work = tokens_done + out.tokens, other_work + spent
             # what `train` returns (every rank): the last metrics, the run's size and its
             # throughput (training alone: the seconds spent evaluating and saving left out)
-            elapsed = time.perf_counter() - start
+            elapsed, metrics = time.perf_counter() - start, self.metrics
             metrics.update(step=self.step, params=self.model.num_params(), elapsed_s=elapsed)
             metrics.update(global_batch=self.global_batch, run_dir=str(self.out_dir))
             metrics["tokens_per_sec"] = tokens_done / max(elapsed - other_work, 1e-9)
-            system.run_on_main(lambda: self._finish(metrics), self.dist)
+            system.run_on_main(self._finish, self.dist)
             return metrics
         finally:
             for listener in self.listeners:
                 listener.close()
 
-    def loop_step(self, metrics: dict, stop: StopFlag) -> tuple[StepResult, float]:
+    def loop_step(self, stop: StopFlag) -> tuple[StepResult, float]:
         """One step of the loop: train_step and the train loss window (on_step), then what is due
         after it (evaluation and last.pt, a snapshot; on_step_end); (the step's result, the
         seconds of that other work)."""
-        c = self.config
+        c, metrics = self.config, self.metrics
         # off the CPU, float() waits for the GPU: check and agree on stopping every log_every steps
         check_every = 1 if self.device.type == "cpu" else c.train.log_every
         out = self.train_step(check=(self.step + 1) % check_every == 0)
@@ -178,7 +215,7 @@ class Trainer:
         busy = time.perf_counter()
         stop.at_once = self.final  # after the last step a signal stops the final work at once
         if self.step % c.train.eval_every == 0 or self.final:  # rank 0 evaluates; all ranks save
-            metrics.update(system.run_on_main(lambda: self._evaluate(metrics), self.dist) or {})
+            metrics.update(system.run_on_main(self._evaluate, self.dist) or {})
             self._save_last(metrics)
         if c.train.save_every and self.step % c.train.save_every == 0:
             snapshot = self.folder.snapshot(self.step)  # the (averaged) weights, no optimizer
@@ -205,23 +242,40 @@ class Trainer:
             log.warning(line)
         self.emit("on_start")
 
-    # ---- evaluation, checkpoints, what rank 0 says
+    # ---- checkpoints: the trainer's, not a listener's, since last.pt gathers every rank's RNG and
+    # loss window (listeners run on rank 0 alone) and a stop saves it from inside the loop; best.pt
+    # and the snapshots stay beside it: one writer of the run's checkpoints, heard as on_saved
+
+    def checkpoint(self, metrics: dict, model=None, resume=None) -> Checkpoint:
+        """The run's checkpoint at its step: `model`'s weights (default: self.model) and all that
+        describes them; `resume`: last.pt's resume state."""
+        saved = dict(model=(model or self.model).state_dict(), step=self.step, run_id=self.run_id)
+        saved.update(model_config=self.model_config.to_dict(), tokenizer=self.tokenizer.to_dict())
+        saved.update(train_config=self.config.to_dict(), split=self.data.record(), resume=resume)
+        return Checkpoint(**saved, metrics=dict(metrics), data_sha256=self.data_sha256)
 
     def _save(self, metrics: dict, path, model=None, resume=None) -> None:
-        """A checkpoint of `model` (default: self.model) at this step to `path` (state.checkpoint);
-        on_saved."""
-        state.checkpoint(self, metrics, model, resume).save(path)
+        """self.checkpoint(...) to `path`; on_saved."""
+        self.checkpoint(metrics, model, resume).save(path)
         self.emit("on_saved", path)
 
     def _save_last(self, metrics: dict) -> None:
-        """last.pt with the resume state; every rank calls it (each rank's RNG and loss window)."""
-        resume = state.resume_state(self)
+        """last.pt with what an exact resume needs; every rank calls it (each rank's RNG and loss
+        window gathered; rank 0's RNG: what a resume on another number of ranks uses)."""
+        mine = {"rng": state.rng_state(), "window": self.window.state_dict()}
+        ranks = system.gather_objects(mine, self.dist)
+        ema = self.ema.state_dict() if self.ema is not None else None
+        resume = {"optimizer": self.optimizer.state_dict(), "sampler": self.batches.state_dict()}
+        resume.update(scaler=self.scaler.state_dict(), ema=ema, rng=ranks[0]["rng"], ranks=ranks)
+        resume.update(best_val_loss=self.best_val_loss, world_size=self.dist.world_size)
         system.run_on_main(lambda: self._save(metrics, self.folder.last, None, resume), self.dist)
 
-    def _evaluate(self, metrics: dict) -> dict:
+    # ---- evaluation, what rank 0 says
+
+    def _evaluate(self) -> dict:
         """Validation loss (a large split estimated while the run trains), on_evaluated, best.pt
         if it improved, the log line (rank 0)."""
-        c, val, final = self.config, self.datasets["val"], self.final
+        c, val, final, metrics = self.config, self.datasets["val"], self.final, self.metrics
         # best.pt is chosen on the same rows every time: a large split's estimate (eval_rows)
         score = evaluate(self.eval_model, val, c.train.eval_batch_size, self.autocast, True)
         rows, val_loss = len(eval_rows(val, True)), score
@@ -231,7 +285,7 @@ class Trainer:
         if not math.isfinite(val_loss):
             rate = self._diverging_rate(lr_at(self.step - 1, c))
             raise diverged(self.step, val_loss, math.nan, rate, self.folder.last, "validation loss")
-        # best_val_loss: the best score; the final one, or state.tested_best, makes it exact
+        # best_val_loss: the best score; the final one, or _finish, makes it exact
         improved = score < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, score)
         best = val_loss if final and improved else self.best_val_loss
@@ -275,10 +329,25 @@ class Trainer:
             f"({self.threads_from})"
         )
 
-    def _finish(self, metrics: dict) -> None:
-        """After the last step (rank 0): best.pt tested, the test loss line, on_finished."""
-        model = state.tested_best(self, metrics)
-        test, best_val = metrics["test_loss"], metrics.get("best_val_loss", math.nan)
+    def _finish(self) -> None:
+        """After the last step (rank 0): the test loss of best.pt's weights (as makemore reports
+        it; eval_model's where there is no best.pt) into the metrics and best.pt, with, where
+        best.pt was chosen on an estimate, its whole-split validation loss; a line; on_finished."""
+        metrics, batch, val = self.metrics, self.config.train.eval_batch_size, self.datasets["val"]
+        best_path = self.folder.best
+        best = Checkpoint.load(best_path, map_location="cpu") if best_path.exists() else None
+        model = best.build_model(self.device)[0] if best is not None else self.eval_model
+        test = evaluate(model, self.datasets["test"], batch, self.autocast)
+        metrics["test_loss"] = test  # a single figure: the Text and HParams tabs
+        if best is not None and best.step < self.step and len(eval_rows(val, True)) < len(val):
+            # best.pt was chosen on an estimate (_evaluate): its exact loss
+            exact = evaluate(model, val, batch, self.autocast)
+            metrics["best_val_loss"] = best.metrics["best_val_loss"] = exact
+            best.metrics["val_loss"] = exact
+        if best is not None:
+            best.metrics["test_loss"] = test
+            best.save(best_path)
+        best_val = metrics.get("best_val_loss", math.nan)
         log.info(
             f"test loss {test:.4f} nats/char ({test / math.log(2):.3f} bits; best val "
             f"{best_val:.4f}) after {self.step} steps in {metrics['elapsed_s']:.1f} s"
