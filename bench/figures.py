@@ -35,6 +35,7 @@ if __name__ == "__main__":  # `python bench/figures.py` puts bench/, not the rep
 from microgpt import entry  # noqa: E402
 from microgpt.errors import UserError  # noqa: E402
 from microgpt.files import check_new_file, project_data, read_json, write_text  # noqa: E402
+from microgpt.runs import RunFolder  # noqa: E402
 
 NS = "optim.muon_ortho=newton-schulz"  # Muon's default until 2026-11-28
 # name: (the README's train.py settings, threads (None: as typed, a sweep's jobs sharing the
@@ -101,10 +102,12 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
     }
     if analysed:
         _call(["python", "-m", "microgpt.heads", str(run), "--threads", str(threads)])
-        analysis = json.loads((run / "heads-best.json").read_text())
+        folder = RunFolder(run)
+        analysis = read_json(folder.analysis(folder.best))
         figures["heads_loss"] = _figure(analysis["loss"], 4)
         figures["prunable"] = _figure(analysis["pruning"]["prunable"], 0)
-        table = re.search(r"^\|.*(\n\|.*)*", (run / "heads-best.md").read_text(), re.MULTILINE)
+        markdown = folder.analysis(folder.best, ".md").read_text()
+        table = re.search(r"^\|.*(\n\|.*)*", markdown, re.MULTILINE)
         figures["table"] = {"value": None, "text": table[0]}  # the head table, as written
         for row in analysis["heads"]:
             if row["role"] != "mixed":  # a named head: its role, score and importance
@@ -120,7 +123,7 @@ def _over_seeds(sweep: Path) -> dict:
     and the t-based 95% interval of the mean (microgpt.stats, as compare draws it)."""
     from microgpt.stats import interval
 
-    jobs = sorted(m.parent for m in sweep.glob("*/metrics.jsonl"))
+    jobs = sorted(p for p in sweep.iterdir() if RunFolder(p).metrics_file.is_file())
     losses = {job.name: _result(job)["result/test_loss"] for job in jobs}
     values, mean = list(losses.values()), interval(list(losses.values()))
     figures = {f"test_loss {job}": _figure(v, 4) for job, v in losses.items()}
@@ -135,8 +138,7 @@ def _over_seeds(sweep: Path) -> dict:
 
 def _result(run: Path) -> dict:
     """The result line of a run's metrics.jsonl: its last holding result/test_loss."""
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return next(line for line in reversed(lines) if "result/test_loss" in line)
+    return next(line for line in reversed(RunFolder(run).metrics()) if "result/test_loss" in line)
 
 
 def _figure(value: float, digits: int) -> dict:

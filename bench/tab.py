@@ -37,6 +37,7 @@ from bench.common import REPO, compose, figure, timed
 from bench.memory import peak_rss_kib
 from microgpt.commands.heads import main as analyse_run
 from microgpt.commands.tab import MicrogptPlugin
+from microgpt.runs import RunFolder
 from microgpt.train.trainer import train
 
 HEADS = (1, 2, 4, 8)
@@ -137,10 +138,9 @@ def make_large_run(args, root: Path) -> None:
     overrides = ["data.format=text", f"data.path='{text}'", "train.max_steps=1"]
     overrides += ["train.num_samples=0", "train.progress=false", "device=cpu", f"out_dir='{out}'"]
     train(compose([*overrides, *([] if args.quick else LARGE), f"threads={args.threads or 1}"]))
+    run = RunFolder(out)
     for step in range(1, MEMORY_STEPS + 1):
-        shutil.copyfile(
-            out / "checkpoints" / "best.pt", out / "checkpoints" / f"step-{step:06d}.pt"
-        )
+        shutil.copyfile(run.best, run.snapshot(step))
 
 
 def tab_memory(args, tmp: Path) -> tuple[dict, str]:

@@ -20,6 +20,7 @@ from microgpt.config import Config, ConfigError, flatten
 from microgpt.errors import UserError, reason
 from microgpt.files import atomic_write
 from microgpt.model import GPT, GPTConfig, check_gpt_settings
+from microgpt.runs import run_of
 from microgpt.tokenizer import CharTokenizer
 
 FORMAT = "microgpt-checkpoint"
@@ -134,7 +135,7 @@ class Checkpoint:
                 torch.save(full, f)
         # torch.save reports a failed write (a full disk: "unexpected pos") as RuntimeError
         except (OSError, RuntimeError) as e:
-            last = path.parent / "last.pt"
+            last = run_of(path).last
             kept = f"{last} is whole: free space, then python train.py resume={last}"
             if not last.is_file():
                 kept = "no checkpoint of this run was written yet: free space, then start again"

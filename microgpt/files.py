@@ -114,6 +114,12 @@ def is_run_folder(folder: str | os.PathLike) -> bool:
     return (Path(folder) / RUN_FILE).exists() or (Path(folder) / CHECKPOINTS).is_dir()
 
 
+def inside(folder: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """THE rule for "no link leading out" on reading (the tab's): whether `path`, its links
+    followed, lies in `folder` (its links followed too)."""
+    return Path(path).resolve().is_relative_to(Path(folder).resolve())
+
+
 def is_system_path(path: str | os.PathLike) -> bool:
     """Whether `path` (absolute) lies under /dev, /proc or /sys (devices and the kernel's files:
     never an output)."""

@@ -87,6 +87,15 @@ class RunFolder:
                 skipped.append(f"{self.metrics_file} line {number}: not a {what} record")
         return records
 
+    def append_metrics(self, from_step: int | None = None):
+        """metrics.jsonl opened to append records, never through a link (files.refuse_link);
+        from_step (a resume): its records from that step on dropped first, to be written again."""
+        if from_step is not None and self.metrics_file.exists():
+            kept = [r for r in self.metrics() if r["step"] < from_step]
+            files.write_text(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
+        files.refuse_link(self.metrics_file)
+        return open(self.metrics_file, "a", encoding="utf-8")
+
     def snapshot(self, step: int) -> Path:
         """checkpoints/step-NNNNNN.pt: the weights at `step` (train.save_every)."""
         return self.checkpoints / f"step-{step:06d}.pt"
@@ -143,10 +152,15 @@ class RunFolder:
         return str(self.path)
 
 
+def run_at(folder: str | os.PathLike) -> RunFolder:
+    """The run whose folder, or whose checkpoints/ folder, `folder` is."""
+    p = Path(folder).expanduser()
+    return RunFolder(p.parent if p.name == files.CHECKPOINTS else p)
+
+
 def run_of(checkpoint: str | os.PathLike) -> RunFolder:
     """The run a checkpoint belongs to (a checkpoint elsewhere: the folder it lies in)."""
-    p = Path(checkpoint).expanduser()
-    return RunFolder(p.parent.parent if p.parent.name == files.CHECKPOINTS else p.parent)
+    return run_at(Path(checkpoint).expanduser().parent)
 
 
 def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
@@ -156,7 +170,7 @@ def resolve(path: str | os.PathLike) -> tuple[RunFolder, Path]:
         raise RunFolderError(f"{p} does not exist; pass a run folder or a checkpoint file")
     if not p.is_dir():
         return run_of(p), p
-    run = RunFolder(p.parent if p.name == files.CHECKPOINTS else p)
+    run = run_at(p)
     if (checkpoint := run.default_checkpoint()) is not None:
         return run, checkpoint
     inside = [str(c.parent.parent) for c in find_checkpoints((p,), "best.pt")]

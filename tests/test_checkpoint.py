@@ -22,6 +22,7 @@ def saved(tmp_path, **changes):
     ckpt = Checkpoint(model, config.to_dict(), tokenizer, Config().to_dict(), 3, split=split)
     raw = {**ckpt.to_dict(), **changes}
     raw["checksum"] = checksum(raw)
+    tmp_path.mkdir(exist_ok=True)
     torch.save(raw, path := tmp_path / "last.pt")
     return path
 
@@ -82,7 +83,7 @@ def test_weights_not_finite_or_of_the_wrong_shape_are_refused_at_load(tmp_path, 
 
 
 def test_a_full_disk_during_a_save_is_one_line_with_the_resume_command(tmp_path, monkeypatch):
-    last = saved(tmp_path)
+    last = saved(tmp_path / "checkpoints")  # the run's last.pt (RunFolder names it)
     before = last.read_bytes()
 
     def full_disk(*args, **kwargs):  # what torch.save raises on a full tmpfs
@@ -92,7 +93,7 @@ def test_a_full_disk_during_a_save_is_one_line_with_the_resume_command(tmp_path,
 
     monkeypatch.setattr(torch, "save", full_disk)
     with pytest.raises(CheckpointError) as e:
-        Checkpoint.load(last).save(tmp_path / "last.pt")
+        Checkpoint.load(last).save(last)
     assert str(e.value).startswith(f"cannot write {last}: ") and "\n" not in str(e.value)
     assert str(e.value).endswith(f"python train.py resume={last}") and last.read_bytes() == before
 

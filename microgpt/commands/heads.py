@@ -89,8 +89,8 @@ def _main(argv: list[str] | None) -> None:
 def _sweep_jobs(folder: Path) -> list[runs.RunFolder]:
     """The runs with a checkpoint under `folder` when it is no run itself (a sweep), else []
     (runs.resolve then says what `folder` is)."""
-    run = runs.RunFolder(folder)
-    if not folder.is_dir() or folder.name == "checkpoints" or run.default_checkpoint():
+    run = runs.run_at(folder)
+    if not folder.is_dir() or run.path != folder or run.default_checkpoint():
         return []
     try:
         return [job for job in runs.find_runs(folder) if job.default_checkpoint() is not None]

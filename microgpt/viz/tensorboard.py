@@ -27,7 +27,6 @@ from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torch.utils.tensorboard.summary import text as text_summary
 
 from microgpt.config import flatten
-from microgpt.files import refuse_link, write_text
 from microgpt.heads import measures
 from microgpt.heads.measures import MEASURES
 from microgpt.heads.report import HeadReport
@@ -56,12 +55,7 @@ class TensorBoardLogger:
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)  # makes the folder
         # every scalar also goes, one JSON object per call, to metrics.jsonl: written as it goes,
         # so a crash loses at most the last line; a resume drops the lines it will write again
-        metrics = RunFolder(log_dir).metrics_file
-        if purge_step is not None and metrics.exists():
-            kept = [line for line in RunFolder(log_dir).metrics() if line["step"] < purge_step]
-            write_text(metrics, "".join(json.dumps(line) + "\n" for line in kept))
-        refuse_link(metrics)  # appended to: never through a link (files.refuse_link)
-        self.metrics_file = open(metrics, "a", encoding="utf-8")
+        self.metrics_file = RunFolder(log_dir).append_metrics(purge_step)
         # the last head summaries: HParams metrics too (see hparams)
         self.last_head_summary: dict[str, float] = {}
 

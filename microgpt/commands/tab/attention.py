@@ -24,6 +24,7 @@ from microgpt.checkpoint import Checkpoint, CheckpointError
 from microgpt.commands.heads import analysis_rows
 from microgpt.commands.tab.lab import LabError, lab, parse_ablation, parse_off, parse_pin
 from microgpt.data.dataset import Data, DataError, checkpoint_format, data_of_checkpoint
+from microgpt.files import inside
 from microgpt.groups import Group, group_name, group_runs
 from microgpt.heads.analyse import length_batches
 from microgpt.heads.circuits import mean_outputs
@@ -91,11 +92,6 @@ def runs_under(roots: dict[str, Path]) -> dict[str, RunFolder]:
                 if inside(root, run.path):
                     found["/".join(filter(None, (group, run.name_under(root))))] = run
     return found
-
-
-def inside(folder: Path, path: Path) -> bool:
-    """Whether `path`, its links followed, lies in `folder` (its links followed too)."""
-    return path.resolve().is_relative_to(folder.resolve())
 
 
 def load_model(path: Path) -> Loaded:
