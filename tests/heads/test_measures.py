@@ -23,12 +23,12 @@ from tests.conftest import TINY, compose_config, make_names
 @pytest.fixture
 def probe():
     """Two measures registered for the test: `probe`, per head, 10 * layer + head (on the tab's
-    captions); `probe_max`, its largest, a compare column."""
+    captions); `probe_max`, its largest, a compare column and a line of the tab's timeline."""
     added = [
         Measure("probe", lambda r: 10.0 * torch.arange(r.n_layer)[:, None] + torch.arange(
             r.n_head), "a test's number", ".1f", per_head=True, caption="p"),
         Measure("probe_max", lambda r: 10 * (r.n_layer - 1) + r.n_head - 1, "the largest",
-                ".1f", column="probe"),
+                ".1f", column="probe", line="probe max"),
     ]  # fmt: skip
     MEASURES.extend(added)
     yield
@@ -63,3 +63,6 @@ def test_a_registered_measure_shows_in_tensorboard_compare_and_the_tab(probe, tm
     assert [label["probe"] for row in body["heads"] for label in row] == [0.0, 1.0, 10.0, 11.0]
     listed = {"name": "probe", "caption": "p", "fmt": ".1f", "help": "a test's number"}
     assert listed in body["measures"]
+    app = Client(MicrogptPlugin(context).get_plugin_apps()["/timeline"])
+    lines = json.loads(app.get("/timeline", query_string={"run": "heads=2"}).data)["lines"]
+    assert {"name": "probe_max", "line": "probe max", "fmt": ".1f", "help": "the largest"} in lines
