@@ -21,10 +21,7 @@ import contextlib
 import gc
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
@@ -33,8 +30,7 @@ from pathlib import Path
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
-from bench.common import REPO, compose, figure, timed
-from bench.memory import peak_rss_kib
+from bench.common import REPO, child, compose, figure, rss_mib, timed
 from microgpt.commands.heads import main as analyse_run
 from microgpt.commands.tab import MicrogptPlugin
 from microgpt.train.trainer import train
@@ -148,12 +144,7 @@ def tab_memory(args, tmp: Path) -> tuple[dict, str]:
     root = tmp / "tab-memory"
     make_large_run(args, root)
     line = LINE if not args.quick else 64  # the quick model's block is 128
-    code = f"from bench.tab import memory_child; memory_child({str(root)!r}, {line})"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"the memory child failed: {done.stderr.strip().splitlines()[-1]}")
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = child(["-c", f"import bench.tab as t; t.memory_child({str(root)!r}, {line})"])
     quick = args.quick
     figures = {
         f"memory_{k}": figure([found[k]], "MB", None if quick else ("<=", MEMORY_TARGETS[k]))
@@ -178,11 +169,10 @@ def memory_child(root: str, length: int = LINE) -> None:
 
     with ThreadPoolExecutor(MEMORY_REQUESTS) as pool:
         sizes = list(pool.map(request, range(MEMORY_REQUESTS)))
-    peak = peak_rss_kib() / 1024
+    peak = rss_mib()
     gc.collect()
     time.sleep(1.0)  # idle
-    status = Path("/proc/self/status").read_text().splitlines()
-    idle = int(next(x for x in status if x.startswith("VmRSS:")).split()[1]) / 1024
+    idle = rss_mib("VmRSS")
     model = next(m for m in plugin.store.models.models.values() if not isinstance(m, str)).model
     found = {"peak": peak, "idle": idle, "answer": max(sizes) / 2**20, "params": model.num_params()}
     print(json.dumps(found))
