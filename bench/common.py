@@ -67,14 +67,14 @@ def compose(overrides) -> object:
 _runs = 0
 
 
-def run_overrides(args, tmp: Path) -> list[str]:
-    """What every run here takes: the device, a fresh out_dir under tmp, no progress bar, the
-    thread count (--threads, else auto)."""
+def run_overrides(args, tmp: Path, out: Path | None = None) -> list[str]:
+    """What every run here takes: the device, out_dir `out` (else a fresh one under tmp), no
+    progress bar, the thread count (--threads, else auto)."""
     global _runs
     _runs += 1
-    out = tmp / f"run{_runs}"
+    out = out or tmp / f"run{_runs}"
     threads = f"threads={args.threads or 'auto'}"
-    return [f"device={args.device}", f"out_dir={out}", "train.progress=false", threads]
+    return [f"device={args.device}", f"out_dir='{out}'", "train.progress=false", threads]
 
 
 def make_trainer(overrides, args, tmp: Path) -> Trainer:
