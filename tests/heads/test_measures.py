@@ -8,7 +8,6 @@ from argparse import Namespace
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
@@ -17,7 +16,7 @@ from microgpt.commands.heads import main as heads_main
 from microgpt.commands.tab import MicrogptPlugin
 from microgpt.heads.measures import MEASURES, Measure
 from microgpt.train.trainer import train
-from tests.conftest import TINY, compose_config, make_names
+from tests.conftest import TINY, compose_config, make_names, read_events
 
 
 @pytest.fixture
@@ -42,7 +41,7 @@ def test_a_registered_measure_shows_in_tensorboard_compare_and_the_tab(probe, tm
     data = [f"data.path={tmp_path / 'names.txt'}", "train.num_samples=0", "model.n_layer=2"]
     train(compose_config([*TINY, *data, f"out_dir='{run}'"]))
     # TensorBoard: each head's value, and the summary, at each analysis
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0}).Reload()
+    events = read_events(run)
     assert events.Scalars("per_head/layer1/head0/probe")[-1].value == 10.0
     assert events.Scalars("heads/probe_max")[-1].value == 11.0
     assert heads_main([str(run), "--threads", "1"]) == 0
