@@ -32,6 +32,11 @@ def compose_config(overrides=(), config_name: str = "config"):
         return compose(config_name=config_name, overrides=list(overrides))
 
 
+def close(a, b, atol: float = 1e-5) -> None:
+    """a equals b to atol (fp32 implementations of one function), no relative slack."""
+    torch.testing.assert_close(a, b, atol=atol, rtol=0)
+
+
 def read_events(path) -> EventAccumulator:
     """Every event of a run's folder, nothing sampled (EventAccumulator keeps a sample by
     default), once its writer is flushed and closed."""
