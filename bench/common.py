@@ -7,6 +7,7 @@ library's training or decoding.
 from __future__ import annotations
 
 import contextlib
+import json
 import operator
 import os
 import platform
@@ -66,14 +67,14 @@ def compose(overrides) -> object:
 _runs = 0
 
 
-def run_overrides(args, tmp: Path) -> list[str]:
-    """What every run here takes: the device, a fresh out_dir under tmp, no progress bar, the
-    thread count (--threads, else auto)."""
+def run_overrides(args, tmp: Path, out: Path | None = None) -> list[str]:
+    """What every run here takes: the device, out_dir `out` (else a fresh one under tmp), no
+    progress bar, the thread count (--threads, else auto)."""
     global _runs
     _runs += 1
-    out = tmp / f"run{_runs}"
+    out = out or tmp / f"run{_runs}"
     threads = f"threads={args.threads or 'auto'}"
-    return [f"device={args.device}", f"out_dir={out}", "train.progress=false", threads]
+    return [f"device={args.device}", f"out_dir='{out}'", "train.progress=false", threads]
 
 
 def make_trainer(overrides, args, tmp: Path) -> Trainer:
@@ -122,6 +123,23 @@ def alternate(trainers: list[Trainer], rounds: int, block_s: float, warmup: int)
             seconds, chars = time_steps(trainers[i], steps[i])
             per[i].append((seconds / steps[i], chars / seconds))
     return per
+
+
+def child(argv: list[str]) -> dict:
+    """The JSON line `python argv` prints last, run fresh in the repository (on its path): its
+    peak memory is its own."""
+    env, cmd = {**os.environ, "PYTHONPATH": str(REPO)}, [sys.executable, *argv]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[0]} {argv[1][:40]} failed: {done.stderr.strip()[-300:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def rss_mib(field: str = "VmHWM") -> float:
+    """This process's resident memory from /proc: VmHWM, its peak (exec resets it: ru_maxrss
+    would carry over the peak of the process that started this one), VmRSS, now."""
+    lines = Path("/proc/self/status").read_text().splitlines()
+    return int(next(line for line in lines if line.startswith(f"{field}:")).split()[1]) / 1024
 
 
 def machine_info() -> dict:

@@ -29,8 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":  # `python bench/figures.py` puts bench/, not the repository, on the path
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
-    sys.path.insert(0, str(REPO))
+    sys.path[0] = str(REPO)
 
 from microgpt import entry  # noqa: E402
 from microgpt.errors import UserError  # noqa: E402

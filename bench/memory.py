@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from bench.common import REPO, compose, figure, make_trainer, step
+from bench.common import child, compose, figure, make_trainer, rss_mib, step
 from microgpt.config import load_config
 from microgpt.kv_cache import KVCache
-
-
-def peak_rss_kib() -> int:
-    """This process's peak resident memory in KiB: /proc's VmHWM, which exec resets (ru_maxrss
-    would carry over the peak of the benchmark process that started this one)."""
-    lines = Path("/proc/self/status").read_text().splitlines()
-    return int(next(line for line in lines if line.startswith("VmHWM:")).split()[1])
 
 
 def memory_child(args) -> None:
@@ -28,27 +19,20 @@ def memory_child(args) -> None:
         tr = make_trainer(["model=small"], args, Path(tmp))
         for _ in range(args.memory_child):
             step(tr)
-    out = {"rss_kib": peak_rss_kib()}
+    out = {"rss_mib": rss_mib()}
     if tr.device.type == "cuda":
         out["cuda_bytes"] = torch.cuda.max_memory_allocated()
     print(json.dumps(out))
 
 
-def child_peak(args, steps: int) -> dict:
-    cmd = [sys.executable, str(REPO / "bench" / "run.py"), "--memory-child", str(steps)]
-    cmd += ["--device", args.device, *(["--threads", str(args.threads)] if args.threads else [])]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"memory child failed: {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def run_memory(args, device, tmp: Path) -> dict:
     figures = {}
     for n in (0, args.memory_steps):
-        runs = [child_peak(args, n) for _ in range(args.repeats)]
+        argv = ["bench/run.py", "--memory-child", str(n), "--device", args.device]
+        argv += ["--threads", str(args.threads)] if args.threads else []
+        runs = [child(argv) for _ in range(args.repeats)]
         label = f"small train, {n} steps"
-        figures[f"{label}, peak RSS"] = figure([r["rss_kib"] / 1024 for r in runs], "MiB")
+        figures[f"{label}, peak RSS"] = figure([r["rss_mib"] for r in runs], "MiB")
         if "cuda_bytes" in runs[0]:
             cuda = [r["cuda_bytes"] / 2**20 for r in runs]
             figures[f"{label}, CUDA peak"] = figure(cuda, "MiB")

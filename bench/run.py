@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import json
 import math
 import os
@@ -27,8 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":  # `python bench/run.py` puts bench/, not the repository, on the path
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
-    sys.path.insert(0, str(REPO))
+    sys.path[0] = str(REPO)
 
 from microgpt import entry  # noqa: E402
 
@@ -36,30 +36,21 @@ with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C mean
     import torch
 
     from bench.common import busy, error_figure, git_commit, machine_info
-    from bench.heads import run_heads
-    from bench.memory import memory_child, run_memory
-    from bench.sampling import run_sampling
-    from bench.step import run_step
-    from bench.tab import run_tab
-    from bench.targets import ROWS, format_targets, run_targets
-    from bench.throughput import run_throughput
-    from bench.time_to_loss import run_time_to_loss
+    from bench.memory import memory_child
+    from bench.targets import ROWS, format_targets
     from microgpt.errors import UserError
     from microgpt.files import STDOUT, OutputRefused, check_new_file, project_data, write_text
     from microgpt.model import ATTN_IMPLS
     from microgpt.runs import resolve
     from microgpt.system import DEVICES, pick_device, set_threads
 
-SECTIONS = {
-    "throughput": run_throughput,
-    "step": run_step,
-    "time_to_loss": run_time_to_loss,
-    "sampling": run_sampling,
-    "memory": run_memory,
-    "heads": run_heads,
-    "tab": run_tab,
-    "targets": run_targets,
-}
+    # each section: bench/<section>.py's run_<section>(args, device, tmp) -> {"figures", "info"}
+    NAMES = ("throughput", "step", "time_to_loss", "sampling", "memory", "heads", "tab", "targets")
+    SECTIONS = {s: getattr(importlib.import_module(f"bench.{s}"), f"run_{s}") for s in NAMES}
+
+# the defaults --quick shrinks (a setting given stays as given)
+QUICK = {"presets": ["micro"], "batches": [32], "repeats": 1, "rounds": 2, "block_s": 0.05}
+QUICK |= {"sample_steps": 20, "names": 50, "contexts": [16], "memory_steps": 5, "seeds": [1337]}
 HEADER = ["section", "case", "median", "min", "max", "unit", "target", "pass/miss"]
 
 
@@ -88,18 +79,6 @@ one = functools.partial(listed, single=True)
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = entry.ArgumentParser(description=__doc__.split("\n\n")[0])
-    defaults = {  # setting: (its default, with --quick)
-        "presets": (["micro", "small"], ["micro"]),
-        "batches": ([32, 128], [32]),
-        "repeats": (3, 1),
-        "rounds": (5, 2),
-        "block_s": (1.0, 0.05),
-        "sample_steps": (300, 20),
-        "names": (1000, 50),
-        "contexts": ([64, 128, 256], [16]),
-        "memory_steps": (200, 5),
-        "seeds": ([1337, 1, 2], [1337]),
-    }
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     p.add_argument("--only", type=listed(str, None, SECTIONS), default=list(SECTIONS))
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -108,31 +87,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true", help="let --out replace a file")
     p.add_argument("--device", default="auto", choices=list(DEVICES))
     p.add_argument("--threads", type=one(), help="torch threads (default: microgpt's auto)")
-    p.add_argument("--repeats", type=one(), help="runs per figure (3; --quick 1)")
+    p.add_argument("--repeats", type=one(), default=3, help="runs per figure (3; --quick 1)")
     p.add_argument("--busy", action="store_true", help="another training holds a core meanwhile")
     p.add_argument("--run", help="a run folder or checkpoint: sampling's and heads' model")
     g = p.add_argument_group("throughput, and the targets' cost")
-    g.add_argument("--presets", type=listed(str, None, ["micro", "small", "base"]))
-    g.add_argument("--batches", type=listed(), help="batch sizes (32,128)")
+    presets = ["micro", "small", "base"]
+    g.add_argument("--presets", type=listed(str, None, presets), default=presets[:2])
+    g.add_argument("--batches", type=listed(), default=[32, 128], help="batch sizes (32,128)")
     g.add_argument("--impls", type=listed(str, None, ATTN_IMPLS), default=["sdpa"])
     g.add_argument("--compile", action="store_true", help="torch.compile the steps")
-    g.add_argument("--rounds", type=one(), help="alternations of the two steps (5)")
-    g.add_argument("--block-s", type=one(float, 1e-3), help="seconds of steps a block (1.0)")
+    g.add_argument("--rounds", type=one(), default=5, help="alternations of the two steps (5)")
+    g.add_argument("--block-s", type=one(float, 1e-3), default=1.0, help="seconds a block (1.0)")
     g = p.add_argument_group("sampling and memory")
-    g.add_argument("--sample-steps", type=one(int, 0), help="training steps without --run (300)")
-    g.add_argument("--names", type=one(), help="names sampled a run (1000)")
-    g.add_argument("--contexts", type=listed(int, 2), help="base preset contexts (64,128,256)")
-    g.add_argument("--memory-steps", type=one(), help="training steps measured (200)")
+    g.add_argument("--sample-steps", type=one(int, 0), default=300, help="without --run (300)")
+    g.add_argument("--names", type=one(), default=1000, help="names sampled a run (1000)")
+    g.add_argument("--contexts", type=listed(int, 2), default=[64, 128, 256])
+    g.add_argument("--memory-steps", type=one(), default=200, help="training steps (200)")
     g.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     g = p.add_argument_group("targets")
     g.add_argument("--rows", type=listed(str, None, [r.key for r in ROWS]))
-    g.add_argument("--seeds", type=listed(int, 0), help="(1337,1,2)")
+    g.add_argument("--seeds", type=listed(int, 0), default=[1337, 1, 2])
     g.add_argument("--jobs", type=one(), default=1, help="seeds trained at once, each a process")
     g.add_argument("--row-override", action="append", default=[], metavar="KEY=VALUE")
+    if p.parse_args(argv).quick:  # the defaults shrunk; what is given stays
+        p.set_defaults(**QUICK)
     args = p.parse_args(argv)
-    for key, (full, small) in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, small if args.quick else full)
     args.rows = args.rows or [r.key for r in ROWS]
     return args
 

@@ -21,10 +21,7 @@ import contextlib
 import gc
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
@@ -33,8 +30,7 @@ from pathlib import Path
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
-from bench.common import REPO, compose, figure, timed
-from bench.memory import peak_rss_kib
+from bench.common import REPO, child, compose, figure, rss_mib, run_overrides, timed
 from microgpt.commands.heads import main as analyse_run
 from microgpt.commands.tab import MicrogptPlugin
 from microgpt.runs import RunFolder
@@ -49,12 +45,10 @@ LARGE = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "model.block_s
 
 def make_sweep(args, root: Path) -> None:
     """root/heads=N for each of HEADS: 4 steps, a checkpoint every 2, best.pt analysed."""
+    steps = ["train.max_steps=4", "train.eval_every=2", "train.save_every=2", "train.num_samples=0"]
     for heads in HEADS:
-        out = root / f"heads={heads}"
-        overrides = ["model=micro" if args.quick else "model=small", f"heads={heads}"]
-        overrides += ["train.max_steps=4", "train.eval_every=2", "train.save_every=2"]
-        overrides += ["train.num_samples=0", "train.progress=false", f"device={args.device}"]
-        train(compose([*overrides, f"threads={args.threads or 'auto'}", f"out_dir='{out}'"]))
+        out, model = root / f"heads={heads}", "model=micro" if args.quick else "model=small"
+        train(compose([model, f"heads={heads}", *steps, *run_overrides(args, root, out)]))
         with contextlib.redirect_stdout(io.StringIO()):  # its table: not the bench's
             analyse_run([str(out), "--threads", str(args.threads or "auto")])
 
@@ -76,18 +70,17 @@ def ask(apps, route: str, **query) -> dict:
 def run_tab(args, device, tmp: Path) -> dict:
     root = tmp / "tab-sweep"
     make_sweep(args, root)
-    apps, plugin = plugin_routes(root)
+    apps, _ = plugin_routes(root)
     listing = ask(apps, "/runs")
     runs, name = [r["name"] for r in listing["runs"]], listing["example"]
     snapshots = [checkpoint for checkpoint, _ in listing["runs"][0]["snapshots"]]  # steps 2, 4
 
     def first_load():
-        fresh, plugin = plugin_routes(root)
+        fresh, _ = plugin_routes(root)
         ask(fresh, "/runs")
         for run in runs:
             ask(fresh, "/attention", run=run, input=name)
             ask(fresh, "/timeline", run=run)
-        return plugin
 
     def every_run(**query):
         return lambda: [ask(apps, "/attention", run=run, input=name, **query) for run in runs]
@@ -95,18 +88,14 @@ def run_tab(args, device, tmp: Path) -> dict:
     def ms(work) -> float:
         return 1000 * timed(work, device)
 
-    times = {"first_load": []}
-    for _ in range(args.repeats + 1):  # the first: a warm-up of the code, not measured
-        t0 = time.perf_counter()
-        plugin = first_load()
-        times["first_load"].append((time.perf_counter() - t0) * 1000)
-    times["first_load"] = times["first_load"][1:]
+    # the first: a warm-up of the code, not measured
+    times = {"first_load": [ms(first_load) for _ in range(args.repeats + 1)][1:]}
     every_run()()  # warm: each run's best.pt loaded
     times["switch_head"] = [ms(every_run(off="0.0" * (n % 2))) for n in range(args.repeats * 3)]
     times["pin"] = [ms(every_run(pin=str(n % (len(name) + 1)))) for n in range(args.repeats * 3)]
     times["slider_cold"], times["slider"] = [], []
     for n in range(args.repeats):
-        apps, plugin = plugin_routes(root)  # the step checkpoints not loaded yet
+        apps, _ = plugin_routes(root)  # the step checkpoints not loaded yet
         every_run()()
         times["slider_cold"].append(ms(every_run(checkpoint=snapshots[n % 2])))
         every_run()()  # back to best.pt, then to the step loaded above
@@ -148,12 +137,7 @@ def tab_memory(args, tmp: Path) -> tuple[dict, str]:
     root = tmp / "tab-memory"
     make_large_run(args, root)
     line = LINE if not args.quick else 64  # the quick model's block is 128
-    code = f"from bench.tab import memory_child; memory_child({str(root)!r}, {line})"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"the memory child failed: {done.stderr.strip().splitlines()[-1]}")
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = child(["-c", f"import bench.tab as t; t.memory_child({str(root)!r}, {line})"])
     quick = args.quick
     figures = {
         f"memory_{k}": figure([found[k]], "MB", None if quick else ("<=", MEMORY_TARGETS[k]))
@@ -178,11 +162,10 @@ def memory_child(root: str, length: int = LINE) -> None:
 
     with ThreadPoolExecutor(MEMORY_REQUESTS) as pool:
         sizes = list(pool.map(request, range(MEMORY_REQUESTS)))
-    peak = peak_rss_kib() / 1024
+    peak = rss_mib()
     gc.collect()
     time.sleep(1.0)  # idle
-    status = Path("/proc/self/status").read_text().splitlines()
-    idle = int(next(x for x in status if x.startswith("VmRSS:")).split()[1]) / 1024
+    idle = rss_mib("VmRSS")
     model = next(m for m in plugin.store.models.models.values() if not isinstance(m, str)).model
     found = {"peak": peak, "idle": idle, "answer": max(sizes) / 2**20, "params": model.num_params()}
     print(json.dumps(found))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.cli import register
 from microgpt.data.lines import encode_items
@@ -29,6 +30,18 @@ def compose_config(overrides=(), config_name: str = "config"):
     """Compose conf/<config_name>.yaml with overrides, as `python train.py ...` would."""
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         return compose(config_name=config_name, overrides=list(overrides))
+
+
+def close(a, b, atol: float = 1e-5) -> None:
+    """a equals b to atol (fp32 implementations of one function), no relative slack."""
+    torch.testing.assert_close(a, b, atol=atol, rtol=0)
+
+
+def read_events(path) -> EventAccumulator:
+    """Every event of a run's folder, nothing sampled (EventAccumulator keeps a sample by
+    default), once its writer is flushed and closed."""
+    guidance = {"images": 0, "scalars": 0, "tensors": 0}
+    return EventAccumulator(str(path), size_guidance=guidance).Reload()
 
 
 def make_names(n: int = 300, seed: int = 0) -> list[str]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from importlib.metadata import version
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
 from microgpt.startup_checks import sweep_jobs
 from microgpt.viz.tensorboard import TensorBoardLogger
+from tests.conftest import read_events
 
 
 def test_a_sweep_is_split_into_jobs_by_hydras_basic_sweeper():
@@ -26,7 +25,7 @@ def test_text_and_images_go_through_the_summary_writers_file_writer(tmp_path):
     logger = TensorBoardLogger(tmp_path)
     logger.samples(3, ["emma"])
     logger.close()
-    acc = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0}).Reload()
+    acc = read_events(tmp_path)
     fix = f"torch {version('torch')} (read on 2.13.0): fix microgpt/viz/tensorboard.py _text"
     assert acc.Tags()["tensors"] == ["samples"], fix
     assert acc.Tensors("samples")[0].step == 3, fix

@@ -37,7 +37,6 @@ from microgpt.config import flatten
 from microgpt.errors import UserError, first_line
 from microgpt.groups import Group, group_runs
 from microgpt.heads.measures import summary_measures
-from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.stats import MIN_MAX, T_CI, TTest, holm, interval, paired_t, welch_t
 from microgpt.viz.tensorboard import VAL_LOSS
@@ -161,6 +160,11 @@ def _rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
+def _family(m, summary: dict[str, float]) -> dict[str, float]:
+    """{key: value} of the family measure `m` in a run's head summaries (`heads/role/{}`)."""
+    return {k[1]: v for t, v in summary.items() if (k := re.fullmatch(m.pattern(), t))}
+
+
 def head_columns(runs: list[RunSummary]) -> list[tuple[str, str, str]]:
     """(header, summary name, format) of each summary measure with a column; a family's once per
     key some run has other than 0 ("importance L0", "importance L1"; the roles some head has)."""
@@ -168,8 +172,8 @@ def head_columns(runs: list[RunSummary]) -> list[tuple[str, str, str]]:
     for m in summary_measures("column"):
         keys = [""]
         if "{}" in m.name:
-            tags = (t for r in runs for t, v in r.heads_summary.items() if abs(v or 0) > 0)
-            keys = list(dict.fromkeys(k[1] for t in tags if (k := re.fullmatch(m.pattern(), t))))
+            found = (_family(m, r.heads_summary).items() for r in runs)
+            keys = list(dict.fromkeys(k for f in found for k, v in f if abs(v or 0) > 0))
         out += [(m.column.format(k), m.name.format(k), m.fmt) for k in keys]
     return out
 
@@ -227,10 +231,13 @@ def _finite(values) -> list[float]:
 
 def roles_across_seeds(group: Group[RunSummary]) -> tuple[dict[str, int], int]:
     """({role: how many runs have it (a head with it in their analysis)}, how many runs have an
-    analysis), the roles most runs have first."""
-    counts = [{role: r.summary(f"role/{role}") for role in ROLES} for r in group.runs]
+    analysis), the roles most runs have first: the keys of the registry's `seeds` families."""
+    families = summary_measures("seeds")
+    counts = [{k: v for m in families for k, v in _family(m, r.heads_summary).items()}
+              for r in group.runs]  # fmt: skip
     analysed = [c for c in counts if any(not math.isnan(x) for x in c.values())]
-    have = {role: sum(c[role] > 0 for c in analysed) for role in ROLES}
+    keys = dict.fromkeys(k for c in analysed for k in c)
+    have = {k: sum(c.get(k, 0) > 0 for c in analysed) for k in keys}
     have = dict(sorted(((k, v) for k, v in have.items() if v), key=lambda kv: -kv[1]))
     return have, len(analysed)
 

@@ -1,7 +1,8 @@
 """The head measures, each defined once: how it is computed from a HeadReport, its name, format
 and help line, and where it shows. Every view iterates MEASURES, in its order:
 heads-*.json (a head's row, or its summaries), TensorBoard (`per_head/layer{l}/head{h}/<tag>`,
-`heads/<name>`, the custom-scalars charts, the HParams row), compare's columns, the tab's captions.
+`heads/<name>`, the custom-scalars charts, the HParams row), compare's columns, the tab's
+captions and timeline.
 
 A measure is per head, (L, H) (nan where it does not apply: copying beyond layer 0; None: not
 measured, no induction test), or a summary that reads the same whatever the head count: a number
@@ -31,6 +32,8 @@ class Measure:
     main: bool = False  # in compare's short tables (a group: the mean over its seeds), HParams
     charts: tuple[str, ...] = ()  # the custom-scalars charts that draw it
     caption: str | None = None  # per head: on the head's caption in the tab, after this label
+    line: str = ""  # a summary (0-1) the tab's timeline draws over the steps, labelled this
+    seeds: bool = False  # a family of counts: compare says in how many of a group's runs each > 0
 
     def summaries(self, report) -> dict[str, float]:
         """{"heads/<name>": value} of a summary, a family's one per key."""
@@ -50,7 +53,7 @@ def summaries(report) -> dict[str, float]:
 
 def summary_measures(view: str) -> list[Measure]:
     """The summary measures shown in `view`: "column" (compare's columns), "main" (compare's short
-    tables, HParams, the tab's timeline)."""
+    tables, HParams), "line" (the tab's timeline), "seeds" (compare's roles across seeds)."""
     return [m for m in MEASURES if getattr(m, view) and not m.per_head]
 
 
@@ -115,13 +118,13 @@ MEASURES = [  # a test may append one
     Measure("named", lambda r: r.n_layer * r.n_head - r.role_counts()["mixed"], "heads with a role "
             "(docs/heads.md)", ".0f", column="named", main=True),
     Measure("induction_max", _test(lambda p: p.prefix.max()), "best prefix matching on repeats "
-            "(0-1)", column="induction", main=True, charts=(INDUCTION,)),
+            "(0-1)", column="induction", main=True, charts=(INDUCTION,), line="induction max"),
     Measure("repeat_loss_gain", _test(lambda p: p.gain), "a span's loss on its first copy minus on "
             "its repeat", ".3f", column="repeat gain", charts=(SPANS,)),
     Measure("copying_max", lambda r: math.nan if r.copying is None else r.copying.max(), "the most "
             "copying layer-0 head (-1 to 1)", column="copying", charts=(INDUCTION,)),
     Measure("role/{}", lambda r: r.role_counts(), "the heads of each role", ".0f", column="{}",
-            charts=("heads per role",)),
+            charts=("heads per role",), seeds=True),
     Measure("prunable_fraction", lambda r: r.prunable / (r.n_layer * r.n_head), "prunable heads "
             "over all heads"),
     Measure("duplicate_max", _test(lambda p: p.duplicate.max()), "the largest duplicate "

@@ -277,7 +277,8 @@ def test_timeline_gives_the_val_loss_and_each_step_checkpoints_scores(lab):
     for key in ("role", "score"):
         assert [label[key] for label in early["heads"][0]] == [row[key] for row in report["heads"]]
     induction = max(row["induction"] for row in report["heads"])  # the best prefix matching
-    assert early["summaries"]["induction_max"] == induction
+    assert early["summaries"] == {"induction_max": induction}  # the lines the page draws:
+    assert [(m["name"], m["line"]) for m in body["lines"]] == [("induction_max", "induction max")]
     assert late["heads"] is late["summaries"] is None  # not analysed
     response = client.get("/timeline", query_string={"run": "heads=7"})
     assert response.status_code == 400 and "no run 'heads=7'" in response.get_data(as_text=True)

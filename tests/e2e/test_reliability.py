@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
 from microgpt.checkpoint import Checkpoint
 from microgpt.config import ConfigError, load_config
 from microgpt.runs import RunFolder, find_checkpoints
 from microgpt.train.trainer import Interrupted, Trainer, TrainingError
-from tests.conftest import REPO
+from tests.conftest import REPO, read_events
 
 # dropout > 0, so that restoring the RNG state matters; the train loss logged as the mean of 3
 # steps, so that a stop after step 5 falls inside a window (steps 4-6)
@@ -66,9 +65,7 @@ def sigint_at(n: int, sig: int = signal.SIGINT, times: int = 1):
 
 
 def scalar_steps(run: Path, tag: str) -> list[tuple[int, float]]:
-    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
+    return [(e.step, e.value) for e in read_events(run).Scalars(tag)]
 
 
 def fingerprint(path: Path) -> tuple[str, int]:

@@ -8,7 +8,6 @@ from argparse import Namespace
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
@@ -17,18 +16,18 @@ from microgpt.commands.heads import main as heads_main
 from microgpt.commands.tab import MicrogptPlugin
 from microgpt.heads.measures import MEASURES, Measure
 from microgpt.train.trainer import train
-from tests.conftest import TINY, compose_config, make_names
+from tests.conftest import TINY, compose_config, make_names, read_events
 
 
 @pytest.fixture
 def probe():
     """Two measures registered for the test: `probe`, per head, 10 * layer + head (on the tab's
-    captions); `probe_max`, its largest, a compare column."""
+    captions); `probe_max`, its largest, a compare column and a line of the tab's timeline."""
     added = [
         Measure("probe", lambda r: 10.0 * torch.arange(r.n_layer)[:, None] + torch.arange(
             r.n_head), "a test's number", ".1f", per_head=True, caption="p"),
         Measure("probe_max", lambda r: 10 * (r.n_layer - 1) + r.n_head - 1, "the largest",
-                ".1f", column="probe"),
+                ".1f", column="probe", line="probe max"),
     ]  # fmt: skip
     MEASURES.extend(added)
     yield
@@ -42,7 +41,7 @@ def test_a_registered_measure_shows_in_tensorboard_compare_and_the_tab(probe, tm
     data = [f"data.path={tmp_path / 'names.txt'}", "train.num_samples=0", "model.n_layer=2"]
     train(compose_config([*TINY, *data, f"out_dir='{run}'"]))
     # TensorBoard: each head's value, and the summary, at each analysis
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0}).Reload()
+    events = read_events(run)
     assert events.Scalars("per_head/layer1/head0/probe")[-1].value == 10.0
     assert events.Scalars("heads/probe_max")[-1].value == 11.0
     assert heads_main([str(run), "--threads", "1"]) == 0
@@ -63,3 +62,6 @@ def test_a_registered_measure_shows_in_tensorboard_compare_and_the_tab(probe, tm
     assert [label["probe"] for row in body["heads"] for label in row] == [0.0, 1.0, 10.0, 11.0]
     listed = {"name": "probe", "caption": "p", "fmt": ".1f", "help": "a test's number"}
     assert listed in body["measures"]
+    app = Client(MicrogptPlugin(context).get_plugin_apps()["/timeline"])
+    lines = json.loads(app.get("/timeline", query_string={"run": "heads=2"}).data)["lines"]
+    assert {"name": "probe_max", "line": "probe max", "fmt": ".1f", "help": "the largest"} in lines

@@ -7,12 +7,7 @@ import torch
 import torch.nn as nn
 
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig, MultiHeadAttention
-
-ATOL = 1e-5
-
-
-def close(a, b, atol=ATOL):
-    torch.testing.assert_close(a, b, atol=atol, rtol=0)
+from tests.conftest import close
 
 
 def randomize(module: nn.Module, seed: int, std: float = 0.2) -> nn.Module:

@@ -5,10 +5,7 @@ import torch
 
 from microgpt.kv_cache import KVCache
 from microgpt.model import ATTN_IMPLS, GPT, GPTConfig
-
-
-def close(a, b):
-    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+from tests.conftest import close
 
 
 def model(impl="sdpa", seed=0, **kw):

@@ -7,7 +7,6 @@ import re
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.checkpoint import Checkpoint
 from microgpt.data.dataset import load_data
@@ -17,6 +16,7 @@ from microgpt.model import GPT, GPTConfig
 from microgpt.train import loss, trainer
 from microgpt.train.loss import eval_rows, evaluate
 from microgpt.train.trainer import train
+from tests.conftest import read_events
 
 
 def test_eval_rows_are_the_whole_split_or_evenly_spaced_rows_of_about_the_estimate(monkeypatch):
@@ -88,15 +88,13 @@ def test_a_text_run_estimates_while_it_trains_and_reports_whole_split_figures(
     assert metrics["best_val_loss"] == whole_val_loss(best, data)
     kept = Checkpoint.load(best).metrics
     assert kept["best_val_loss"] == kept["val_loss"] == metrics["best_val_loss"]
-    acc = EventAccumulator(str(tmp_path / "est"), size_guidance={"scalars": 0})
-    acc.Reload()
+    acc = read_events(tmp_path / "est")
     assert [e.step for e in acc.Scalars("Loss/val")] == [6, 12]
 
 
 def test_the_head_analyses_are_light_while_the_run_trains_and_whole_at_its_end(tiny_cfg, tmp_path):
     train(tiny_cfg("train.num_samples=0", "log.head_items=16"))
-    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0, "images": 0})
-    acc.Reload()
+    acc = read_events(tmp_path / "run")
     assert [e.step for e in acc.Images("heads/offsets/layer0")] == [0, 6, 12]
     tables = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("heads/table")}
     items = {step: int(re.search(r"over ([\d,]+) items", t)[1]) for step, t in tables.items()}

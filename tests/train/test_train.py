@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.checkpoint import Checkpoint
 from microgpt.commands.compare import main as compare_main
@@ -17,7 +16,7 @@ from microgpt.commands.heads import main as heads_main
 from microgpt.config import load_config
 from microgpt.train.listeners import HeadAnalysis
 from microgpt.train.trainer import Trainer, lr_at, train
-from tests.conftest import REPO, TINY
+from tests.conftest import REPO, TINY, read_events
 
 
 def run(script: str, *args, cwd: Path) -> subprocess.CompletedProcess:
@@ -34,8 +33,7 @@ def test_a_tiny_run_writes_events_samples_and_self_describing_checkpoints(tiny_c
     assert metrics["test_loss"] > 0 and metrics["best_val_loss"] > 0
     assert len((run / "samples.txt").read_text().splitlines()) == 6  # 5 names + the summary line
 
-    acc = EventAccumulator(str(run), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
-    acc.Reload()
+    acc = read_events(run)
     tags = acc.Tags()
     scalars = {"Loss/train", "Loss/val", "lr", "train/grad_norm", "tokens_per_sec"}
     assert scalars <= set(tags["scalars"])

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import OmegaConf
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from microgpt.cli import SeedBands
 from microgpt.runs import RunFolder
 from microgpt.viz.bands import CATEGORY, BandsError, write_bands
+from tests.conftest import read_events
 from tests.e2e.harness import changes, fingerprint
 
 # {run: (its config, its metrics.jsonl lines)}: heads=2 over seeds 1, 2, 3 (seed 3 stopped before
@@ -71,10 +71,6 @@ def make_sweep(root: Path, runs: dict = RUNS) -> Path:
     return root
 
 
-def load(folder: Path) -> EventAccumulator:
-    return EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0}).Reload()
-
-
 def test_each_group_of_seeds_is_a_run_with_its_mean_and_band_and_no_run_changes(tmp_path):
     sweep = make_sweep(tmp_path / "sweep")
     before = fingerprint(sweep)
@@ -91,16 +87,16 @@ def test_each_group_of_seeds_is_a_run_with_its_mean_and_band_and_no_run_changes(
         "seeds": [1, 2, 3],
     }
     for group, expected in EXPECTED.items():
-        acc = load(groups / group)
+        acc = read_events(groups / group)
         assert set(acc.Tags()["scalars"]) == set(expected)  # no Loss/val: the jobs' tag alone
         for tag, points in expected.items():
             got = [(e.step, e.value) for e in acc.Scalars(tag)]
             assert got == [(s, pytest.approx(v, rel=1e-6)) for s, v in points], (group, tag)
     # the wall time: the runs' mean (so the relative time is the mean time the seeds took)
-    assert [e.wall_time for e in load(groups / "heads=2").Scalars(MARGIN_TAGS[1][0])] == [
+    assert [e.wall_time for e in read_events(groups / "heads=2").Scalars(MARGIN_TAGS[1][0])] == [
         200.0, 260.0]  # fmt: skip
     # the layout: a margin chart per loss, one series (each group run draws one line and band)
-    events = load(groups / "heads=4").Tensors("custom_scalars__config__")
+    events = read_events(groups / "heads=4").Tensors("custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(events[0].tensor_proto.string_val[0])
     charts = {c.title: c for cat in layout.category for c in cat.chart}
     assert set(charts) == set(MARGIN)
@@ -123,7 +119,7 @@ def test_a_second_call_replaces_its_own_groups_and_nothing_else(tmp_path):
     write_bands(sweep)  # one event file per group: TensorBoard would read both, twice the points
     groups = sweep / "groups"
     assert len(list((groups / "heads=2").iterdir())) == 1
-    assert [e.step for e in load(groups / "heads=2").Scalars(MARGIN_TAGS[0][0])] == [6]
+    assert [e.step for e in read_events(groups / "heads=2").Scalars(MARGIN_TAGS[0][0])] == [6]
     # a file it did not write, in a folder it made: refused, and kept
     mine = groups / "heads=2" / "notes.txt"
     mine.write_text("mine")
@@ -184,7 +180,7 @@ def test_a_real_seed_sweep_ends_with_its_bands(tmp_path, names_file):
     assert "warning" not in r.stderr, r.stderr
     jobs = [sweep / "seed=1", sweep / "seed=2"]
     val = [{m["step"]: m[V] for m in RunFolder(j).metrics() if V in m} for j in jobs]
-    acc = load(sweep / "groups" / "all")  # seed alone swept: one group, "all"
+    acc = read_events(sweep / "groups" / "all")  # seed alone swept: one group, "all"
     assert [e.step for e in acc.Scalars("seeds/Loss/val/mean")] == sorted(val[0])
     for e in acc.Scalars("seeds/Loss/val/max"):
         assert e.value == pytest.approx(max(v[e.step] for v in val), rel=1e-6)

@@ -6,18 +6,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from microgpt.heads.report import ROLES
 from microgpt.runs import RunFolder
 from microgpt.viz.tensorboard import TensorBoardLogger, sanitize_hparams
-
-
-def load(path) -> EventAccumulator:
-    """Every event of a run's folder (EventAccumulator keeps a sample by default)."""
-    guidance = {"images": 0, "scalars": 0, "tensors": 0}
-    return EventAccumulator(str(path), size_guidance=guidance).Reload()
-
+from tests.conftest import read_events
 
 # ----------------------------------------------------------------------------- the logger
 
@@ -45,7 +38,7 @@ def test_logger_writes_everything_into_the_run_folder(tmp_path):
     files = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
     assert len(files) == len(list(tmp_path.iterdir())) == 2  # no subfolder
     assert files[0].startswith("events.out.tfevents.") and files[1] == "metrics.jsonl"
-    acc = load(tmp_path)
+    acc = read_events(tmp_path)
     tags = acc.Tags()
     assert set(tags["scalars"]) == {"Loss/train", "lr", "result/best_val_loss"}
     assert [e.step for e in acc.Scalars("Loss/train")] == [0, 10]
@@ -70,7 +63,7 @@ def test_images_are_written_losslessly_as_pngs_tensorboard_reads(tmp_path):
     img = np.random.default_rng(0).integers(0, 256, (7, 11, 3), dtype=np.uint8)
     with closing(TensorBoardLogger(tmp_path)) as tb:
         tb._image("attention/layer0", img, 3)
-    event = load(tmp_path).Images("attention/layer0")[0]
+    event = read_events(tmp_path).Images("attention/layer0")[0]
     assert (event.step, event.height, event.width) == (3, 7, 11)
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(event.encoded_image_string))), img)
 
@@ -88,7 +81,7 @@ def test_logger_purge_step_on_an_existing_folder(tmp_path):
     with closing(TensorBoardLogger(tmp_path, purge_step=5)) as tb:  # resumed from step 5
         for step in range(5, 8):
             tb.scalars(step, {"Loss/train": 2.0})
-    points = [(e.step, e.value) for e in load(tmp_path).Scalars("Loss/train")]
+    points = [(e.step, e.value) for e in read_events(tmp_path).Scalars("Loss/train")]
     assert points == [(s, 1.0) for s in range(5)] + [(s, 2.0) for s in range(5, 8)]
 
 
@@ -112,7 +105,7 @@ def head_runs(tmp_path_factory):
         )  # fmt: skip
         cfg.out_dir = str(tmp / f"heads={heads}")
         train(cfg)
-        runs[heads] = tmp / f"heads={heads}", load(tmp / f"heads={heads}")
+        runs[heads] = tmp / f"heads={heads}", read_events(tmp / f"heads={heads}")
     return runs
 
 

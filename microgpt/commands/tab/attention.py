@@ -155,6 +155,13 @@ def captioned() -> list[dict]:
     return [{k: getattr(m, k) for k in keys} for m in MEASURES if m.caption is not None]
 
 
+def timeline_lines() -> list[dict]:
+    """The summaries the page's timeline draws over the steps (0-1): {"name", "line" (its label
+    there), "fmt", "help"}."""
+    keys = ("name", "line", "fmt", "help")
+    return [{k: getattr(m, k) for k in keys} for m in summary_measures("line")]
+
+
 def head_labels(analysis: dict | None, n_layer: int, n_head: int) -> list[list[dict | None]]:
     """[layer][head] -> {"role", and each captioned measure's value} (a field of another type:
     None); None without an analysis (RunFolder.read_analysis: one of this model's shape)."""
@@ -340,7 +347,8 @@ class RunStore:
         for step, path in run.snapshots():  # the slider runs over the steps
             analysis, _ = self._analysis(run, path.name, shape or (None, None))
             checkpoints.append({"checkpoint": path.name, "step": step, **summaries_of(analysis)})
-        return {"run": name, "val": val, "checkpoints": checkpoints, "skipped": skipped}
+        out = {"run": name, "val": val, "checkpoints": checkpoints, "skipped": skipped}
+        return out | {"lines": timeline_lines()}
 
     @staticmethod
     def _analysis(run: RunFolder, checkpoint: str, shape) -> tuple[dict | None, str | None]:
@@ -353,12 +361,12 @@ class RunStore:
 
 
 def summaries_of(analysis: dict | None) -> dict:
-    """{"heads": head_labels, "summaries": {name: value} of the main measures (None: not
+    """{"heads": head_labels, "summaries": {name: value} of the timeline's lines (None: not
     measured)} of a head analysis of any shape; both None without one (or one of another shape)."""
     shape = (analysis or {}).get("n_layer"), (analysis or {}).get("n_head")
     if not all(isinstance(n, int) and 0 < n <= 4096 for n in shape):
         return {"heads": None, "summaries": None}
     heads, values = head_labels(analysis, *shape), analysis.get("summaries")
     values = values if isinstance(values, dict) else {}
-    main = {m.name: _number(values.get(f"heads/{m.name}")) for m in summary_measures("main")}
-    return {"heads": heads, "summaries": main}
+    drawn = {m.name: _number(values.get(f"heads/{m.name}")) for m in summary_measures("line")}
+    return {"heads": heads, "summaries": drawn}

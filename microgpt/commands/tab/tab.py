@@ -31,9 +31,11 @@ answer JSON, or 400 and {"error": message} (a message naming the parameter and t
          "reading": null (no pin) | [layer][head] "L0H2 looks 1 back at 'h' and adds +1.30 to 'i'"}
     /timeline?run=                 {"run", "val": [[step, validation loss], ...],
                                     "checkpoints": [{"checkpoint", "step", "heads" (as
-                                    /attention's), "summaries": {each main measure: value}}]}:
+                                    /attention's), "summaries": {each line's name: value}}]}:
                                     each step-N.pt in step order, from its analysis (null: not
                                     analysed)
+                                    "lines": [{"name", "line", "fmt", "help"}]: the summaries
+                                    drawn over the steps (their `line`, measures.py),
                                     "skipped": the lines of metrics.jsonl not read, each named
 
 Labels of tokens are the tokenizer's: "·" a space, "<s>" the boundary (a name's start and end;

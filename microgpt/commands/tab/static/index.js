@@ -758,8 +758,8 @@ function attribution(result) {
 
 // ------------------------------------------------------------------------------ the timeline
 
-// The validation loss over steps (a line; and the largest induction score, where the checkpoints
-// are analysed), under it each head's score at each step checkpoint (one row per head, darker =
+// The validation loss over steps (a line; and the registry's lines, the largest induction score,
+// where the checkpoints are analysed), under it each head's score at each step checkpoint (one row per head, darker =
 // higher), and a line at the step shown; a click picks that step.
 function drawTimeline(box, timeline, choose) {
   const svgNS = "http://www.w3.org/2000/svg";
@@ -790,17 +790,23 @@ function drawTimeline(box, timeline, choose) {
     text.textContent = `val loss ${v0.toFixed(2)}–${v1.toFixed(2)}`;
     chart.appendChild(text);
   }
-  // the largest induction score of any head at each analysed checkpoint, on a 0-1 scale
-  const induction = points.filter((c) => c.summaries && c.summaries.induction_max != null);
-  if (induction.length) {
-    const top = (c) => Math.max(0, c.summaries.induction_max);
+  // each line the server lists (microgpt/heads/measures.py: the largest induction score) at each
+  // analysed checkpoint, on a 0-1 scale, its help on hover
+  (timeline.lines || []).forEach((line, n) => {
+    const value = (c) => c.summaries && c.summaries[line.name];
+    const drawn = points.filter((c) => value(c) != null);
+    if (!drawn.length) return;
+    const top = (c) => Math.max(0, value(c));
     const y = (v) => lossH - 4 - (lossH - 8) * Math.min(1, v);
-    const path = induction.map((c, i) => `${i ? "L" : "M"}${x(c.step)},${y(top(c))}`).join("");
+    const path = drawn.map((c, i) => `${i ? "L" : "M"}${x(c.step)},${y(top(c))}`).join("");
     chart.appendChild(svg("path", { d: path, class: "mg-induction-line" }));
-    const text = svg("text", { x: W - 4, y: 24, class: "mg-chart-label mg-induction-label", "text-anchor": "end" });
-    text.textContent = `induction max ${top(induction[induction.length - 1]).toFixed(2)}`;
+    const text = svg("text", { x: W - 4, y: 24 + 12 * n, class: "mg-chart-label mg-induction-label", "text-anchor": "end" });
+    text.textContent = `${line.line} ${formatted(top(drawn[drawn.length - 1]), line.fmt)}`;
+    const title = svg("title", {});
+    title.textContent = line.help;
+    text.appendChild(title);
     chart.appendChild(text);
-  }
+  });
   const width = Math.max(2, (W - 8) / Math.max(points.length, 1) - 1);
   for (const point of points) {
     (point.scores || []).forEach((score, i) => {
