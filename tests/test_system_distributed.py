@@ -228,6 +228,7 @@ def test_a_refused_run_folder_stops_every_rank_at_once(tmp_path):
     assert list((run / "checkpoints").iterdir()) == []
 
 
+@pytest.mark.slow  # three 2-rank torchrun runs: about 30 s of the default suite's 4 minutes
 def test_ddp_resume_with_dropout_is_exact(tmp_path):
     """Each rank draws its own dropout masks and saves its own RNG state in last.pt: 2 ranks
     trained 4 steps then resumed to 8 end with the weights of 2 ranks trained 8 steps at once.
