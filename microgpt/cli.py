@@ -97,7 +97,7 @@ def scheduler_refusals(argv: list[str]):
 def remove_unsubmitted_sweep() -> None:
     """The sweep folder of jobs sbatch refused, which holds only what Hydra and submitit wrote
     before (it was new or empty: startup_checks), removed like a run's that failed at start."""
-    sweep, made = SeedBands.sweep, {".submitit", "multirun.yaml"}
+    sweep, made = SeedBands.sweep, {".submitit", "multirun.yaml", runs.SWEEP_FILE}
     if sweep is not None and sweep.is_dir() and set(os.listdir(sweep)) <= made:
         shutil.rmtree(sweep)
 
@@ -179,6 +179,8 @@ class SeedBands(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         SeedBands.sweep = Path(str(config.hydra.sweep.dir))
+        with entry.front_door():  # a second sweep into this folder: one line, exit 2
+            runs.claim_sweep(SeedBands.sweep)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))

@@ -24,6 +24,7 @@ import yaml
 from microgpt import files
 from microgpt.errors import UserError, reason
 
+SWEEP_FILE = "sweep.json"  # a sweep's claim on its folder (claim_sweep)
 RUN_ROOTS = ("outputs", "multirun")  # conf/config.yaml: hydra.run.dir and hydra.sweep.dir
 MIN_FREE = 16 * 2**20  # room for a few checkpoints at the least
 # a run's files (run.json and checkpoints/: microgpt.files, whose rule for writers needs them)
@@ -315,6 +316,19 @@ def claim_new(folder: str | os.PathLike, run_id: str | None = None, what: str = 
             raise RunFolderError(f"{folder} was claimed by another process; name another folder")
         owned.run_id, owned.made = run_id, True
     return owned.run_id
+
+
+def claim_sweep(folder: str | os.PathLike) -> None:
+    """A sweep's claim on its folder (checked new or empty at start-up): SWEEP_FILE made in one
+    exclusive step, so that of two sweeps started together into one folder the second stops."""
+    path = Path(folder).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    claim = {"pid": os.getpid(), "started": time.time(), "argv": sys.argv}
+    try:
+        files.write_text(path / SWEEP_FILE, json.dumps(claim) + "\n", replace=False)
+    except FileExistsError:
+        why = "another sweep claimed it first (its sweep.json); name another folder"
+        raise RunFolderError(f"hydra.sweep.dir={folder}: {why}") from None
 
 
 def open_run(folder, config_yaml: str, resumed_from=None, run_id=None, step: int = 0) -> str:

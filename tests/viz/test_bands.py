@@ -166,6 +166,17 @@ def test_the_callback_warns_in_one_line_and_never_fails_the_sweep(tmp_path, caps
     assert (sweep / "groups" / "heads=4").is_dir() and not capsys.readouterr().err
 
 
+def test_of_two_sweeps_started_into_one_folder_the_second_stops(tmp_path, capsys):
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
+    SeedBands().on_multirun_start(config)  # both passed the start-up check: the claim decides
+    claim = (tmp_path / "sweep" / "sweep.json").read_bytes()
+    with pytest.raises(SystemExit) as stop:
+        SeedBands().on_multirun_start(config)
+    err = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "another sweep claimed it first" in err[0]
+    assert (tmp_path / "sweep" / "sweep.json").read_bytes() == claim
+
+
 def test_a_real_seed_sweep_ends_with_its_bands(tmp_path, names_file):
     """`python train.py -m seed=1,2` through Hydra (in this process): the callback writes the
     group's bands, from what the two runs logged."""
