@@ -15,8 +15,9 @@ FIGURES = json.loads((REPO / "docs" / "figures.json").read_text())
 
 # (doc, a passage with {recipe.figure} or {recipe.date} fields): in the doc, whitespace aside
 QUOTES = [
-    ("README.md", "seed=1,2,3`: {sweep.seconds} s on 2 cores, {sweep.date})"),
-    ("README.md", "{sweep.table-columns}"),  # compare's table, its legend left out
+    ("README.md", "{sweep-5.table-columns}"),  # compare's table, its legend left out
+    ("README.md", "seed=1,2,3,4,5` (today's default, one thread a job: {sweep-5.seconds} s for the"
+     " 20 runs on an {sweep-5.cpu-kind}, {sweep-5.date})"),
     ("README.md", "the text recipe: {shakespeare.seconds} s on one core"),
     ("docs/heads.md", "no AMX: bf16; one thread a job, two jobs at once; {sweep.date};"),
     ("docs/heads.md", "test loss {names-ns.test_loss}, best validation {names-ns.best_val_loss}"),
@@ -79,6 +80,8 @@ def figure(field: str) -> str:
         legend = re.compile(r"(group:|best val:|--runs|verdicts:|  (?!heads=)\S)")
         table = FIGURES[recipe]["figures"]["table"]["text"].splitlines()
         return "\n".join(line for line in table if not legend.match(line))
+    if name == "cpu-kind":  # "Intel(R) Xeon(R) Processor" -> "Intel Xeon"
+        return " ".join(made["machine"]["cpu"].replace("(R)", "").split()[:2])
     if name in ("date", "cpu"):
         return made["date"] if name == "date" else made["machine"]["cpu"]
     return FIGURES[recipe]["figures"][name]["text"]
