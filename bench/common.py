@@ -4,9 +4,8 @@ The step timed is Trainer.train_step, the one Trainer.run takes; nothing here co
 library's training or decoding.
 """
 
-from __future__ import annotations
-
 import contextlib
+import itertools
 import json
 import operator
 import os
@@ -29,6 +28,9 @@ OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 # the longest, no weight averaging, float32); `heads=4` plus these is the default run before
 # issue 27
 PLAIN = ("optim=adamw", "train.pack=0", "train.ema=0", "train.precision=fp32")
+# --quick: every recipe shrunk to a few steps of a tiny model (a smoke test, not a result)
+QUICK = ("model.n_layer=1", "model.n_embd=16", "train.max_steps=4", "optim.warmup_steps=1")
+QUICK = (*QUICK, "train.eval_every=2", "train.num_samples=0", "log.attn_every=4")
 
 
 def figure(values, unit: str, target: tuple[str, float] | None = None, **extra) -> dict:
@@ -52,6 +54,21 @@ def error_figure(e: BaseException, unit: str) -> dict:
     return {**figure([], unit), "error": f"{type(e).__name__}: {first}"[:300]}
 
 
+def attempt(figures: dict, name: str, unit: str, work, *a):
+    """work(*a)'s value; None if it raises, figures[name] then telling why: a case that cannot run
+    (no text file, a compiler that fails) ends that case only."""
+    try:
+        return work(*a)
+    except Exception as e:  # noqa: BLE001
+        figures[name] = error_figure(e, unit)
+        return None
+
+
+def recipe(args, *overrides) -> list[str]:
+    """overrides, then --row-override's, then QUICK with --quick."""
+    return [*overrides, *args.row_override, *(QUICK if args.quick else ())]
+
+
 def compose(overrides) -> object:
     """conf/config.yaml composed with overrides, as `python train.py ...` would."""
     from hydra import compose as hydra_compose
@@ -64,15 +81,13 @@ def compose(overrides) -> object:
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
-_runs = 0
+_runs = itertools.count(1)
 
 
 def run_overrides(args, tmp: Path, out: Path | None = None) -> list[str]:
     """What every run here takes: the device, out_dir `out` (else a fresh one under tmp), no
     progress bar, the thread count (--threads, else auto)."""
-    global _runs
-    _runs += 1
-    out = out or tmp / f"run{_runs}"
+    out = out or tmp / f"run{next(_runs)}"
     threads = f"threads={args.threads or 'auto'}"
     return [f"device={args.device}", f"out_dir='{out}'", "train.progress=false", threads]
 
@@ -82,17 +97,13 @@ def make_trainer(overrides, args, tmp: Path) -> Trainer:
     return Trainer(load_config(compose([*run_overrides(args, tmp), *overrides])))
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def timed(work, device: torch.device) -> float:
     """work()'s seconds, the device's queue drained before and after."""
-    sync(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    sync()
     t0 = time.perf_counter()
     work()
-    sync(device)
+    sync()
     return time.perf_counter() - t0
 
 
@@ -109,15 +120,15 @@ def time_steps(tr: Trainer, n: int) -> tuple[float, int]:
     return seconds, sum(chars)
 
 
-def alternate(trainers: list[Trainer], rounds: int, block_s: float, warmup: int) -> list[list]:
-    """Blocks of about block_s seconds of each trainer's steps in turn, the order reversed every
-    round, so that whatever else the machine does slows all alike: per trainer, per round,
-    (seconds a step, characters a second)."""
+def alternate(trainers: list[Trainer], args) -> list[list]:
+    """--rounds blocks of about --block-s seconds of each trainer's steps in turn, after 5 steps
+    of warm-up (--quick: 1), the order reversed every round, so that whatever else the machine
+    does slows all alike: per trainer, per round, (seconds a step, characters a second)."""
     for tr in trainers:
-        time_steps(tr, warmup)
-    steps = [max(1, round(block_s * 3 / time_steps(tr, 3)[0])) for tr in trainers]
+        time_steps(tr, 1 if args.quick else 5)
+    steps = [max(1, round(args.block_s * 3 / time_steps(tr, 3)[0])) for tr in trainers]
     per: list[list] = [[] for _ in trainers]
-    for r in range(rounds):
+    for r in range(args.rounds):
         order = range(len(trainers)) if r % 2 == 0 else reversed(range(len(trainers)))
         for i in order:
             seconds, chars = time_steps(trainers[i], steps[i])
@@ -143,12 +154,11 @@ def rss_mib(field: str = "VmHWM") -> float:
 
 
 def machine_info() -> dict:
-    cpu = platform.processor() or "unknown"
+    lines = []
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    names = (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    cpu = next(names, platform.processor() or "unknown")
     info = {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count()}
     # what decides bf16's kernels, so a bf16 figure's last digits: on another CPU kind they move
     info["bf16_instructions"] = sorted(set(system.BF16_FLAGS) & system.cpu_flags()) or "none"

@@ -13,8 +13,6 @@ it. --quick: a few steps each (a smoke test, not a figure).
 Time one recipe at a time on a quiet machine (`cpu-slot --all`): the wall times are figures too.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os
@@ -73,8 +71,7 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
     run, sweep = folder / name, "-m" in settings
     seeds = "seed=" in " ".join(settings) or "experiment=heads_seeds" in settings
     extra = [*(QUICK if quick else []), "train.progress=false"]
-    extra += [f"threads={threads}"] if threads else []
-    extra += [] if seeds else [f"seed={SEED}"]
+    extra += ([f"threads={threads}"] if threads else []) + ([] if seeds else [f"seed={SEED}"])
     from bench.common import busy
 
     with busy(folder / f"{name}-load", quick) if name in BUSY else contextlib.nullcontext():
@@ -169,12 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if unknown := sorted(set(args.recipes) - set(RECIPES)):
         parser.error(f"unknown recipe {', '.join(unknown)}: choose among {', '.join(RECIPES)}")
-    results, now = {}, datetime.now(timezone.utc)
+    results, now = None if args.update else {}, datetime.now(timezone.utc)
     if args.update:  # a file of figures: every entry a recipe's, made by this command
-        try:
+        with contextlib.suppress(ValueError):  # not JSON (OSError: the front door's one line)
             results = read_json(args.update)
-        except ValueError:  # not JSON (OSError: the front door's one line)
-            results = None
         if not isinstance(results, dict) or not set(results) <= set(RECIPES):
             raise UserError(f"--update={args.update} is not a figures file of bench/figures.py")
     out = args.update or args.out or REPO / "bench" / f"figures-{now:%Y-%m-%d-%H%M%S}.json"

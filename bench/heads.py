@@ -2,8 +2,6 @@
 --run's checkpoint or, without one, the small preset with fresh weights on the default run's
 validation split (the same shapes and work as the default run's analysis, so the same time)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import torch

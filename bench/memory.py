@@ -1,7 +1,5 @@
 """Memory: the peak resident memory of a fresh training process, and the KV cache's size."""
 
-from __future__ import annotations
-
 import json
 import tempfile
 from pathlib import Path

@@ -11,8 +11,6 @@ Every figure is {median, min, max, unit, n[, target, pass]}. One table is printe
 docs/benchmarks.md says what each section measures, and holds the figures measured.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import functools
@@ -35,7 +33,7 @@ from microgpt import entry  # noqa: E402
 with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C meanwhile: one line
     import torch
 
-    from bench.common import busy, error_figure, git_commit, machine_info
+    from bench.common import attempt, busy, git_commit, machine_info
     from bench.memory import memory_child
     from bench.targets import ROWS, format_targets
     from microgpt.errors import UserError
@@ -51,7 +49,6 @@ with entry.loading(__name__):  # OMP_WAIT_POLICY before torch loads; Ctrl-C mean
 # the defaults --quick shrinks (a setting given stays as given)
 QUICK = {"presets": ["micro"], "batches": [32], "repeats": 1, "rounds": 2, "block_s": 0.05}
 QUICK |= {"sample_steps": 20, "names": 50, "contexts": [16], "memory_steps": 5, "seeds": [1337]}
-HEADER = ["section", "case", "median", "min", "max", "unit", "target", "pass/miss"]
 
 
 def listed(kind=int, least: float | None = 1, known=None, single: bool = False):
@@ -105,15 +102,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--memory-steps", type=one(), default=200, help="training steps (200)")
     g.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     g = p.add_argument_group("targets")
-    g.add_argument("--rows", type=listed(str, None, [r.key for r in ROWS]))
+    keys = [r.key for r in ROWS]
+    g.add_argument("--rows", type=listed(str, None, keys), default=keys)
     g.add_argument("--seeds", type=listed(int, 0), default=[1337, 1, 2])
     g.add_argument("--jobs", type=one(), default=1, help="seeds trained at once, each a process")
     g.add_argument("--row-override", action="append", default=[], metavar="KEY=VALUE")
     if p.parse_args(argv).quick:  # the defaults shrunk; what is given stays
         p.set_defaults(**QUICK)
-    args = p.parse_args(argv)
-    args.rows = args.rows or [r.key for r in ROWS]
-    return args
+    return p.parse_args(argv)
 
 
 def check_args(args) -> None:
@@ -136,7 +132,7 @@ def fmt(v) -> str:
 
 
 def format_table(results: dict) -> str:
-    rows = [HEADER]
+    rows = [["section", "case", "median", "min", "max", "unit", "target", "pass/miss"]]
     for section, body in results["sections"].items():
         for case, f in body["figures"].items():
             verdict = "" if "pass" not in f else ("pass" if f["pass"] else "miss")
@@ -176,10 +172,9 @@ def main(argv=None) -> dict | None:
         for section in (s for s in SECTIONS if s in args.only):
             print(f"[bench] {section} ...", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
-            try:
-                body = SECTIONS[section](args, args.device_found, Path(tmp))
-            except Exception as e:  # noqa: BLE001 -- one broken section keeps the others' figures
-                body = {"figures": {"section": error_figure(e, "")}, "info": {}}
+            work, broken = SECTIONS[section], {}  # one broken section keeps the others' figures
+            body = attempt(broken, "section", "", work, args, args.device_found, Path(tmp))
+            body = body or {"figures": broken, "info": {}}
             if all("error" in f for f in body["figures"].values()):  # it, or each of its rows
                 failed.append(section)
             body["info"]["section_s"] = time.perf_counter() - t0

@@ -1,8 +1,6 @@
 """Sampling: names (microgpt.sample.generate.sample_items) as one batch and one at a time, with
 and without the KV cache; and the base preset filling long contexts (generate)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import torch

@@ -6,16 +6,14 @@ apart (their calls wrapped in a clock; the step itself is Trainer.train_step), t
 forward and backward passes, the batch and clipping. The orthogonalisation's FLOPs are counted
 against the model's."""
 
-from __future__ import annotations
-
 import statistics
 import time
 from pathlib import Path
 
 from torch import nn
 
-from bench.common import PLAIN, alternate, error_figure, figure, make_trainer
-from bench.targets import NANOGPT_ROW, QUICK
+from bench.common import PLAIN, alternate, attempt, figure, make_trainer, recipe
+from bench.targets import NANOGPT_ROW
 from bench.throughput import SPEED_TARGET
 
 CASES = {  # case: (the recipe's overrides, its target: the step at most this times AdamW's)
@@ -30,20 +28,19 @@ VARIANTS = {  # each case's steps, alternated with AdamW's and the plain GPT's
 }
 
 
-class Clock:
-    """Wraps obj.name in a timer: the seconds its calls took, summed, in `seconds`."""
+def clock(obj, name: str) -> list[float]:
+    """Wraps obj.name in a timer: the seconds of each call, appended to the list returned."""
+    seconds, call = [], getattr(obj, name)
 
-    def __init__(self, obj, name: str):
-        self.seconds, call = 0.0, getattr(obj, name)
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return call(*a, **k)
+        finally:
+            seconds.append(time.perf_counter() - t0)
 
-        def timed(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return call(*a, **k)
-            finally:
-                self.seconds += time.perf_counter() - t0
-
-        setattr(obj, name, timed)
+    setattr(obj, name, timed)
+    return seconds
 
 
 def ns_flops(tr) -> float:
@@ -69,26 +66,26 @@ def model_flops(tr) -> float:
     return positions * (6 * matmul + 12 * m.n_layer * m.n_embd * T)
 
 
+def time_variants(args, tmp: Path, overrides, variants: dict):
+    """The variants' Trainers, the clocks of their optimizer's steps and weight averages, and
+    their rounds of steps alternated (bench.common.alternate), by name."""
+    trainers = {
+        n: make_trainer(recipe(args, *overrides, *x), args, tmp) for n, x in variants.items()
+    }
+    clocks = {n: clock(tr.optimizer, "step") for n, tr in trainers.items()}
+    averages = {n: clock(tr.ema, "update") for n, tr in trainers.items() if tr.ema}
+    return trainers, clocks, averages, dict(zip(trainers, alternate(list(trainers.values()), args)))
+
+
 def run_step(args, device, tmp: Path) -> dict:
     figures, info = {}, {"overrides": args.row_override}
-    shrink = QUICK if args.quick else ()
     compiled = {"recipe, compiled": ("train.compile=true",)} if args.compile else {}
     variants = {**VARIANTS, **compiled, "AdamW": ADAMW, "plain": PLAIN}
     for case, (overrides, target) in CASES.items():
-        try:
-            trainers = {
-                name: make_trainer([*overrides, *extra, *args.row_override, *shrink], args, tmp)
-                for name, extra in variants.items()
-            }
-            clocks = {name: Clock(tr.optimizer, "step") for name, tr in trainers.items()}
-            averages = {name: Clock(tr.ema, "update") for name, tr in trainers.items() if tr.ema}
-            per = alternate(
-                list(trainers.values()), args.rounds, args.block_s, 1 + 4 * (not shrink)
-            )
-        except Exception as e:  # noqa: BLE001 -- a case that cannot run (no text file) is told
-            figures[f"{case}: recipe / AdamW"] = error_figure(e, "x")
+        key, work = f"{case}: recipe / AdamW", time_variants
+        if not (measured := attempt(figures, key, "x", work, args, tmp, overrides, variants)):
             continue
-        rounds = dict(zip(trainers, per))
+        trainers, clocks, averages, rounds = measured
         for name, tr in trainers.items():
             ms = [1e3 * s for s, _ in rounds[name]]
             figures[f"{case}: {name} step"] = figure(ms, "ms")
@@ -100,8 +97,8 @@ def run_step(args, device, tmp: Path) -> dict:
                 judged = None if args.quick or name != "recipe" else (">=", SPEED_TARGET)
                 speed = [a / b for (_, a), (_, b) in zip(rounds[name], rounds["plain"])]
                 figures[f"{case}: {name} chars/s / plain's"] = figure(speed, "x", judged)
-            opt = 1e3 * clocks[name].seconds / tr.step  # over every step taken, warm-up included
-            avg = 1e3 * averages[name].seconds / tr.step if name in averages else 0.0
+            opt = 1e3 * sum(clocks[name]) / tr.step  # over every step taken, warm-up included
+            avg = 1e3 * sum(averages[name]) / tr.step if name in averages else 0.0
             figures[f"{case}: {name}: optimizer"] = figure([opt], "ms")
             if name in averages:
                 figures[f"{case}: {name}: weight average"] = figure([avg], "ms")

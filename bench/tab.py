@@ -15,8 +15,6 @@ model, nanoGPT's shakespeare-char size; --quick: a small one), each on a LINE-ch
 its peak resident memory, its resident memory once idle, and an answer's bytes.
 """
 
-from __future__ import annotations
-
 import contextlib
 import gc
 import io

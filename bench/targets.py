@@ -2,8 +2,6 @@
 seed, as python train.py runs it: exact whatever the machine's load), and its cost in runs of the
 plain reference on names (its step timed against that one's, alternated in one process)."""
 
-from __future__ import annotations
-
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -11,9 +9,10 @@ from pathlib import Path
 
 from bench.common import (
     PLAIN,
+    QUICK,
     alternate,
+    attempt,
     compose,
-    error_figure,
     figure,
     make_trainer,
     run_overrides,
@@ -36,9 +35,6 @@ REFERENCE = (*REFERENCE, "optim.betas=[0.9,0.99]", "optim.warmup_steps=100")
 REFERENCE = (*REFERENCE, "optim.weight_decay=0.1", "optim.grad_clip=1.0", "model.dropout=0")
 REFERENCE = (*REFERENCE, "model.tie_weights=true", "train.ema=0", "train.precision=fp32")
 UNIT = ("heads=4", *PLAIN)  # the unit of cost: the default run before issue 27
-# --quick: every recipe shrunk to a few steps of a tiny model (a smoke test, not a result)
-QUICK = ("model.n_layer=1", "model.n_embd=16", "train.max_steps=4", "optim.warmup_steps=1")
-QUICK = (*QUICK, "train.eval_every=2", "train.num_samples=0", "log.attn_every=4")
 
 
 @dataclass(frozen=True)
@@ -80,17 +76,17 @@ def losses(row: Row, args, tmp: Path) -> list[float]:
         return list(pool.map(loss, runs, [row.metric] * len(runs)))
 
 
-def cost(row: Row, args, tmp: Path, shrink=()) -> list[float]:
+def cost(row: Row, args, tmp: Path) -> list[float]:
     """The row's run in runs of UNIT, per round: (its step / UNIT's step) x (its steps / UNIT's)."""
+    shrink = QUICK if args.quick else ()
     unit, recipe = (make_trainer([*o, *shrink], args, tmp) for o in (UNIT, row.overrides))
-    per = alternate([unit, recipe], args.rounds, args.block_s, 1 if args.quick else 5)
+    per = alternate([unit, recipe], args)
     steps = recipe.config.train.max_steps / unit.config.train.max_steps
     return [b / a * steps for (a, _), (b, _) in zip(*per)]
 
 
 def run_targets(args, device, tmp: Path) -> dict:
-    figures = {}
-    shrink = QUICK if args.quick else ()
+    figures, shrink = {}, QUICK if args.quick else ()
     for row in (r for r in ROWS if r.key in args.rows):
         row = replace(row, overrides=(*row.overrides, *args.row_override))
         files = {row.key: ()}
@@ -98,16 +94,15 @@ def run_targets(args, device, tmp: Path) -> dict:
             files[f"{row.key} [names-1980s]"] = (SECOND_FILE,)
         for name, data in files.items():
             target = None if data or args.quick or row.target is None else ("<=", row.target)
-            try:
-                values = losses(replace(row, overrides=(*row.overrides, *data, *shrink)), args, tmp)
-                figures[f"{name}: {row.metric}"] = figure(values, "nats", target, seeds=args.seeds)
-            except Exception as e:  # noqa: BLE001 -- a row that cannot run (no text file) is told
-                figures[f"{name}: {row.metric}"] = error_figure(e, "nats")
+            run, key = (
+                replace(row, overrides=(*row.overrides, *data, *shrink)),
+                f"{name}: {row.metric}",
+            )
+            if values := attempt(figures, key, "nats", losses, run, args, tmp):
+                figures[key] = figure(values, "nats", target, seeds=args.seeds)
         budget = None if row.budget is None or args.quick else ("<=", row.budget)
-        try:
-            figures[f"{row.key}: cost"] = figure(cost(row, args, tmp, shrink), "runs", budget)
-        except Exception as e:  # noqa: BLE001
-            figures[f"{row.key}: cost"] = error_figure(e, "runs")
+        if per := attempt(figures, f"{row.key}: cost", "runs", cost, row, args, tmp):
+            figures[f"{row.key}: cost"] = figure(per, "runs", budget)
     info = {"unit": " ".join(UNIT), "seeds": args.seeds}
     return {"figures": figures, "info": info}
 
@@ -130,6 +125,7 @@ def format_targets(results: dict) -> str:
         cost, loss = show(f"{row.key}: cost", 2), show(f"{row.key}: {row.metric}")
         lines.append(" | ".join([row.recipe, budget, cost, target, loss]))
         if row.second_file:
-            second = show(f"{row.key} [names-1980s]: {row.metric}")
-            lines.append(f"  on names-1980s | | | | {second}")
+            lines.append(
+                "  on names-1980s | | | | " + show(f"{row.key} [names-1980s]: {row.metric}")
+            )
     return "\n".join(lines)

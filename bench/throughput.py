@@ -2,12 +2,10 @@
 rows, weight averaging) and the same model trained plainly (bench.common.PLAIN), alternated in
 one process, per preset, batch and attention implementation."""
 
-from __future__ import annotations
-
 import itertools
 from pathlib import Path
 
-from bench.common import PLAIN, alternate, error_figure, figure, make_trainer
+from bench.common import PLAIN, alternate, attempt, figure, make_trainer
 
 SPEED_TARGET = 1.5  # the default's real characters/s against the plain GPT's (issue 36; 27: 2)
 
@@ -18,13 +16,11 @@ def run_throughput(args, device, tmp: Path) -> dict:
         name = f"{preset} b{batch} {impl}{' compiled' if args.compile else ''}"
         case = [f"model={preset}", f"train.batch_size={batch}", f"model.attn_impl={impl}"]
         case += [f"train.compile={str(args.compile).lower()}", *args.row_override]
-        try:
-            ours = make_trainer(case, args, tmp)
-            plain = make_trainer([*case, *PLAIN], args, tmp)
-            warmup = 1 if args.quick else 5
-            per = alternate([ours, plain], args.rounds, args.block_s, warmup)
-        except Exception as e:  # noqa: BLE001 -- a compiler that fails ends one case only
-            figures[f"{name} chars/s"] = error_figure(e, "chars/s")
+
+        def work():
+            return alternate([make_trainer(c, args, tmp) for c in (case, [*case, *PLAIN])], args)
+
+        if not (per := attempt(figures, f"{name} chars/s", "chars/s", work)):
             continue
         default = (preset, batch, impl) == ("small", 128, "sdpa") and not args.quick
         speed = [a / b for (_, a), (_, b) in zip(*per)]

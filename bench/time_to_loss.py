@@ -8,13 +8,11 @@ minutes apart move with the machine's load; so the same speed-up is also given a
 the steps to the loss (exact) times the ratio of the two steps' times, alternated in one process
 (bench.common.alternate: a spread over rounds, start-up and evaluations left out)."""
 
-from __future__ import annotations
-
 import time
 from pathlib import Path
 
-from bench.common import alternate, compose, error_figure, figure, make_trainer, run_overrides
-from bench.targets import NANOGPT_ROW, QUICK, REFERENCE, UNIT
+from bench.common import alternate, attempt, compose, figure, make_trainer, recipe, run_overrides
+from bench.targets import NANOGPT_ROW, REFERENCE, UNIT
 from microgpt.runs import RunFolder
 from microgpt.train.trainer import train
 from microgpt.viz.tensorboard import VAL_LOSS
@@ -46,14 +44,12 @@ def crossing(curve: list[tuple], loss: float, at: int = 0) -> tuple[float, float
 
 
 def run_time_to_loss(args, device, tmp: Path) -> dict:
-    shrink, figures, info = QUICK if args.quick else (), {}, {}
-    for case, (plain, recipe) in CASES.items():
-        try:
-            reference = val_curve([*plain, *args.row_override, *shrink], args, tmp)
-            ours = val_curve([*recipe, *args.row_override, *shrink], args, tmp)
-        except Exception as e:  # noqa: BLE001 -- a case that cannot run (no text file) is told
-            figures[f"{case}: reference's time / microgpt's"] = error_figure(e, "x")
+    figures, info = {}, {}
+    for case, sides in CASES.items():
+        work = lambda: [val_curve(recipe(args, *o), args, tmp) for o in sides]  # noqa: E731
+        if not (curves := attempt(figures, f"{case}: reference's time / microgpt's", "x", work)):
             continue
+        reference, ours = curves
         # timed alike: where each side's curve first crosses the reference's final loss (a
         # reference whose curve ends going up crossed it before its end)
         ref_loss = reference[-1][2]
@@ -73,16 +69,15 @@ def run_time_to_loss(args, device, tmp: Path) -> dict:
         ref_steps, our_steps = (crossing(c, ref_loss, at=1) for c in (reference, ours))
         steps = ref_steps[0] / our_steps[0] if our_steps else None
         figures[f"{case}: steps to it, reference's / microgpt's"] = figure([steps], "x")
-        trainers = [
-            make_trainer([*o, *args.row_override, *shrink], args, tmp) for o in (plain, recipe)
-        ]
-        per = alternate(trainers, args.rounds, args.block_s, 1 if args.quick else 5)
+        trainers = [make_trainer(recipe(args, *o), args, tmp) for o in sides]
+        per = alternate(trainers, args)
         step_ratio = [ref / our for (ref, _), (our, _) in zip(*per)]
         figures[f"{case}: step time, reference's / microgpt's"] = figure(step_ratio, "x")
         product = [steps * r if steps else None for r in step_ratio]
         figures[f"{case}: steps ratio x step time ratio"] = figure(product, "x", target)
         curves = {"reference": reference, "microgpt": ours}
-        info[case] = {"reference": " ".join(plain), "microgpt": " ".join(recipe), "curves": curves}
+        info[case] = {"reference": " ".join(sides[0]), "microgpt": " ".join(sides[1])}
+        info[case]["curves"] = curves
     info["timing"] = (
         "wall time from train()'s call (start-up and evaluations included) to where each side's "
         "validation curve first crosses the reference's final loss, linear between evaluations (a "
