@@ -48,19 +48,14 @@ def figure(values, unit: str, target: tuple[str, float] | None = None, **extra) 
     return {**fig, **extra}
 
 
-def error_figure(e: BaseException, unit: str) -> dict:
-    """A figure that could not be measured, with the first line of why."""
-    first = (str(e).strip().splitlines() or [""])[0]
-    return {**figure([], unit), "error": f"{type(e).__name__}: {first}"[:300]}
-
-
 def attempt(figures: dict, name: str, unit: str, work, *a):
-    """work(*a)'s value; None if it raises, figures[name] then telling why: a case that cannot run
-    (no text file, a compiler that fails) ends that case only."""
+    """work(*a)'s value; None if it raises, figures[name] then a figure not measured, with the
+    first line of why: a case that cannot run (no text file, a compiler that fails) ends there."""
     try:
         return work(*a)
     except Exception as e:  # noqa: BLE001
-        figures[name] = error_figure(e, unit)
+        first = (str(e).strip().splitlines() or [""])[0]
+        figures[name] = {**figure([], unit), "error": f"{type(e).__name__}: {first}"[:300]}
         return None
 
 
@@ -71,14 +66,13 @@ def recipe(args, *overrides) -> list[str]:
 
 def compose(overrides) -> object:
     """conf/config.yaml composed with overrides, as `python train.py ...` would."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    import hydra
 
     from microgpt.cli import register
 
     register()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+    with hydra.initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return hydra.compose(config_name="config", overrides=list(overrides))
 
 
 _runs = itertools.count(1)

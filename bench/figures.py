@@ -91,11 +91,8 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
     if sweep:  # a figure over seeds: each seed's, their mean, spread and interval (no time)
         return {"made_by": made, "figures": _over_seeds(run)}
     result = _result(run)
-    figures = {
-        "test_loss": _figure(result["result/test_loss"], 4),
-        "best_val_loss": _figure(result["result/best_val_loss"], 4),
-        "seconds": _figure(seconds, 0),
-    }
+    figures = {k: _figure(result[f"result/{k}"], 4) for k in ("test_loss", "best_val_loss")}
+    figures["seconds"] = _figure(seconds, 0)
     if analysed:
         _call(["python", "-m", "microgpt.heads", str(run), "--threads", str(threads)])
         folder = RunFolder(run)

@@ -78,8 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = entry.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     p.add_argument("--only", type=listed(str, None, SECTIONS), default=list(SECTIONS))
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    new_file = str(REPO / "bench" / f"results-{stamp}.json")  # a new file each run: none replaced
+    # a new file each run: none replaced
+    new_file = str(REPO / "bench" / f"results-{datetime.now():%Y%m%d-%H%M%S}.json")
     p.add_argument("--out", default=new_file, help="the JSON file (bench/results-DATE-TIME.json)")
     p.add_argument("--overwrite", action="store_true", help="let --out replace a file")
     p.add_argument("--device", default="auto", choices=list(DEVICES))

@@ -136,11 +136,8 @@ def tab_memory(args, tmp: Path) -> tuple[dict, str]:
     make_large_run(args, root)
     line = LINE if not args.quick else 64  # the quick model's block is 128
     found = child(["-c", f"import bench.tab as t; t.memory_child({str(root)!r}, {line})"])
-    quick = args.quick
-    figures = {
-        f"memory_{k}": figure([found[k]], "MB", None if quick else ("<=", MEMORY_TARGETS[k]))
-        for k in ("peak", "idle")
-    }
+    targets = {k: None if args.quick else ("<=", v) for k, v in MEMORY_TARGETS.items()}
+    figures = {f"memory_{k}": figure([found[k]], "MB", target) for k, target in targets.items()}
     figures["attention_answer"] = figure([found["answer"]], "MB")
     what = f"{found['params']:,}-parameter model, {MEMORY_REQUESTS} requests at once"
     return figures, f"{what} on {MEMORY_STEPS} step checkpoints, a {line}-character input"

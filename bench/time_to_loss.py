@@ -18,6 +18,7 @@ from microgpt.train.trainer import train
 from microgpt.viz.tensorboard import VAL_LOSS
 
 CASES = {"names": (UNIT, ("heads=4",)), "text": (REFERENCE, NANOGPT_ROW)}  # (reference, ours)
+SIDES = ("reference", "microgpt")
 
 
 def val_curve(overrides, args, tmp: Path) -> list[tuple[float, int, float]]:
@@ -69,15 +70,12 @@ def run_time_to_loss(args, device, tmp: Path) -> dict:
         ref_steps, our_steps = (crossing(c, ref_loss, at=1) for c in (reference, ours))
         steps = ref_steps[0] / our_steps[0] if our_steps else None
         figures[f"{case}: steps to it, reference's / microgpt's"] = figure([steps], "x")
-        trainers = [make_trainer(recipe(args, *o), args, tmp) for o in sides]
-        per = alternate(trainers, args)
+        per = alternate([make_trainer(recipe(args, *o), args, tmp) for o in sides], args)
         step_ratio = [ref / our for (ref, _), (our, _) in zip(*per)]
         figures[f"{case}: step time, reference's / microgpt's"] = figure(step_ratio, "x")
         product = [steps * r if steps else None for r in step_ratio]
         figures[f"{case}: steps ratio x step time ratio"] = figure(product, "x", target)
-        curves = {"reference": reference, "microgpt": ours}
-        info[case] = {"reference": " ".join(sides[0]), "microgpt": " ".join(sides[1])}
-        info[case]["curves"] = curves
+        info[case] = {**dict(zip(SIDES, map(" ".join, sides))), "curves": dict(zip(SIDES, curves))}
     info["timing"] = (
         "wall time from train()'s call (start-up and evaluations included) to where each side's "
         "validation curve first crosses the reference's final loss, linear between evaluations (a "
