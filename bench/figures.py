@@ -102,11 +102,11 @@ def run_recipe(name: str, folder: Path, quick: bool) -> dict:
         markdown = folder.analysis(folder.best, ".md").read_text()
         table = re.search(r"^\|.*(\n\|.*)*", markdown, re.MULTILINE)
         figures["table"] = {"value": None, "text": table[0]}  # the head table, as written
-        for row in analysis["heads"]:
-            if row["role"] != "mixed":  # a named head: its role, score and importance
-                head = f"L{row['layer']}H{row['head']}"
-                figures[f"{head}_{row['role']}"] = _figure(row["score"], 2)
-                figures[f"{head}_importance"] = _figure(row["zero_importance"], 2)
+        # each named head (not mixed): its role, score and importance
+        for row in (r for r in analysis["heads"] if r["role"] != "mixed"):
+            head = f"L{row['layer']}H{row['head']}"
+            figures[f"{head}_{row['role']}"] = _figure(row["score"], 2)
+            figures[f"{head}_importance"] = _figure(row["zero_importance"], 2)
         made["analysis"] = f"python -m microgpt.heads RUN --threads {threads}"
     return {"made_by": made, "figures": figures}
 

@@ -32,8 +32,7 @@ def run_memory(args, device, tmp: Path) -> dict:
         label = f"small train, {n} steps"
         figures[f"{label}, peak RSS"] = figure([r["rss_mib"] for r in runs], "MiB")
         if "cuda_bytes" in runs[0]:
-            cuda = [r["cuda_bytes"] / 2**20 for r in runs]
-            figures[f"{label}, CUDA peak"] = figure(cuda, "MiB")
+            figures[f"{label}, CUDA peak"] = figure([r["cuda_bytes"] / 2**20 for r in runs], "MiB")
     m = load_config(compose(["model=base", "device=cpu", "out_dir=."])).model_for_data(27, 256)
     for batch in (1, 64):  # on the meta device: the size without the memory
         cache = KVCache(batch, m.n_layer, m.n_head, m.block_size, m.head_dim, device="meta")
