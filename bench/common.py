@@ -123,8 +123,7 @@ def alternate(trainers: list[Trainer], args) -> list[list]:
     steps = [max(1, round(args.block_s * 3 / time_steps(tr, 3)[0])) for tr in trainers]
     per: list[list] = [[] for _ in trainers]
     for r in range(args.rounds):
-        order = range(len(trainers)) if r % 2 == 0 else reversed(range(len(trainers)))
-        for i in order:
+        for i in range(len(trainers))[:: -1 if r % 2 else 1]:
             seconds, chars = time_steps(trainers[i], steps[i])
             per[i].append((seconds / steps[i], chars / seconds))
     return per

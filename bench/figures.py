@@ -121,9 +121,8 @@ def _over_seeds(sweep: Path) -> dict:
     values, mean = list(losses.values()), interval(list(losses.values()))
     figures = {f"test_loss {job}": _figure(v, 4) for job, v in losses.items()}
     figures["seeds"] = _figure(len(values), 0)
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    spread = {"mean": mean.mean, "sd": sd, "min": min(values), "max": max(values)}
-    spread |= {"ci_low": mean.low, "ci_high": mean.high}
+    spread = {"mean": mean.mean, "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
+    spread |= {"min": min(values), "max": max(values), "ci_low": mean.low, "ci_high": mean.high}
     figures |= {f"test_loss_{k}": _figure(v, 4) for k, v in spread.items()}
     figures["interval"] = {"value": None, "text": mean.kind}
     return figures

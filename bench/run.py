@@ -152,10 +152,9 @@ def main(argv=None) -> dict | None:
     if args.memory_child is not None:
         return memory_child(args)
     check_args(args)
-    given = sys.argv[1:] if argv is None else argv
     results = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join(["python", "bench/run.py", *given]),
+        "command": " ".join(["python", "bench/run.py", *(sys.argv[1:] if argv is None else argv)]),
         "commit": git_commit(),
         "machine": machine_info(),
         "torch": torch.__version__,

@@ -49,10 +49,8 @@ def ns_flops(tr) -> float:
     product once, 4T - 3 matmuls of m^3 (microgpt.train.optim.gram_side)."""
     t, gram = len(tr.optimizer.ortho[0]), tr.optimizer.ortho[1]
     shapes = [sorted(p.shape) for g in tr.optimizer.param_groups if g["muon"] for p in g["params"]]
-    return sum(
-        4 * m * m * n * (1 if gram else t) + (4 * t - 3 if gram else t) * 2 * m**3
-        for m, n in shapes
-    )
+    wide, square = (1, 4 * t - 3) if gram else (t, t)  # 4 m^2 n matmuls, 2 m^3 ones
+    return sum(4 * m * m * n * wide + square * 2 * m**3 for m, n in shapes)
 
 
 def model_flops(tr) -> float:
