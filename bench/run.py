@@ -107,8 +107,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--seeds", type=listed(int, 0), default=[1337, 1, 2])
     g.add_argument("--jobs", type=one(), default=1, help="seeds trained at once, each a process")
     g.add_argument("--row-override", action="append", default=[], metavar="KEY=VALUE")
-    if p.parse_args(argv).quick:  # the defaults shrunk; what is given stays
-        p.set_defaults(**QUICK)
+    p.set_defaults(**(QUICK if p.parse_args(argv).quick else {}))  # what is given stays
     return p.parse_args(argv)
 
 

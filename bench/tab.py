@@ -119,9 +119,8 @@ def make_large_run(args, root: Path) -> None:
     """root/large: a text run of the LARGE model (one step: its weights' values do not matter
     here), its best.pt copied to MEMORY_STEPS step checkpoints (each a model of its own)."""
     root.mkdir(parents=True, exist_ok=True)
-    text = root / "names.txt"
+    text, out = root / "names.txt", root / "large"
     text.write_text((REPO / "data" / "names.txt").read_text())  # a text of a-z and newlines
-    out = root / "large"
     overrides = ["data.format=text", f"data.path='{text}'", "train.max_steps=1"]
     overrides += ["train.num_samples=0", "train.progress=false", "device=cpu", f"out_dir='{out}'"]
     train(compose([*overrides, *([] if args.quick else LARGE), f"threads={args.threads or 1}"]))
