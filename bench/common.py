@@ -20,14 +20,14 @@ import torch
 
 from microgpt import system
 from microgpt.config import load_config
-from microgpt.train.trainer import StepResult, Trainer
+from microgpt.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 # the plain reference GPT: microgpt's model trained as a plain GPT is (AdamW, every row padded to
-# the longest, no weight averaging, float32); `heads=4` plus these is the default run before
-# issue 27
+# the longest, no weight averaging, float32)
 PLAIN = ("optim=adamw", "train.pack=0", "train.ema=0", "train.precision=fp32")
+UNIT = ("heads=4", *PLAIN)  # the default run before issue 27: the unit of the targets' cost
 # --quick: every recipe shrunk to a few steps of a tiny model (a smoke test, not a result)
 QUICK = ("model.n_layer=1", "model.n_embd=16", "train.max_steps=4", "optim.warmup_steps=1")
 QUICK = (*QUICK, "train.eval_every=2", "train.num_samples=0", "log.attn_every=4")
@@ -57,6 +57,12 @@ def attempt(figures: dict, name: str, unit: str, work, *a):
         first = (str(e).strip().splitlines() or [""])[0]
         figures[name] = {**figure([], unit), "error": f"{type(e).__name__}: {first}"[:300]}
         return None
+
+
+def measure(figures: dict, name: str, unit: str, target, work, *a, **extra) -> None:
+    """figures[name]: the figure of work(*a)'s values, or why there is none (attempt)."""
+    if (values := attempt(figures, name, unit, work, *a)) is not None:
+        figures[name] = figure(values, unit, target, **extra)
 
 
 def recipe(args, *overrides) -> list[str]:
@@ -101,16 +107,12 @@ def timed(work, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def step(tr: Trainer) -> StepResult:
-    """Trainer.train_step, its loss checked for finiteness when Trainer.run would check it."""
-    every = 1 if tr.device.type == "cpu" else tr.config.train.log_every
-    return tr.train_step(check=(tr.step + 1) % every == 0)
-
-
 def time_steps(tr: Trainer, n: int) -> tuple[float, int]:
-    """(seconds, real characters) of n steps."""
-    chars = []
-    seconds = timed(lambda: chars.extend(step(tr).tokens for _ in range(n)), tr.device)
+    """(seconds, real characters) of n steps of Trainer.train_step, its loss checked for
+    finiteness when Trainer.run would check it."""
+    every, chars = 1 if tr.device.type == "cpu" else tr.config.train.log_every, []
+    steps = (tr.train_step(check=(tr.step + 1) % every == 0) for _ in range(n))  # lazy: timed
+    seconds = timed(lambda: chars.extend(s.tokens for s in steps), tr.device)
     return seconds, sum(chars)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import child, compose, figure, make_trainer, rss_mib, step
+from bench.common import child, compose, figure, make_trainer, rss_mib, time_steps
 from microgpt.config import load_config
 from microgpt.kv_cache import KVCache
 
@@ -15,8 +15,7 @@ def memory_child(args) -> None:
     """In a fresh process: the small preset's Trainer, N steps, the peak memory as JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         tr = make_trainer(["model=small"], args, Path(tmp))
-        for _ in range(args.memory_child):
-            step(tr)
+        time_steps(tr, args.memory_child)
     out = {"rss_mib": rss_mib()}
     if tr.device.type == "cuda":
         out["cuda_bytes"] = torch.cuda.max_memory_allocated()

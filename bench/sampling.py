@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import compose, figure, make_trainer, step, timed
+from bench.common import compose, figure, make_trainer, time_steps, timed
 from microgpt.checkpoint import Checkpoint
 from microgpt.config import load_config
 from microgpt.model import GPT
@@ -18,8 +18,7 @@ def names_model(args, device, tmp: Path):
         model, tokenizer = Checkpoint.load(args.checkpoint).build_model(device)
         return model.eval(), tokenizer, f"checkpoint {args.checkpoint}"
     tr = make_trainer(["model=small"], args, tmp)
-    for _ in range(args.sample_steps):
-        step(tr)
+    time_steps(tr, args.sample_steps)
     return tr.model.eval(), tr.tokenizer, f"small preset trained here for {args.sample_steps} steps"
 
 

@@ -7,16 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.common import (
-    PLAIN,
-    QUICK,
-    alternate,
-    attempt,
-    compose,
-    figure,
-    make_trainer,
-    run_overrides,
-)
+from bench.common import QUICK, UNIT, alternate, compose, make_trainer, measure, run_overrides
 from microgpt.system import share, usable_cores
 from microgpt.train.trainer import train
 
@@ -34,7 +25,6 @@ REFERENCE = (*NANOGPT, "optim=adamw", "optim.lr=1e-3", "optim.min_lr_ratio=0.1")
 REFERENCE = (*REFERENCE, "optim.betas=[0.9,0.99]", "optim.warmup_steps=100")
 REFERENCE = (*REFERENCE, "optim.weight_decay=0.1", "optim.grad_clip=1.0", "model.dropout=0")
 REFERENCE = (*REFERENCE, "model.tie_weights=true", "train.ema=0", "train.precision=fp32")
-UNIT = ("heads=4", *PLAIN)  # the unit of cost: the default run before issue 27
 
 
 @dataclass(frozen=True)
@@ -94,15 +84,11 @@ def run_targets(args, device, tmp: Path) -> dict:
             files[f"{row.key} [names-1980s]"] = (SECOND_FILE,)
         for name, data in files.items():
             target = None if data or args.quick or row.target is None else ("<=", row.target)
-            run, key = (
-                replace(row, overrides=(*row.overrides, *data, *shrink)),
-                f"{name}: {row.metric}",
-            )
-            if values := attempt(figures, key, "nats", losses, run, args, tmp):
-                figures[key] = figure(values, "nats", target, seeds=args.seeds)
+            key = f"{name}: {row.metric}"
+            run = replace(row, overrides=(*row.overrides, *data, *shrink))
+            measure(figures, key, "nats", target, losses, run, args, tmp, seeds=args.seeds)
         budget = None if row.budget is None or args.quick else ("<=", row.budget)
-        if per := attempt(figures, f"{row.key}: cost", "runs", cost, row, args, tmp):
-            figures[f"{row.key}: cost"] = figure(per, "runs", budget)
+        measure(figures, f"{row.key}: cost", "runs", budget, cost, row, args, tmp)
     info = {"unit": " ".join(UNIT), "seeds": args.seeds}
     return {"figures": figures, "info": info}
 

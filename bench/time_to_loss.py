@@ -1,5 +1,5 @@
 """Time to a loss: for names and text, a plain reference trained whole (names: the default run
-before issue 27, bench.targets.UNIT; text: nanoGPT's documented CPU recipe on microgpt's model
+before issue 27, bench.common.UNIT; text: nanoGPT's documented CPU recipe on microgpt's model
 and nanoGPT's budget, REFERENCE), then microgpt's recipe at the same budget (the default run;
 NANOGPT_ROW); the wall time each takes to reach the reference's final loss, each timed alike: where
 its curve of evaluations first crosses it, interpolated linearly between the evaluation above it
