@@ -34,10 +34,9 @@ def clock(obj, name: str) -> list[float]:
 
     def timed(*a, **k):
         t0 = time.perf_counter()
-        try:
-            return call(*a, **k)
-        finally:
-            seconds.append(time.perf_counter() - t0)
+        out = call(*a, **k)
+        seconds.append(time.perf_counter() - t0)
+        return out
 
     setattr(obj, name, timed)
     return seconds

@@ -111,7 +111,6 @@ def format_targets(results: dict) -> str:
         cost, loss = show(f"{row.key}: cost", 2), show(f"{row.key}: {row.metric}")
         lines.append(" | ".join([row.recipe, budget, cost, target, loss]))
         if row.second_file:
-            lines.append(
-                "  on names-1980s | | | | " + show(f"{row.key} [names-1980s]: {row.metric}")
-            )
+            second = show(f"{row.key} [names-1980s]: {row.metric}")
+            lines.append(f"  on names-1980s | | | | {second}")
     return "\n".join(lines)
