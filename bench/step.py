@@ -59,8 +59,7 @@ def model_flops(tr) -> float:
     x, _, _, _ = tr.batches.next(0, tr.config.train.batch_size)  # one batch's shape (B, T)
     linear = [mod for mod in tr.model.modules() if isinstance(mod, nn.Linear)]
     m, matmul = tr.model_config, sum(mod.weight.numel() for mod in linear)
-    positions, T = x.numel(), x.size(1)
-    return positions * (6 * matmul + 12 * m.n_layer * m.n_embd * T)
+    return x.numel() * (6 * matmul + 12 * m.n_layer * m.n_embd * x.size(1))  # T: x.size(1)
 
 
 def time_variants(args, tmp: Path, overrides, variants: dict):
