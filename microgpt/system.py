@@ -338,14 +338,14 @@ def choose_threads(setting, cores: int, environ: Mapping[str, str]) -> int:
     return env_threads(environ) or max(1, cores)
 
 
-def threads_origin(setting, cores: int, environ: Mapping[str, str]) -> str:
-    """Where choose_threads took its count from, for the line a user reads: the setting,
+def threads_origin(setting, count: int, environ: Mapping[str, str]) -> str:
+    """Where choose_threads took its `count` from, for the line a user reads: the setting,
     OMP_NUM_THREADS (a cluster's or conda's, often) or the cores this process may use."""
     if setting != "auto":
         return f"threads={setting}"
     if env_threads(environ) is not None:
         return f"from {THREADS_ENV}={environ[THREADS_ENV].strip()}, not measured"
-    return f"the {cores} core{'s' if cores != 1 else ''} this process may use, not measured"
+    return f"the {count} core{'s' if count != 1 else ''} this process may use, not measured"
 
 
 def share(cores: int, jobs: int, n_jobs: int = -1) -> int:

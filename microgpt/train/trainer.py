@@ -62,7 +62,7 @@ class Trainer:
         self.precision = system.pick_precision(c.train.precision, self.device, ConfigError)
         # fp16 needs its gradients scaled (and the scale adapted); its state resumes exactly
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-        self.threads_from = system.threads_origin(c.threads, system.usable_cores(), os.environ)
+        self.threads_from = system.threads_origin(c.threads, self.threads, os.environ)
         # threads=auto on a CPU of several cores (no OMP_NUM_THREADS, no torchrun): measured
         auto = c.threads == "auto" and system.env_threads(os.environ) is None
         if auto and self.threads > 1 and self.device.type == "cpu" and not self.dist.enabled:
