@@ -16,8 +16,8 @@ FIGURES = json.loads((REPO / "docs" / "figures.json").read_text())
 # (doc, a passage with {recipe.figure} or {recipe.date} fields): in the doc, whitespace aside
 QUOTES = [
     ("README.md", "{sweep-5.table-columns}"),  # compare's table, its legend left out
-    ("README.md", "seed=1,2,3,4,5` (today's default, one thread a job: {sweep-5.seconds} s for the"
-     " 20 runs on an {sweep-5.cpu-kind}, {sweep-5.date})"),
+    ("README.md", "seed=1,2,3,4,5` (today's default, one thread a job, on an {sweep-5.cpu-kind},"
+     " {sweep-5.date})"),
     ("README.md", "the text recipe: {shakespeare.seconds} s on one core"),
     ("docs/heads.md", "no AMX: bf16; one thread a job, two jobs at once; {sweep.date};"),
     ("docs/heads.md", "test loss {names-ns.test_loss}, best validation {names-ns.best_val_loss}"),
@@ -41,8 +41,10 @@ def speed(kind: str) -> list[str]:
     """A speed row's cells from docs/benchmarks-time-to-loss<kind>.json: names' and text's
     speed-ups, then the step ratios."""
     to, step = "reference's time / microgpt's:.1f", "step time, reference's / microgpt's:.2f"
-    apart = "steps ratio x step time ratio:.1f"
-    cells = [f"**{{{kind}|{c}: {to}}}x** ({{{kind}|{c}: {apart}}}x)" for c in ("names", "text")]
+    apart = "steps ratio x step time ratio"
+    cells = [f"**{{{kind}|{c}: {apart}:.1f}}x** [{{{kind}|{c}: {apart}@min:.1f}}-"
+             f"{{{kind}|{c}: {apart}@max:.1f}}]; wall {{{kind}|{c}: {to}}}x"
+             for c in ("names", "text")]  # fmt: skip
     return [*cells, f"{{{kind}|names: {step}}}, {{{kind}|text: {step}}}"]
 
 
@@ -94,8 +96,10 @@ def test_a_quoted_figure_is_the_one_its_command_wrote(doc, passage):
 
 
 def bench_figure(kind: str, name: str, fmt: str) -> str:
+    """name@min / name@max: the figure's range over its rounds; name alone: its median."""
+    name, _, stat = name.partition("@")
     figures = BENCH[kind]["sections"]["time_to_loss"]["figures"]
-    return f"{figures[name]['median']:{fmt}}"
+    return f"{figures[name][stat or 'median']:{fmt}}"
 
 
 def filled(text: str) -> str:
