@@ -8,7 +8,9 @@ import difflib
 import json
 import os
 import shutil
+import signal
 import sys
+import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -39,6 +41,7 @@ INFO_FLAGS = set(
 CONFIG_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
 FLAGS = {"-m", "--multirun", "-p", "--package", *INFO_FLAGS, *CONFIG_FLAGS}
 GROUPS = ("model", "data", "optim", "experiment")
+OTHER_RANK_WAIT = 30  # seconds a rank other than 0 waits, its command line refused (torchrun)
 SWEPT_KEYS_ENV = "MICROGPT_SWEPT_KEYS"  # the keys a -m command line sweeps, for cli.job_dir
 
 
@@ -65,6 +68,11 @@ def check_command_line(argv: list[str], conf_dir: Path, config_name: str) -> Non
         print_error(f"{len(errors)} of the sweep's jobs have bad settings; none was started:")
     for e in shown:
         print_error(e)
+    if errors and not shown and "LOCAL_WORLD_SIZE" in os.environ:
+        # another rank: its exit first would make torchrun end rank 0 before it says why, so it
+        # waits for that end (torchrun's SIGTERM when rank 0 exits) and goes without a word
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(2))
+        time.sleep(OTHER_RANK_WAIT)
     if errors:
         sys.exit(2)
 
